@@ -1,0 +1,507 @@
+"""The job lifecycle on PostgreSQL: the synchronous core (ARCHITECTURE §4).
+
+Every public function takes a connection in autocommit mode and runs exactly one short
+transaction (STYLE rule 9); :class:`trioindex.store.JobStore` is the async facade that runs them
+in threads. Lock order is always job row, then version row, then document row.
+
+Every write after the claim goes through :func:`lock_owned_job`, the fencing helper: under the
+job row lock it checks that the job is PROCESSING, held by this worker with this claim token,
+that the lease has not expired (by the database clock, read fresh), and that the attempt is the
+job's current STARTED attempt. Anything else raises :class:`OwnershipLost` and the transaction
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import attrs
+from psycopg.types.json import Jsonb
+
+from trioindex.database import Connection
+from trioindex.errors import FailureType, OwnershipLost, StateInconsistent, bounded
+from trioindex.values import (
+    BackoffPolicy,
+    Claim,
+    CompleteResult,
+    FailOutcome,
+    FailResult,
+    RecoveredJob,
+    VersionStatus,
+    WorkerStatus,
+)
+
+_system_random = random.SystemRandom()
+
+
+def record_event(
+    conn: Connection,
+    event_type: str,
+    *,
+    job_id: UUID | None = None,
+    version_id: UUID | None = None,
+    attempt_id: UUID | None = None,
+    worker_id: UUID | None = None,
+    detail: dict[str, Any] | None = None,
+) -> None:
+    """Append one audit event. ``detail`` holds ids, counts and classes only — never a claim
+    token, chunk text, vector, credential or external response."""
+    conn.execute(
+        """INSERT INTO indexing_events
+               (event_type, embedding_job_id, document_version_id, attempt_id, worker_id, detail)
+           VALUES (%s, %s, %s, %s, %s, %s)""",
+        (event_type, job_id, version_id, attempt_id, worker_id, Jsonb(detail or {})),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# workers
+
+
+def register_worker(
+    conn: Connection, *, hostname: str, pid: int, version: str, max_concurrency: int
+) -> UUID:
+    """Write the worker row as RUNNING; only after this may the worker claim."""
+    with conn.transaction():
+        row = conn.execute(
+            """INSERT INTO indexing_workers (hostname, pid, version, status, max_concurrency)
+               VALUES (%s, %s, %s, 'RUNNING', %s) RETURNING id""",
+            (hostname, pid, version, max_concurrency),
+        ).fetchone()
+        assert row is not None
+        worker_id: UUID = row["id"]
+        record_event(
+            conn,
+            "WORKER_REGISTERED",
+            worker_id=worker_id,
+            detail={"hostname": hostname, "pid": pid, "max_concurrency": max_concurrency},
+        )
+    return worker_id
+
+
+def heartbeat(conn: Connection, worker_id: UUID) -> bool:
+    """Touch the heartbeat; False when the row is gone or already STOPPED."""
+    with conn.transaction():
+        row = conn.execute(
+            """UPDATE indexing_workers SET last_heartbeat_at = now()
+               WHERE id = %s AND status <> 'STOPPED' RETURNING id""",
+            (worker_id,),
+        ).fetchone()
+    return row is not None
+
+
+def set_worker_status(conn: Connection, worker_id: UUID, status: WorkerStatus) -> None:
+    """Move the worker to STOPPING or STOPPED (STOPPED is final)."""
+    if status not in (WorkerStatus.STOPPING, WorkerStatus.STOPPED):
+        raise ValueError(f"a worker can only be moved to STOPPING or STOPPED, not {status}")
+    with conn.transaction():
+        row = conn.execute(
+            """UPDATE indexing_workers
+               SET status = %(status)s,
+                   stopped_at = CASE WHEN %(status)s = 'STOPPED' THEN now() END
+               WHERE id = %(id)s AND status <> 'STOPPED' RETURNING id""",
+            {"status": status.value, "id": worker_id},
+        ).fetchone()
+        if row is not None:
+            record_event(conn, f"WORKER_{status.value}", worker_id=worker_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# claim + attempt start
+
+_CLAIM_SQL = """
+WITH worker AS (
+    SELECT id FROM indexing_workers WHERE id = %(worker)s AND status = 'RUNNING'
+), picked AS (
+    SELECT j.id
+    FROM embedding_jobs j, worker
+    WHERE j.status = 'PENDING' AND j.available_at <= now()
+    ORDER BY j.priority DESC, j.available_at, j.id
+    LIMIT %(k)s
+    FOR UPDATE OF j SKIP LOCKED
+), claimed AS (
+    UPDATE embedding_jobs j
+    SET status = 'PROCESSING',
+        worker_id = %(worker)s,
+        claim_token = gen_random_uuid(),
+        locked_at = now(),
+        lease_expires_at = now() + make_interval(secs => %(lease)s),
+        attempt_count = j.attempt_count + 1
+    FROM picked
+    WHERE j.id = picked.id
+    RETURNING j.id, j.worker_id, j.claim_token, j.document_version_id, j.embedding_model_id,
+              j.attempt_count, j.lease_expires_at
+), attempt AS (
+    INSERT INTO embedding_job_attempts (embedding_job_id, attempt_no, worker_id)
+    SELECT id, attempt_count, worker_id FROM claimed
+    RETURNING id, embedding_job_id, attempt_no
+), event AS (
+    INSERT INTO indexing_events
+        (event_type, embedding_job_id, document_version_id, attempt_id, worker_id, detail)
+    SELECT 'JOB_CLAIMED', c.id, c.document_version_id, a.id, c.worker_id,
+           jsonb_build_object('attempt_no', a.attempt_no)
+    FROM claimed c JOIN attempt a ON a.embedding_job_id = c.id
+)
+SELECT c.id AS job_id, c.worker_id, c.claim_token, c.document_version_id, c.embedding_model_id,
+       c.lease_expires_at, a.id AS attempt_id, a.attempt_no, v.status AS version_status
+FROM claimed c
+JOIN attempt a ON a.embedding_job_id = c.id
+JOIN document_versions v ON v.id = c.document_version_id
+"""
+
+
+def claim_jobs(conn: Connection, worker_id: UUID, k: int, lease_seconds: float) -> list[Claim]:
+    """Claim up to ``k`` claimable PENDING jobs and start an attempt on each, in one statement.
+
+    Highest priority first, then oldest ``available_at``; rows locked by another claimer are
+    skipped. The claim and the attempt start share the transaction, so every invariant of the
+    separate steps holds: ``attempt_count`` is incremented under the row lock, an attempt row
+    exists exactly when a claim does, and no attempt is written for work that was not claimed.
+    A worker that is not RUNNING gets nothing; an empty queue is an empty list.
+    """
+    if k <= 0:
+        return []
+    with conn.transaction():
+        rows = conn.execute(
+            _CLAIM_SQL, {"worker": worker_id, "k": k, "lease": lease_seconds}
+        ).fetchall()
+    return [Claim.from_row(row) for row in rows]
+
+
+# ---------------------------------------------------------------------------------------------
+# fencing
+
+
+@attrs.frozen
+class OwnedJob:
+    """The job row as seen under its lock by a writer that still owns it."""
+
+    job_id: UUID
+    document_version_id: UUID
+    embedding_model_id: UUID
+    attempt_count: int
+    max_attempts: int
+
+
+_FENCE_SQL = """
+SELECT j.status, j.worker_id, j.claim_token = %(token)s AS token_matches,
+       j.lease_expires_at > clock_timestamp() AS lease_valid,
+       j.document_version_id, j.embedding_model_id, j.attempt_count, j.max_attempts,
+       a.status AS attempt_status, a.worker_id AS attempt_worker, a.attempt_no
+FROM embedding_jobs j
+LEFT JOIN embedding_job_attempts a ON a.id = %(attempt)s AND a.embedding_job_id = j.id
+WHERE j.id = %(job)s
+FOR UPDATE OF j
+"""
+
+
+def lock_owned_job(conn: Connection, claim: Claim) -> OwnedJob:
+    """Lock the job row and prove ``claim`` still owns it; raise :class:`OwnershipLost` if not.
+
+    Must run inside the caller's transaction; it is the first lock that transaction takes.
+    """
+    row = conn.execute(
+        _FENCE_SQL,
+        {"token": claim.claim_token, "attempt": claim.attempt_id, "job": claim.job_id},
+    ).fetchone()
+    if row is None:
+        raise OwnershipLost("the job no longer exists")
+    if row["status"] != "PROCESSING":
+        raise OwnershipLost(f"the job is {row['status']}, not PROCESSING")
+    if row["worker_id"] != claim.worker_id:
+        raise OwnershipLost("the job is claimed by another worker")
+    if not row["token_matches"]:
+        raise OwnershipLost("the claim token belongs to an older claim")
+    if not row["lease_valid"]:
+        raise OwnershipLost("the lease has expired")
+    if (
+        row["attempt_status"] != "STARTED"
+        or row["attempt_worker"] != claim.worker_id
+        or row["attempt_no"] != row["attempt_count"]
+    ):
+        raise OwnershipLost("the attempt is not the job's current STARTED attempt")
+    return OwnedJob(
+        job_id=claim.job_id,
+        document_version_id=row["document_version_id"],
+        embedding_model_id=row["embedding_model_id"],
+        attempt_count=row["attempt_count"],
+        max_attempts=row["max_attempts"],
+    )
+
+
+def lock_version(conn: Connection, version_id: UUID) -> dict[str, Any]:
+    """Lock the version row (always after the job row)."""
+    row = conn.execute(
+        "SELECT * FROM document_versions WHERE id = %s FOR UPDATE", (version_id,)
+    ).fetchone()
+    if row is None:
+        raise StateInconsistent("the job's document version does not exist")
+    return row
+
+
+def set_progress(conn: Connection, job_id: UUID, progress: int) -> None:
+    """Record step progress (0-100); call inside a fenced transaction."""
+    conn.execute(
+        "UPDATE embedding_jobs SET progress = %s WHERE id = %s", (max(0, min(100, progress)), job_id)
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# renew
+
+
+def renew_lease(conn: Connection, claim: Claim, lease_seconds: float) -> datetime:
+    """Extend the lease while worker, token, attempt, PROCESSING and an unexpired lease match.
+
+    Never changes the worker, the token or ``locked_at``. Returns the new expiry; raises
+    :class:`OwnershipLost` when nothing matched (a database error propagates as itself).
+    """
+    with conn.transaction():
+        row = conn.execute(
+            """UPDATE embedding_jobs
+               SET lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s)
+               WHERE id = %(job)s AND worker_id = %(worker)s AND claim_token = %(token)s
+                 AND status = 'PROCESSING' AND lease_expires_at > clock_timestamp()
+                 AND attempt_count = (
+                     SELECT attempt_no FROM embedding_job_attempts
+                     WHERE id = %(attempt)s AND embedding_job_id = %(job)s
+                       AND status = 'STARTED' AND worker_id = %(worker)s)
+               RETURNING lease_expires_at""",
+            {
+                "lease": lease_seconds,
+                "attempt": claim.attempt_id,
+                "job": claim.job_id,
+                "worker": claim.worker_id,
+                "token": claim.claim_token,
+            },
+        ).fetchone()
+    if row is None:
+        raise OwnershipLost("lease renewal refused: the claim is no longer held")
+    expires: datetime = row["lease_expires_at"]
+    return expires
+
+
+# ---------------------------------------------------------------------------------------------
+# complete
+
+
+def complete_job(conn: Connection, claim: Claim) -> CompleteResult:
+    """Finish the claim: version INDEXED, attempt and job SUCCEEDED, and the document's
+    searchable version moved forward unless a newer version is already current."""
+    with conn.transaction():
+        owned = lock_owned_job(conn, claim)
+        version = lock_version(conn, owned.document_version_id)
+        if version["status"] != VersionStatus.EMBEDDING:
+            raise StateInconsistent(
+                f"cannot complete: version is {version['status']}, expected EMBEDDING"
+            )
+        counts = conn.execute(
+            """SELECT (SELECT count(*) FROM document_chunks WHERE document_version_id = %(v)s) AS chunks,
+                      (SELECT count(*) FROM embeddings
+                        WHERE document_version_id = %(v)s AND embedding_model_id = %(m)s) AS vectors""",
+            {"v": owned.document_version_id, "m": owned.embedding_model_id},
+        ).fetchone()
+        assert counts is not None
+        if counts["chunks"] == 0 or counts["chunks"] != counts["vectors"]:
+            raise StateInconsistent(
+                f"cannot complete: {counts['vectors']} embeddings for {counts['chunks']} chunks"
+            )
+        conn.execute(
+            """UPDATE document_versions SET status = 'INDEXED', indexed_at = now(), chunk_count = %s
+               WHERE id = %s""",
+            (counts["chunks"], owned.document_version_id),
+        )
+        document = conn.execute(
+            """SELECT d.id, cur.version_no AS current_no
+               FROM documents d LEFT JOIN document_versions cur ON cur.id = d.current_version_id
+               WHERE d.id = %s FOR UPDATE OF d""",
+            (version["document_id"],),
+        ).fetchone()
+        assert document is not None
+        became_current = document["current_no"] is None or document["current_no"] < version["version_no"]
+        if became_current:
+            conn.execute(
+                "UPDATE documents SET current_version_id = %s WHERE id = %s",
+                (owned.document_version_id, version["document_id"]),
+            )
+        conn.execute(
+            """UPDATE embedding_job_attempts SET status = 'SUCCEEDED', finished_at = now()
+               WHERE id = %s""",
+            (claim.attempt_id,),
+        )
+        conn.execute(
+            """UPDATE embedding_jobs
+               SET status = 'SUCCEEDED', progress = 100, finished_at = now(),
+                   worker_id = NULL, claim_token = NULL, locked_at = NULL, lease_expires_at = NULL,
+                   last_failure_type = NULL, last_failure_message = NULL
+               WHERE id = %s""",
+            (claim.job_id,),
+        )
+        record_event(
+            conn,
+            "JOB_SUCCEEDED",
+            job_id=claim.job_id,
+            version_id=owned.document_version_id,
+            attempt_id=claim.attempt_id,
+            worker_id=claim.worker_id,
+            detail={
+                "attempt_no": claim.attempt_no,
+                "chunks": counts["chunks"],
+                "became_current": became_current,
+            },
+        )
+    return CompleteResult(became_current=became_current)
+
+
+# ---------------------------------------------------------------------------------------------
+# fail
+
+
+def fail_job(
+    conn: Connection,
+    claim: Claim,
+    failure_type: FailureType,
+    message: str,
+    backoff: BackoffPolicy,
+    *,
+    unit_random: float | None = None,
+) -> FailResult:
+    """Report a classified failure of the current attempt.
+
+    Retryable with attempts left → PENDING with ``available_at = now() + backoff``; otherwise
+    the job and its version end FAILED. A report from a worker that no longer owns the job
+    raises :class:`OwnershipLost` and changes nothing: lease recovery owns the job then.
+    """
+    safe_message = bounded(message)
+    draw = _system_random.random() if unit_random is None else unit_random
+    with conn.transaction():
+        owned = lock_owned_job(conn, claim)
+        conn.execute(
+            """UPDATE embedding_job_attempts
+               SET status = 'FAILED', failure_type = %s, failure_message = %s, finished_at = now()
+               WHERE id = %s""",
+            (failure_type.value, safe_message, claim.attempt_id),
+        )
+        retry = failure_type.retryable and owned.attempt_count < owned.max_attempts
+        if retry:
+            delay = backoff.delay(owned.attempt_count, draw)
+            row = conn.execute(
+                """UPDATE embedding_jobs
+                   SET status = 'PENDING', available_at = now() + make_interval(secs => %s),
+                       worker_id = NULL, claim_token = NULL, locked_at = NULL,
+                       lease_expires_at = NULL,
+                       last_failure_type = %s, last_failure_message = %s
+                   WHERE id = %s RETURNING available_at""",
+                (delay, failure_type.value, safe_message, claim.job_id),
+            ).fetchone()
+            assert row is not None
+            available_at: datetime | None = row["available_at"]
+            event, outcome = "JOB_RETRY_SCHEDULED", FailOutcome.RETRY_SCHEDULED
+        else:
+            lock_version(conn, owned.document_version_id)
+            conn.execute(
+                """UPDATE embedding_jobs
+                   SET status = 'FAILED', finished_at = now(),
+                       worker_id = NULL, claim_token = NULL, locked_at = NULL,
+                       lease_expires_at = NULL,
+                       last_failure_type = %s, last_failure_message = %s
+                   WHERE id = %s""",
+                (failure_type.value, safe_message, claim.job_id),
+            )
+            conn.execute(
+                "UPDATE document_versions SET status = 'FAILED' WHERE id = %s",
+                (owned.document_version_id,),
+            )
+            available_at = None
+            event, outcome = "JOB_FAILED", FailOutcome.FAILED
+        record_event(
+            conn,
+            event,
+            job_id=claim.job_id,
+            version_id=owned.document_version_id,
+            attempt_id=claim.attempt_id,
+            worker_id=claim.worker_id,
+            detail={"attempt_no": claim.attempt_no, "failure_type": failure_type.value},
+        )
+    return FailResult(outcome=outcome, available_at=available_at)
+
+
+# ---------------------------------------------------------------------------------------------
+# recover
+
+_RECOVER_SQL = """
+WITH expired AS (
+    SELECT id FROM embedding_jobs
+    WHERE status = 'PROCESSING' AND lease_expires_at <= clock_timestamp()
+    ORDER BY lease_expires_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), attempt AS (
+    UPDATE embedding_job_attempts a
+    SET status = 'EXPIRED', finished_at = now()
+    FROM expired e
+    WHERE a.embedding_job_id = e.id AND a.status = 'STARTED'
+    RETURNING a.id, a.embedding_job_id, a.attempt_no
+), job AS (
+    UPDATE embedding_jobs j
+    SET status = CASE WHEN j.attempt_count < j.max_attempts THEN 'PENDING' ELSE 'FAILED' END,
+        available_at = CASE WHEN j.attempt_count < j.max_attempts
+            THEN now() + make_interval(secs =>
+                 least(%(max)s, %(initial)s * power(2, greatest(j.attempt_count - 1, 0)))
+                 * (1 + %(jitter)s * (2 * random() - 1)))
+            ELSE j.available_at END,
+        finished_at = CASE WHEN j.attempt_count < j.max_attempts THEN NULL ELSE now() END,
+        last_failure_type = CASE WHEN j.attempt_count < j.max_attempts
+            THEN j.last_failure_type ELSE 'WORKER_INTERNAL_ERROR' END,
+        last_failure_message = CASE WHEN j.attempt_count < j.max_attempts
+            THEN j.last_failure_message
+            ELSE 'the lease expired on the last attempt (worker stopped renewing it)' END,
+        worker_id = NULL, claim_token = NULL, locked_at = NULL, lease_expires_at = NULL
+    FROM expired e
+    WHERE j.id = e.id
+    RETURNING j.id, j.status, j.document_version_id, j.attempt_count
+), version AS (
+    UPDATE document_versions v SET status = 'FAILED'
+    FROM job WHERE v.id = job.document_version_id AND job.status = 'FAILED'
+), event AS (
+    INSERT INTO indexing_events
+        (event_type, embedding_job_id, document_version_id, attempt_id, detail)
+    SELECT CASE WHEN job.status = 'FAILED' THEN 'LEASE_EXPIRED_FAILED' ELSE 'LEASE_EXPIRED_REQUEUED' END,
+           job.id, job.document_version_id, attempt.id,
+           jsonb_build_object('attempt_no', job.attempt_count)
+    FROM job LEFT JOIN attempt ON attempt.embedding_job_id = job.id
+)
+SELECT id, status, attempt_count FROM job
+"""
+
+
+def recover_expired(
+    conn: Connection, backoff: BackoffPolicy, *, batch: int = 100
+) -> list[RecoveredJob]:
+    """Return PROCESSING jobs whose lease has expired to the queue, in one atomic statement.
+
+    The attempt becomes EXPIRED; the job goes back to PENDING with backoff, or to FAILED (and
+    its version too) when its attempts are spent. Rows another transaction holds — a renewal
+    or a completion in flight — are skipped, so recovery and the owner never both win.
+    """
+    with conn.transaction():
+        rows = conn.execute(
+            _RECOVER_SQL,
+            {
+                "batch": batch,
+                "max": backoff.maximum,
+                "initial": backoff.initial,
+                "jitter": backoff.jitter,
+            },
+        ).fetchall()
+    return [
+        RecoveredJob(
+            job_id=row["id"],
+            attempt_no=row["attempt_count"],
+            outcome=FailOutcome.FAILED if row["status"] == "FAILED" else FailOutcome.RETRY_SCHEDULED,
+        )
+        for row in rows
+    ]

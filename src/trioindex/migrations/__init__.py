@@ -1,0 +1,90 @@
+"""Versioned schema migrations, applied in order under a PostgreSQL advisory lock.
+
+Each ``NNNN_name.sql`` file in this package is one migration. :func:`migrate` takes a
+session-level advisory lock so that any number of processes may call it at once: the first
+applies what is missing, the others wait and then find nothing left to do. Each migration runs
+in its own transaction together with the row that records it, so a crash leaves either the
+whole migration or none of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from importlib import resources
+
+import attrs
+import psycopg
+
+logger = logging.getLogger(__name__)
+
+# An arbitrary constant shared by every trioindex process ("trioidx" in ASCII).
+MIGRATION_LOCK_KEY = 0x74_72_69_6F_69_64_78
+
+_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@attrs.frozen
+class Migration:
+    version: int
+    name: str
+    sql: str = attrs.field(repr=False)
+
+
+def available_migrations() -> list[Migration]:
+    """Every migration shipped with the package, in version order."""
+    found = []
+    for entry in resources.files(__package__).iterdir():
+        match = _NAME.match(entry.name)
+        if match:
+            found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"migration versions must be 1..n without gaps, found {versions}")
+    return found
+
+
+def migrate(conninfo: str) -> list[int]:
+    """Apply every pending migration; return the versions this call applied.
+
+    Blocking; safe to run from several processes at once.
+    """
+    applied_now: list[int] = []
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+        try:
+            conn.execute(
+                """
+                CREATE TABLE IF NOT EXISTS trioindex_schema_migrations (
+                    version     integer PRIMARY KEY,
+                    name        text NOT NULL,
+                    applied_at  timestamptz NOT NULL DEFAULT now()
+                )
+                """
+            )
+            rows = conn.execute("SELECT version FROM trioindex_schema_migrations").fetchall()
+            done = {row[0] for row in rows}
+            for migration in available_migrations():
+                if migration.version in done:
+                    continue
+                with conn.transaction():
+                    conn.execute(migration.sql.encode())
+                    conn.execute(
+                        "INSERT INTO trioindex_schema_migrations (version, name) VALUES (%s, %s)",
+                        (migration.version, migration.name),
+                    )
+                logger.info("applied migration %04d_%s", migration.version, migration.name)
+                applied_now.append(migration.version)
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+    return applied_now
+
+
+def current_version(conn: psycopg.Connection[object]) -> int:
+    """The highest applied migration, 0 on an empty database."""
+    exists = conn.execute("SELECT to_regclass('trioindex_schema_migrations') IS NOT NULL").fetchone()
+    if not exists or not exists[0]:
+        return 0
+    row = conn.execute("SELECT coalesce(max(version), 0) FROM trioindex_schema_migrations").fetchone()
+    return int(row[0]) if row else 0

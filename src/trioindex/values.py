@@ -1,0 +1,184 @@
+"""Immutable values that cross module boundaries: claims, rows as read by operators, outcomes.
+
+Rows become values through ``from_row`` classmethods. The claim token is a secret capability:
+it is a ``repr=False`` field and is never logged, stored in an event or put in a message.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import attrs
+
+from trioindex.errors import FailureType
+
+
+class JobStatus(enum.StrEnum):
+    PENDING = "PENDING"
+    PROCESSING = "PROCESSING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+
+class VersionStatus(enum.StrEnum):
+    UPLOADED = "UPLOADED"
+    PARSING = "PARSING"
+    CHUNKED = "CHUNKED"
+    EMBEDDING = "EMBEDDING"
+    INDEXED = "INDEXED"
+    FAILED = "FAILED"
+
+
+class WorkerStatus(enum.StrEnum):
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    STOPPING = "STOPPING"
+    STOPPED = "STOPPED"
+
+
+@attrs.frozen
+class Claim:
+    """The execution context of one claimed job, fixed at claim time (seed §2).
+
+    Every write after the claim is fenced by ``(job_id, worker_id, claim_token, attempt_id)``.
+    """
+
+    job_id: UUID
+    worker_id: UUID
+    claim_token: UUID = attrs.field(repr=False)
+    document_version_id: UUID
+    embedding_model_id: UUID
+    attempt_id: UUID
+    attempt_no: int
+    lease_expires_at: datetime
+    version_status: VersionStatus
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Claim:
+        return cls(
+            job_id=row["job_id"],
+            worker_id=row["worker_id"],
+            claim_token=row["claim_token"],
+            document_version_id=row["document_version_id"],
+            embedding_model_id=row["embedding_model_id"],
+            attempt_id=row["attempt_id"],
+            attempt_no=row["attempt_no"],
+            lease_expires_at=row["lease_expires_at"],
+            version_status=VersionStatus(row["version_status"]),
+        )
+
+
+@attrs.frozen
+class BackoffPolicy:
+    """Exponential retry delay: ``initial * 2**(attempt-1)``, capped at ``maximum``, ± jitter."""
+
+    initial: float
+    maximum: float
+    jitter: float
+
+    def delay(self, attempt_no: int, unit_random: float) -> float:
+        """The delay after attempt ``attempt_no`` failed; ``unit_random`` is uniform in [0, 1)."""
+        base = min(self.maximum, self.initial * 2 ** max(0, attempt_no - 1))
+        return max(0.0, base * (1 + self.jitter * (2 * unit_random - 1)))
+
+
+class FailOutcome(enum.StrEnum):
+    RETRY_SCHEDULED = "RETRY_SCHEDULED"
+    FAILED = "FAILED"
+
+
+@attrs.frozen
+class FailResult:
+    outcome: FailOutcome
+    available_at: datetime | None
+
+
+@attrs.frozen
+class CompleteResult:
+    """``became_current`` is False when a newer version was already searchable."""
+
+    became_current: bool
+
+
+@attrs.frozen
+class RecoveredJob:
+    job_id: UUID
+    attempt_no: int
+    outcome: FailOutcome
+
+
+@attrs.frozen
+class AttemptView:
+    id: UUID
+    attempt_no: int
+    worker_id: UUID
+    status: str
+    failure_type: FailureType | None
+    failure_message: str | None
+    started_at: datetime
+    finished_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> AttemptView:
+        return cls(
+            id=row["id"],
+            attempt_no=row["attempt_no"],
+            worker_id=row["worker_id"],
+            status=row["status"],
+            failure_type=FailureType(row["failure_type"]) if row["failure_type"] else None,
+            failure_message=row["failure_message"],
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+        )
+
+
+@attrs.frozen
+class JobView:
+    """A job as operators see it: no claim token."""
+
+    id: UUID
+    document_key: str
+    version_no: int
+    version_status: VersionStatus
+    model: str
+    status: JobStatus
+    priority: int
+    attempt_count: int
+    max_attempts: int
+    available_at: datetime
+    worker_id: UUID | None
+    lease_expires_at: datetime | None
+    progress: int
+    last_failure_type: FailureType | None
+    last_failure_message: str | None
+    created_at: datetime
+    finished_at: datetime | None
+    attempts: tuple[AttemptView, ...] = ()
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any], attempts: tuple[AttemptView, ...] = ()) -> JobView:
+        return cls(
+            id=row["id"],
+            document_key=row["external_key"],
+            version_no=row["version_no"],
+            version_status=VersionStatus(row["version_status"]),
+            model=row["model_name"],
+            status=JobStatus(row["status"]),
+            priority=row["priority"],
+            attempt_count=row["attempt_count"],
+            max_attempts=row["max_attempts"],
+            available_at=row["available_at"],
+            worker_id=row["worker_id"],
+            lease_expires_at=row["lease_expires_at"],
+            progress=row["progress"],
+            last_failure_type=(
+                FailureType(row["last_failure_type"]) if row["last_failure_type"] else None
+            ),
+            last_failure_message=row["last_failure_message"],
+            created_at=row["created_at"],
+            finished_at=row["finished_at"],
+            attempts=attempts,
+        )

@@ -1,0 +1,109 @@
+"""Small builders shared by the database tests: a model, a worker, enqueued jobs."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from uuid import UUID
+
+from trioindex import lifecycle
+from trioindex.database import Connection
+from trioindex.ingest import IngestResult, enqueue_version, storage_key_for
+from trioindex.models import EmbeddingModel, ensure_model
+from trioindex.values import BackoffPolicy, Claim
+
+BACKOFF = BackoffPolicy(initial=10.0, maximum=600.0, jitter=0.0)
+
+
+def model(conn: Connection, name: str = "test-model", dimension: int = 4) -> EmbeddingModel:
+    return ensure_model(conn, name, dimension)
+
+
+def worker(conn: Connection, max_concurrency: int = 8) -> UUID:
+    return lifecycle.register_worker(
+        conn, hostname="test-host", pid=1, version="test", max_concurrency=max_concurrency
+    )
+
+
+def enqueue(
+    conn: Connection,
+    model_id: UUID,
+    key: str | None = None,
+    *,
+    content: bytes | None = None,
+    max_attempts: int = 3,
+    priority: int = 0,
+) -> IngestResult:
+    key = key or f"doc-{uuid.uuid4().hex[:8]}"
+    data = content if content is not None else key.encode()
+    sha = hashlib.sha256(data).hexdigest()
+    return enqueue_version(
+        conn,
+        document_key=key,
+        storage_key=storage_key_for(sha),
+        original_name=f"{key}.txt",
+        content_type="text/plain",
+        byte_size=len(data),
+        sha256=sha,
+        model_id=model_id,
+        max_attempts=max_attempts,
+        priority=priority,
+    )
+
+
+def expire_lease(conn: Connection, job_id: UUID) -> None:
+    """Move the lease into the past, as if the lease duration had gone by."""
+    conn.execute(
+        "UPDATE embedding_jobs SET lease_expires_at = clock_timestamp() - interval '1 second' WHERE id = %s",
+        (job_id,),
+    )
+
+
+def make_available(conn: Connection, job_id: UUID) -> None:
+    """Move a scheduled retry's available_at into the past, as if its backoff had gone by."""
+    conn.execute(
+        "UPDATE embedding_jobs SET available_at = now() - interval '1 second' WHERE id = %s",
+        (job_id,),
+    )
+
+
+def stage_embedded(conn: Connection, claim: Claim, dimension: int = 4, chunks: int = 2) -> None:
+    """Put the claimed version in EMBEDDING with a full embedding set (what steps 5-6 leave)."""
+    version = conn.execute(
+        "SELECT document_id FROM document_versions WHERE id = %s", (claim.document_version_id,)
+    ).fetchone()
+    assert version is not None
+    for index in range(chunks):
+        chunk = conn.execute(
+            """INSERT INTO document_chunks (document_id, document_version_id, chunk_index, content,
+                   char_start, char_end, token_count, content_sha256)
+               VALUES (%s, %s, %s, 'x', 0, 1, 1, %s) RETURNING id""",
+            (version["document_id"], claim.document_version_id, index, "b" * 64),
+        ).fetchone()
+        assert chunk is not None
+        conn.execute(
+            """INSERT INTO embeddings (chunk_id, document_id, document_version_id, embedding_model_id,
+                   vector, dimension, vector_sha256) VALUES (%s, %s, %s, %s, %s, %s, %s)""",
+            (
+                chunk["id"], version["document_id"], claim.document_version_id,
+                claim.embedding_model_id, "[" + ",".join(["0.5"] * dimension) + "]", dimension,
+                "c" * 64,
+            ),
+        )
+    conn.execute(
+        "UPDATE document_versions SET status = 'EMBEDDING' WHERE id = %s",
+        (claim.document_version_id,),
+    )
+
+
+def job_row(conn: Connection, job_id: UUID) -> dict[str, object]:
+    row = conn.execute("SELECT * FROM embedding_jobs WHERE id = %s", (job_id,)).fetchone()
+    assert row is not None
+    return row
+
+
+def events(conn: Connection, job_id: UUID) -> list[str]:
+    rows = conn.execute(
+        "SELECT event_type FROM indexing_events WHERE embedding_job_id = %s ORDER BY id", (job_id,)
+    ).fetchall()
+    return [row["event_type"] for row in rows]
