@@ -107,3 +107,33 @@ def events(conn: Connection, job_id: UUID) -> list[str]:
         "SELECT event_type FROM indexing_events WHERE embedding_job_id = %s ORDER BY id", (job_id,)
     ).fetchall()
     return [row["event_type"] for row in rows]
+
+
+def stage_chunked(conn: Connection, claim: Claim, texts: list[str]) -> None:
+    """Put the claimed version in CHUNKED with one chunk per text (what step 5 leaves)."""
+    version = conn.execute(
+        "SELECT document_id FROM document_versions WHERE id = %s", (claim.document_version_id,)
+    ).fetchone()
+    assert version is not None
+    offset = 0
+    for index, text in enumerate(texts):
+        conn.execute(
+            """INSERT INTO document_chunks (document_id, document_version_id, chunk_index, content,
+                   char_start, char_end, token_count, content_sha256)
+               VALUES (%s, %s, %s, %s, %s, %s, %s, %s)""",
+            (
+                version["document_id"], claim.document_version_id, index, text, offset,
+                offset + len(text), len(text.split()), hashlib.sha256(text.encode()).hexdigest(),
+            ),
+        )
+        offset += len(text)
+    conn.execute(
+        "UPDATE document_versions SET status = 'CHUNKED', chunk_count = %s WHERE id = %s",
+        (len(texts), claim.document_version_id),
+    )
+
+
+def count(conn: Connection, sql: str, *params: object) -> int:
+    row = conn.execute(sql, params).fetchone()
+    assert row is not None
+    return int(next(iter(row.values())))

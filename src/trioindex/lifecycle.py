@@ -119,6 +119,7 @@ WITH worker AS (
     SELECT j.id
     FROM embedding_jobs j, worker
     WHERE j.status = 'PENDING' AND j.available_at <= now()
+      AND (%(model)s::uuid IS NULL OR j.embedding_model_id = %(model)s::uuid)
     ORDER BY j.priority DESC, j.available_at, j.id
     LIMIT %(k)s
     FOR UPDATE OF j SKIP LOCKED
@@ -153,20 +154,28 @@ JOIN document_versions v ON v.id = c.document_version_id
 """
 
 
-def claim_jobs(conn: Connection, worker_id: UUID, k: int, lease_seconds: float) -> list[Claim]:
+def claim_jobs(
+    conn: Connection,
+    worker_id: UUID,
+    k: int,
+    lease_seconds: float,
+    *,
+    model_id: UUID | None = None,
+) -> list[Claim]:
     """Claim up to ``k`` claimable PENDING jobs and start an attempt on each, in one statement.
 
     Highest priority first, then oldest ``available_at``; rows locked by another claimer are
     skipped. The claim and the attempt start share the transaction, so every invariant of the
     separate steps holds: ``attempt_count`` is incremented under the row lock, an attempt row
     exists exactly when a claim does, and no attempt is written for work that was not claimed.
-    A worker that is not RUNNING gets nothing; an empty queue is an empty list.
+    A worker that is not RUNNING gets nothing; an empty queue is an empty list. With
+    ``model_id``, only jobs pinned to that model are claimed (a worker embeds with one model).
     """
     if k <= 0:
         return []
     with conn.transaction():
         rows = conn.execute(
-            _CLAIM_SQL, {"worker": worker_id, "k": k, "lease": lease_seconds}
+            _CLAIM_SQL, {"worker": worker_id, "k": k, "lease": lease_seconds, "model": model_id}
         ).fetchall()
     return [Claim.from_row(row) for row in rows]
 

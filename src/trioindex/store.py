@@ -46,8 +46,10 @@ class JobStore:
     async def set_worker_status(self, worker_id: UUID, status: WorkerStatus) -> None:
         await self.db.run(lifecycle.set_worker_status, worker_id, status)
 
-    async def claim(self, worker_id: UUID, k: int) -> list[Claim]:
-        return await self.db.run(lifecycle.claim_jobs, worker_id, k, self.lease_seconds)
+    async def claim(self, worker_id: UUID, k: int, model_id: UUID | None = None) -> list[Claim]:
+        return await self.db.run(
+            lifecycle.claim_jobs, worker_id, k, self.lease_seconds, model_id=model_id
+        )
 
     async def renew(self, claim: Claim) -> datetime:
         return await self.db.run(lifecycle.renew_lease, claim, self.lease_seconds)

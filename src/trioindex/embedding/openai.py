@@ -1,0 +1,119 @@
+"""The OpenAI-compatible provider: ``POST {url}/v1/embeddings`` (vLLM, Ollama, infinity, LiteLLM,
+OpenAI).
+
+Request ``{"model", "input": [...], "encoding_format": "float"}`` (the format is named because some
+clients and servers default to base64); answer ``data[i].embedding``, put in input order by
+``data[i].index``: servers may answer out of order. A URL that already ends in ``/v1`` is not given
+a second one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import attrs
+import trio
+
+from trioindex.embedding.base import EmbedderInfo
+from trioindex.embedding.batching import plan_batches, run_batches
+from trioindex.embedding.transport import HttpTransport
+from trioindex.embedding.vectors import validate_vectors
+from trioindex.errors import ResultInvalid
+
+logger = logging.getLogger(__name__)
+
+
+@attrs.define(eq=False)
+class OpenAIEmbedder:
+    """An :class:`~trioindex.embedding.base.Embedder` talking to an OpenAI-compatible server."""
+
+    _http: HttpTransport
+    _path: str
+    _model: str
+    _dimension: int
+    _limiter: trio.CapacityLimiter
+    _info: EmbedderInfo
+
+    @classmethod
+    def open(
+        cls,
+        http: HttpTransport,
+        *,
+        model: str,
+        dimension: int,
+        batch_size: int,
+        limiter: trio.CapacityLimiter,
+    ) -> OpenAIEmbedder:
+        # No limits endpoint in this API: the configured batch size is the limit.
+        info = EmbedderInfo(
+            model=model,
+            dimension=dimension,
+            max_batch_size=batch_size,
+            max_batch_tokens=None,
+            max_input_tokens=None,
+        )
+        path = "/embeddings" if http.base_path.rstrip("/").endswith("/v1") else "/v1/embeddings"
+        logger.info(
+            "embedder ready: api=openai url=%s model=%s dimension=%d batch=%d max_in_flight=%s",
+            http.display_url,
+            model,
+            dimension,
+            batch_size,
+            limiter.total_tokens,
+        )
+        return cls(http, path, model, dimension, limiter, info)
+
+    @property
+    def info(self) -> EmbedderInfo:
+        return self._info
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        if not texts:
+            return []
+        batches = plan_batches(texts, max_batch_size=self._info.max_batch_size)
+        return await run_batches(texts, batches, self._embed_batch, self._limiter)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _embed_batch(self, batch: Sequence[str]) -> list[list[float]]:
+        body = await self._http.post_json(
+            self._path, {"model": self._model, "input": list(batch), "encoding_format": "float"}
+        )
+        return validate_vectors(
+            vectors_by_index(body, len(batch)), expected_count=len(batch), dimension=self._dimension
+        )
+
+
+def vectors_by_index(body: object, expected_count: int) -> list[object]:
+    """The ``embedding`` of each ``data`` item, placed at its ``index``.
+
+    Every index must be an int in ``0..expected_count-1`` and appear once; a server that sends no
+    index at all is taken in list order.
+    """
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        raise ResultInvalid("embedding response has no data list")
+    if len(data) != expected_count:
+        raise ResultInvalid(
+            f"embedding response has {len(data)} vectors for {expected_count} inputs"
+        )
+    items: list[dict[str, object]] = []
+    for position, item in enumerate(data):
+        if not isinstance(item, dict):
+            raise ResultInvalid(f"embedding response item {position} is not an object")
+        items.append(item)
+    if all("index" not in item for item in items):
+        return [item.get("embedding") for item in items]
+    placed: list[object] = [None] * expected_count
+    seen = [False] * expected_count
+    for position, item in enumerate(items):
+        index = item.get("index")
+        if type(index) is not int or not 0 <= index < expected_count or seen[index]:
+            raise ResultInvalid(
+                f"embedding response item {position} has a missing, repeated or out-of-range index"
+            )
+        seen[index] = True
+        placed[index] = item.get("embedding")
+    return placed

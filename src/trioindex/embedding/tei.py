@@ -1,0 +1,170 @@
+"""The Hugging Face text-embeddings-inference (TEI) provider: ``POST {url}/embed``.
+
+Request ``{"inputs": [...], "truncate": false, "normalize": true}`` (both flags sent explicitly:
+a silently truncated chunk would get a vector that does not describe its text), answer
+``[[float, ...], ...]`` in input order. ``GET {url}/info`` tells the server's limits
+(``max_client_batch_size``, ``max_batch_tokens``, ``max_input_length``) and ``model_id``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import attrs
+import trio
+
+from trioindex.embedding.base import EmbedderInfo
+from trioindex.embedding.batching import plan_batches, run_batches
+from trioindex.embedding.transport import HttpTransport, parse_json
+from trioindex.embedding.vectors import validate_vectors
+from trioindex.errors import StepFailure
+
+logger = logging.getLogger(__name__)
+
+
+@attrs.define(eq=False)
+class TeiEmbedder:
+    """An :class:`~trioindex.embedding.base.Embedder` talking to a TEI server."""
+
+    _http: HttpTransport
+    _model: str
+    _dimension: int
+    _batch_size: int
+    _limiter: trio.CapacityLimiter
+    _info: EmbedderInfo
+    # False while the server's limits are unknown because it could not be reached: they are
+    # asked again before the next call, since a batch above its limit would be rejected (413).
+    _limits_known: bool = False
+    _probe_lock: trio.Lock = attrs.field(factory=trio.Lock)
+
+    @classmethod
+    async def open(
+        cls,
+        http: HttpTransport,
+        *,
+        model: str,
+        dimension: int,
+        batch_size: int,
+        limiter: trio.CapacityLimiter,
+    ) -> TeiEmbedder:
+        """Read the server's ``/info`` (a warning, not an error, if it cannot be read)."""
+        info = EmbedderInfo(
+            model=model,
+            dimension=dimension,
+            max_batch_size=batch_size,
+            max_batch_tokens=None,
+            max_input_tokens=None,
+        )
+        self = cls(http, model, dimension, batch_size, limiter, info)
+        await self._probe_info()
+        logger.info(
+            "embedder ready: api=tei url=%s model=%s dimension=%d batch=%d "
+            "max_batch_tokens=%s max_in_flight=%s",
+            http.display_url,
+            model,
+            dimension,
+            self._info.max_batch_size,
+            self._info.max_batch_tokens,
+            limiter.total_tokens,
+        )
+        return self
+
+    @property
+    def info(self) -> EmbedderInfo:
+        return self._info
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        if not texts:
+            return []
+        # Only one caller re-asks; the others go on with the configured limits meanwhile.
+        if not self._limits_known and not self._probe_lock.locked():
+            await self._probe_info()
+        info = self._info
+        batches = plan_batches(
+            texts, max_batch_size=info.max_batch_size, max_batch_tokens=info.max_batch_tokens
+        )
+        return await run_batches(texts, batches, self._embed_batch, self._limiter)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _embed_batch(self, batch: Sequence[str]) -> list[list[float]]:
+        body = await self._http.post_json(
+            "/embed", {"inputs": list(batch), "truncate": False, "normalize": True}
+        )
+        return validate_vectors(body, expected_count=len(batch), dimension=self._dimension)
+
+    async def _probe_info(self) -> None:
+        async with self._probe_lock:
+            try:
+                response = await self._http.send("GET", "/info")
+                if response.status_code == 404:
+                    logger.warning(
+                        "embedding server has no /info; using the configured batch size %d",
+                        self._batch_size,
+                    )
+                    self._limits_known = True
+                    return
+                body = parse_json(response)
+            except StepFailure as exc:
+                # Unreachable or 5xx: ask again later. Anything else will not change by asking.
+                self._limits_known = not exc.retryable
+                logger.warning(
+                    "cannot read the embedding server's /info (%s); using the configured "
+                    "batch size %d%s",
+                    exc.message,
+                    self._batch_size,
+                    "" if self._limits_known else " and asking again on the next call",
+                )
+                return
+            self._limits_known = True
+            if not isinstance(body, dict):
+                logger.warning("embedding server's /info is not an object; using configured limits")
+                return
+            self._apply_info(body)
+
+    def _apply_info(self, body: dict[str, object]) -> None:
+        max_client_batch = _positive_int(body.get("max_client_batch_size"))
+        batch_size = self._batch_size
+        if max_client_batch is not None and max_client_batch < batch_size:
+            logger.info(
+                "embedding batch size %d clamped to the server's max_client_batch_size %d",
+                batch_size,
+                max_client_batch,
+            )
+            batch_size = max_client_batch
+        self._info = attrs.evolve(
+            self._info,
+            max_batch_size=batch_size,
+            max_batch_tokens=_positive_int(body.get("max_batch_tokens")),
+            max_input_tokens=_positive_int(body.get("max_input_length")),
+        )
+        reported = body.get("model_id")
+        if isinstance(reported, str) and not same_model(self._model, reported):
+            logger.warning(
+                "embedding server serves model %r but embedding.model is %r; vectors are "
+                "stored under the configured model",
+                reported[:200],
+                self._model,
+            )
+
+
+def same_model(configured: str, reported: str) -> bool:
+    """Whether two model ids plainly name the same model.
+
+    TEI reports the id or the local path it was started with ("BAAI/bge-m3", "/data/bge-m3"), so
+    the last path segment is compared too, case-insensitively.
+    """
+
+    def norm(name: str) -> str:
+        return name.strip().rstrip("/").lower()
+
+    a, b = norm(configured), norm(reported)
+    return a == b or a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
+
+
+def _positive_int(value: object) -> int | None:
+    if type(value) is int and value > 0:
+        return value
+    return None

@@ -1,0 +1,195 @@
+"""HTTP transport shared by the TEI and OpenAI-compatible providers, and its error translation.
+
+Owns the ``httpx.AsyncClient`` (connection pool, bearer key, per-request deadline) and turns every
+way a request can go wrong into the error hierarchy at this boundary:
+
+- connection errors, timeouts, 429, 424, 5xx (and other unexpected statuses)
+  → :class:`~trioindex.errors.ProviderUnavailable` (retryable)
+- 400 / 413 / 422, the server refusing the input itself → :class:`ProviderRejectedInput`
+- a body that is not JSON → :class:`~trioindex.errors.ResultInvalid`
+
+Messages carry the status code and at most a short classified reason (a TEI ``error_type`` or an
+OpenAI ``error.type`` when it is a plain identifier), never the body, the input, the URL's
+credentials or the key.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import attrs
+import httpx
+import trio
+
+from trioindex.errors import (
+    ProviderRejectedInput,
+    ProviderUnavailable,
+    ResultInvalid,
+    StepFailure,
+)
+
+logger = logging.getLogger(__name__)
+
+_REASON = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]{0,39}")
+
+
+@attrs.define(eq=False)
+class HttpTransport:
+    """One pooled HTTP client to one embedding server."""
+
+    _client: httpx.AsyncClient
+    request_timeout: float
+    display_url: str
+
+    @classmethod
+    def open(
+        cls,
+        *,
+        url: str,
+        request_timeout: float,
+        max_connections: int,
+        api_key: str | None,
+        transport: httpx.AsyncBaseTransport | None,
+    ) -> HttpTransport:
+        # The key lives only in the client's default headers: never in a value with a repr, a log
+        # line or a message.
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # Credentials in the URL become basic auth (unless a key is configured) and leave the
+        # URL, which httpx writes into its own log lines.
+        parsed = httpx.URL(url)
+        auth = None
+        if parsed.userinfo:
+            if not api_key:
+                auth = httpx.BasicAuth(parsed.username, parsed.password)
+            parsed = parsed.copy_with(userinfo=b"")
+        client = httpx.AsyncClient(
+            base_url=parsed,
+            headers=headers,
+            auth=auth,
+            # httpx's timeouts are per socket operation; the trio deadline in send() bounds the
+            # whole request. One spare connection for the /info probe.
+            timeout=httpx.Timeout(request_timeout),
+            limits=httpx.Limits(
+                max_connections=max_connections + 1,
+                max_keepalive_connections=max_connections + 1,
+            ),
+            transport=transport,
+            follow_redirects=False,
+        )
+        return cls(client, request_timeout, safe_url(url))
+
+    @property
+    def base_path(self) -> str:
+        """The path part of the configured URL ("/" when it has none)."""
+        return self._client.base_url.path
+
+    async def post_json(self, path: str, payload: object) -> object:
+        """``POST path`` with a JSON body; the parsed JSON answer, or a classified failure."""
+        return parse_json(await self.send("POST", path, payload))
+
+    async def send(self, method: str, path: str, payload: object = None) -> httpx.Response:
+        """One request under the per-request deadline; any status is returned as is.
+
+        Raises :class:`ProviderUnavailable` when no answer arrives (connection error, timeout).
+        """
+        response: httpx.Response | None = None
+        with trio.move_on_after(self.request_timeout):
+            try:
+                response = await self._client.request(method, path, json=payload)
+            except httpx.TimeoutException as exc:
+                raise ProviderUnavailable(
+                    f"embedding request timed out ({type(exc).__name__})"
+                ) from exc
+            except httpx.TransportError as exc:
+                raise ProviderUnavailable(
+                    f"cannot reach the embedding server ({type(exc).__name__})"
+                ) from exc
+            except httpx.DecodingError:
+                raise ResultInvalid("embedding response body could not be decoded") from None
+            except httpx.RequestError as exc:
+                raise ProviderUnavailable(
+                    f"embedding request failed ({type(exc).__name__})"
+                ) from exc
+        if response is None:
+            raise ProviderUnavailable(
+                f"embedding request timed out after {self.request_timeout:g}s"
+            )
+        return response
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def parse_json(response: httpx.Response) -> object:
+    """The JSON body of a 2xx answer, or the classified failure for any other answer."""
+    if not response.is_success:
+        raise failure_for_status(response.status_code, _reason(response))
+    try:
+        return response.json()
+    except ValueError:
+        # from None: a JSONDecodeError holds the whole body in .doc.
+        raise ResultInvalid(
+            f"embedding response is not valid JSON (HTTP {response.status_code})"
+        ) from None
+
+
+def failure_for_status(status: int, reason: str | None = None) -> StepFailure:
+    """The classified failure for a non-2xx answer; ``reason`` must already be safe."""
+    suffix = f", {reason}" if reason else ""
+    if status == 413:
+        return ProviderRejectedInput(
+            f"embedding server rejected the request as too large (HTTP 413{suffix}): a chunk may "
+            "exceed the model's input length or the batch the server's limit"
+        )
+    if status == 422:
+        return ProviderRejectedInput(
+            f"embedding server could not process the input (HTTP 422{suffix}): a chunk may "
+            "exceed the model's input length"
+        )
+    if status == 400:
+        return ProviderRejectedInput(f"embedding server rejected the request (HTTP 400{suffix})")
+    if status == 429:
+        return ProviderUnavailable(f"embedding server is overloaded (HTTP 429{suffix})")
+    if status == 424:
+        return ProviderUnavailable(f"embedding server's model backend failed (HTTP 424{suffix})")
+    if status == 503:
+        return ProviderUnavailable(f"embedding server is unavailable (HTTP 503{suffix})")
+    if status >= 500:
+        return ProviderUnavailable(f"embedding server error (HTTP {status}{suffix})")
+    if status in (401, 403):
+        return ProviderUnavailable(
+            f"embedding server refused the credentials (HTTP {status}{suffix}); "
+            "check embedding.api-key"
+        )
+    if status == 404:
+        return ProviderUnavailable(
+            f"embedding endpoint not found (HTTP 404{suffix}); "
+            "check embedding.url and embedding.api"
+        )
+    # Anything else (408, 3xx, ...) is treated as the server not being usable right now.
+    return ProviderUnavailable(f"unexpected answer from the embedding server (HTTP {status})")
+
+
+def _reason(response: httpx.Response) -> str | None:
+    """A short error class from a TEI or OpenAI error body, if it is a plain identifier."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    candidate: object = None
+    if isinstance(body, dict):
+        candidate = body.get("error_type")  # TEI: {"error": ..., "error_type": "Validation"}
+        error = body.get("error")
+        if candidate is None and isinstance(error, dict):
+            candidate = error.get("type")  # OpenAI: {"error": {"type": "invalid_request_error"}}
+    if isinstance(candidate, str) and _REASON.fullmatch(candidate):
+        return candidate
+    return None
+
+
+def safe_url(url: str) -> str:
+    """``url`` without user info, query or fragment: fit for a log line."""
+    parsed = httpx.URL(url)
+    port = f":{parsed.port}" if parsed.port else ""
+    return f"{parsed.scheme}://{parsed.host}{port}{parsed.path}"

@@ -1,0 +1,72 @@
+"""Vector checks and the vector hash: the only gate between an embedder's answer and a caller.
+
+Every provider passes its raw, parsed answer through :func:`validate_vectors`; a vector that fails
+is never returned, cached or skipped (skipping one would shift every later vector onto the wrong
+chunk), the whole call fails with :class:`~trioindex.errors.ResultInvalid`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from collections.abc import Sequence
+
+from trioindex.errors import ResultInvalid
+
+# The largest finite IEEE-754 binary32 value: pgvector stores float4 and the hash packs binary32,
+# so anything beyond it is as unusable as an infinity.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def vector_sha256(vector: Sequence[float]) -> str:
+    """SHA-256, lower-case hex, of ``vector`` as IEEE-754 binary32 big-endian bytes.
+
+    Big-endian is the byte order of Java's ``ByteBuffer``, so hashes match the original system.
+    """
+    return hashlib.sha256(struct.pack(f">{len(vector)}f", *vector)).hexdigest()
+
+
+def validate_vectors(vectors: object, *, expected_count: int, dimension: int) -> list[list[float]]:
+    """Return ``vectors`` as fresh lists of floats, or raise :class:`ResultInvalid`.
+
+    Checks, in order: a list of ``expected_count`` items; each a list (never null) of exactly
+    ``dimension`` numbers (``bool`` is not a number here); each finite and within binary32 range.
+    Messages name the position and the rule, never a value.
+    """
+    if not isinstance(vectors, list):
+        raise ResultInvalid(f"embedding response is not a list of vectors ({_kind(vectors)})")
+    if len(vectors) != expected_count:
+        raise ResultInvalid(
+            f"embedding response has {len(vectors)} vectors for {expected_count} inputs"
+        )
+    checked: list[list[float]] = []
+    for position, vector in enumerate(vectors):
+        if vector is None:
+            raise ResultInvalid(f"embedding vector {position} is null")
+        if not isinstance(vector, list):
+            raise ResultInvalid(f"embedding vector {position} is not a list ({_kind(vector)})")
+        if len(vector) != dimension:
+            raise ResultInvalid(
+                f"embedding vector {position} has dimension {len(vector)}, expected {dimension}"
+            )
+        floats: list[float] = []
+        for value in vector:
+            # type() rather than isinstance(): bool is an int subclass and must not pass.
+            if type(value) is not float and type(value) is not int:
+                raise ResultInvalid(
+                    f"embedding vector {position} holds a non-number ({_kind(value)})"
+                )
+            number = float(value)
+            if not math.isfinite(number):
+                raise ResultInvalid(f"embedding vector {position} holds NaN or Infinity")
+            if abs(number) > FLOAT32_MAX:
+                raise ResultInvalid(f"embedding vector {position} holds a value beyond float32")
+            floats.append(number)
+        checked.append(floats)
+    return checked
+
+
+def _kind(value: object) -> str:
+    """A value's type name: safe to put in a message, unlike the value itself."""
+    return "null" if value is None else type(value).__name__

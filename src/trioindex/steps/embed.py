@@ -1,0 +1,224 @@
+"""Embedding step: the version's chunks → validated vectors stored atomically (ARCHITECTURE §4.6).
+
+prepare: under job then version lock, ``CHUNKED → EMBEDDING`` (with ``EMBEDDING_STARTED``, first
+call only) or resume ``EMBEDDING``; read the chunks in ``chunk_index`` order and the job's
+pinned model (never "the active model"). A complete embedding set is a replay with no external
+call; a partial set is ``INDEXING_STATE_INCONSISTENT``.
+
+outside any transaction: embed the chunk texts in order, validate every vector, hash it, and
+build immutable drafts.
+
+commit: lock again in the same order, re-validate ownership with a fresh clock, check the chunk
+set and model still match the snapshot, then insert every embedding in one COPY — all or
+nothing. A late concurrent caller finds the finished set and replays it. The version stays
+``EMBEDDING``: completion belongs to the lifecycle's complete step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from uuid import UUID
+
+import attrs
+import numpy as np
+
+from trioindex.database import Connection, Database
+from trioindex.embedding import Embedder
+from trioindex.embedding.vectors import validate_vectors, vector_sha256
+from trioindex.errors import StateInconsistent
+from trioindex.lifecycle import lock_owned_job, lock_version, record_event, set_progress
+from trioindex.values import Claim, VersionStatus
+
+logger = logging.getLogger(__name__)
+
+PROGRESS_EMBEDDING = 50
+PROGRESS_EMBEDDED = 90
+
+
+@attrs.frozen
+class ChunkRef:
+    id: UUID
+    index: int
+    text: str = attrs.field(repr=False)
+
+
+@attrs.frozen
+class EmbedSnapshot:
+    version_id: UUID
+    document_id: UUID
+    model_id: UUID
+    model_name: str
+    dimension: int
+    chunks: tuple[ChunkRef, ...]
+    complete: bool
+
+
+@attrs.frozen
+class EmbeddingDraft:
+    chunk_id: UUID
+    chunk_index: int
+    vector: tuple[float, ...] = attrs.field(repr=False)
+    dimension: int
+    vector_sha256: str
+
+
+def _existing_embeddings(conn: Connection, version_id: UUID, model_id: UUID) -> int:
+    row = conn.execute(
+        """SELECT count(*) AS n FROM embeddings
+           WHERE document_version_id = %s AND embedding_model_id = %s""",
+        (version_id, model_id),
+    ).fetchone()
+    return int(row["n"]) if row else 0
+
+
+def _chunk_refs(conn: Connection, version_id: UUID) -> tuple[ChunkRef, ...]:
+    rows = conn.execute(
+        """SELECT id, chunk_index, content FROM document_chunks
+           WHERE document_version_id = %s ORDER BY chunk_index""",
+        (version_id,),
+    ).fetchall()
+    refs = tuple(ChunkRef(row["id"], row["chunk_index"], row["content"]) for row in rows)
+    if not refs:
+        raise StateInconsistent("the version has no chunks to embed")
+    if [ref.index for ref in refs] != list(range(len(refs))):
+        raise StateInconsistent("the version's chunk indexes are not contiguous from 0")
+    return refs
+
+
+def prepare_embedding(conn: Connection, claim: Claim) -> EmbedSnapshot:
+    with conn.transaction():
+        owned = lock_owned_job(conn, claim)
+        version = lock_version(conn, owned.document_version_id)
+        status = VersionStatus(version["status"])
+        if status not in (VersionStatus.CHUNKED, VersionStatus.EMBEDDING):
+            raise StateInconsistent(f"cannot embed: version is {status}, expected CHUNKED or EMBEDDING")
+        model = conn.execute(
+            "SELECT id, name, dimension FROM embedding_models WHERE id = %s",
+            (owned.embedding_model_id,),
+        ).fetchone()
+        if model is None:
+            raise StateInconsistent("the job's embedding model no longer exists")
+        chunks = _chunk_refs(conn, version["id"])
+        existing = _existing_embeddings(conn, version["id"], model["id"])
+        if 0 < existing < len(chunks) or existing > len(chunks):
+            raise StateInconsistent(
+                f"partial embedding set: {existing} embeddings for {len(chunks)} chunks"
+            )
+        if status is VersionStatus.CHUNKED:
+            if existing:
+                raise StateInconsistent("embeddings exist for a version that is only CHUNKED")
+            conn.execute(
+                "UPDATE document_versions SET status = 'EMBEDDING' WHERE id = %s", (version["id"],)
+            )
+            set_progress(conn, claim.job_id, PROGRESS_EMBEDDING)
+            record_event(
+                conn,
+                "EMBEDDING_STARTED",
+                job_id=claim.job_id,
+                version_id=version["id"],
+                attempt_id=claim.attempt_id,
+                worker_id=claim.worker_id,
+                detail={"chunks": len(chunks), "model": model["name"]},
+            )
+    return EmbedSnapshot(
+        version_id=version["id"],
+        document_id=version["document_id"],
+        model_id=model["id"],
+        model_name=model["name"],
+        dimension=model["dimension"],
+        chunks=chunks,
+        complete=existing == len(chunks),
+    )
+
+
+def build_drafts(snapshot: EmbedSnapshot, vectors: object) -> list[EmbeddingDraft]:
+    """Validate the embedder's answer against the snapshot and hash every vector."""
+    checked = validate_vectors(
+        vectors, expected_count=len(snapshot.chunks), dimension=snapshot.dimension
+    )
+    return [
+        EmbeddingDraft(
+            chunk_id=chunk.id,
+            chunk_index=chunk.index,
+            vector=tuple(vector),
+            dimension=snapshot.dimension,
+            vector_sha256=vector_sha256(vector),
+        )
+        for chunk, vector in zip(snapshot.chunks, checked, strict=True)
+    ]
+
+
+_COPY_EMBEDDINGS = """COPY embeddings
+    (chunk_id, document_id, document_version_id, embedding_model_id, vector, dimension,
+     vector_sha256) FROM STDIN WITH (FORMAT BINARY)"""
+
+
+def commit_embeddings(
+    conn: Connection, claim: Claim, snapshot: EmbedSnapshot, drafts: Sequence[EmbeddingDraft]
+) -> bool:
+    """Store every draft in one transaction; True if stored now, False if replayed."""
+    with conn.transaction():
+        owned = lock_owned_job(conn, claim)
+        version = lock_version(conn, owned.document_version_id)
+        if (
+            version["id"] != snapshot.version_id
+            or version["document_id"] != snapshot.document_id
+            or owned.embedding_model_id != snapshot.model_id
+        ):
+            raise StateInconsistent("the job's version or model changed since embedding began")
+        if version["status"] != VersionStatus.EMBEDDING:
+            raise StateInconsistent(
+                f"cannot store embeddings: version is {version['status']}, expected EMBEDDING"
+            )
+        current = conn.execute(
+            """SELECT id, chunk_index FROM document_chunks
+               WHERE document_version_id = %s ORDER BY chunk_index""",
+            (snapshot.version_id,),
+        ).fetchall()
+        if [(r["id"], r["chunk_index"]) for r in current] != [(c.id, c.index) for c in snapshot.chunks]:
+            raise StateInconsistent("the version's chunks changed since embedding began")
+        existing = _existing_embeddings(conn, snapshot.version_id, snapshot.model_id)
+        if existing == len(snapshot.chunks):
+            return False  # a concurrent caller stored the set first
+        if existing:
+            raise StateInconsistent(
+                f"partial embedding set: {existing} embeddings for {len(snapshot.chunks)} chunks"
+            )
+        if [(d.chunk_id, d.chunk_index) for d in drafts] != [(c.id, c.index) for c in snapshot.chunks]:
+            raise StateInconsistent("the drafts do not match the chunk set")
+        if any(d.dimension != snapshot.dimension or len(d.vector) != d.dimension for d in drafts):
+            raise StateInconsistent("a draft's dimension differs from the model's")
+        with conn.cursor().copy(_COPY_EMBEDDINGS) as copy:
+            copy.set_types(["uuid", "uuid", "uuid", "uuid", "vector", "int4", "text"])
+            for draft in drafts:
+                copy.write_row(
+                    (
+                        draft.chunk_id, snapshot.document_id, snapshot.version_id,
+                        snapshot.model_id, np.asarray(draft.vector, dtype=np.float32),
+                        draft.dimension, draft.vector_sha256,
+                    )
+                )
+        set_progress(conn, claim.job_id, PROGRESS_EMBEDDED)
+        record_event(
+            conn,
+            "EMBEDDINGS_STORED",
+            job_id=claim.job_id,
+            version_id=snapshot.version_id,
+            attempt_id=claim.attempt_id,
+            worker_id=claim.worker_id,
+            detail={"embeddings": len(drafts), "model": snapshot.model_name},
+        )
+    return True
+
+
+async def run_embed_step(claim: Claim, *, db: Database, embedder: Embedder) -> int:
+    """Run the whole step for ``claim``; return the number of embeddings the version has."""
+    snapshot = await db.run(prepare_embedding, claim)
+    if snapshot.complete:
+        logger.debug("job %s: embedding set already complete, step replayed", claim.job_id)
+        return len(snapshot.chunks)
+    vectors = await embedder.embed([chunk.text for chunk in snapshot.chunks])
+    drafts = build_drafts(snapshot, vectors)
+    await db.run(commit_embeddings, claim, snapshot, drafts)
+    return len(drafts)

@@ -1,0 +1,196 @@
+"""Parse and chunk step: storage object → text → chunks stored atomically (ARCHITECTURE §4.5).
+
+prepare: under job then version lock, ``UPLOADED → PARSING`` (or resume ``PARSING``) and a
+snapshot of storage key, content type, size and sha256. A version already ``CHUNKED`` or later
+is a replay: no storage read at all.
+
+outside any transaction: read the object (never more than the configured maximum), check its
+sha256 against the snapshot, parse and chunk in a thread.
+
+commit: re-validate ownership and that the version still matches the snapshot, then replace
+the version's chunks in one transaction and move it to ``CHUNKED``. A concurrent commit for
+the same claim serialises on the job lock and finds the version already ``CHUNKED``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Sequence
+from uuid import UUID
+
+import attrs
+import trio
+
+from trioindex.chunking import Chunker, ChunkDraft
+from trioindex.database import Connection, Database
+from trioindex.errors import ContentInvalid, StateInconsistent, StorageUnavailable
+from trioindex.lifecycle import lock_owned_job, lock_version, record_event, set_progress
+from trioindex.parsing import extract_text
+from trioindex.storage import AsyncObjectStore
+from trioindex.values import Claim, VersionStatus
+
+logger = logging.getLogger(__name__)
+
+PROGRESS_PARSING = 10
+PROGRESS_CHUNKED = 40
+
+_ALREADY_CHUNKED = frozenset({VersionStatus.CHUNKED, VersionStatus.EMBEDDING, VersionStatus.INDEXED})
+
+
+@attrs.frozen
+class ParseSnapshot:
+    version_id: UUID
+    document_id: UUID
+    storage_key: str
+    original_name: str
+    content_type: str | None
+    byte_size: int
+    sha256: str
+    status: VersionStatus
+    chunk_count: int | None
+
+    @property
+    def already_chunked(self) -> bool:
+        return self.status in _ALREADY_CHUNKED
+
+
+def prepare_parse(conn: Connection, claim: Claim) -> ParseSnapshot:
+    with conn.transaction():
+        owned = lock_owned_job(conn, claim)
+        version = lock_version(conn, owned.document_version_id)
+        status = VersionStatus(version["status"])
+        if status is VersionStatus.FAILED:
+            raise StateInconsistent("the version is FAILED; retry the job to parse it again")
+        chunk_count = version["chunk_count"]
+        if status is VersionStatus.UPLOADED:
+            conn.execute(
+                "UPDATE document_versions SET status = 'PARSING' WHERE id = %s", (version["id"],)
+            )
+            set_progress(conn, claim.job_id, PROGRESS_PARSING)
+            record_event(
+                conn,
+                "PARSING_STARTED",
+                job_id=claim.job_id,
+                version_id=version["id"],
+                attempt_id=claim.attempt_id,
+                worker_id=claim.worker_id,
+            )
+            status = VersionStatus.PARSING
+        elif status in _ALREADY_CHUNKED and chunk_count is None:
+            row = conn.execute(
+                "SELECT count(*) AS n FROM document_chunks WHERE document_version_id = %s",
+                (version["id"],),
+            ).fetchone()
+            chunk_count = row["n"] if row else 0
+    return ParseSnapshot(
+        version_id=version["id"],
+        document_id=version["document_id"],
+        storage_key=version["storage_key"],
+        original_name=version["original_name"],
+        content_type=version["content_type"],
+        byte_size=version["byte_size"],
+        sha256=version["sha256"],
+        status=status,
+        chunk_count=chunk_count,
+    )
+
+
+_COPY_CHUNKS = """COPY document_chunks
+    (document_id, document_version_id, chunk_index, content, char_start, char_end,
+     token_count, content_sha256) FROM STDIN"""
+
+
+def commit_chunks(
+    conn: Connection, claim: Claim, snapshot: ParseSnapshot, chunks: Sequence[ChunkDraft]
+) -> int:
+    """Replace the version's chunks with ``chunks`` and move it to CHUNKED; return the count."""
+    if not chunks:
+        raise StateInconsistent("refusing to store an empty chunk set")
+    if [c.index for c in chunks] != list(range(len(chunks))):
+        raise StateInconsistent("chunk indexes are not contiguous from 0")
+    with conn.transaction():
+        owned = lock_owned_job(conn, claim)
+        version = lock_version(conn, owned.document_version_id)
+        if (
+            version["id"] != snapshot.version_id
+            or version["storage_key"] != snapshot.storage_key
+            or version["sha256"] != snapshot.sha256
+            or version["byte_size"] != snapshot.byte_size
+        ):
+            raise StateInconsistent("the version changed since parsing was prepared")
+        status = VersionStatus(version["status"])
+        if status in _ALREADY_CHUNKED:
+            # a concurrent or repeated commit for this claim got here first: converge on it
+            row = conn.execute(
+                "SELECT count(*) AS n FROM document_chunks WHERE document_version_id = %s",
+                (version["id"],),
+            ).fetchone()
+            return int(row["n"]) if row else 0
+        if status is not VersionStatus.PARSING:
+            raise StateInconsistent(f"cannot store chunks: version is {status}, expected PARSING")
+        conn.execute("DELETE FROM document_chunks WHERE document_version_id = %s", (version["id"],))
+        with conn.cursor().copy(_COPY_CHUNKS) as copy:
+            for chunk in chunks:
+                copy.write_row(
+                    (
+                        version["document_id"], version["id"], chunk.index, chunk.text,
+                        chunk.start, chunk.end, chunk.token_count, chunk.content_sha256,
+                    )
+                )
+        conn.execute(
+            "UPDATE document_versions SET status = 'CHUNKED', chunk_count = %s WHERE id = %s",
+            (len(chunks), version["id"]),
+        )
+        set_progress(conn, claim.job_id, PROGRESS_CHUNKED)
+        record_event(
+            conn,
+            "CHUNKS_STORED",
+            job_id=claim.job_id,
+            version_id=version["id"],
+            attempt_id=claim.attempt_id,
+            worker_id=claim.worker_id,
+            detail={"chunks": len(chunks), "characters": chunks[-1].end},
+        )
+    return len(chunks)
+
+
+def parse_and_chunk_bytes(
+    data: bytes, snapshot: ParseSnapshot, chunker: Chunker, max_bytes: int
+) -> list[ChunkDraft]:
+    """CPU-bound part, run in a thread: verify the bytes, extract text, chunk it."""
+    if hashlib.sha256(data).hexdigest() != snapshot.sha256:
+        raise StorageUnavailable(
+            "the stored object does not match the version's sha256 (corrupt or replaced)"
+        )
+    extracted = extract_text(data, snapshot.original_name, snapshot.content_type, max_bytes=max_bytes)
+    chunks = chunker.chunk(extracted.text)
+    if not chunks:
+        raise ContentInvalid("the document has no text to index")
+    return chunks
+
+
+async def run_parse_step(
+    claim: Claim,
+    *,
+    db: Database,
+    store: AsyncObjectStore,
+    chunker: Chunker,
+    max_bytes: int,
+    cpu_limiter: trio.CapacityLimiter | None = None,
+) -> int:
+    """Run the whole step for ``claim``; return the number of chunks the version has."""
+    snapshot = await db.run(prepare_parse, claim)
+    if snapshot.already_chunked:
+        logger.debug("job %s: version already chunked, parse step replayed", claim.job_id)
+        return snapshot.chunk_count or 0
+    if snapshot.byte_size > max_bytes:
+        raise ContentInvalid(
+            f"file over the maximum size: {snapshot.byte_size} bytes > {max_bytes} bytes"
+        )
+    data = await store.get(snapshot.storage_key, max_bytes=max_bytes)
+    chunks = await trio.to_thread.run_sync(
+        parse_and_chunk_bytes, data, snapshot, chunker, max_bytes, limiter=cpu_limiter
+    )
+    del data
+    return await db.run(commit_chunks, claim, snapshot, chunks)

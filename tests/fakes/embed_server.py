@@ -1,0 +1,637 @@
+"""A fault-injecting embedding server on 127.0.0.1, for tests, benchmarks and the chaos run.
+
+It speaks the three endpoints the clients use: ``GET /info`` and ``POST /embed`` (TEI) and
+``POST /v1/embeddings`` (OpenAI-compatible, ``data`` shuffled by default so clients must order by
+``index``). Vectors are deterministic unit vectors seeded by a hash of the text
+(:func:`fake_vector`), so a test can check every vector and its order.
+
+Modes, set per test with :meth:`FakeEmbedServer.set_mode` (thread-safe; applies to the following
+requests):
+
+==================  =====================================================================
+``normal``          correct answers
+``slow``            answers after ``latency`` extra seconds
+``hang``            never answers (until the mode changes or the server stops), then drops
+``status_N``        HTTP N (500, 503, 429, 424, 413, 422, 400, ...) with a TEI-style error body
+``malformed``       200 with a body that is not JSON
+``null_vector``     one vector is ``null``
+``wrong_count``     one vector too few
+``wrong_dimension`` one vector one element short
+``nan``             one element is ``NaN``
+``infinity``        one element is ``Infinity``
+``disconnect``      closes the connection without an answer
+==================  =====================================================================
+
+``status_N``, ``hang``, ``slow``, ``malformed`` and ``disconnect`` also apply to ``/info``. For the
+chaos run, :meth:`FakeEmbedServer.set_fault_rates` injects these kinds at random into embedding
+requests (``{"status_503": 0.05, "nan": 0.01, ...}``, seeded) while the mode is ``normal``.
+
+Limits: ``max_batch_size`` is reported as ``max_client_batch_size`` and a larger request gets 413,
+as TEI does; ``latency`` is a fixed per-request delay (capacity = batch / latency per connection).
+Every request is counted (:meth:`FakeEmbedServer.stats`), so a test can assert that none was made.
+
+Standalone::
+
+    python -m tests.fakes.embed_server --port 8089 --dimension 1024 --latency-ms 20 \\
+        --fault-rate status_503=0.02 --fault-rate nan=0.005 --seed 7
+
+prints ``embed_server listening on http://127.0.0.1:PORT``, serves until SIGINT/SIGTERM, then
+prints its stats as one JSON line. A running server is steered over HTTP: ``POST /_fake/mode``
+``{"kind": "hang"}``, ``POST /_fake/fault-rates`` ``{"rates": {...}, "seed": 1}``,
+``GET /_fake/stats`` (these requests are not counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import math
+import random
+import re
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import FrameType, TracebackType
+from typing import Any
+
+import attrs
+import numpy as np
+import pytest
+
+VECTOR_FAULTS = ("null_vector", "wrong_count", "wrong_dimension", "nan", "infinity")
+TRANSPORT_FAULTS = ("slow", "hang", "malformed", "disconnect")
+KINDS = ("normal", *TRANSPORT_FAULTS, *VECTOR_FAULTS)
+_STATUS_KIND = re.compile(r"status_([1-5][0-9][0-9])")
+#: Every error body carries this, so tests can check that no body reaches an error message.
+BODY_MARKER = "FAKE-SERVER-ERROR-BODY"
+
+
+def fake_vector(text: str, dimension: int) -> list[float]:
+    """The deterministic unit vector the server answers for ``text``."""
+    seed = int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
+    values = np.random.default_rng(seed).standard_normal(dimension)
+    result: list[float] = (values / np.linalg.norm(values)).tolist()
+    return result
+
+
+@functools.lru_cache(maxsize=8192)
+def _vector_json(text: str, dimension: int) -> str:
+    return json.dumps(fake_vector(text, dimension))
+
+
+def check_kind(kind: str) -> str:
+    """``kind`` if it is a known mode / fault kind, else ValueError."""
+    if kind in KINDS or _STATUS_KIND.fullmatch(kind):
+        return kind
+    raise ValueError(f"unknown fake embedding server mode {kind!r}")
+
+
+@attrs.frozen
+class ServerStats:
+    """Counters since start (or the last :meth:`FakeEmbedServer.reset_stats`)."""
+
+    requests: int  # every request but /_fake/*
+    info_requests: int
+    embed_requests: int  # /embed + /v1/embeddings
+    inputs: int  # texts received in embedding requests
+    batch_sizes: tuple[int, ...]  # texts per embedding request, in arrival order
+    max_concurrent: int  # most requests being handled at the same time
+    faults: Mapping[str, int]  # injected faults by kind
+    last_authorization: str | None
+    last_payload: Mapping[str, Any] | None  # the last embedding request body
+
+
+@attrs.define(eq=False)
+class _State:
+    dimension: int
+    latency: float
+    max_batch_size: int | None
+    max_batch_tokens: int | None
+    max_input_length: int | None
+    model_id: str
+    info_enabled: bool
+    shuffle: bool
+    hang_seconds: float
+    mode: str = "normal"
+    mode_latency: float = 0.0
+    fault_rates: dict[str, float] = attrs.Factory(dict)
+    fault_rng: random.Random = attrs.Factory(lambda: random.Random(0))
+    shuffle_rng: random.Random = attrs.Factory(lambda: random.Random(0))
+    # Counters.
+    requests: int = 0
+    info_requests: int = 0
+    embed_requests: int = 0
+    inputs: int = 0
+    batch_sizes: list[int] = attrs.Factory(list)
+    active: int = 0
+    max_concurrent: int = 0
+    faults: dict[str, int] = attrs.Factory(dict)
+    last_authorization: str | None = None
+    last_payload: dict[str, Any] | None = None
+
+
+class FakeEmbedServer:
+    """A real HTTP server on 127.0.0.1 in a background thread (``with`` starts and stops it)."""
+
+    def __init__(
+        self,
+        *,
+        dimension: int = 1024,
+        latency: float = 0.0,
+        max_batch_size: int | None = None,
+        max_batch_tokens: int | None = None,
+        max_input_length: int | None = None,
+        model_id: str = "BAAI/bge-m3",
+        info_enabled: bool = True,
+        shuffle: bool = True,
+        hang_seconds: float = 3600.0,
+        fault_rates: Mapping[str, float] | None = None,
+        seed: int = 0,
+        port: int = 0,
+    ) -> None:
+        self._lock = threading.Lock()
+        # Set on stop and on every mode change: wakes hanging and sleeping handlers.
+        self._wake = threading.Event()
+        self._state = _State(
+            dimension=dimension,
+            latency=latency,
+            max_batch_size=max_batch_size,
+            max_batch_tokens=max_batch_tokens,
+            max_input_length=max_input_length,
+            model_id=model_id,
+            info_enabled=info_enabled,
+            shuffle=shuffle,
+            hang_seconds=hang_seconds,
+            shuffle_rng=random.Random(seed),
+        )
+        if fault_rates:
+            self.set_fault_rates(fault_rates, seed=seed)
+        self._httpd = _HTTPServer(("127.0.0.1", port), _Handler)
+        self._httpd.fake = self
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def dimension(self) -> int:
+        with self._lock:
+            return self._state.dimension
+
+    def start(self) -> FakeEmbedServer:
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.01},  # stop() waits up to this long
+            name=f"fake-embed-server-{self.port}",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._httpd.shutdown()
+            self._thread.join()
+            self._thread = None
+        self._httpd.server_close()
+
+    def __enter__(self) -> FakeEmbedServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- steering --------------------------------------------------------------------------
+
+    def set_mode(self, kind: str, *, status: int | None = None, latency: float = 0.0) -> None:
+        """Switch every following request to ``kind`` (``set_mode("status", status=503)`` is
+        ``set_mode("status_503")``); wakes requests hanging in the previous mode."""
+        if kind == "status":
+            if status is None:
+                raise ValueError("mode 'status' needs a status code")
+            kind = f"status_{status}"
+        check_kind(kind)
+        with self._lock:
+            self._state.mode = kind
+            self._state.mode_latency = latency if kind == "slow" else 0.0
+            old_wake, self._wake = self._wake, threading.Event()
+        old_wake.set()
+
+    def set_fault_rates(self, rates: Mapping[str, float], *, seed: int = 0) -> None:
+        """Inject each fault kind into that fraction of embedding requests (mode ``normal``)."""
+        for kind, rate in rates.items():
+            if check_kind(kind) == "normal" or not 0.0 <= rate <= 1.0:
+                raise ValueError(f"bad fault rate {kind}={rate}")
+        if sum(rates.values()) > 1.0:
+            raise ValueError("fault rates add up to more than 1")
+        with self._lock:
+            self._state.fault_rates = dict(rates)
+            self._state.fault_rng = random.Random(seed)
+
+    def configure(self, **settings: Any) -> None:
+        """Change ``dimension``, ``latency``, ``max_batch_size``, ``max_batch_tokens``,
+        ``max_input_length``, ``model_id``, ``info_enabled``, ``shuffle`` or ``hang_seconds``."""
+        allowed = {
+            "dimension",
+            "latency",
+            "max_batch_size",
+            "max_batch_tokens",
+            "max_input_length",
+            "model_id",
+            "info_enabled",
+            "shuffle",
+            "hang_seconds",
+        }
+        unknown = set(settings) - allowed
+        if unknown:
+            raise TypeError(f"unknown settings {sorted(unknown)}")
+        with self._lock:
+            for name, value in settings.items():
+                setattr(self._state, name, value)
+
+    def stats(self) -> ServerStats:
+        with self._lock:
+            s = self._state
+            return ServerStats(
+                requests=s.requests,
+                info_requests=s.info_requests,
+                embed_requests=s.embed_requests,
+                inputs=s.inputs,
+                batch_sizes=tuple(s.batch_sizes),
+                max_concurrent=s.max_concurrent,
+                faults=dict(s.faults),
+                last_authorization=s.last_authorization,
+                last_payload=s.last_payload,
+            )
+
+    def reset_stats(self) -> None:
+        with self._lock:
+            s = self._state
+            s.requests = s.info_requests = s.embed_requests = s.inputs = 0
+            s.max_concurrent = s.active
+            s.batch_sizes = []
+            s.faults = {}
+            s.last_authorization = None
+            s.last_payload = None
+
+    # -- request handling (handler threads) ------------------------------------------------
+
+    def _enter(self, authorization: str | None) -> None:
+        with self._lock:
+            s = self._state
+            s.requests += 1
+            s.active += 1
+            s.max_concurrent = max(s.max_concurrent, s.active)
+            s.last_authorization = authorization
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._state.active -= 1
+
+    def _pick_fault(self, *, embedding: bool) -> tuple[str, float, float, threading.Event]:
+        """(kind, latency to wait, hang limit, wake event) for one request."""
+        with self._lock:
+            s = self._state
+            kind = s.mode
+            latency = s.latency + s.mode_latency
+            if kind == "normal" and embedding and s.fault_rates:
+                draw = s.fault_rng.random()
+                for candidate, rate in s.fault_rates.items():
+                    if draw < rate:
+                        kind = candidate
+                        break
+                    draw -= rate
+            if kind == "slow" and s.mode_latency == 0.0:
+                latency += 1.0  # a random "slow" fault: one second more
+            if not embedding and kind in VECTOR_FAULTS:
+                kind = "normal"
+            if kind != "normal":
+                s.faults[kind] = s.faults.get(kind, 0) + 1
+            return kind, latency, s.hang_seconds, self._wake
+
+    def _record_embedding(self, count: int, payload: dict[str, Any]) -> None:
+        with self._lock:
+            s = self._state
+            s.embed_requests += 1
+            s.inputs += count
+            s.batch_sizes.append(count)
+            s.last_payload = payload
+
+    def _snapshot(self) -> _State:
+        with self._lock:
+            return attrs.evolve(self._state)
+
+    def _shuffle(self, items: list[Any]) -> None:
+        with self._lock:
+            if self._state.shuffle:
+                self._state.shuffle_rng.shuffle(items)
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    fake: FakeEmbedServer
+
+
+class _Drop(Exception):
+    """Close the connection without an answer."""
+
+
+class _Answered(Exception):
+    """A fault answer has been written; nothing more to send."""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, like a real server behind a pooled client
+    timeout = 30  # idle keep-alive connections end on their own
+    # Headers and body go out in two writes: with Nagle on, the client's delayed ACK would add
+    # ~40 ms to every answer.
+    disable_nagle_algorithm = True
+    server: _HTTPServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._handle()
+
+    def do_POST(self) -> None:
+        self._handle()
+
+    def _handle(self) -> None:
+        fake = self.server.fake
+        path = self.path.split("?", 1)[0]
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if path.startswith("/_fake/"):
+            self._control(fake, path, raw)
+            return
+        fake._enter(self.headers.get("Authorization"))
+        try:
+            self._serve(fake, path, raw)
+        except _Answered:
+            pass
+        except _Drop:
+            self.close_connection = True
+        except (BrokenPipeError, ConnectionResetError):
+            # The client gave up (a timeout or a cancelled request): nothing left to answer.
+            self.close_connection = True
+        finally:
+            fake._leave()
+
+    def _serve(self, fake: FakeEmbedServer, path: str, raw: bytes) -> None:
+        method = self.command
+        if method == "GET" and path == "/info":
+            with fake._lock:
+                fake._state.info_requests += 1
+            self._before_answer(fake, None)
+            state = fake._snapshot()
+            if not state.info_enabled:
+                self._error(404, "no such route", "NotFound")
+                return
+            self._json(
+                200,
+                {
+                    "model_id": state.model_id,
+                    "model_dtype": "float32",
+                    "model_type": {"embedding": {"pooling": "cls"}},
+                    "max_concurrent_requests": 512,
+                    "max_input_length": state.max_input_length or 8192,
+                    "max_batch_tokens": state.max_batch_tokens or 16384,
+                    "max_client_batch_size": state.max_batch_size or 1024,
+                    "version": "fake",
+                },
+            )
+            return
+        if method == "POST" and path in ("/embed", "/v1/embeddings"):
+            self._embed(fake, path, raw)
+            return
+        self._error(404, "no such route", "NotFound")
+
+    def _embed(self, fake: FakeEmbedServer, path: str, raw: bytes) -> None:
+        openai = path == "/v1/embeddings"
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            self._error(400, "request body is not JSON", "Validation")
+            return
+        texts = payload.get("input" if openai else "inputs") if isinstance(payload, dict) else None
+        if isinstance(texts, str):
+            texts = [texts]
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts) or not texts:
+            self._error(422, "inputs must be a non-empty list of strings", "Validation")
+            return
+        fake._record_embedding(len(texts), payload)
+        kind = self._before_answer(fake, texts)
+        state = fake._snapshot()
+        if state.max_batch_size is not None and len(texts) > state.max_batch_size:
+            self._error(
+                413,
+                f"batch size {len(texts)} > maximum allowed batch size {state.max_batch_size}",
+                "Validation",
+            )
+            return
+        # Bodies are assembled from cached JSON per text: encoding 32 x 1024 floats per request
+        # would otherwise make this server, not the client under test, the bottleneck.
+        fragments = [_vector_json(text, state.dimension) for text in texts]
+        if kind in VECTOR_FAULTS:
+            middle = len(fragments) // 2
+            vector = fake_vector(texts[middle], state.dimension)
+            if kind == "null_vector":
+                fragments[middle] = "null"
+            elif kind == "wrong_count":
+                fragments.pop()
+            elif kind == "wrong_dimension":
+                fragments[middle] = json.dumps(vector[:-1])
+            elif kind == "nan":
+                vector[0] = math.nan
+                fragments[middle] = json.dumps(vector)  # the bare NaN token
+            elif kind == "infinity":
+                vector[-1] = math.inf
+                fragments[middle] = json.dumps(vector)  # the bare Infinity token
+        if not openai:
+            self._raw(200, f"[{','.join(fragments)}]".encode(), "application/json")
+            return
+        items = [
+            f'{{"object":"embedding","index":{index},"embedding":{fragment}}}'
+            for index, fragment in enumerate(fragments)
+        ]
+        fake._shuffle(items)
+        model = payload.get("model") if isinstance(payload.get("model"), str) else state.model_id
+        body = (
+            f'{{"object":"list","data":[{",".join(items)}],"model":{json.dumps(model)},'
+            '"usage":{"prompt_tokens":0,"total_tokens":0}}'
+        )
+        self._raw(200, body.encode(), "application/json")
+
+    def _before_answer(self, fake: FakeEmbedServer, texts: list[str] | None) -> str:
+        """Apply latency and the transport-level faults; the kind left for the body.
+
+        ``texts`` is None for /info, which gets no vector faults and no random faults.
+        """
+        kind, latency, hang_seconds, wake = fake._pick_fault(embedding=texts is not None)
+        if latency > 0:
+            wake.wait(latency)
+        if kind == "hang":
+            wake.wait(hang_seconds)
+            raise _Drop
+        if kind == "disconnect":
+            raise _Drop
+        status = _STATUS_KIND.fullmatch(kind)
+        if status:
+            self._fault_status(int(status.group(1)), texts[0] if texts else "")
+            raise _Answered
+        if kind == "malformed":
+            self._raw(200, b'{"data": [[0.1, 0.2', "application/json")
+            raise _Answered
+        return kind
+
+    def _fault_status(self, status: int, first_input: str) -> None:
+        # Like TEI's error bodies, and like servers that echo the input back: a client that puts
+        # bodies into messages would leak it.
+        error_type = {413: "Validation", 422: "Tokenizer", 424: "Backend", 429: "Overloaded"}
+        self._error(
+            status,
+            f"injected failure; input was: {first_input}",
+            error_type.get(status, "Unhealthy"),
+        )
+
+    def _control(self, fake: FakeEmbedServer, path: str, raw: bytes) -> None:
+        try:
+            body = json.loads(raw) if raw else {}
+            if path == "/_fake/mode" and self.command == "POST":
+                fake.set_mode(
+                    str(body["kind"]),
+                    status=body.get("status"),
+                    latency=float(body.get("latency", 0.0)),
+                )
+            elif path == "/_fake/fault-rates" and self.command == "POST":
+                fake.set_fault_rates(body.get("rates", {}), seed=int(body.get("seed", 0)))
+            elif path == "/_fake/reset-stats" and self.command == "POST":
+                fake.reset_stats()
+            elif path != "/_fake/stats":
+                self._json(404, {"error": "unknown control route"})
+                return
+        except (ValueError, KeyError, TypeError) as exc:
+            self._json(400, {"error": str(exc)})
+            return
+        self._json(200, _stats_json(fake.stats()))
+
+    def _error(self, status: int, message: str, error_type: str) -> None:
+        self._json(status, {"error": f"{BODY_MARKER}: {message}", "error_type": error_type})
+
+    def _json(self, status: int, body: object) -> None:
+        # allow_nan: NaN / Infinity are sent as the bare tokens some servers really emit.
+        self._raw(status, json.dumps(body, allow_nan=True).encode(), "application/json")
+
+    def _raw(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def _stats_json(stats: ServerStats) -> dict[str, Any]:
+    result = attrs.asdict(stats)
+    result["batch_sizes"] = list(stats.batch_sizes)
+    result.pop("last_payload")
+    result.pop("last_authorization")
+    return result
+
+
+@pytest.fixture
+def embed_server() -> Iterator[FakeEmbedServer]:
+    """A fresh fake embedding server (1024 dims, no latency, mode normal) for one test."""
+    with FakeEmbedServer() as server:
+        yield server
+
+
+def _parse_rates(values: list[str]) -> dict[str, float]:
+    rates: dict[str, float] = {}
+    for value in values:
+        for item in value.split(","):
+            kind, sep, rate = item.partition("=")
+            if not sep:
+                raise argparse.ArgumentTypeError(f"expected KIND=RATE, got {item!r}")
+            rates[check_kind(kind.strip())] = float(rate)
+    return rates
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.fakes.embed_server", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--dimension", type=int, default=1024)
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="fixed per request")
+    parser.add_argument("--max-batch-size", type=int, default=None)
+    parser.add_argument("--max-batch-tokens", type=int, default=None)
+    parser.add_argument("--max-input-length", type=int, default=None)
+    parser.add_argument("--model-id", default="BAAI/bge-m3")
+    parser.add_argument("--no-info", action="store_true", help="answer 404 to GET /info")
+    parser.add_argument("--no-shuffle", action="store_true", help="keep OpenAI data in order")
+    parser.add_argument(
+        "--fault-rate",
+        action="append",
+        default=[],
+        metavar="KIND=RATE",
+        help=f"repeatable or comma-separated; kinds: status_NNN, {', '.join(KINDS[1:])}",
+    )
+    parser.add_argument("--hang-seconds", type=float, default=3600.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        rates = _parse_rates(args.fault_rate)
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        parser.error(str(exc))
+    server = FakeEmbedServer(
+        dimension=args.dimension,
+        latency=args.latency_ms / 1000.0,
+        max_batch_size=args.max_batch_size,
+        max_batch_tokens=args.max_batch_tokens,
+        max_input_length=args.max_input_length,
+        model_id=args.model_id,
+        info_enabled=not args.no_info,
+        shuffle=not args.no_shuffle,
+        hang_seconds=args.hang_seconds,
+        fault_rates=rates,
+        seed=args.seed,
+        port=args.port,
+    )
+    done = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        done.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    with server:
+        print(f"embed_server listening on {server.url}", flush=True)
+        while not done.wait(0.5):
+            pass
+        stats = _stats_json(server.stats())
+    print(json.dumps(stats), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""In-memory fakes of the job store and the pipeline steps, for deterministic runtime tests.
+
+They keep a log of every call with the Trio clock's time, so tests assert ordering and
+timing under ``autojump_clock`` without any real I/O (threads and sockets would let virtual time
+jump under them).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from uuid import UUID
+
+import attrs
+import trio
+
+from trioindex.errors import FailureType, OwnershipLost
+from trioindex.values import (
+    Claim,
+    CompleteResult,
+    FailOutcome,
+    FailResult,
+    RecoveredJob,
+    VersionStatus,
+    WorkerStatus,
+)
+
+
+def make_claim(status: VersionStatus = VersionStatus.UPLOADED, worker: UUID | None = None) -> Claim:
+    return Claim(
+        job_id=uuid.uuid4(),
+        worker_id=worker or uuid.uuid4(),
+        claim_token=uuid.uuid4(),
+        document_version_id=uuid.uuid4(),
+        embedding_model_id=uuid.uuid4(),
+        attempt_id=uuid.uuid4(),
+        attempt_no=1,
+        lease_expires_at=datetime.now(UTC),
+        version_status=status,
+    )
+
+
+@attrs.define(eq=False)
+class FakeStore:
+    pending: list[VersionStatus] = attrs.field(factory=list)
+    calls: list[tuple[float, str, object]] = attrs.field(factory=list)
+    registered: trio.Event | None = None  # when set, registration waits for it
+    renew_behaviour: Callable[[Claim, int], Awaitable[None]] | None = None
+    fail_behaviour: Callable[[Claim], Awaitable[None]] | None = None
+    claim_error: Exception | None = None
+    renewals: dict[UUID, int] = attrs.field(factory=dict)
+    worker_id: UUID = attrs.field(factory=uuid.uuid4)
+
+    def log(self, what: str, detail: object = None) -> None:
+        self.calls.append((trio.current_time(), what, detail))
+
+    def names(self) -> list[str]:
+        return [name for _, name, _ in self.calls]
+
+    def of(self, name: str) -> list[tuple[float, object]]:
+        return [(t, d) for t, n, d in self.calls if n == name]
+
+    async def register_worker(
+        self, *, hostname: str, pid: int, version: str, max_concurrency: int
+    ) -> UUID:
+        if self.registered is not None:
+            await self.registered.wait()
+        self.log("register")
+        return self.worker_id
+
+    async def heartbeat(self, worker_id: UUID) -> bool:
+        self.log("heartbeat")
+        return True
+
+    async def set_worker_status(self, worker_id: UUID, status: WorkerStatus) -> None:
+        self.log(f"status:{status.value}")
+
+    async def claim(self, worker_id: UUID, k: int, model_id: UUID | None = None) -> list[Claim]:
+        await trio.lowlevel.checkpoint()
+        if self.claim_error is not None:
+            error, self.claim_error = self.claim_error, None
+            self.log("claim-error", k)
+            raise error
+        taken, self.pending = self.pending[:k], self.pending[k:]
+        claims = [make_claim(status, worker_id) for status in taken]
+        self.log("claim", (k, len(claims)))
+        return claims
+
+    async def renew(self, claim: Claim) -> datetime:
+        count = self.renewals.get(claim.job_id, 0) + 1
+        self.renewals[claim.job_id] = count
+        self.log("renew", claim.job_id)
+        if self.renew_behaviour is not None:
+            await self.renew_behaviour(claim, count)
+        return datetime.now(UTC)
+
+    async def complete(self, claim: Claim) -> CompleteResult:
+        await trio.lowlevel.checkpoint()
+        self.log("complete", claim.job_id)
+        return CompleteResult(became_current=True)
+
+    async def fail(self, claim: Claim, failure_type: FailureType, message: str) -> FailResult:
+        await trio.lowlevel.checkpoint()
+        self.log("fail", (claim.job_id, failure_type, message))
+        if self.fail_behaviour is not None:
+            await self.fail_behaviour(claim)
+        outcome = FailOutcome.RETRY_SCHEDULED if failure_type.retryable else FailOutcome.FAILED
+        return FailResult(outcome=outcome, available_at=None)
+
+    async def recover(self) -> list[RecoveredJob]:
+        self.log("recover")
+        return []
+
+
+async def refuse(*_: object) -> None:
+    raise OwnershipLost("refused")
+
+
+@attrs.define(eq=False)
+class FakeSteps:
+    """Each step sleeps ``duration`` (virtual time) then runs ``behaviour`` if given."""
+
+    store: FakeStore
+    duration: float = 1.0
+    behaviour: dict[str, Callable[[Claim], Awaitable[None]]] = attrs.field(factory=dict)
+    active: int = 0
+    max_active: int = 0
+
+    async def _step(self, name: str, claim: Claim) -> int:
+        self.store.log(name, claim.job_id)
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            await trio.sleep(self.duration)
+            if name in self.behaviour:
+                await self.behaviour[name](claim)
+        finally:
+            self.active -= 1
+        return 1
+
+    async def parse(self, claim: Claim) -> int:
+        return await self._step("parse", claim)
+
+    async def embed(self, claim: Claim) -> int:
+        return await self._step("embed", claim)

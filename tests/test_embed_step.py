@@ -1,0 +1,222 @@
+"""The embedding step on real PostgreSQL + pgvector against the fault-injecting HTTP server."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import attrs
+import numpy as np
+import pytest
+import trio
+
+from tests import helpers
+from tests.fakes.embed_server import FakeEmbedServer, fake_vector
+from trioindex import lifecycle
+from trioindex.database import Database
+from trioindex.embedding import Embedder, open_embedder
+from trioindex.errors import (
+    OwnershipLost,
+    ProviderRejectedInput,
+    ProviderUnavailable,
+    ResultInvalid,
+    StateInconsistent,
+)
+from trioindex.steps.embed import build_drafts, commit_embeddings, prepare_embedding, run_embed_step
+from trioindex.values import Claim
+
+DIM = 1024
+TEXTS = [f"chunk number {i}: 색인 문장 {i}." for i in range(7)]
+
+
+@pytest.fixture
+def claim(db: Database) -> Claim:
+    with db.connection() as conn:
+        model = helpers.model(conn, "BAAI/bge-m3", DIM)
+        helpers.enqueue(conn, model.id)
+        worker = helpers.worker(conn)
+        (claimed,) = lifecycle.claim_jobs(conn, worker, 1, 300)
+        helpers.stage_chunked(conn, claimed, TEXTS)
+    return claimed
+
+
+@pytest.fixture
+async def embedder(embed_server: FakeEmbedServer) -> AsyncIterator[Embedder]:
+    client = await open_embedder(
+        api="tei", url=embed_server.url, model="BAAI/bge-m3", dimension=DIM, batch_size=3,
+        max_in_flight=2, request_timeout=5.0,
+    )
+    yield client
+    await client.aclose()
+
+
+def _stored(db: Database, claim: Claim) -> list[dict[str, Any]]:
+    with db.connection() as conn:
+        return conn.execute(
+            """SELECT e.*, c.chunk_index, c.content, c.document_id AS chunk_document
+               FROM embeddings e JOIN document_chunks c ON c.id = e.chunk_id
+               WHERE e.document_version_id = %s ORDER BY c.chunk_index""",
+            (claim.document_version_id,),
+        ).fetchall()
+
+
+def _independent_hash(vector: Any) -> str:
+    return hashlib.sha256(np.asarray(vector, dtype=">f4").tobytes()).hexdigest()
+
+
+async def test_vectors_are_stored_with_relations_and_hashes(
+    db: Database, claim: Claim, embedder: Embedder
+) -> None:
+    with trio.fail_after(20):
+        assert await run_embed_step(claim, db=db, embedder=embedder) == len(TEXTS)
+    rows = _stored(db, claim)
+    assert [r["chunk_index"] for r in rows] == list(range(len(TEXTS)))
+    for row in rows:
+        vector = np.asarray(row["vector"].to_list(), dtype=np.float32)
+        expected = np.asarray(fake_vector(row["content"], DIM), dtype=np.float32)
+        np.testing.assert_allclose(vector, expected, rtol=1e-6)  # right vector on the right chunk
+        assert row["dimension"] == DIM and row["status"] == "ACTIVE"
+        assert row["vector_sha256"] == _independent_hash(vector)
+        assert row["document_id"] == row["chunk_document"]
+        assert row["embedding_model_id"] == claim.embedding_model_id
+    with db.connection() as conn:
+        version = conn.execute(
+            "SELECT status FROM document_versions WHERE id = %s", (claim.document_version_id,)
+        ).fetchone()
+        assert version == {"status": "EMBEDDING"}  # completion belongs to the complete step
+        assert helpers.events(conn, claim.job_id).count("EMBEDDING_STARTED") == 1
+
+
+async def test_a_repeat_call_makes_no_request_and_adds_nothing(
+    db: Database, claim: Claim, embedder: Embedder, embed_server: FakeEmbedServer
+) -> None:
+    with trio.fail_after(20):
+        await run_embed_step(claim, db=db, embedder=embedder)
+        embed_server.reset_stats()
+        with db.connection() as conn:
+            events_before = helpers.events(conn, claim.job_id)
+        assert await run_embed_step(claim, db=db, embedder=embedder) == len(TEXTS)
+    assert embed_server.stats().requests == 0
+    assert len(_stored(db, claim)) == len(TEXTS)
+    with db.connection() as conn:
+        assert helpers.events(conn, claim.job_id) == events_before
+
+
+def test_two_threads_committing_one_claim_converge_on_one_set(db: Database, claim: Claim) -> None:
+    with db.connection() as conn:
+        snapshot = prepare_embedding(conn, claim)
+    drafts = build_drafts(snapshot, [fake_vector(c.text, DIM) for c in snapshot.chunks])
+    barrier = threading.Barrier(2)
+
+    def commit(_: int) -> bool:
+        with db.connection() as conn:
+            barrier.wait()
+            return commit_embeddings(conn, claim, snapshot, drafts)
+
+    with ThreadPoolExecutor(2) as pool:
+        results = sorted(pool.map(commit, range(2)))
+    assert results == [False, True]  # one stored, the late one replayed
+    assert len(_stored(db, claim)) == len(TEXTS)
+    with db.connection() as conn:
+        assert helpers.events(conn, claim.job_id).count("EMBEDDINGS_STORED") == 1
+
+
+@pytest.mark.parametrize("forgery", ["stale token", "other worker", "wrong attempt", "expired lease"])
+def test_a_lapsed_or_forged_claim_stores_nothing(db: Database, claim: Claim, forgery: str) -> None:
+    with db.connection() as conn:
+        snapshot = prepare_embedding(conn, claim)
+        other = helpers.worker(conn)
+    drafts = build_drafts(snapshot, [fake_vector(c.text, DIM) for c in snapshot.chunks])
+    forged = {
+        "stale token": attrs.evolve(claim, claim_token=uuid.uuid4()),
+        "other worker": attrs.evolve(claim, worker_id=other),
+        "wrong attempt": attrs.evolve(claim, attempt_id=uuid.uuid4()),
+        "expired lease": claim,
+    }[forgery]
+    with db.connection() as conn:
+        if forgery == "expired lease":
+            helpers.expire_lease(conn, claim.job_id)
+        with pytest.raises(OwnershipLost):
+            commit_embeddings(conn, forged, snapshot, drafts)
+    assert _stored(db, claim) == []
+
+
+@pytest.mark.parametrize(
+    ("mode", "error"),
+    [
+        ("status_503", ProviderUnavailable),
+        ("status_500", ProviderUnavailable),
+        ("status_429", ProviderUnavailable),
+        ("status_424", ProviderUnavailable),
+        ("status_413", ProviderRejectedInput),
+        ("status_422", ProviderRejectedInput),
+        ("malformed", ResultInvalid),
+        ("null_vector", ResultInvalid),
+        ("wrong_count", ResultInvalid),
+        ("wrong_dimension", ResultInvalid),
+        ("nan", ResultInvalid),
+        ("infinity", ResultInvalid),
+        ("disconnect", ProviderUnavailable),
+    ],
+)
+async def test_each_fault_maps_to_its_type_and_stores_nothing(
+    db: Database, claim: Claim, embedder: Embedder, embed_server: FakeEmbedServer,
+    mode: str, error: type[Exception],
+) -> None:
+    embed_server.set_mode(mode)
+    with trio.fail_after(30), pytest.raises(error):
+        await run_embed_step(claim, db=db, embedder=embedder)
+    assert _stored(db, claim) == []
+
+
+async def test_a_wrong_dimension_model_is_refused_before_storing(
+    db: Database, claim: Claim, embed_server: FakeEmbedServer
+) -> None:
+    embed_server.configure(dimension=384)
+    client = await open_embedder(
+        api="openai", url=embed_server.url, model="BAAI/bge-m3", dimension=DIM, batch_size=8,
+        max_in_flight=1, request_timeout=5.0,
+    )
+    try:
+        with trio.fail_after(20), pytest.raises(ResultInvalid):
+            await run_embed_step(claim, db=db, embedder=client)
+    finally:
+        await client.aclose()
+    assert _stored(db, claim) == []
+
+
+def test_a_partial_set_is_inconsistent(db: Database, claim: Claim) -> None:
+    with db.connection() as conn:
+        snapshot = prepare_embedding(conn, claim)
+        drafts = build_drafts(snapshot, [fake_vector(c.text, DIM) for c in snapshot.chunks])
+        commit_embeddings(conn, claim, snapshot, drafts)
+        conn.execute(
+            "DELETE FROM embeddings WHERE id IN (SELECT id FROM embeddings WHERE document_version_id = %s LIMIT 2)",
+            (claim.document_version_id,),
+        )
+        with pytest.raises(StateInconsistent):
+            prepare_embedding(conn, claim)
+
+
+def test_embedding_uses_the_jobs_pinned_model_not_the_active_one(db: Database, claim: Claim) -> None:
+    with db.connection() as conn:
+        conn.execute("UPDATE embedding_models SET is_active = false")
+        helpers.model(conn, "another-model", 8)
+        conn.execute("UPDATE embedding_models SET is_active = (name = 'another-model')")
+        snapshot = prepare_embedding(conn, claim)
+    assert snapshot.model_id == claim.embedding_model_id and snapshot.dimension == DIM
+
+
+def test_vectors_failing_validation_build_no_drafts(db: Database, claim: Claim) -> None:
+    with db.connection() as conn:
+        snapshot = prepare_embedding(conn, claim)
+    vectors = [fake_vector(c.text, DIM) for c in snapshot.chunks]
+    vectors[3] = [float("nan")] * DIM
+    with pytest.raises(ResultInvalid):
+        build_drafts(snapshot, vectors)
+    with pytest.raises(ResultInvalid):
+        build_drafts(snapshot, vectors[:-1])

@@ -1,0 +1,416 @@
+"""The worker runtime over in-memory fakes, on Trio's virtual clock (autojump_clock).
+
+Each test name follows an item of the seed's test list or completion list.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trio.testing
+
+from tests.fakes.runtime import FakeSteps, FakeStore, refuse
+from trioindex.config import WorkerSettings, default_settings
+from trioindex.errors import (
+    ContentInvalid,
+    FailureType,
+    ObjectNotFound,
+    OwnershipLost,
+    ProviderRejectedInput,
+    ProviderUnavailable,
+    ResultInvalid,
+    StateInconsistent,
+    StorageUnavailable,
+)
+from trioindex.runtime import Worker, steps_for
+from trioindex.values import Claim, VersionStatus
+
+U, P, C, E = (
+    VersionStatus.UPLOADED,
+    VersionStatus.PARSING,
+    VersionStatus.CHUNKED,
+    VersionStatus.EMBEDDING,
+)
+
+
+def settings(**changes: Any) -> WorkerSettings:
+    base = attrs.evolve(
+        default_settings().worker,
+        polling_interval=1.0,
+        max_concurrency=2,
+        lease_duration=300.0,
+        lease_renewal_interval=60.0,
+        shutdown_grace_period=30.0,
+        heartbeat_interval=10.0,
+        recovery_interval=30.0,
+    )
+    return attrs.evolve(base, **changes)
+
+
+def make_worker(store: FakeStore, steps: FakeSteps, **changes: Any) -> Worker:
+    return Worker(store=store, steps=steps, settings=settings(**changes))
+
+
+async def drain(worker: Worker) -> None:
+    await worker.serve(drain=True)
+
+
+def assert_clean(worker: Worker) -> None:
+    """No slot, job context or renewal task outlives the run."""
+    assert worker.running_jobs == 0
+    assert worker._slots is not None and worker._slots.borrowed_tokens == 0
+
+
+# --- polling ---------------------------------------------------------------------------------
+
+
+async def test_polling_skipped_until_worker_registered(autojump_clock: trio.abc.Clock) -> None:
+    store = FakeStore(pending=[U], registered=trio.Event())
+    worker = make_worker(store, FakeSteps(store))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(drain, worker)
+        await trio.sleep(100)
+        assert store.names() == []  # no claim, no heartbeat while registration is pending
+        assert store.registered is not None
+        store.registered.set()
+    assert store.names().index("register") < store.names().index("claim")
+
+
+async def test_empty_queue_is_a_normal_result_without_info_logs(
+    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = FakeStore()
+    worker = make_worker(store, FakeSteps(store))
+    with caplog.at_level(logging.INFO):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.serve)
+            await trio.sleep(10.5)
+            worker.request_stop()
+    claims = store.of("claim")
+    assert len(claims) == 11  # one poll per polling interval, no busy loop
+    assert all(result == (2, 0) for _, result in claims)
+    assert worker.counters.empty_polls == 11
+    assert not [r for r in caplog.records if r.levelno >= logging.INFO and "nothing" in r.getMessage()]
+
+
+async def test_claims_ask_for_exactly_the_free_slots(autojump_clock: trio.abc.Clock) -> None:
+    store = FakeStore(pending=[U] * 5)
+    worker = make_worker(store, FakeSteps(store, duration=10), max_concurrency=3)
+    await drain(worker)
+    asked = [k for _, (k, _) in store.of("claim")]  # type: ignore[misc]
+    assert asked[0] == 3
+    assert all(1 <= k <= 3 for k in asked)
+    assert len(store.of("complete")) == 5
+    assert_clean(worker)
+
+
+async def test_never_more_than_max_concurrency_jobs_run(autojump_clock: trio.abc.Clock) -> None:
+    store = FakeStore(pending=[U] * 25)
+    steps = FakeSteps(store, duration=3)
+    worker = make_worker(store, steps, max_concurrency=4)
+    await drain(worker)
+    assert steps.max_active == 4
+    assert len(store.of("complete")) == 25
+    assert_clean(worker)
+
+
+async def test_busy_drain_claims_again_at_once_while_jobs_keep_coming(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    store = FakeStore(pending=[U] * 6)
+    worker = make_worker(store, FakeSteps(store, duration=0), max_concurrency=2, polling_interval=100.0)
+    start = trio.current_time()
+    await drain(worker)
+    # six jobs through two slots never waited a polling interval
+    assert trio.current_time() - start < 100
+    assert len(store.of("complete")) == 6
+
+
+async def test_claim_error_is_logged_and_polling_continues(autojump_clock: trio.abc.Clock) -> None:
+    store = FakeStore(pending=[U], claim_error=RuntimeError("db down"))
+    worker = make_worker(store, FakeSteps(store))
+    await drain(worker)
+    assert store.names().count("claim-error") == 1
+    assert len(store.of("complete")) == 1
+    # a failure before any attempt exists reports nothing
+    assert store.of("fail") == []
+    assert_clean(worker)
+
+
+# --- step selection and replay ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (U, ["parse", "embed", "complete"]),
+        (P, ["parse", "embed", "complete"]),
+        (C, ["embed", "complete"]),
+        (E, ["embed", "complete"]),
+    ],
+)
+async def test_version_status_selects_the_steps(
+    autojump_clock: trio.abc.Clock, status: VersionStatus, expected: list[str]
+) -> None:
+    store = FakeStore(pending=[status])
+    await drain(make_worker(store, FakeSteps(store)))
+    run = [n for n in store.names() if n in ("parse", "embed", "complete")]
+    assert run == expected
+
+
+@pytest.mark.parametrize("status", [VersionStatus.INDEXED, VersionStatus.FAILED])
+def test_a_finished_version_has_no_steps(status: VersionStatus) -> None:
+    with pytest.raises(StateInconsistent):
+        steps_for(status)
+
+
+async def test_idempotent_replay_of_a_half_done_job_after_recovery(autojump_clock: trio.abc.Clock) -> None:
+    # first claim: parse done, embedding fails transiently; the re-claim sees EMBEDDING and
+    # resumes there (the steps' own replay makes the repeated embed converge)
+    store = FakeStore(pending=[U, E])
+    steps = FakeSteps(store, behaviour={"embed": _fail_once(ProviderUnavailable("503"))})
+    await drain(make_worker(store, steps, max_concurrency=1))
+    assert [n for n in store.names() if n in ("parse", "embed", "complete", "fail")] == [
+        "parse", "embed", "fail", "embed", "complete",
+    ]
+
+
+def _fail_once(error: Exception) -> Any:
+    state = {"failed": False}
+
+    async def behaviour(claim: Claim) -> None:
+        if not state["failed"]:
+            state["failed"] = True
+            raise error
+
+    return behaviour
+
+
+# --- lease renewal ------------------------------------------------------------------------------
+
+
+async def test_renewal_runs_on_absolute_deadlines_and_stops_with_the_job(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    store = FakeStore(pending=[U])
+    worker = make_worker(store, FakeSteps(store, duration=125))  # parse 125s, embed 125s
+    start = trio.current_time()
+    await drain(worker)
+    renew_times = [t - start for t, _ in store.of("renew")]
+    assert renew_times == pytest.approx([60, 120, 180, 240], abs=0.5)
+    complete_at = store.of("complete")[0][0]
+    assert all(t < complete_at for t, _ in store.of("renew"))
+    async with trio.open_nursery() as nursery:  # nothing renews after the job is done
+        nursery.start_soon(trio.sleep, 1000)
+    assert len(store.of("renew")) == 4
+    assert_clean(worker)
+
+
+async def test_lost_lease_cancels_the_job_and_blocks_later_writes(autojump_clock: trio.abc.Clock) -> None:
+    async def refuse_second(claim: Claim, count: int) -> None:
+        if count >= 2:
+            raise OwnershipLost("recovered by another worker")
+
+    store = FakeStore(pending=[U], renew_behaviour=refuse_second)
+    worker = make_worker(store, FakeSteps(store, duration=1000))
+    await drain(worker)
+    assert store.of("complete") == [] and store.of("fail") == []
+    assert "embed" not in store.names()  # cancelled inside parse, nothing later ran
+    assert worker.counters.lost == 1
+    assert_clean(worker)
+
+
+async def test_transient_renewal_errors_are_retried_until_the_lease_would_expire(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async def always_error(claim: Claim, count: int) -> None:
+        raise RuntimeError("connection reset")
+
+    store = FakeStore(pending=[U], renew_behaviour=always_error)
+    worker = make_worker(store, FakeSteps(store, duration=10_000))
+    start = trio.current_time()
+    await drain(worker)
+    renew_times = [t - start for t, _ in store.of("renew")]
+    assert len(renew_times) > 200  # retried about once a second
+    assert renew_times[-1] == pytest.approx(300, abs=1.5)  # gave up when the lease ran out
+    assert store.of("complete") == [] and store.of("fail") == []
+    assert worker.counters.lost == 1
+
+
+async def test_transient_renewal_error_then_success_keeps_the_job(autojump_clock: trio.abc.Clock) -> None:
+    async def flaky(claim: Claim, count: int) -> None:
+        if count <= 3:
+            raise RuntimeError("blip")
+
+    store = FakeStore(pending=[U], renew_behaviour=flaky)
+    worker = make_worker(store, FakeSteps(store, duration=100))
+    await drain(worker)
+    assert len(store.of("complete")) == 1
+    assert worker.counters.renewal_errors == 3
+
+
+# --- failures ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "failure_type"),
+    [
+        (StorageUnavailable("MinIO read failed"), FailureType.STORAGE_UNAVAILABLE),
+        (ObjectNotFound("missing"), FailureType.STORAGE_UNAVAILABLE),
+        (ContentInvalid("unsupported format"), FailureType.DOCUMENT_CONTENT_INVALID),
+        (ProviderUnavailable("HTTP 503"), FailureType.EMBEDDING_PROVIDER_UNAVAILABLE),
+        (ResultInvalid("dimension 3, expected 4"), FailureType.EMBEDDING_RESULT_INVALID),
+        (ProviderRejectedInput("HTTP 413"), FailureType.EMBEDDING_RESULT_INVALID),
+        (StateInconsistent("partial set"), FailureType.INDEXING_STATE_INCONSISTENT),
+        (KeyError("chunk text here"), FailureType.WORKER_INTERNAL_ERROR),
+    ],
+)
+async def test_each_failure_cause_maps_to_its_type(
+    autojump_clock: trio.abc.Clock, error: Exception, failure_type: FailureType
+) -> None:
+    async def raise_it(claim: Claim) -> None:
+        raise error
+
+    store = FakeStore(pending=[U])
+    await drain(make_worker(store, FakeSteps(store, behaviour={"parse": raise_it})))
+    ((_, (_, reported, message)),) = store.of("fail")  # type: ignore[misc]
+    assert reported is failure_type
+    assert "chunk text here" not in message  # unknown errors are reported by class only
+    assert store.of("complete") == []
+
+
+async def test_refused_fail_report_is_left_to_lease_recovery(autojump_clock: trio.abc.Clock) -> None:
+    async def raise_it(claim: Claim) -> None:
+        raise ProviderUnavailable("timeout")
+
+    store = FakeStore(pending=[U], fail_behaviour=refuse)
+    worker = make_worker(store, FakeSteps(store, behaviour={"embed": raise_it}))
+    await drain(worker)
+    assert len(store.of("fail")) == 1  # reported once, not "corrected" or retried
+    assert store.of("complete") == []
+    assert worker.counters.report_refused == 1
+    assert_clean(worker)
+
+
+async def test_one_job_failure_does_not_stop_another_slot(autojump_clock: trio.abc.Clock) -> None:
+    failing: set[object] = set()
+
+    async def fail_first(claim: Claim) -> None:
+        if not failing:
+            failing.add(claim.job_id)
+            raise ContentInvalid("empty document")
+
+    store = FakeStore(pending=[U, U, U])
+    steps = FakeSteps(store, duration=5, behaviour={"parse": fail_first})
+    worker = make_worker(store, steps, max_concurrency=2)
+    await drain(worker)
+    assert len(store.of("fail")) == 1
+    completed = {job for _, job in store.of("complete")}
+    assert len(completed) == 2 and not completed & failing
+    assert_clean(worker)
+
+
+class Fatal(BaseException):
+    """Stands in for KeyboardInterrupt/SystemExit-class errors."""
+
+
+async def test_non_exception_errors_are_never_reported_as_retryable(autojump_clock: trio.abc.Clock) -> None:
+    async def die(claim: Claim) -> None:
+        raise Fatal
+
+    store = FakeStore(pending=[U])
+    worker = make_worker(store, FakeSteps(store, behaviour={"parse": die}))
+    with pytest.RaisesGroup(Fatal, flatten_subgroups=True):
+        await drain(worker)
+    assert store.of("fail") == []
+    assert store.names()[-1] == "status:STOPPED"
+    assert_clean(worker)
+
+
+# --- shutdown ---------------------------------------------------------------------------------
+
+
+async def test_shutdown_stops_claims_first_and_waits_for_running_jobs(autojump_clock: trio.abc.Clock) -> None:
+    store = FakeStore(pending=[U, U, U, U])
+    worker = make_worker(store, FakeSteps(store, duration=5), max_concurrency=2)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.serve)
+        await trio.sleep(1)  # two jobs running, two waiting in the queue
+        worker.request_stop()
+    names = store.names()
+    stopping = names.index("status:STOPPING")
+    assert "claim" not in names[stopping:]  # no claim after intake stopped
+    assert names[-1] == "status:STOPPED"
+    assert len(store.of("complete")) == 2  # finished within the grace period
+    assert len(store.pending) == 2  # never claimed
+    assert store.of("fail") == []
+    assert_clean(worker)
+
+
+async def test_jobs_past_the_grace_period_are_cancelled_not_failed(autojump_clock: trio.abc.Clock) -> None:
+    store = FakeStore(pending=[U, U])
+    worker = make_worker(store, FakeSteps(store, duration=1000), shutdown_grace_period=30.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.serve)
+        await trio.sleep(1)
+        worker.request_stop()
+        stop_requested_at = trio.current_time()
+    assert trio.current_time() - stop_requested_at == pytest.approx(30, abs=0.5)
+    assert store.of("fail") == [] and store.of("complete") == []
+    assert worker.counters.cancelled == 2
+    assert store.names()[-1] == "status:STOPPED"
+    renewals_at_stop = len(store.of("renew"))
+    await trio.sleep(500)
+    assert len(store.of("renew")) == renewals_at_stop  # renewal cancelled with its job
+    assert_clean(worker)
+
+
+async def test_shutdown_with_zero_grace_cancels_at_once(autojump_clock: trio.abc.Clock) -> None:
+    store = FakeStore(pending=[U])
+    worker = make_worker(store, FakeSteps(store, duration=1000), shutdown_grace_period=0.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.serve)
+        await trio.sleep(1)
+        worker.request_stop()
+        requested = trio.current_time()
+    assert trio.current_time() - requested < 0.1
+    assert worker.counters.cancelled == 1
+    assert_clean(worker)
+
+
+async def test_stop_requested_before_start_claims_nothing(autojump_clock: trio.abc.Clock) -> None:
+    store = FakeStore(pending=[U])
+    worker = make_worker(store, FakeSteps(store))
+    worker.request_stop()
+    await worker.serve()
+    assert "claim" not in store.names()
+    assert store.names()[-1] == "status:STOPPED"
+
+
+async def test_heartbeats_follow_the_interval(autojump_clock: trio.abc.Clock) -> None:
+    store = FakeStore()
+    worker = make_worker(store, FakeSteps(store), heartbeat_interval=10.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.serve)
+        await trio.sleep(35)
+        worker.request_stop()
+    assert len(store.of("heartbeat")) == 3
+    assert len(store.of("recover")) == 2  # at start and at 30s
+
+
+async def test_a_notify_wakes_the_poller_before_the_interval(autojump_clock: trio.abc.Clock) -> None:
+    store = FakeStore()
+    worker = make_worker(store, FakeSteps(store, duration=0), polling_interval=60.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.serve)
+        await trio.sleep(5)
+        store.pending.append(U)
+        worker.wake()
+        await trio.testing.wait_all_tasks_blocked()
+        await trio.sleep(1)
+        assert len(store.of("complete")) == 1  # did not wait for the 60s poll
+        worker.request_stop()
