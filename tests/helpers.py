@@ -85,8 +85,12 @@ def stage_embedded(conn: Connection, claim: Claim, dimension: int = 4, chunks: i
             """INSERT INTO embeddings (chunk_id, document_id, document_version_id, embedding_model_id,
                    vector, dimension, vector_sha256) VALUES (%s, %s, %s, %s, %s, %s, %s)""",
             (
-                chunk["id"], version["document_id"], claim.document_version_id,
-                claim.embedding_model_id, "[" + ",".join(["0.5"] * dimension) + "]", dimension,
+                chunk["id"],
+                version["document_id"],
+                claim.document_version_id,
+                claim.embedding_model_id,
+                "[" + ",".join(["0.5"] * dimension) + "]",
+                dimension,
                 "c" * 64,
             ),
         )
@@ -122,8 +126,14 @@ def stage_chunked(conn: Connection, claim: Claim, texts: list[str]) -> None:
                    char_start, char_end, token_count, content_sha256)
                VALUES (%s, %s, %s, %s, %s, %s, %s, %s)""",
             (
-                version["document_id"], claim.document_version_id, index, text, offset,
-                offset + len(text), len(text.split()), hashlib.sha256(text.encode()).hexdigest(),
+                version["document_id"],
+                claim.document_version_id,
+                index,
+                text,
+                offset,
+                offset + len(text),
+                len(text.split()),
+                hashlib.sha256(text.encode()).hexdigest(),
             ),
         )
         offset += len(text)

@@ -47,8 +47,13 @@ def claim(db: Database) -> Claim:
 @pytest.fixture
 async def embedder(embed_server: FakeEmbedServer) -> AsyncIterator[Embedder]:
     client = await open_embedder(
-        api="tei", url=embed_server.url, model="BAAI/bge-m3", dimension=DIM, batch_size=3,
-        max_in_flight=2, request_timeout=5.0,
+        api="tei",
+        url=embed_server.url,
+        model="BAAI/bge-m3",
+        dimension=DIM,
+        batch_size=3,
+        max_in_flight=2,
+        request_timeout=5.0,
     )
     yield client
     await client.aclose()
@@ -125,7 +130,9 @@ def test_two_threads_committing_one_claim_converge_on_one_set(db: Database, clai
         assert helpers.events(conn, claim.job_id).count("EMBEDDINGS_STORED") == 1
 
 
-@pytest.mark.parametrize("forgery", ["stale token", "other worker", "wrong attempt", "expired lease"])
+@pytest.mark.parametrize(
+    "forgery", ["stale token", "other worker", "wrong attempt", "expired lease"]
+)
 def test_a_lapsed_or_forged_claim_stores_nothing(db: Database, claim: Claim, forgery: str) -> None:
     with db.connection() as conn:
         snapshot = prepare_embedding(conn, claim)
@@ -164,8 +171,12 @@ def test_a_lapsed_or_forged_claim_stores_nothing(db: Database, claim: Claim, for
     ],
 )
 async def test_each_fault_maps_to_its_type_and_stores_nothing(
-    db: Database, claim: Claim, embedder: Embedder, embed_server: FakeEmbedServer,
-    mode: str, error: type[Exception],
+    db: Database,
+    claim: Claim,
+    embedder: Embedder,
+    embed_server: FakeEmbedServer,
+    mode: str,
+    error: type[Exception],
 ) -> None:
     embed_server.set_mode(mode)
     with trio.fail_after(30), pytest.raises(error):
@@ -178,8 +189,13 @@ async def test_a_wrong_dimension_model_is_refused_before_storing(
 ) -> None:
     embed_server.configure(dimension=384)
     client = await open_embedder(
-        api="openai", url=embed_server.url, model="BAAI/bge-m3", dimension=DIM, batch_size=8,
-        max_in_flight=1, request_timeout=5.0,
+        api="openai",
+        url=embed_server.url,
+        model="BAAI/bge-m3",
+        dimension=DIM,
+        batch_size=8,
+        max_in_flight=1,
+        request_timeout=5.0,
     )
     try:
         with trio.fail_after(20), pytest.raises(ResultInvalid):
@@ -202,7 +218,9 @@ def test_a_partial_set_is_inconsistent(db: Database, claim: Claim) -> None:
             prepare_embedding(conn, claim)
 
 
-def test_embedding_uses_the_jobs_pinned_model_not_the_active_one(db: Database, claim: Claim) -> None:
+def test_embedding_uses_the_jobs_pinned_model_not_the_active_one(
+    db: Database, claim: Claim
+) -> None:
     with db.connection() as conn:
         conn.execute("UPDATE embedding_models SET is_active = false")
         helpers.model(conn, "another-model", 8)

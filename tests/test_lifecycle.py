@@ -195,13 +195,16 @@ def _snapshot(conn: Any, claim: Claim) -> tuple[object, ...]:
         (claim.job_id,),
     ).fetchall()
     version = conn.execute(
-        "SELECT status, updated_at FROM document_versions WHERE id = %s", (claim.document_version_id,)
+        "SELECT status, updated_at FROM document_versions WHERE id = %s",
+        (claim.document_version_id,),
     ).fetchone()
     return (job, attempts, version, helpers.events(conn, claim.job_id))
 
 
 @pytest.mark.parametrize("write", ["renew", "complete", "fail", "fence"])
-@pytest.mark.parametrize("forgery", ["stale token", "other worker", "wrong attempt", "expired lease"])
+@pytest.mark.parametrize(
+    "forgery", ["stale token", "other worker", "wrong attempt", "expired lease"]
+)
 def test_every_write_with_a_forged_or_lapsed_claim_is_refused_and_changes_nothing(
     db: Database, worker: Any, write: str, forgery: str
 ) -> None:
@@ -236,7 +239,11 @@ def test_the_real_claim_passes_every_fenced_write(db: Database, worker: Any) -> 
         # renewal changes the lease only
         assert (row["worker_id"], row["claim_token"]) == (claim.worker_id, claim.claim_token)
         assert lifecycle.complete_job(conn, claim).became_current
-        assert helpers.events(conn, claim.job_id) == ["JOB_ENQUEUED", "JOB_CLAIMED", "JOB_SUCCEEDED"]
+        assert helpers.events(conn, claim.job_id) == [
+            "JOB_ENQUEUED",
+            "JOB_CLAIMED",
+            "JOB_SUCCEEDED",
+        ]
 
 
 # --- renew vs recover ---------------------------------------------------------------------------
@@ -308,7 +315,10 @@ def test_renew_and_recover_racing_on_an_expiring_lease_have_one_winner(db: Datab
                     lifecycle.renew_lease(conn, claim, 300)
             else:
                 assert claim.job_id in renewed
-                assert row["status"] == "PROCESSING" and row["lease_expires_at"] == renewed[claim.job_id]
+                assert (
+                    row["status"] == "PROCESSING"
+                    and row["lease_expires_at"] == renewed[claim.job_id]
+                )
     assert recovered == {c.job_id for c in claims[::2]}
 
 
@@ -327,8 +337,8 @@ def test_complete_fail_and_recover_on_one_claim_commit_exactly_one_transition(
                 helpers.expire_lease(conn, claim.job_id)
         complete, fail, recover = _race(
             db,
-            lambda conn: lifecycle.complete_job(conn, claim),
-            lambda conn: lifecycle.fail_job(
+            lambda conn, claim=claim: lifecycle.complete_job(conn, claim),
+            lambda conn, claim=claim: lifecycle.fail_job(
                 conn, claim, FailureType.EMBEDDING_RESULT_INVALID, "bad", helpers.BACKOFF
             ),
             lambda conn: lifecycle.recover_expired(conn, helpers.BACKOFF),
@@ -346,7 +356,11 @@ def test_complete_fail_and_recover_on_one_claim_commit_exactly_one_transition(
         for result in (complete, fail):
             assert not isinstance(result, Exception) or isinstance(result, OwnershipLost)
         with db.connection() as conn:
-            transitions = [e for e in helpers.events(conn, claim.job_id) if e not in ("JOB_ENQUEUED", "JOB_CLAIMED")]
+            transitions = [
+                e
+                for e in helpers.events(conn, claim.job_id)
+                if e not in ("JOB_ENQUEUED", "JOB_CLAIMED")
+            ]
         assert len(transitions) == 1, transitions
         if lease == "expired":
             assert winners == [False, False, True]
@@ -355,7 +369,9 @@ def test_complete_fail_and_recover_on_one_claim_commit_exactly_one_transition(
 # --- fail and retry -------------------------------------------------------------------------------
 
 
-def test_retryable_failure_is_scheduled_and_not_claimable_before_its_time(db: Database, worker: Any) -> None:
+def test_retryable_failure_is_scheduled_and_not_claimable_before_its_time(
+    db: Database, worker: Any
+) -> None:
     claim = _claim_one(db, worker)
     with db.connection() as conn:
         result = lifecycle.fail_job(
@@ -375,7 +391,9 @@ def test_retryable_failure_is_scheduled_and_not_claimable_before_its_time(db: Da
 def test_retries_spent_end_failed_with_the_version(db: Database, worker: Any) -> None:
     claim = _claim_one(db, worker, max_attempts=2)
     with db.connection() as conn:
-        first = lifecycle.fail_job(conn, claim, FailureType.STORAGE_UNAVAILABLE, "down", helpers.BACKOFF)
+        first = lifecycle.fail_job(
+            conn, claim, FailureType.STORAGE_UNAVAILABLE, "down", helpers.BACKOFF
+        )
         assert first.outcome is FailOutcome.RETRY_SCHEDULED
         helpers.make_available(conn, claim.job_id)
         (second_claim,) = lifecycle.claim_jobs(conn, worker, 1, 300)
@@ -469,5 +487,7 @@ def test_events_never_carry_the_claim_token(db: Database, worker: Any) -> None:
     with db.connection() as conn:
         lifecycle.renew_lease(conn, claim, 300)
         lifecycle.fail_job(conn, claim, FailureType.WORKER_INTERNAL_ERROR, "x", helpers.BACKOFF)
-        dump = conn.execute("SELECT string_agg(to_jsonb(e)::text, ' ') AS all FROM indexing_events e").fetchone()
+        dump = conn.execute(
+            "SELECT string_agg(to_jsonb(e)::text, ' ') AS all FROM indexing_events e"
+        ).fetchone()
     assert dump is not None and str(claim.claim_token) not in dump["all"]

@@ -94,7 +94,9 @@ async def test_empty_queue_is_a_normal_result_without_info_logs(
     assert len(claims) == 11  # one poll per polling interval, no busy loop
     assert all(result == (2, 0) for _, result in claims)
     assert worker.counters.empty_polls == 11
-    assert not [r for r in caplog.records if r.levelno >= logging.INFO and "nothing" in r.getMessage()]
+    assert not [
+        r for r in caplog.records if r.levelno >= logging.INFO and "nothing" in r.getMessage()
+    ]
 
 
 async def test_claims_ask_for_exactly_the_free_slots(autojump_clock: trio.abc.Clock) -> None:
@@ -122,7 +124,9 @@ async def test_busy_drain_claims_again_at_once_while_jobs_keep_coming(
     autojump_clock: trio.abc.Clock,
 ) -> None:
     store = FakeStore(pending=[U] * 6)
-    worker = make_worker(store, FakeSteps(store, duration=0), max_concurrency=2, polling_interval=100.0)
+    worker = make_worker(
+        store, FakeSteps(store, duration=0), max_concurrency=2, polling_interval=100.0
+    )
     start = trio.current_time()
     await drain(worker)
     # six jobs through two slots never waited a polling interval
@@ -168,14 +172,20 @@ def test_a_finished_version_has_no_steps(status: VersionStatus) -> None:
         steps_for(status)
 
 
-async def test_idempotent_replay_of_a_half_done_job_after_recovery(autojump_clock: trio.abc.Clock) -> None:
+async def test_idempotent_replay_of_a_half_done_job_after_recovery(
+    autojump_clock: trio.abc.Clock,
+) -> None:
     # first claim: parse done, embedding fails transiently; the re-claim sees EMBEDDING and
     # resumes there (the steps' own replay makes the repeated embed converge)
     store = FakeStore(pending=[U, E])
     steps = FakeSteps(store, behaviour={"embed": _fail_once(ProviderUnavailable("503"))})
     await drain(make_worker(store, steps, max_concurrency=1))
     assert [n for n in store.names() if n in ("parse", "embed", "complete", "fail")] == [
-        "parse", "embed", "fail", "embed", "complete",
+        "parse",
+        "embed",
+        "fail",
+        "embed",
+        "complete",
     ]
 
 
@@ -210,7 +220,9 @@ async def test_renewal_runs_on_absolute_deadlines_and_stops_with_the_job(
     assert_clean(worker)
 
 
-async def test_lost_lease_cancels_the_job_and_blocks_later_writes(autojump_clock: trio.abc.Clock) -> None:
+async def test_lost_lease_cancels_the_job_and_blocks_later_writes(
+    autojump_clock: trio.abc.Clock,
+) -> None:
     async def refuse_second(claim: Claim, count: int) -> None:
         if count >= 2:
             raise OwnershipLost("recovered by another worker")
@@ -241,7 +253,9 @@ async def test_transient_renewal_errors_are_retried_until_the_lease_would_expire
     assert worker.counters.lost == 1
 
 
-async def test_transient_renewal_error_then_success_keeps_the_job(autojump_clock: trio.abc.Clock) -> None:
+async def test_transient_renewal_error_then_success_keeps_the_job(
+    autojump_clock: trio.abc.Clock,
+) -> None:
     async def flaky(claim: Claim, count: int) -> None:
         if count <= 3:
             raise RuntimeError("blip")
@@ -283,7 +297,9 @@ async def test_each_failure_cause_maps_to_its_type(
     assert store.of("complete") == []
 
 
-async def test_refused_fail_report_is_left_to_lease_recovery(autojump_clock: trio.abc.Clock) -> None:
+async def test_refused_fail_report_is_left_to_lease_recovery(
+    autojump_clock: trio.abc.Clock,
+) -> None:
     async def raise_it(claim: Claim) -> None:
         raise ProviderUnavailable("timeout")
 
@@ -318,7 +334,9 @@ class Fatal(BaseException):
     """Stands in for KeyboardInterrupt/SystemExit-class errors."""
 
 
-async def test_non_exception_errors_are_never_reported_as_retryable(autojump_clock: trio.abc.Clock) -> None:
+async def test_non_exception_errors_are_never_reported_as_retryable(
+    autojump_clock: trio.abc.Clock,
+) -> None:
     async def die(claim: Claim) -> None:
         raise Fatal
 
@@ -334,7 +352,9 @@ async def test_non_exception_errors_are_never_reported_as_retryable(autojump_clo
 # --- shutdown ---------------------------------------------------------------------------------
 
 
-async def test_shutdown_stops_claims_first_and_waits_for_running_jobs(autojump_clock: trio.abc.Clock) -> None:
+async def test_shutdown_stops_claims_first_and_waits_for_running_jobs(
+    autojump_clock: trio.abc.Clock,
+) -> None:
     store = FakeStore(pending=[U, U, U, U])
     worker = make_worker(store, FakeSteps(store, duration=5), max_concurrency=2)
     async with trio.open_nursery() as nursery:
@@ -351,7 +371,9 @@ async def test_shutdown_stops_claims_first_and_waits_for_running_jobs(autojump_c
     assert_clean(worker)
 
 
-async def test_jobs_past_the_grace_period_are_cancelled_not_failed(autojump_clock: trio.abc.Clock) -> None:
+async def test_jobs_past_the_grace_period_are_cancelled_not_failed(
+    autojump_clock: trio.abc.Clock,
+) -> None:
     store = FakeStore(pending=[U, U])
     worker = make_worker(store, FakeSteps(store, duration=1000), shutdown_grace_period=30.0)
     async with trio.open_nursery() as nursery:
@@ -402,7 +424,9 @@ async def test_heartbeats_follow_the_interval(autojump_clock: trio.abc.Clock) ->
     assert len(store.of("recover")) == 2  # at start and at 30s
 
 
-async def test_a_notify_wakes_the_poller_before_the_interval(autojump_clock: trio.abc.Clock) -> None:
+async def test_a_notify_wakes_the_poller_before_the_interval(
+    autojump_clock: trio.abc.Clock,
+) -> None:
     store = FakeStore()
     worker = make_worker(store, FakeSteps(store, duration=0), polling_interval=60.0)
     async with trio.open_nursery() as nursery:

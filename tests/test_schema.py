@@ -12,7 +12,9 @@ from trioindex.database import Database
 from trioindex.migrations import available_migrations, current_version, migrate
 
 
-def _model(conn: psycopg.Connection[object], name: str = "m", dim: int = 3, active: bool = False) -> uuid.UUID:
+def _model(
+    conn: psycopg.Connection[object], name: str = "m", dim: int = 3, active: bool = False
+) -> uuid.UUID:
     row = conn.execute(
         "INSERT INTO embedding_models (name, dimension, is_active) VALUES (%s, %s, %s) RETURNING id",
         (name, dim, active),
@@ -33,7 +35,9 @@ def _version(conn: psycopg.Connection[object], key: str = "doc") -> tuple[uuid.U
     return doc, ver
 
 
-def _chunk(conn: psycopg.Connection[object], doc: uuid.UUID, ver: uuid.UUID, index: int) -> uuid.UUID:
+def _chunk(
+    conn: psycopg.Connection[object], doc: uuid.UUID, ver: uuid.UUID, index: int
+) -> uuid.UUID:
     return conn.execute(  # type: ignore[no-any-return]
         """INSERT INTO document_chunks (document_id, document_version_id, chunk_index, content,
                char_start, char_end, token_count, content_sha256)
@@ -113,7 +117,9 @@ def test_current_version_must_belong_to_the_document(db: Database) -> None:
         doc, _ = _version(conn, "one")
         _, other_ver = _version(conn, "two")
         with pytest.raises(psycopg.errors.ForeignKeyViolation):
-            conn.execute("UPDATE documents SET current_version_id = %s WHERE id = %s", (other_ver, doc))
+            conn.execute(
+                "UPDATE documents SET current_version_id = %s WHERE id = %s", (other_ver, doc)
+            )
 
 
 def test_processing_requires_every_claim_column(db: Database) -> None:
@@ -173,7 +179,9 @@ def _migrate_in_process(url: str, queue: multiprocessing.Queue[list[int]]) -> No
 def test_concurrent_migrations_from_several_processes(empty_database_url: str) -> None:
     ctx = multiprocessing.get_context("spawn")
     queue: multiprocessing.Queue[list[int]] = ctx.Queue()
-    procs = [ctx.Process(target=_migrate_in_process, args=(empty_database_url, queue)) for _ in range(4)]
+    procs = [
+        ctx.Process(target=_migrate_in_process, args=(empty_database_url, queue)) for _ in range(4)
+    ]
     for proc in procs:
         proc.start()
     results = [queue.get(timeout=60) for _ in procs]

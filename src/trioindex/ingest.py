@@ -131,7 +131,8 @@ def enqueue_version(
     """
     with conn.transaction():
         conn.execute(
-            "INSERT INTO documents (external_key) VALUES (%s) ON CONFLICT (external_key) DO NOTHING",
+            """INSERT INTO documents (external_key) VALUES (%s)
+               ON CONFLICT (external_key) DO NOTHING""",
             (document_key,),
         )
         document = conn.execute(
@@ -149,13 +150,19 @@ def enqueue_version(
         ).fetchone()
         if latest is not None and latest["sha256"] == sha256:
             return IngestResult(
-                path, document_key, "unchanged", document_id, latest["id"], latest["version_no"],
+                path,
+                document_key,
+                "unchanged",
+                document_id,
+                latest["id"],
+                latest["version_no"],
                 latest["job_id"],
             )
         version_no = 1 if latest is None else latest["version_no"] + 1
         version = conn.execute(
             """INSERT INTO document_versions
-                   (document_id, version_no, storage_key, original_name, content_type, byte_size, sha256)
+                   (document_id, version_no, storage_key, original_name, content_type,
+                    byte_size, sha256)
                VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id""",
             (document_id, version_no, storage_key, original_name, content_type, byte_size, sha256),
         ).fetchone()
@@ -197,7 +204,9 @@ async def ingest_file(
     if latest is None or latest["sha256"] != sha256:
         handle = await trio.to_thread.run_sync(source.path.open, "rb")
         with handle:
-            await store.put(storage_key, handle, size=size, sha256=sha256, content_type=content_type)
+            await store.put(
+                storage_key, handle, size=size, sha256=sha256, content_type=content_type
+            )
     result = await db.run(
         enqueue_version,
         document_key=source.document_key,
@@ -213,7 +222,10 @@ async def ingest_file(
     )
     logger.info(
         "ingest %s: %s (document %s, version %d)",
-        source.document_key, result.status, result.document_id, result.version_no,
+        source.document_key,
+        result.status,
+        result.document_id,
+        result.version_no,
     )
     return result
 
@@ -231,7 +243,11 @@ async def ingest_paths(
     sources = await trio.to_thread.run_sync(discover, list(paths))
     return [
         await ingest_file(
-            source, db=db, store=store, model_id=model_id, max_attempts=max_attempts,
+            source,
+            db=db,
+            store=store,
+            model_id=model_id,
+            max_attempts=max_attempts,
             priority=priority,
         )
         for source in sources

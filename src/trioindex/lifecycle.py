@@ -254,7 +254,8 @@ def lock_version(conn: Connection, version_id: UUID) -> dict[str, Any]:
 def set_progress(conn: Connection, job_id: UUID, progress: int) -> None:
     """Record step progress (0-100); call inside a fenced transaction."""
     conn.execute(
-        "UPDATE embedding_jobs SET progress = %s WHERE id = %s", (max(0, min(100, progress)), job_id)
+        "UPDATE embedding_jobs SET progress = %s WHERE id = %s",
+        (max(0, min(100, progress)), job_id),
     )
 
 
@@ -308,9 +309,11 @@ def complete_job(conn: Connection, claim: Claim) -> CompleteResult:
                 f"cannot complete: version is {version['status']}, expected EMBEDDING"
             )
         counts = conn.execute(
-            """SELECT (SELECT count(*) FROM document_chunks WHERE document_version_id = %(v)s) AS chunks,
+            """SELECT (SELECT count(*) FROM document_chunks
+                        WHERE document_version_id = %(v)s) AS chunks,
                       (SELECT count(*) FROM embeddings
-                        WHERE document_version_id = %(v)s AND embedding_model_id = %(m)s) AS vectors""",
+                        WHERE document_version_id = %(v)s
+                          AND embedding_model_id = %(m)s) AS vectors""",
             {"v": owned.document_version_id, "m": owned.embedding_model_id},
         ).fetchone()
         assert counts is not None
@@ -330,7 +333,9 @@ def complete_job(conn: Connection, claim: Claim) -> CompleteResult:
             (version["document_id"],),
         ).fetchone()
         assert document is not None
-        became_current = document["current_no"] is None or document["current_no"] < version["version_no"]
+        became_current = (
+            document["current_no"] is None or document["current_no"] < version["version_no"]
+        )
         if became_current:
             conn.execute(
                 "UPDATE documents SET current_version_id = %s WHERE id = %s",
@@ -478,7 +483,8 @@ WITH expired AS (
 ), event AS (
     INSERT INTO indexing_events
         (event_type, embedding_job_id, document_version_id, attempt_id, detail)
-    SELECT CASE WHEN job.status = 'FAILED' THEN 'LEASE_EXPIRED_FAILED' ELSE 'LEASE_EXPIRED_REQUEUED' END,
+    SELECT CASE WHEN job.status = 'FAILED' THEN 'LEASE_EXPIRED_FAILED'
+                ELSE 'LEASE_EXPIRED_REQUEUED' END,
            job.id, job.document_version_id, attempt.id,
            jsonb_build_object('attempt_no', job.attempt_count)
     FROM job LEFT JOIN attempt ON attempt.embedding_job_id = job.id
@@ -510,7 +516,9 @@ def recover_expired(
         RecoveredJob(
             job_id=row["id"],
             attempt_no=row["attempt_count"],
-            outcome=FailOutcome.FAILED if row["status"] == "FAILED" else FailOutcome.RETRY_SCHEDULED,
+            outcome=FailOutcome.FAILED
+            if row["status"] == "FAILED"
+            else FailOutcome.RETRY_SCHEDULED,
         )
         for row in rows
     ]

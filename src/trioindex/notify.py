@@ -12,11 +12,10 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-import trio
-import trio_asyncio  # patches asyncio.get_running_loop to know about trio-asyncio loops
-
 import psycopg
 import psycopg.waiting
+import trio
+import trio_asyncio  # patches asyncio.get_running_loop to know about trio-asyncio loops
 
 from trioindex.database import describe_conninfo
 from trioindex.ingest import NOTIFY_CHANNEL
@@ -61,7 +60,8 @@ async def listen_for_jobs(
             except Exception as exc:
                 logger.warning(
                     "job notifications unavailable (%s); polling continues, retrying in %.0fs",
-                    type(exc).__name__, reconnect_pause,
+                    type(exc).__name__,
+                    reconnect_pause,
                 )
             if not started:
                 started = True

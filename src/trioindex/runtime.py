@@ -36,6 +36,7 @@ from uuid import UUID
 import attrs
 import trio
 
+from trioindex import metrics
 from trioindex.config import WorkerSettings
 from trioindex.counters import WorkerCounters
 from trioindex.errors import FailureType, OwnershipLost, StateInconsistent, StepFailure
@@ -174,9 +175,13 @@ class Worker:
                     if self._running:
                         logger.info(
                             "worker %s: waiting up to %.1fs for %d running job(s)",
-                            self.worker_id, settings.shutdown_grace_period, len(self._running),
+                            self.worker_id,
+                            settings.shutdown_grace_period,
+                            len(self._running),
                         )
-                    jobs.cancel_scope.deadline = trio.current_time() + settings.shutdown_grace_period
+                    jobs.cancel_scope.deadline = (
+                        trio.current_time() + settings.shutdown_grace_period
+                    )
                 background.cancel_scope.cancel()
         finally:
             with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):
@@ -188,7 +193,9 @@ class Worker:
         try:
             await self.store.set_worker_status(self.worker_id, status)
         except Exception as exc:
-            logger.warning("worker %s: could not record %s: %s", self.worker_id, status, type(exc).__name__)
+            logger.warning(
+                "worker %s: could not record %s: %s", self.worker_id, status, type(exc).__name__
+            )
 
     # -- intake -------------------------------------------------------------------------------
 
@@ -217,7 +224,7 @@ class Worker:
             finally:
                 for token, claim in zip(reserved, claims, strict=False):
                     self._start_job(jobs, claim, token)
-                for token in reserved[len(claims):]:
+                for token in reserved[len(claims) :]:
                     slots.release_on_behalf_of(token)
             self.counters.polls += 1
             if claims and len(claims) == len(reserved):
@@ -238,6 +245,7 @@ class Worker:
             scope=trio.CancelScope(),
         )
         self._running.add(context)
+        metrics.record_slots(len(self._running), self.settings.max_concurrency)
         jobs.start_soon(self._run_job, context, slot, name=f"job {claim.job_id}")
 
     async def _idle(self) -> None:
@@ -267,10 +275,17 @@ class Worker:
             self.wake()
             if outcome == "cancelled":
                 self.counters.cancelled += 1
+            kind, _, failure_type = outcome.partition(":")
+            metrics.record_job(kind, failure_type)
+            metrics.record_slots(len(self._running), self.settings.max_concurrency)
             logger.info(
                 "worker %s job %s attempt %s: %s after %.2fs (step %s)",
-                claim.worker_id, claim.job_id, claim.attempt_id, outcome,
-                trio.current_time() - started, context.step,
+                claim.worker_id,
+                claim.job_id,
+                claim.attempt_id,
+                outcome,
+                trio.current_time() - started,
+                context.step,
             )
             if self.on_job_done is not None:
                 self.on_job_done(claim, outcome)
@@ -281,18 +296,23 @@ class Worker:
         try:
             for step in steps_for(claim.version_status):
                 context.step = step
+                began = trio.current_time()
                 if step == "parse":
                     await self.steps.parse(claim)
                 elif step == "embed":
-                    await self.steps.embed(claim)
+                    await self._embed(claim)
                 else:
                     await self.store.complete(claim)
+                metrics.record_step(step, trio.current_time() - began)
         except OwnershipLost as exc:
             context.lost = True
             self.counters.lost += 1
             logger.warning(
                 "worker %s job %s: ownership lost during %s (%s); no further writes",
-                claim.worker_id, claim.job_id, context.step, exc,
+                claim.worker_id,
+                claim.job_id,
+                context.step,
+                exc,
             )
             return "lost"
         except StepFailure as failure:
@@ -307,6 +327,15 @@ class Worker:
         self.counters.succeeded += 1
         return "succeeded"
 
+    async def _embed(self, claim: Claim) -> None:
+        began = trio.current_time()
+        try:
+            await self.steps.embed(claim)
+        except Exception as exc:
+            metrics.record_embedding_call(type(exc).__name__, trio.current_time() - began)
+            raise
+        metrics.record_embedding_call("ok", trio.current_time() - began)
+
     async def _report(self, context: JobContext, failure_type: FailureType, message: str) -> str:
         claim = context.claim
         try:
@@ -315,14 +344,19 @@ class Worker:
             self.counters.report_refused += 1
             logger.warning(
                 "worker %s job %s: %s report refused (ownership lost); lease recovery owns it",
-                claim.worker_id, claim.job_id, failure_type,
+                claim.worker_id,
+                claim.job_id,
+                failure_type,
             )
             return "report-refused"
         except Exception as exc:
             self.counters.report_refused += 1
             logger.warning(
                 "worker %s job %s: could not report %s (%s); lease recovery will retry it",
-                claim.worker_id, claim.job_id, failure_type, type(exc).__name__,
+                claim.worker_id,
+                claim.job_id,
+                failure_type,
+                type(exc).__name__,
             )
             return "report-failed"
         if result.outcome is FailOutcome.RETRY_SCHEDULED:
@@ -341,26 +375,34 @@ class Worker:
                 await self.store.renew(context.claim)
             except OwnershipLost:
                 context.lost = True
+                metrics.record_renewal("refused")
+                metrics.record_lease_lost()
                 logger.warning(
                     "worker %s job %s: lease renewal refused; cancelling the job",
-                    context.claim.worker_id, context.claim.job_id,
+                    context.claim.worker_id,
+                    context.claim.job_id,
                 )
                 context.scope.cancel()
                 return
             except Exception as exc:
                 self.counters.renewal_errors += 1
+                metrics.record_renewal("error")
                 now = trio.current_time()
                 if now >= context.lease_deadline:
                     context.lost = True
+                    metrics.record_lease_lost()
                     logger.warning(
                         "worker %s job %s: lease expired while renewal kept failing (%s)",
-                        context.claim.worker_id, context.claim.job_id, type(exc).__name__,
+                        context.claim.worker_id,
+                        context.claim.job_id,
+                        type(exc).__name__,
                     )
                     context.scope.cancel()
                     return
                 next_at = min(now + RENEWAL_RETRY_PAUSE, context.lease_deadline)
                 continue
             self.counters.renewals += 1
+            metrics.record_renewal("ok")
             # the database extended the lease from "now"; our estimate follows conservatively
             context.lease_deadline = trio.current_time() + self.settings.lease_duration
             next_at += interval * max(1, math.ceil((trio.current_time() - next_at) / interval))
@@ -386,13 +428,17 @@ class Worker:
         try:
             recovered = await self.store.recover()
         except Exception as exc:
-            logger.warning("worker %s: lease recovery failed: %s", self.worker_id, type(exc).__name__)
+            logger.warning(
+                "worker %s: lease recovery failed: %s", self.worker_id, type(exc).__name__
+            )
             return
         if recovered:
             self.counters.recovered += len(recovered)
+            metrics.record_recovered(len(recovered))
             logger.info(
                 "worker %s: recovered %d expired lease(s): %s",
-                self.worker_id, len(recovered),
+                self.worker_id,
+                len(recovered),
                 ", ".join(f"{r.job_id} -> {r.outcome}" for r in recovered),
             )
             self.wake()
@@ -428,6 +474,7 @@ async def _watch_signals(worker: Worker, root: trio.CancelScope) -> None:
                 return
             logger.info(
                 "%s: stopping intake, grace period %.1fs",
-                signal.Signals(signum).name, worker.settings.shutdown_grace_period,
+                signal.Signals(signum).name,
+                worker.settings.shutdown_grace_period,
             )
             worker.request_stop()

@@ -82,7 +82,7 @@ class BackoffPolicy:
     def delay(self, attempt_no: int, unit_random: float) -> float:
         """The delay after attempt ``attempt_no`` failed; ``unit_random`` is uniform in [0, 1)."""
         base = min(self.maximum, self.initial * 2 ** max(0, attempt_no - 1))
-        return max(0.0, base * (1 + self.jitter * (2 * unit_random - 1)))
+        return float(max(0.0, base * (1 + self.jitter * (2 * unit_random - 1))))
 
 
 class FailOutcome(enum.StrEnum):

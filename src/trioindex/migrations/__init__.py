@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from importlib import resources
+from typing import Any
 
 import attrs
 import psycopg
@@ -81,10 +82,14 @@ def migrate(conninfo: str) -> list[int]:
     return applied_now
 
 
-def current_version(conn: psycopg.Connection[object]) -> int:
+def current_version(conn: psycopg.Connection[Any]) -> int:
     """The highest applied migration, 0 on an empty database."""
-    exists = conn.execute("SELECT to_regclass('trioindex_schema_migrations') IS NOT NULL").fetchone()
+    exists = conn.execute(
+        "SELECT to_regclass('trioindex_schema_migrations') IS NOT NULL"
+    ).fetchone()
     if not exists or not exists[0]:
         return 0
-    row = conn.execute("SELECT coalesce(max(version), 0) FROM trioindex_schema_migrations").fetchone()
+    row = conn.execute(
+        "SELECT coalesce(max(version), 0) FROM trioindex_schema_migrations"
+    ).fetchone()
     return int(row[0]) if row else 0

@@ -92,7 +92,9 @@ def prepare_embedding(conn: Connection, claim: Claim) -> EmbedSnapshot:
         version = lock_version(conn, owned.document_version_id)
         status = VersionStatus(version["status"])
         if status not in (VersionStatus.CHUNKED, VersionStatus.EMBEDDING):
-            raise StateInconsistent(f"cannot embed: version is {status}, expected CHUNKED or EMBEDDING")
+            raise StateInconsistent(
+                f"cannot embed: version is {status}, expected CHUNKED or EMBEDDING"
+            )
         model = conn.execute(
             "SELECT id, name, dimension FROM embedding_models WHERE id = %s",
             (owned.embedding_model_id,),
@@ -176,7 +178,9 @@ def commit_embeddings(
                WHERE document_version_id = %s ORDER BY chunk_index""",
             (snapshot.version_id,),
         ).fetchall()
-        if [(r["id"], r["chunk_index"]) for r in current] != [(c.id, c.index) for c in snapshot.chunks]:
+        if [(r["id"], r["chunk_index"]) for r in current] != [
+            (c.id, c.index) for c in snapshot.chunks
+        ]:
             raise StateInconsistent("the version's chunks changed since embedding began")
         existing = _existing_embeddings(conn, snapshot.version_id, snapshot.model_id)
         if existing == len(snapshot.chunks):
@@ -185,7 +189,9 @@ def commit_embeddings(
             raise StateInconsistent(
                 f"partial embedding set: {existing} embeddings for {len(snapshot.chunks)} chunks"
             )
-        if [(d.chunk_id, d.chunk_index) for d in drafts] != [(c.id, c.index) for c in snapshot.chunks]:
+        if [(d.chunk_id, d.chunk_index) for d in drafts] != [
+            (c.id, c.index) for c in snapshot.chunks
+        ]:
             raise StateInconsistent("the drafts do not match the chunk set")
         if any(d.dimension != snapshot.dimension or len(d.vector) != d.dimension for d in drafts):
             raise StateInconsistent("a draft's dimension differs from the model's")
@@ -194,9 +200,13 @@ def commit_embeddings(
             for draft in drafts:
                 copy.write_row(
                     (
-                        draft.chunk_id, snapshot.document_id, snapshot.version_id,
-                        snapshot.model_id, np.asarray(draft.vector, dtype=np.float32),
-                        draft.dimension, draft.vector_sha256,
+                        draft.chunk_id,
+                        snapshot.document_id,
+                        snapshot.version_id,
+                        snapshot.model_id,
+                        np.asarray(draft.vector, dtype=np.float32),
+                        draft.dimension,
+                        draft.vector_sha256,
                     )
                 )
         set_progress(conn, claim.job_id, PROGRESS_EMBEDDED)

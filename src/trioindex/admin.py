@@ -1,0 +1,222 @@
+"""Operator functions: queue counts, job listings with attempts, workers, and manual retry.
+
+Synchronous core (one transaction each) used by the CLI through :meth:`Database.call`. Nothing
+here returns a claim token, chunk text or vector.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import attrs
+
+from trioindex.database import Connection
+from trioindex.errors import NotFound
+from trioindex.lifecycle import record_event
+from trioindex.values import AttemptView, JobStatus, JobView
+
+_JOB_SELECT = """
+SELECT j.id, j.status, j.priority, j.attempt_count, j.max_attempts, j.available_at, j.worker_id,
+       j.lease_expires_at, j.progress, j.last_failure_type, j.last_failure_message, j.created_at,
+       j.finished_at, d.external_key, v.version_no, v.status AS version_status,
+       m.name AS model_name
+FROM embedding_jobs j
+JOIN document_versions v ON v.id = j.document_version_id
+JOIN documents d ON d.id = v.document_id
+JOIN embedding_models m ON m.id = j.embedding_model_id
+"""
+
+
+@attrs.frozen
+class QueueStatus:
+    jobs_by_status: dict[str, int]
+    oldest_pending_age_seconds: float | None
+    retries_scheduled: int
+    failures_by_type: dict[str, int]
+    workers: tuple[WorkerView, ...]
+
+
+@attrs.frozen
+class WorkerView:
+    id: UUID
+    hostname: str
+    pid: int
+    status: str
+    max_concurrency: int
+    heartbeat_age_seconds: float
+    running_jobs: int
+    lost: bool
+
+    @property
+    def state(self) -> str:
+        return "LOST" if self.lost else self.status
+
+
+def queue_status(conn: Connection, *, heartbeat_timeout: float) -> QueueStatus:
+    with conn.transaction():
+        by_status = {
+            row["status"]: row["n"]
+            for row in conn.execute(
+                "SELECT status, count(*) AS n FROM embedding_jobs GROUP BY status"
+            ).fetchall()
+        }
+        pending = conn.execute(
+            """SELECT extract(epoch FROM now() - min(created_at))::float8 AS oldest,
+                      count(*) FILTER (WHERE attempt_count > 0 AND available_at > now()) AS retries
+               FROM embedding_jobs WHERE status = 'PENDING'"""
+        ).fetchone()
+        failures = {
+            row["t"]: row["n"]
+            for row in conn.execute(
+                """SELECT last_failure_type AS t, count(*) AS n FROM embedding_jobs
+                   WHERE status = 'FAILED' GROUP BY last_failure_type ORDER BY 2 DESC"""
+            ).fetchall()
+        }
+        workers = tuple(
+            WorkerView(
+                id=row["id"],
+                hostname=row["hostname"],
+                pid=row["pid"],
+                status=row["status"],
+                max_concurrency=row["max_concurrency"],
+                heartbeat_age_seconds=row["age"],
+                running_jobs=row["running"],
+                lost=row["status"] != "STOPPED" and row["age"] > heartbeat_timeout,
+            )
+            for row in conn.execute(
+                """SELECT w.*, extract(epoch FROM now() - w.last_heartbeat_at)::float8 AS age,
+                          (SELECT count(*) FROM embedding_jobs j
+                            WHERE j.worker_id = w.id AND j.status = 'PROCESSING') AS running
+                   FROM indexing_workers w
+                   WHERE w.status <> 'STOPPED' OR w.stopped_at > now() - interval '1 hour'
+                   ORDER BY w.started_at DESC"""
+            ).fetchall()
+        )
+    assert pending is not None
+    return QueueStatus(
+        jobs_by_status={s.value: by_status.get(s.value, 0) for s in JobStatus},
+        oldest_pending_age_seconds=pending["oldest"],
+        retries_scheduled=pending["retries"],
+        failures_by_type=failures,
+        workers=workers,
+    )
+
+
+def list_jobs(
+    conn: Connection, *, status: JobStatus | None = None, limit: int = 50
+) -> list[JobView]:
+    where = "WHERE j.status = %s" if status else ""
+    params: tuple[Any, ...] = (status.value, limit) if status else (limit,)
+    rows = conn.execute(
+        f"{_JOB_SELECT} {where} ORDER BY j.created_at DESC, j.id LIMIT %s", params
+    ).fetchall()
+    return [JobView.from_row(row) for row in rows]
+
+
+def show_job(conn: Connection, job_id: UUID) -> JobView:
+    with conn.transaction():
+        row = conn.execute(f"{_JOB_SELECT} WHERE j.id = %s", (job_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no job with id {job_id}")
+        attempts = tuple(
+            AttemptView.from_row(a)
+            for a in conn.execute(
+                """SELECT * FROM embedding_job_attempts
+                   WHERE embedding_job_id = %s ORDER BY attempt_no""",
+                (job_id,),
+            ).fetchall()
+        )
+    return JobView.from_row(row, attempts)
+
+
+def retry_failed_job(conn: Connection, job_id: UUID, *, extra_attempts: int) -> JobView:
+    """FAILED → PENDING with a fresh budget of ``extra_attempts`` attempts.
+
+    The version goes back to UPLOADED so the whole pipeline runs again (the parse step replaces
+    the chunks atomically; attempt numbers continue where they stopped).
+    """
+    with conn.transaction():
+        row = conn.execute(
+            "SELECT id, status, document_version_id FROM embedding_jobs WHERE id = %s FOR UPDATE",
+            (job_id,),
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"no job with id {job_id}")
+        if row["status"] != "FAILED":
+            raise NotFound(f"job {job_id} is {row['status']}; only FAILED jobs can be retried")
+        conn.execute(
+            "SELECT id FROM document_versions WHERE id = %s FOR UPDATE",
+            (row["document_version_id"],),
+        )
+        conn.execute(
+            """UPDATE embedding_jobs
+               SET status = 'PENDING', available_at = now(), finished_at = NULL, progress = 0,
+                   max_attempts = attempt_count + %s
+               WHERE id = %s""",
+            (extra_attempts, job_id),
+        )
+        conn.execute(
+            "UPDATE document_versions SET status = 'UPLOADED' WHERE id = %s",
+            (row["document_version_id"],),
+        )
+        record_event(
+            conn,
+            "JOB_RETRY_REQUESTED",
+            job_id=job_id,
+            version_id=row["document_version_id"],
+            detail={"extra_attempts": extra_attempts},
+        )
+        conn.execute("NOTIFY trioindex_jobs")
+    return show_job(conn, job_id)
+
+
+def failed_job_ids(conn: Connection) -> list[UUID]:
+    return [
+        row["id"]
+        for row in conn.execute(
+            "SELECT id FROM embedding_jobs WHERE status = 'FAILED' ORDER BY created_at"
+        ).fetchall()
+    ]
+
+
+def fresh_worker_on_host(conn: Connection, hostname: str, max_age_seconds: float) -> bool:
+    """True when a RUNNING worker on ``hostname`` sent a heartbeat within ``max_age_seconds``."""
+    row = conn.execute(
+        """SELECT 1 FROM indexing_workers
+           WHERE hostname = %s AND status = 'RUNNING'
+             AND last_heartbeat_at > now() - make_interval(secs => %s) LIMIT 1""",
+        (hostname, max_age_seconds),
+    ).fetchone()
+    return row is not None
+
+
+def jobs_progress(conn: Connection, job_ids: list[UUID]) -> list[dict[str, Any]]:
+    """Status, progress, chunk count and failure type of the given jobs (for ``ingest --wait``)."""
+    return conn.execute(
+        """SELECT j.id, j.status, j.progress, j.last_failure_type, j.last_failure_message,
+                  d.external_key, v.chunk_count,
+                  (SELECT count(*) FROM embeddings e
+                    WHERE e.document_version_id = j.document_version_id
+                      AND e.embedding_model_id = j.embedding_model_id) AS embedded
+           FROM embedding_jobs j
+           JOIN document_versions v ON v.id = j.document_version_id
+           JOIN documents d ON d.id = v.document_id
+           WHERE j.id = ANY(%s)""",
+        (job_ids,),
+    ).fetchall()
+
+
+def as_json(value: object) -> object:
+    """attrs values → JSON-ready dicts (UUIDs and datetimes as strings)."""
+    if attrs.has(type(value)):
+        fields = attrs.asdict(value, recurse=False)  # type: ignore[arg-type]
+        return {k: as_json(v) for k, v in fields.items()}
+    if isinstance(value, (list, tuple)):
+        return [as_json(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): as_json(v) for k, v in value.items()}
+    if isinstance(value, (UUID, datetime)):
+        return str(value) if isinstance(value, UUID) else value.isoformat()
+    return value

@@ -1,0 +1,103 @@
+"""Wiring: from :class:`Settings` to open services — database, storage, embedder, chunker.
+
+Every command that needs a component gets it here, so "which database / storage / embedder is
+in use" is decided and logged (one line each, never a credential) in one place.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+
+import attrs
+import trio
+
+from trioindex.chunking import Chunker, ChunkingPolicy
+from trioindex.config import Settings
+from trioindex.database import Database, describe_conninfo, open_database, start_embedded
+from trioindex.embedding import Embedder, open_embedder
+from trioindex.models import EmbeddingModel, ensure_model
+from trioindex.storage import AsyncObjectStore, open_store, redact_url
+
+logger = logging.getLogger(__name__)
+
+
+async def resolve_database_url(settings: Settings) -> str:
+    if settings.database.url:
+        logger.info("database: PostgreSQL at %s", describe_conninfo(settings.database.url))
+        return settings.database.url
+    url = await trio.to_thread.run_sync(start_embedded, settings.home)
+    logger.info("database: embedded PostgreSQL under %s", settings.home / "pgdata")
+    return url
+
+
+def storage_url(settings: Settings) -> str:
+    return settings.storage.url or (settings.home / "blobs").resolve().as_uri()
+
+
+async def open_storage(settings: Settings) -> AsyncObjectStore:
+    url = storage_url(settings)
+    store = AsyncObjectStore(open_store(url), trio.CapacityLimiter(8))
+    await store.ensure_ready()
+    kind = "folder store" if url.startswith("file:") else "S3 store"
+    logger.info("storage: %s %s", kind, redact_url(url) if settings.storage.url else url)
+    return store
+
+
+async def open_configured_embedder(settings: Settings) -> Embedder:
+    e = settings.embedding
+    embedder = await open_embedder(
+        api=e.api,
+        url=e.url,
+        model=e.model,
+        dimension=e.dimension,
+        batch_size=e.batch_size,
+        max_in_flight=e.max_in_flight,
+        request_timeout=e.request_timeout,
+        api_key=e.api_key,
+    )
+    where = "in-process" if e.api == "local" else f"{e.api} at {redact_url(e.url or '')}"
+    logger.info("embedding: %s (%s, %d dimensions)", e.model, where, e.dimension)
+    return embedder
+
+
+def build_chunker(settings: Settings, embedder: Embedder | None) -> Chunker:
+    """Token-aware with the local model's tokenizer, character-based otherwise."""
+    p = settings.parsing
+    model_dir: Path | None = getattr(embedder, "model_dir", None)
+    if embedder is not None and model_dir is not None and (model_dir / "tokenizer.json").exists():
+        limit = embedder.info.max_input_tokens or p.chunk_max_tokens
+        size = min(p.chunk_max_tokens, limit)
+        policy = ChunkingPolicy(max_size=size, overlap=int(size * p.chunk_overlap))
+        return Chunker.for_model_dir(policy, model_dir)
+    size = p.chunk_max_characters
+    return Chunker(ChunkingPolicy(max_size=size, overlap=int(size * p.chunk_overlap)))
+
+
+@attrs.define(eq=False)
+class Services:
+    settings: Settings
+    database_url: str
+    db: Database
+    storage: AsyncObjectStore
+    model: EmbeddingModel
+    embedder: Embedder | None
+
+
+@asynccontextmanager
+async def open_services(settings: Settings, *, embedder: bool = False) -> AsyncIterator[Services]:
+    """Open what a command needs; migrate the database and register the configured model."""
+    async with AsyncExitStack() as stack:
+        url = await resolve_database_url(settings)
+        db = await stack.enter_async_context(
+            open_database(url, pool_size=settings.database.pool_size)
+        )
+        model = await db.run(ensure_model, settings.embedding.model, settings.embedding.dimension)
+        store = await open_storage(settings)
+        opened: Embedder | None = None
+        if embedder:
+            opened = await open_configured_embedder(settings)
+            stack.push_async_callback(opened.aclose)
+        yield Services(settings, url, db, store, model, opened)

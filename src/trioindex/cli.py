@@ -1,0 +1,347 @@
+"""The ``trioindex`` command line: worker, migrate, ingest, search, status, jobs, healthcheck.
+
+Every command that prints data takes ``--json``. Errors meant for people (bad configuration, a
+database that is down, an unknown job, a model mismatch) print one line and exit non-zero;
+anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, ParamSpec, TypeVar
+from uuid import UUID
+
+import trio
+import typer
+
+from trioindex import admin
+from trioindex.config import Settings, load_settings
+from trioindex.database import migrate_or_explain
+from trioindex.errors import ConfigError, TrioindexError
+from trioindex.logs import configure_logging
+from trioindex.values import JobStatus
+
+logger = logging.getLogger("trioindex.cli")
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="Turn documents into searchable pgvector embeddings with a fleet of Trio workers.",
+)
+jobs_app = typer.Typer(no_args_is_help=True, help="List, inspect and retry indexing jobs.")
+app.add_typer(jobs_app, name="jobs")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+def friendly(fn: Callable[P, T]) -> Callable[P, T]:
+    """Turn trioindex's own errors into one line on stderr and a non-zero exit."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return fn(*args, **kwargs)
+        except ConfigError as exc:
+            typer.echo(f"trioindex: configuration error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        except TrioindexError as exc:
+            typer.echo(f"trioindex: {exc}", err=True)
+            raise typer.Exit(1) from None
+        except FileNotFoundError as exc:
+            typer.echo(f"trioindex: {exc}", err=True)
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def _settings(json_logs: bool = False, quiet: bool = False) -> Settings:
+    settings = load_settings()
+    configure_logging(
+        "json" if json_logs else settings.log_format,
+        logging.WARNING if quiet else logging.INFO,
+    )
+    return settings
+
+
+def _run(fn: Callable[[], Awaitable[T]]) -> T:
+    return trio.run(fn)
+
+
+def _print_json(value: object) -> None:
+    typer.echo(json.dumps(admin.as_json(value), ensure_ascii=False, indent=2))
+
+
+# --- worker / migrate ----------------------------------------------------------------------------
+
+
+@app.command()
+@friendly
+def worker(
+    drain: Annotated[
+        bool, typer.Option(help="Exit 0 once nothing is claimable and nothing is running.")
+    ] = False,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Serve Prometheus metrics on this port.")
+    ] = None,
+    json_logs: Annotated[bool, typer.Option(help="Log one JSON object per line.")] = False,
+) -> None:
+    """Run a worker: migrate, register, then claim and index jobs until SIGTERM/SIGINT."""
+    settings = _settings(json_logs)
+    from trioindex.service import run_worker
+
+    if metrics_port is not None:
+        from trioindex.metrics import start_metrics_server
+
+        start_metrics_server(metrics_port)
+    done = _run(functools.partial(run_worker, settings, drain=drain))
+    logger.info("worker exited: %s", done.counters.snapshot())
+
+
+@app.command()
+@friendly
+def migrate() -> None:
+    """Apply pending schema migrations (safe to run from several processes at once)."""
+    settings = _settings()
+    from trioindex.app import resolve_database_url
+
+    url = _run(functools.partial(resolve_database_url, settings))
+    applied = migrate_or_explain(url)
+    typer.echo(f"applied migrations: {applied}" if applied else "schema is up to date")
+
+
+# --- ingest --------------------------------------------------------------------------------------
+
+
+@app.command()
+@friendly
+def ingest(
+    paths: Annotated[list[Path], typer.Argument(help="Files or folders (recursive).")],
+    wait: Annotated[bool, typer.Option(help="Wait until every job ends; show progress.")] = False,
+    priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Upload files and enqueue one indexing job per new or changed document."""
+    settings = _settings(quiet=as_json)
+    from trioindex.app import open_services
+    from trioindex.ingest import IngestResult, ingest_paths
+
+    async def go() -> tuple[list[IngestResult], list[dict[str, Any]]]:
+        async with open_services(settings) as services:
+            results = await ingest_paths(
+                paths,
+                db=services.db,
+                store=services.storage,
+                model_id=services.model.id,
+                max_attempts=settings.worker.max_attempts,
+                priority=priority,
+            )
+            finals: list[dict[str, Any]] = []
+            if wait:
+                from trioindex.progress import wait_for_jobs
+
+                created = [r.job_id for r in results if r.status == "created" and r.job_id]
+                finals = await wait_for_jobs(services.db, created, show=not as_json)
+            return results, finals
+
+    results, finals = _run(go)
+    failed = [f for f in finals if f["status"] == "FAILED"]
+    if as_json:
+        for result in results:
+            typer.echo(json.dumps(result.as_json()))
+    else:
+        for result in results:
+            typer.echo(f"{result.status:9} {result.document_key}  (version {result.version_no})")
+        created = sum(1 for r in results if r.status == "created")
+        typer.echo(f"{created} enqueued, {len(results) - created} unchanged")
+    if failed:
+        for f in failed:
+            typer.echo(f"FAILED {f['external_key']}: {f['last_failure_type']}", err=True)
+        raise typer.Exit(1)
+
+
+# --- search / status -----------------------------------------------------------------------------
+
+
+@app.command()
+@friendly
+def search(
+    text: Annotated[str, typer.Argument(help="What to look for.")],
+    top_k: Annotated[int, typer.Option("--top-k", min=1, max=1000)] = 5,
+    as_json: JsonFlag = False,
+) -> None:
+    """Embed the query with the index's model and print the closest chunks."""
+    settings = _settings(quiet=True)
+    from trioindex.app import open_services
+    from trioindex.search import SearchHit, embed_query, search_vectors
+
+    async def go() -> list[SearchHit]:
+        async with open_services(settings, embedder=True) as services:
+            assert services.embedder is not None
+            vector = await embed_query(services.embedder, services.model, text)
+            return await services.db.run(search_vectors, services.model, vector, top_k)
+
+    hits = _run(go)
+    if as_json:
+        _print_json([{**admin.as_json(h), "text": h.text} for h in hits])  # type: ignore[dict-item]
+        return
+    if not hits:
+        typer.echo("no results (is anything indexed yet? try `trioindex status`)")
+    for hit in hits:
+        typer.echo(f"{hit.rank:>3}. {hit.score:.4f}  {hit.document_key} #{hit.chunk_index}")
+        typer.echo(f"     {hit.snippet()}")
+
+
+def _database_call(settings: Settings, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    from trioindex.app import resolve_database_url
+    from trioindex.database import open_database
+
+    async def go() -> T:
+        url = await resolve_database_url(settings)
+        async with open_database(url, pool_size=1) as db:
+            return await db.run(fn, *args, **kwargs)
+
+    return _run(go)
+
+
+@app.command()
+@friendly
+def status(as_json: JsonFlag = False) -> None:
+    """Jobs by status, oldest pending age, retries, failures by type, and workers."""
+    settings = _settings(quiet=True)
+    result = _database_call(
+        settings, admin.queue_status, heartbeat_timeout=settings.worker.heartbeat_timeout
+    )
+    if as_json:
+        payload = admin.as_json(result)
+        assert isinstance(payload, dict)
+        payload["workers"] = [{**admin.as_json(w), "state": w.state} for w in result.workers]  # type: ignore[dict-item]
+        _print_json(payload)
+        return
+    typer.echo("jobs:    " + "  ".join(f"{k} {v}" for k, v in result.jobs_by_status.items()))
+    age = result.oldest_pending_age_seconds
+    typer.echo(f"pending: oldest {age:.1f}s ago" if age is not None else "pending: none")
+    typer.echo(f"retries scheduled: {result.retries_scheduled}")
+    if result.failures_by_type:
+        typer.echo("failures: " + "  ".join(f"{k} {v}" for k, v in result.failures_by_type.items()))
+    typer.echo(f"workers: {len(result.workers)}")
+    for w in result.workers:
+        typer.echo(
+            f"  {w.id}  {w.state:8} {w.hostname}:{w.pid}"
+            f"  running {w.running_jobs}/{w.max_concurrency}"
+            f"  heartbeat {w.heartbeat_age_seconds:.0f}s ago"
+        )
+
+
+@app.command()
+@friendly
+def healthcheck() -> None:
+    """Exit 0 when the database answers and this host's worker heartbeat is fresh."""
+    settings = _settings(quiet=True)
+    fresh = _database_call(
+        settings,
+        admin.fresh_worker_on_host,
+        socket.gethostname(),
+        settings.worker.heartbeat_timeout,
+    )
+    if not fresh:
+        typer.echo(f"no fresh worker heartbeat from {socket.gethostname()}", err=True)
+        raise typer.Exit(1)
+    typer.echo("ok")
+
+
+# --- jobs ----------------------------------------------------------------------------------------
+
+
+@jobs_app.command("list")
+@friendly
+def jobs_list(
+    status: Annotated[JobStatus | None, typer.Option(help="Only jobs in this status.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 50,
+    as_json: JsonFlag = False,
+) -> None:
+    """List jobs, newest first."""
+    settings = _settings(quiet=True)
+    jobs = _database_call(settings, admin.list_jobs, status=status, limit=limit)
+    if as_json:
+        _print_json(jobs)
+        return
+    for job in jobs:
+        failure = f"  {job.last_failure_type}" if job.last_failure_type else ""
+        typer.echo(
+            f"{job.id}  {job.status:10} {job.progress:>3}%  attempts {job.attempt_count}/"
+            f"{job.max_attempts}  {job.document_key} v{job.version_no}{failure}"
+        )
+
+
+@jobs_app.command("show")
+@friendly
+def jobs_show(job_id: UUID, as_json: JsonFlag = False) -> None:
+    """One job with its attempts, failure types and timings."""
+    settings = _settings(quiet=True)
+    job = _database_call(settings, admin.show_job, job_id)
+    if as_json:
+        _print_json(job)
+        return
+    typer.echo(f"job {job.id}: {job.status} ({job.progress}%)")
+    typer.echo(f"document {job.document_key} version {job.version_no} ({job.version_status})")
+    typer.echo(
+        f"model {job.model}, priority {job.priority},"
+        f" attempts {job.attempt_count}/{job.max_attempts}"
+    )
+    if job.last_failure_type:
+        typer.echo(f"last failure: {job.last_failure_type}: {job.last_failure_message}")
+    for a in job.attempts:
+        took = (
+            f"{(a.finished_at - a.started_at).total_seconds():.2f}s" if a.finished_at else "running"
+        )
+        failure = f"  {a.failure_type}: {a.failure_message}" if a.failure_type else ""
+        typer.echo(
+            f"  attempt {a.attempt_no}: {a.status:9} {took:>9}  worker {a.worker_id}{failure}"
+        )
+
+
+@jobs_app.command("retry")
+@friendly
+def jobs_retry(
+    job_id: Annotated[UUID | None, typer.Argument()] = None,
+    all_failed: Annotated[
+        bool, typer.Option("--all-failed", help="Retry every FAILED job.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Send FAILED jobs back to the queue with a fresh attempt budget."""
+    if (job_id is None) == (not all_failed):
+        typer.echo("trioindex: give a job id or --all-failed (not both)", err=True)
+        raise typer.Exit(2)
+    settings = _settings(quiet=True)
+
+    def retry(conn: Any) -> list[Any]:
+        ids = admin.failed_job_ids(conn) if job_id is None else [job_id]
+        return [
+            admin.retry_failed_job(conn, i, extra_attempts=settings.worker.max_attempts)
+            for i in ids
+        ]
+
+    retried = _database_call(settings, retry)
+    if as_json:
+        _print_json(retried)
+        return
+    for job in retried:
+        typer.echo(f"{job.id}  PENDING  {job.document_key} v{job.version_no}")
+    typer.echo(f"{len(retried)} job(s) back in the queue")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Prometheus metrics of a worker, on its own registry, served by ``--metrics-port``.
+
+Labels are low-cardinality classes only — outcome, failure type, step, provider — never a job
+id, claim token, document key or text. The runtime calls the small ``record_*`` functions; they
+cost a dictionary lookup when no endpoint is served.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+logger = logging.getLogger(__name__)
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+JOBS = Counter(
+    "trioindex_jobs_total",
+    "Jobs that ended an attempt on this worker, by outcome and failure type.",
+    ["outcome", "failure_type"],
+    registry=REGISTRY,
+)
+STEP_SECONDS = Histogram(
+    "trioindex_step_duration_seconds",
+    "Duration of pipeline steps.",
+    ["step"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+    registry=REGISTRY,
+)
+EMBED_REQUESTS = Counter(
+    "trioindex_embedding_requests_total",
+    "Embedding calls made by the embed step, by outcome.",
+    ["outcome"],
+    registry=REGISTRY,
+)
+EMBED_SECONDS = Histogram(
+    "trioindex_embedding_request_duration_seconds",
+    "Latency of the embed step's calls to the embedder (all batches of one job).",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+    registry=REGISTRY,
+)
+SLOTS_IN_USE = Gauge("trioindex_slots_in_use", "Jobs running on this worker.", registry=REGISTRY)
+SLOTS_TOTAL = Gauge("trioindex_slots_total", "max-concurrency of this worker.", registry=REGISTRY)
+LEASE_RENEWALS = Counter(
+    "trioindex_lease_renewals_total", "Lease renewals, by result.", ["result"], registry=REGISTRY
+)
+LEASES_LOST = Counter(
+    "trioindex_leases_lost_total", "Jobs cancelled because their lease was lost.", registry=REGISTRY
+)
+RECOVERED = Counter(
+    "trioindex_recovered_total",
+    "Expired leases returned to the queue by this worker.",
+    registry=REGISTRY,
+)
+
+
+def record_job(outcome: str, failure_type: str = "") -> None:
+    JOBS.labels(outcome=outcome, failure_type=failure_type).inc()
+
+
+def record_step(step: str, seconds: float) -> None:
+    STEP_SECONDS.labels(step=step).observe(seconds)
+
+
+def record_embedding_call(outcome: str, seconds: float) -> None:
+    EMBED_REQUESTS.labels(outcome=outcome).inc()
+    EMBED_SECONDS.observe(seconds)
+
+
+def record_slots(in_use: int, total: int) -> None:
+    SLOTS_IN_USE.set(in_use)
+    SLOTS_TOTAL.set(total)
+
+
+def record_renewal(result: str) -> None:
+    LEASE_RENEWALS.labels(result=result).inc()
+
+
+def record_lease_lost() -> None:
+    LEASES_LOST.inc()
+
+
+def record_recovered(count: int) -> None:
+    RECOVERED.inc(count)
+
+
+def start_metrics_server(port: int, addr: str = "0.0.0.0") -> None:
+    """Serve ``/metrics`` from a daemon thread (prometheus_client's own server)."""
+    start_http_server(port, addr=addr, registry=REGISTRY)
+    logger.info("metrics: serving Prometheus metrics on port %d", port)
