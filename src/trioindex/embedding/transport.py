@@ -91,7 +91,8 @@ class HttpTransport:
     async def send(self, method: str, path: str, payload: object = None) -> httpx.Response:
         """One request under the per-request deadline; any status is returned as is.
 
-        Raises :class:`ProviderUnavailable` when no answer arrives (connection error, timeout).
+        Raises :class:`ProviderUnavailable` when no answer arrives (connection error, timeout),
+        :class:`ResultInvalid` when its body cannot be decoded.
         """
         response: httpx.Response | None = None
         with trio.move_on_after(self.request_timeout):

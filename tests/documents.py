@@ -1,0 +1,74 @@
+"""Real documents of every supported format, made by the libraries that write them.
+
+Shared by the process tests, the benchmarks and the chaos run. Each document's text carries a
+distinctive marker word, so a test can search for it and a log scan can look for chunk text.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+TOPICS = [
+    ("trio", "Trio is a Python library for structured concurrency; nurseries own their tasks."),
+    ("postgres", "PostgreSQL claims jobs with FOR UPDATE SKIP LOCKED so workers never block."),
+    ("vectors", "Cosine distance over pgvector embeddings finds chunks that mean similar things."),
+    ("lease", "A renewable lease lets another worker take a job when its owner dies."),
+    ("korean", "한국어 문서도 문장 단위로 잘 나뉘어야 합니다. 검색이 잘 되는지 확인합니다."),
+]
+
+
+def paragraph(topic: str, sentence: str, n: int) -> str:
+    return " ".join(f"{sentence} (marker-{topic}-{i})" for i in range(n))
+
+
+def docx_bytes(title: str, paragraphs: list[str]) -> bytes:
+    import docx
+
+    document = docx.Document()
+    document.add_heading(title, level=1)
+    for text in paragraphs:
+        document.add_paragraph(text)
+    buffer = io.BytesIO()
+    document.save(buffer)
+    return buffer.getvalue()
+
+
+def pdf_bytes(paragraphs: list[str]) -> bytes:
+    from fpdf import FPDF
+
+    pdf = FPDF()
+    pdf.add_page()
+    pdf.set_font("helvetica", size=11)
+    for text in paragraphs:
+        pdf.multi_cell(0, 6, text.encode("latin-1", "replace").decode("latin-1"))
+        pdf.ln(2)
+    return bytes(pdf.output())
+
+
+def write_corpus(folder: Path, *, copies: int = 1, sentences: int = 6) -> list[Path]:
+    """One document per (topic, format) — txt, md, html, docx, pdf — ``copies`` times over."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for copy in range(copies):
+        for topic, sentence in TOPICS:
+            body = [paragraph(topic, sentence, sentences) for _ in range(3)]
+            stem = f"{topic}-{copy}"
+            files = {
+                f"{stem}.txt": "\n\n".join(body).encode("utf-8"),
+                f"{stem}.md": ("# " + topic + "\n\n" + "\n\n".join(body)).encode("utf-8"),
+                f"{stem}.html": (
+                    "<html><head><meta charset='utf-8'><style>p{color:red}</style>"
+                    "<script>var hidden = 'script-text';</script></head><body>"
+                    + "".join(f"<p>{p}</p>" for p in body)
+                    + "</body></html>"
+                ).encode("utf-8"),
+                f"{stem}.docx": docx_bytes(topic, body),
+            }
+            if topic != "korean":  # the core PDF fonts cannot draw Hangul
+                files[f"{stem}.pdf"] = pdf_bytes(body)
+            for name, data in files.items():
+                path = folder / name
+                path.write_bytes(data)
+                written.append(path)
+    return written

