@@ -61,7 +61,8 @@ def _claim(db: Database, store: AsyncObjectStore, data: bytes, name: str = "doc.
         model = helpers.model(conn)
         result = helpers.enqueue(conn, model.id, name, content=data)
         conn.execute(
-            "UPDATE document_versions SET original_name = %s WHERE id = %s", (name, result.version_id)
+            "UPDATE document_versions SET original_name = %s WHERE id = %s",
+            (name, result.version_id),
         )
         worker = helpers.worker(conn)
         (claim,) = lifecycle.claim_jobs(conn, worker, 1, 300)
@@ -82,7 +83,9 @@ async def test_parse_step_stores_contiguous_chunks_and_moves_to_chunked(
 ) -> None:
     claim = _claim(db, store, TEXT)
     with trio.fail_after(30):
-        count = await run_parse_step(claim, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES)
+        count = await run_parse_step(
+            claim, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES
+        )
     chunks = _chunks(db, claim)
     assert count == len(chunks) > 1
     assert [c["chunk_index"] for c in chunks] == list(range(count))
@@ -100,14 +103,20 @@ async def test_parse_step_stores_contiguous_chunks_and_moves_to_chunked(
         assert helpers.job_row(conn, claim.job_id)["progress"] == 40
 
 
-async def test_a_replay_after_chunked_does_no_storage_read(db: Database, store: AsyncObjectStore) -> None:
+async def test_a_replay_after_chunked_does_no_storage_read(
+    db: Database, store: AsyncObjectStore
+) -> None:
     claim = _claim(db, store, TEXT)
     with trio.fail_after(30):
-        first = await run_parse_step(claim, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES)
+        first = await run_parse_step(
+            claim, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES
+        )
         reads = CountingStore.reads
         with db.connection() as conn:
             events = helpers.events(conn, claim.job_id)
-        second = await run_parse_step(claim, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES)
+        second = await run_parse_step(
+            claim, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES
+        )
     assert second == first and CountingStore.reads == reads == 1
     with db.connection() as conn:
         assert helpers.events(conn, claim.job_id) == events
@@ -125,11 +134,15 @@ async def test_a_crash_between_prepare_and_commit_resumes_from_parsing(
         (again,) = lifecycle.claim_jobs(conn, claim.worker_id, 1, 300)
     assert again.version_status == "PARSING"
     with trio.fail_after(30):
-        count = await run_parse_step(again, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES)
+        count = await run_parse_step(
+            again, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES
+        )
     assert len(_chunks(db, again)) == count
 
 
-def test_a_stale_token_commit_is_refused_and_leaves_nothing(db: Database, store: AsyncObjectStore) -> None:
+def test_a_stale_token_commit_is_refused_and_leaves_nothing(
+    db: Database, store: AsyncObjectStore
+) -> None:
     claim = _claim(db, store, TEXT)
     with db.connection() as conn:
         snapshot = prepare_parse(conn, claim)
@@ -177,7 +190,12 @@ def test_two_concurrent_commits_for_one_claim_converge_on_one_chunk_set(
     ],
 )
 async def test_bad_content_is_document_content_invalid_and_stores_nothing(
-    db: Database, store: AsyncObjectStore, data: bytes, name: str, error: type[Exception], message: str
+    db: Database,
+    store: AsyncObjectStore,
+    data: bytes,
+    name: str,
+    error: type[Exception],
+    message: str,
 ) -> None:
     claim = _claim(db, store, data, name)
     with trio.fail_after(30), pytest.raises(error, match=message):
@@ -194,7 +212,9 @@ async def test_a_file_over_the_maximum_size_is_refused_before_reading(
     assert CountingStore.reads == 0
 
 
-async def test_a_checksum_mismatch_is_not_accepted(db: Database, store: AsyncObjectStore, tmp_path: Path) -> None:
+async def test_a_checksum_mismatch_is_not_accepted(
+    db: Database, store: AsyncObjectStore, tmp_path: Path
+) -> None:
     claim = _claim(db, store, TEXT)
     with db.connection() as conn:
         conn.execute(
@@ -210,7 +230,9 @@ async def test_a_checksum_mismatch_is_not_accepted(db: Database, store: AsyncObj
     assert _chunks(db, claim) == []
 
 
-async def test_a_missing_object_is_storage_unavailable(db: Database, store: AsyncObjectStore) -> None:
+async def test_a_missing_object_is_storage_unavailable(
+    db: Database, store: AsyncObjectStore
+) -> None:
     claim = _claim(db, store, TEXT)
     with db.connection() as conn:
         conn.execute(

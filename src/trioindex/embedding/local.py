@@ -138,6 +138,13 @@ def _load(model: str) -> _Loaded:
         ) from None
     packaged = packaged_model_path(model)
     try:
+        from transformers.utils import logging as transformers_logging
+
+        # a tqdm bar per load would otherwise interleave with our log lines on stderr
+        transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    except ImportError:
+        pass
+    try:
         if packaged is not None:
             loaded = SentenceTransformer(str(packaged), local_files_only=True)
         else:
