@@ -15,11 +15,13 @@ credentials or the key.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 
 import attrs
 import httpx
+import orjson
 import trio
 
 from trioindex.errors import (
@@ -127,7 +129,14 @@ def parse_json(response: httpx.Response) -> object:
     if not response.is_success:
         raise failure_for_status(response.status_code, _reason(response))
     try:
-        return response.json()
+        # orjson parses a 32 x 1024 float answer several times faster than the stdlib, on the
+        # event loop thread; it refuses the NaN/Infinity literals some servers emit, so those
+        # rare bodies go through the stdlib parser and on to vector validation.
+        return orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(response.content)
     except ValueError:
         # from None: a JSONDecodeError holds the whole body in .doc.
         raise ResultInvalid(
