@@ -41,7 +41,7 @@ EMBED_SECONDS = Histogram(
     registry=REGISTRY,
 )
 SLOTS_IN_USE = Gauge("trioindex_slots_in_use", "Jobs running on this worker.", registry=REGISTRY)
-SLOTS_TOTAL = Gauge("trioindex_slots_total", "max-concurrency of this worker.", registry=REGISTRY)
+SLOTS_MAX = Gauge("trioindex_slots_max", "max-concurrency of this worker.", registry=REGISTRY)
 LEASE_RENEWALS = Counter(
     "trioindex_lease_renewals_total", "Lease renewals, by result.", ["result"], registry=REGISTRY
 )
@@ -70,7 +70,7 @@ def record_embedding_call(outcome: str, seconds: float) -> None:
 
 def record_slots(in_use: int, total: int) -> None:
     SLOTS_IN_USE.set(in_use)
-    SLOTS_TOTAL.set(total)
+    SLOTS_MAX.set(total)
 
 
 def record_renewal(result: str) -> None:
