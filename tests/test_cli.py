@@ -189,3 +189,43 @@ def test_ingest_of_a_missing_path_is_one_line(env: dict[str, str], tmp_path: Pat
 def test_migrate_reports_an_up_to_date_schema(env: dict[str, str]) -> None:
     result = cli(env, "migrate")
     assert result.returncode == 0 and "schema is up to date" in result.stdout
+
+
+def test_metrics_endpoint_counts_jobs_and_leaks_no_ids_or_text(
+    env: dict[str, str], corpus: Path, tmp_path: Path, database_url: str
+) -> None:
+    import socket
+
+    import httpx
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert cli(env, "ingest", str(corpus / "trio-0.txt"), str(corpus / "empty.txt")).returncode == 0
+    proc = spawn(env, "worker", "--metrics-port", str(port), log=tmp_path / "worker.log")
+    try:
+        wait_for(
+            lambda: (
+                len(
+                    query(
+                        database_url, "SELECT 1 FROM embedding_jobs WHERE finished_at IS NOT NULL"
+                    )
+                )
+                == 2
+            ),
+            60,
+            "both jobs to finish",
+        )
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert 'trioindex_jobs_total{failure_type="",outcome="succeeded"} 1.0' in text
+    assert (
+        'trioindex_jobs_total{failure_type="DOCUMENT_CONTENT_INVALID",outcome="failed"} 1.0' in text
+    )
+    assert 'trioindex_step_duration_seconds_count{step="embed"} 1.0' in text
+    assert "trioindex_slots_max 2.0" in text
+    ids = [str(r["id"]) for r in query(database_url, "SELECT id FROM embedding_jobs")]
+    assert not [i for i in ids if i in text]
+    assert "marker-trio" not in text
