@@ -6,6 +6,8 @@ import hashlib
 import uuid
 from uuid import UUID
 
+import attrs
+
 from trioindex import lifecycle
 from trioindex.database import Connection
 from trioindex.ingest import IngestResult, enqueue_version, storage_key_for
@@ -147,3 +149,21 @@ def count(conn: Connection, sql: str, *params: object) -> int:
     row = conn.execute(sql, params).fetchone()
     assert row is not None
     return int(next(iter(row.values())))
+
+
+FORGERIES = ("stale token", "other worker", "wrong attempt", "expired lease")
+
+
+def forge(conn: Connection, claim: Claim, forgery: str) -> Claim:
+    """A claim that must be refused: stale token, another worker, a wrong attempt, or (after
+    expiring the real lease) the real claim itself."""
+    if forgery == "expired lease":
+        expire_lease(conn, claim.job_id)
+        return claim
+    if forgery == "stale token":
+        return attrs.evolve(claim, claim_token=uuid.uuid4())
+    if forgery == "other worker":
+        return attrs.evolve(claim, worker_id=worker(conn))
+    if forgery == "wrong attempt":
+        return attrs.evolve(claim, attempt_id=uuid.uuid4())
+    raise ValueError(forgery)

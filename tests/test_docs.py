@@ -25,9 +25,9 @@ def test_readme_opens_with_the_two_commands() -> None:
 
 
 def test_every_metric_the_readme_names_exists() -> None:
-    from trioindex import metrics
-
     import re
+
+    from trioindex import metrics
 
     readme = ROOT.joinpath("README.md").read_text(encoding="utf-8")
     names = {m.name for m in metrics.REGISTRY.collect()}

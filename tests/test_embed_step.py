@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import attrs
 import numpy as np
 import pytest
 import trio
@@ -130,23 +128,13 @@ def test_two_threads_committing_one_claim_converge_on_one_set(db: Database, clai
         assert helpers.events(conn, claim.job_id).count("EMBEDDINGS_STORED") == 1
 
 
-@pytest.mark.parametrize(
-    "forgery", ["stale token", "other worker", "wrong attempt", "expired lease"]
-)
+@pytest.mark.parametrize("forgery", helpers.FORGERIES)
 def test_a_lapsed_or_forged_claim_stores_nothing(db: Database, claim: Claim, forgery: str) -> None:
     with db.connection() as conn:
         snapshot = prepare_embedding(conn, claim)
-        other = helpers.worker(conn)
     drafts = build_drafts(snapshot, [fake_vector(c.text, DIM) for c in snapshot.chunks])
-    forged = {
-        "stale token": attrs.evolve(claim, claim_token=uuid.uuid4()),
-        "other worker": attrs.evolve(claim, worker_id=other),
-        "wrong attempt": attrs.evolve(claim, attempt_id=uuid.uuid4()),
-        "expired lease": claim,
-    }[forgery]
     with db.connection() as conn:
-        if forgery == "expired lease":
-            helpers.expire_lease(conn, claim.job_id)
+        forged = helpers.forge(conn, claim, forgery)
         with pytest.raises(OwnershipLost):
             commit_embeddings(conn, forged, snapshot, drafts)
     assert _stored(db, claim) == []

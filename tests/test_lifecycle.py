@@ -11,7 +11,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import attrs
 import pytest
 
 from tests import helpers
@@ -202,27 +201,14 @@ def _snapshot(conn: Any, claim: Claim) -> tuple[object, ...]:
 
 
 @pytest.mark.parametrize("write", ["renew", "complete", "fail", "fence"])
-@pytest.mark.parametrize(
-    "forgery", ["stale token", "other worker", "wrong attempt", "expired lease"]
-)
+@pytest.mark.parametrize("forgery", helpers.FORGERIES)
 def test_every_write_with_a_forged_or_lapsed_claim_is_refused_and_changes_nothing(
     db: Database, worker: Any, write: str, forgery: str
 ) -> None:
     claim = _claim_one(db, worker)
     with db.connection() as conn:
         helpers.stage_embedded(conn, claim)
-        other_worker = helpers.worker(conn)
-    import uuid
-
-    forged = {
-        "stale token": attrs.evolve(claim, claim_token=uuid.uuid4()),
-        "other worker": attrs.evolve(claim, worker_id=other_worker),
-        "wrong attempt": attrs.evolve(claim, attempt_id=uuid.uuid4()),
-        "expired lease": claim,
-    }[forgery]
-    with db.connection() as conn:
-        if forgery == "expired lease":
-            helpers.expire_lease(conn, claim.job_id)
+        forged = helpers.forge(conn, claim, forgery)
         before = _snapshot(conn, claim)
         with pytest.raises(OwnershipLost):
             _writes(forged)[write](conn)

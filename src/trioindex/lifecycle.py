@@ -57,6 +57,25 @@ def record_event(
     )
 
 
+def record_claim_event(
+    conn: Connection,
+    event_type: str,
+    claim: Claim,
+    version_id: UUID,
+    detail: dict[str, Any] | None = None,
+) -> None:
+    """An event about a claimed job: its ids, never its token."""
+    record_event(
+        conn,
+        event_type,
+        job_id=claim.job_id,
+        version_id=version_id,
+        attempt_id=claim.attempt_id,
+        worker_id=claim.worker_id,
+        detail=detail,
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # workers
 
@@ -354,14 +373,12 @@ def complete_job(conn: Connection, claim: Claim) -> CompleteResult:
                WHERE id = %s""",
             (claim.job_id,),
         )
-        record_event(
+        record_claim_event(
             conn,
             "JOB_SUCCEEDED",
-            job_id=claim.job_id,
-            version_id=owned.document_version_id,
-            attempt_id=claim.attempt_id,
-            worker_id=claim.worker_id,
-            detail={
+            claim,
+            owned.document_version_id,
+            {
                 "attempt_no": claim.attempt_no,
                 "chunks": counts["chunks"],
                 "became_current": became_current,
@@ -431,14 +448,12 @@ def fail_job(
             )
             available_at = None
             event, outcome = "JOB_FAILED", FailOutcome.FAILED
-        record_event(
+        record_claim_event(
             conn,
             event,
-            job_id=claim.job_id,
-            version_id=owned.document_version_id,
-            attempt_id=claim.attempt_id,
-            worker_id=claim.worker_id,
-            detail={"attempt_no": claim.attempt_no, "failure_type": failure_type.value},
+            claim,
+            owned.document_version_id,
+            {"attempt_no": claim.attempt_no, "failure_type": failure_type.value},
         )
     return FailResult(outcome=outcome, available_at=available_at)
 

@@ -27,7 +27,7 @@ from trioindex.database import Connection, Database
 from trioindex.embedding import Embedder
 from trioindex.embedding.vectors import validate_vectors, vector_sha256
 from trioindex.errors import StateInconsistent
-from trioindex.lifecycle import lock_owned_job, lock_version, record_event, set_progress
+from trioindex.lifecycle import lock_owned_job, lock_version, record_claim_event, set_progress
 from trioindex.values import Claim, VersionStatus
 
 logger = logging.getLogger(__name__)
@@ -114,14 +114,12 @@ def prepare_embedding(conn: Connection, claim: Claim) -> EmbedSnapshot:
                 "UPDATE document_versions SET status = 'EMBEDDING' WHERE id = %s", (version["id"],)
             )
             set_progress(conn, claim.job_id, PROGRESS_EMBEDDING)
-            record_event(
+            record_claim_event(
                 conn,
                 "EMBEDDING_STARTED",
-                job_id=claim.job_id,
-                version_id=version["id"],
-                attempt_id=claim.attempt_id,
-                worker_id=claim.worker_id,
-                detail={"chunks": len(chunks), "model": model["name"]},
+                claim,
+                version["id"],
+                {"chunks": len(chunks), "model": model["name"]},
             )
     return EmbedSnapshot(
         version_id=version["id"],
@@ -210,14 +208,12 @@ def commit_embeddings(
                     )
                 )
         set_progress(conn, claim.job_id, PROGRESS_EMBEDDED)
-        record_event(
+        record_claim_event(
             conn,
             "EMBEDDINGS_STORED",
-            job_id=claim.job_id,
-            version_id=snapshot.version_id,
-            attempt_id=claim.attempt_id,
-            worker_id=claim.worker_id,
-            detail={"embeddings": len(drafts), "model": snapshot.model_name},
+            claim,
+            snapshot.version_id,
+            {"embeddings": len(drafts), "model": snapshot.model_name},
         )
     return True
 

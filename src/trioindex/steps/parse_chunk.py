@@ -25,7 +25,7 @@ import trio
 from trioindex.chunking import ChunkDraft, Chunker
 from trioindex.database import Connection, Database
 from trioindex.errors import ContentInvalid, StateInconsistent, StorageUnavailable
-from trioindex.lifecycle import lock_owned_job, lock_version, record_event, set_progress
+from trioindex.lifecycle import lock_owned_job, lock_version, record_claim_event, set_progress
 from trioindex.parsing import extract_text
 from trioindex.storage import AsyncObjectStore
 from trioindex.values import Claim, VersionStatus
@@ -70,14 +70,7 @@ def prepare_parse(conn: Connection, claim: Claim) -> ParseSnapshot:
                 "UPDATE document_versions SET status = 'PARSING' WHERE id = %s", (version["id"],)
             )
             set_progress(conn, claim.job_id, PROGRESS_PARSING)
-            record_event(
-                conn,
-                "PARSING_STARTED",
-                job_id=claim.job_id,
-                version_id=version["id"],
-                attempt_id=claim.attempt_id,
-                worker_id=claim.worker_id,
-            )
+            record_claim_event(conn, "PARSING_STARTED", claim, version["id"])
             status = VersionStatus.PARSING
         elif status in _ALREADY_CHUNKED and chunk_count is None:
             row = conn.execute(
@@ -151,14 +144,12 @@ def commit_chunks(
             (len(chunks), version["id"]),
         )
         set_progress(conn, claim.job_id, PROGRESS_CHUNKED)
-        record_event(
+        record_claim_event(
             conn,
             "CHUNKS_STORED",
-            job_id=claim.job_id,
-            version_id=version["id"],
-            attempt_id=claim.attempt_id,
-            worker_id=claim.worker_id,
-            detail={"chunks": len(chunks), "characters": chunks[-1].end},
+            claim,
+            version["id"],
+            {"chunks": len(chunks), "characters": chunks[-1].end},
         )
     return len(chunks)
 
