@@ -216,6 +216,11 @@ class LatencyResult:
         }
 
 
+def _ms(value: float) -> str:
+    """One decimal, without the "-0.0" that rounding a tiny negative value gives."""
+    return f"{round(value, 1) + 0.0:.1f}"
+
+
 def _short_sql(query: str, width: int = 90) -> str:
     text = re.sub(r"\s+", " ", query).strip()
     return text if len(text) <= width else text[: width - 1] + "…"
@@ -786,7 +791,7 @@ def _latency_row(result: LatencyResult) -> list[str]:
         f"{data['p99_ms']:.1f}",
         f"{data['max_ms']:.1f}",
         f"{result.enqueue_tx_ms_median:.1f}",
-        f"{data['after_commit_p50_ms']:.1f} / {data['after_commit_p95_ms']:.1f}",
+        f"{_ms(data['after_commit_p50_ms'])} / {_ms(data['after_commit_p95_ms'])}",
     ]
 
 
@@ -964,6 +969,8 @@ def _markdown(
         "the setup between staging and the start (`setup_gap_s`).",
         "- batch: jobs per non-empty claim; load: 1-minute load average before the scenario "
         "(other work on the machine shows up here).",
+        "- Order: each raw loop ran right before the trioindex rows of the same total "
+        "concurrency, so both sides of a comparison saw similar machine load.",
         "",
         "| " + " | ".join(_COLUMNS) + " |",
         "|---|" + "---:|" * (len(_COLUMNS) - 1),
@@ -982,7 +989,8 @@ def _markdown(
         "`started_at` − job `created_at` (both `now()` of their transactions), so it includes "
         'the enqueue transaction itself (its median is shown); "after commit" is the claim\'s '
         "`started_at` minus the moment the enqueuer's COMMIT returned (the same host clock), "
-        "the pickup delay proper.",
+        "the pickup delay proper; it can be slightly negative, since the NOTIFY can reach the "
+        "worker before the enqueuer's COMMIT call has returned.",
         "",
         "| " + " | ".join(_LATENCY_COLUMNS) + " |",
         "|---|" + "---:|" * (len(_LATENCY_COLUMNS) - 1),
@@ -1044,12 +1052,12 @@ def _reading(
                 "claim + complete of consecutive jobs sharing a round trip) and less Python per "
                 "statement."
             )
-        if tri.claim_batch is not None:
+        if tri.claim_batch:
             out.append(
-                f"- Claims averaged {tri.claim_batch:.2f} jobs at 1×{TARGET_CONCURRENCY}: slots "
-                "free one at a time and the poller claims as soon as one is free, so batching "
-                "mostly helps at start-up; in steady state each job still pays its own claim "
-                "transaction."
+                f"- Claims averaged {tri.claim_batch:.2f} jobs at 1×{TARGET_CONCURRENCY}, so a "
+                f"job pays about {1 / tri.claim_batch:.2f} of a claim transaction: jobs that "
+                "finish while a claim is in flight are refilled by the next claim together. The "
+                "complete transaction is one per job, and it is the long one."
             )
     singles = {
         r.scenario.concurrency: r
@@ -1088,8 +1096,8 @@ def _reading(
             f"- Idle pickup: with NOTIFY the p50 / p95 / p99 latency is {n['p50']:.1f} / "
             f"{n['p95']:.1f} / {n['p99']:.1f} ms, most of it the enqueue transaction itself "
             f"(median {by_mode['notify'].enqueue_tx_ms_median:.1f} ms); measured from the "
-            f"enqueuer's COMMIT the pickup takes {na['p50']:.1f} ms at p50 and "
-            f"{na['p95']:.1f} ms at p95. Polling every "
+            f"enqueuer's COMMIT the pickup takes {_ms(na['p50'])} ms at p50 and "
+            f"{_ms(na['p95'])} ms at p95. Polling every "
             f"{IDLE_POLLING_INTERVAL:.0f}s gives {p['p50']:.0f} / {p['p95']:.0f} / "
             f"{p['p99']:.0f} ms, the uniform wait of up to one polling interval."
         )
@@ -1119,6 +1127,22 @@ def _statement_table(throughput: Sequence[ThroughputResult]) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------
 # main
+
+
+def run_order(scenarios: Sequence[Scenario]) -> list[Scenario]:
+    """Each raw loop right before the trioindex runs of the same total concurrency.
+
+    Other work on the machine comes and goes; running the two sides of each comparison back to
+    back keeps them under similar load.
+    """
+    order: list[Scenario] = []
+    for raw in (s for s in scenarios if s.kind == "raw"):
+        order.append(raw)
+        order += [
+            s for s in scenarios if s.kind != "raw" and s.total_concurrency == raw.total_concurrency
+        ]
+    order += [s for s in scenarios if s not in order]
+    return order
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -1151,8 +1175,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = shlex.join([".venv/bin/python", "-m", "bench.queue", *sys.argv[1:]])
     began = time.monotonic()
 
-    scenarios = [Scenario("trioindex", p, c) for p, c in TRIOINDEX_SHAPES]
-    scenarios += [Scenario("raw", 1, c) for c in RAW_CONCURRENCY]
+    shown = [Scenario("trioindex", p, c) for p, c in TRIOINDEX_SHAPES]
+    shown += [Scenario("raw", 1, c) for c in RAW_CONCURRENCY]
+    scenarios = run_order(shown)
     throughput: list[ThroughputResult] = []
     latency: list[LatencyResult] = []
     with BenchPostgres() as pg:
@@ -1168,6 +1193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 flush=True,
             )
             throughput.append(result)
+        throughput.sort(key=lambda r: shown.index(r.scenario))
         for notify in (True, False):
             result_l = run_idle_latency(pg, latency_jobs, notify=notify, seed=args.seed)
             print(
