@@ -6,10 +6,10 @@ runtime's contract with the database: claims, slots, renewal, fencing, retry and
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
-import uuid
 from uuid import UUID
 
 import attrs
