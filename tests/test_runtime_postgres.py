@@ -78,6 +78,18 @@ def enqueue(db: Database, n: int, **kwargs: Any) -> list[UUID]:
         return [helpers.enqueue(conn, model.id, **kwargs).job_id for _ in range(n)]  # type: ignore[misc]
 
 
+def done_event(worker: Worker, outcome_prefix: str = "") -> trio.Event:
+    """An event set when one of ``worker``'s jobs ends with an outcome starting so."""
+    event = trio.Event()
+
+    def on_done(claim: Claim, outcome: str) -> None:
+        if outcome.startswith(outcome_prefix):
+            event.set()
+
+    worker.on_job_done = on_done
+    return event
+
+
 def statuses(db: Database) -> Counter[str]:
     with db.connection() as conn:
         rows = conn.execute("SELECT status FROM embedding_jobs").fetchall()
@@ -128,12 +140,13 @@ async def test_a_retryable_failure_returns_to_the_queue_and_exhausted_retries_en
 
     steps = StagedSteps(db, during=unavailable)
     worker = make_worker(db, steps)
+    failed = done_event(worker, "failed:")
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(worker.serve)
-            while statuses(db) != Counter({"FAILED": 1}):
-                await trio.sleep(0.05)
+            await failed.wait()
             worker.request_stop()
+    assert statuses(db) == Counter({"FAILED": 1})
     assert steps.seen == [job, job, job]  # retried twice, then out of attempts
     with db.connection() as conn:
         events = helpers.events(conn, job)
@@ -145,27 +158,26 @@ async def test_a_worker_that_lost_its_lease_cannot_store_its_late_result(db: Dat
     """Worker A is stuck; its lease runs out; worker B recovers and finishes the job; A's late
     completion is refused and A writes nothing more."""
     (job,) = enqueue(db, 1)
-    release_a = trio.Event()
+    a_is_stuck, release_a = trio.Event(), trio.Event()
 
     async def stuck_then_expire(claim: Claim) -> None:
         with db.connection() as conn:
             helpers.expire_lease(conn, claim.job_id)  # as if A had paused past its lease
+        a_is_stuck.set()
         await release_a.wait()
 
     steps_a = StagedSteps(db, during=stuck_then_expire)
     worker_a = make_worker(db, steps_a, lease_renewal_interval=60.0)
     worker_b = make_worker(db, StagedSteps(db))
+    a_done, b_done = done_event(worker_a), done_event(worker_b, "succeeded")
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(worker_a.serve)
-            while not steps_a.seen:
-                await trio.sleep(0.02)
+            await a_is_stuck.wait()
             nursery.start_soon(worker_b.serve)
-            while statuses(db) != Counter({"SUCCEEDED": 1}):
-                await trio.sleep(0.05)
+            await b_done.wait()
             release_a.set()  # A wakes up with its stale claim and tries to store + complete
-            while worker_a.running_jobs:
-                await trio.sleep(0.02)
+            await a_done.wait()
             worker_a.request_stop()
             worker_b.request_stop()
     assert worker_a.counters.lost == 1 and worker_a.counters.succeeded == 0
@@ -181,7 +193,7 @@ async def test_a_worker_that_lost_its_lease_cannot_store_its_late_result(db: Dat
 
 async def test_renewal_keeps_a_long_job_owned_while_recovery_runs(db: Database) -> None:
     """A job outliving several lease durations stays with its worker: renewal wins every time."""
-    (job,) = enqueue(db, 1)
+    enqueue(db, 1)
 
     async def long_step(claim: Claim) -> None:
         await trio.sleep(2.5)  # five lease durations of 0.5 s
@@ -191,12 +203,12 @@ async def test_renewal_keeps_a_long_job_owned_while_recovery_runs(db: Database) 
     )
     rescuer = make_worker(db, StagedSteps(db))
     rescuer.model_id = uuid.uuid4()  # claims nothing: only its recovery loop touches the job
+    done = done_event(worker)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(worker.serve)
             nursery.start_soon(rescuer.serve)
-            while statuses(db) != Counter({"SUCCEEDED": 1}):
-                await trio.sleep(0.05)
+            await done.wait()
             worker.request_stop()
             rescuer.request_stop()
     assert worker.counters.succeeded == 1 and worker.counters.renewals >= 10
@@ -207,17 +219,20 @@ async def test_renewal_keeps_a_long_job_owned_while_recovery_runs(db: Database) 
 
 async def test_shutdown_stops_new_claims_on_real_postgres(db: Database) -> None:
     enqueue(db, 6)
-    gate = trio.Event()
+    gate, both_running = trio.Event(), trio.Event()
+    entered: list[Claim] = []
 
     async def wait_for_gate(claim: Claim) -> None:
+        entered.append(claim)
+        if len(entered) == 2:
+            both_running.set()
         await gate.wait()
 
     worker = make_worker(db, StagedSteps(db, during=wait_for_gate), max_concurrency=2)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(worker.serve)
-            while worker.running_jobs < 2:
-                await trio.sleep(0.02)
+            await both_running.wait()
             worker.request_stop()
             gate.set()
     assert statuses(db) == Counter({"SUCCEEDED": 2, "PENDING": 4})
@@ -233,11 +248,11 @@ async def test_heartbeat_and_recovery_loops_write_to_the_database(db: Database) 
         (claim,) = lifecycle.claim_jobs(conn, ghost, 1, 300)
         helpers.expire_lease(conn, claim.job_id)
     worker = make_worker(db, StagedSteps(db))
+    done = done_event(worker, "succeeded")
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(worker.serve)
-            while statuses(db) != Counter({"SUCCEEDED": 1}):
-                await trio.sleep(0.05)
+            await done.wait()
             worker.request_stop()
     assert worker.counters.recovered == 1
     with db.connection() as conn:
