@@ -167,7 +167,8 @@ async def test_a_worker_that_lost_its_lease_cannot_store_its_late_result(db: Dat
         await release_a.wait()
 
     steps_a = StagedSteps(db, during=stuck_then_expire)
-    worker_a = make_worker(db, steps_a, lease_renewal_interval=60.0)
+    # one slot: while stuck, A cannot claim the job again after a recovery
+    worker_a = make_worker(db, steps_a, lease_renewal_interval=60.0, max_concurrency=1)
     worker_b = make_worker(db, StagedSteps(db))
     a_done, b_done = done_event(worker_a), done_event(worker_b, "succeeded")
     with trio.fail_after(30):

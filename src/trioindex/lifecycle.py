@@ -1,8 +1,10 @@
 """The job lifecycle on PostgreSQL: the synchronous core (ARCHITECTURE §4).
 
 Every public function takes a connection in autocommit mode and runs exactly one short
-transaction (STYLE rule 9); :class:`trioindex.store.JobStore` is the async facade that runs them
-in threads. Lock order is always job row, then version row, then document row.
+transaction (STYLE rule 9): a ``with conn.transaction()`` block, or a single statement, which
+autocommit makes its own transaction without the extra BEGIN/COMMIT round trips.
+:class:`trioindex.store.JobStore` is the async facade that runs them in threads. Lock order
+is always job row, then version row, then document row.
 
 Every write after the claim goes through :func:`lock_owned_job`, the fencing helper: under the
 job row lock it checks that the job is PROCESSING, held by this worker with this claim token,
@@ -14,11 +16,14 @@ changes nothing.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 import attrs
+import psycopg
 from psycopg.types.json import Jsonb
 
 from trioindex.database import Connection
@@ -30,7 +35,6 @@ from trioindex.values import (
     FailOutcome,
     FailResult,
     RecoveredJob,
-    VersionStatus,
     WorkerStatus,
 )
 
@@ -103,12 +107,11 @@ def register_worker(
 
 def heartbeat(conn: Connection, worker_id: UUID) -> bool:
     """Touch the heartbeat; False when the row is gone or already STOPPED."""
-    with conn.transaction():
-        row = conn.execute(
-            """UPDATE indexing_workers SET last_heartbeat_at = now()
-               WHERE id = %s AND status <> 'STOPPED' RETURNING id""",
-            (worker_id,),
-        ).fetchone()
+    row = conn.execute(
+        """UPDATE indexing_workers SET last_heartbeat_at = now()
+           WHERE id = %s AND status <> 'STOPPED' RETURNING id""",
+        (worker_id,),
+    ).fetchone()
     return row is not None
 
 
@@ -192,10 +195,9 @@ def claim_jobs(
     """
     if k <= 0:
         return []
-    with conn.transaction():
-        rows = conn.execute(
-            _CLAIM_SQL, {"worker": worker_id, "k": k, "lease": lease_seconds, "model": model_id}
-        ).fetchall()
+    rows = conn.execute(
+        _CLAIM_SQL, {"worker": worker_id, "k": k, "lease": lease_seconds, "model": model_id}
+    ).fetchall()
     return [Claim.from_row(row) for row in rows]
 
 
@@ -214,43 +216,40 @@ class OwnedJob:
     max_attempts: int
 
 
-_FENCE_SQL = """
-SELECT j.status, j.worker_id, j.claim_token = %(token)s AS token_matches,
-       j.lease_expires_at > clock_timestamp() AS lease_valid,
-       j.document_version_id, j.embedding_model_id, j.attempt_count, j.max_attempts,
-       a.status AS attempt_status, a.worker_id AS attempt_worker, a.attempt_no
-FROM embedding_jobs j
-LEFT JOIN embedding_job_attempts a ON a.id = %(attempt)s AND a.embedding_job_id = j.id
-WHERE j.id = %(job)s
-FOR UPDATE OF j
-"""
+# SQLSTATEs raised by the fenced functions of migration 0002.
+OWNERSHIP_LOST = "TI001"
+STATE_INCONSISTENT = "TI002"
+
+
+@contextmanager
+def fenced_errors() -> Iterator[None]:
+    """Turn the fenced functions' SQLSTATEs into :class:`OwnershipLost` /
+    :class:`StateInconsistent`; any other database error propagates as itself."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        message = exc.diag.message_primary or "refused"
+        if exc.sqlstate == OWNERSHIP_LOST:
+            raise OwnershipLost(message) from None
+        if exc.sqlstate == STATE_INCONSISTENT:
+            raise StateInconsistent(message) from None
+        raise
 
 
 def lock_owned_job(conn: Connection, claim: Claim) -> OwnedJob:
     """Lock the job row and prove ``claim`` still owns it; raise :class:`OwnershipLost` if not.
 
-    Must run inside the caller's transaction; it is the first lock that transaction takes.
+    Must run inside the caller's transaction; it is the first lock that transaction takes. The
+    checks live in one place, the SQL function ``trioindex_lock_owned_job`` (status PROCESSING,
+    worker, claim token, lease unexpired by a fresh clock, current STARTED attempt).
     """
-    row = conn.execute(
-        _FENCE_SQL,
-        {"token": claim.claim_token, "attempt": claim.attempt_id, "job": claim.job_id},
-    ).fetchone()
-    if row is None:
-        raise OwnershipLost("the job no longer exists")
-    if row["status"] != "PROCESSING":
-        raise OwnershipLost(f"the job is {row['status']}, not PROCESSING")
-    if row["worker_id"] != claim.worker_id:
-        raise OwnershipLost("the job is claimed by another worker")
-    if not row["token_matches"]:
-        raise OwnershipLost("the claim token belongs to an older claim")
-    if not row["lease_valid"]:
-        raise OwnershipLost("the lease has expired")
-    if (
-        row["attempt_status"] != "STARTED"
-        or row["attempt_worker"] != claim.worker_id
-        or row["attempt_no"] != row["attempt_count"]
-    ):
-        raise OwnershipLost("the attempt is not the job's current STARTED attempt")
+    with fenced_errors():
+        row = conn.execute(
+            """SELECT document_version_id, embedding_model_id, attempt_count, max_attempts
+               FROM trioindex_lock_owned_job(%s, %s, %s, %s)""",
+            (claim.job_id, claim.worker_id, claim.claim_token, claim.attempt_id),
+        ).fetchone()
+    assert row is not None
     return OwnedJob(
         job_id=claim.job_id,
         document_version_id=row["document_version_id"],
@@ -288,25 +287,24 @@ def renew_lease(conn: Connection, claim: Claim, lease_seconds: float) -> datetim
     Never changes the worker, the token or ``locked_at``. Returns the new expiry; raises
     :class:`OwnershipLost` when nothing matched (a database error propagates as itself).
     """
-    with conn.transaction():
-        row = conn.execute(
-            """UPDATE embedding_jobs
-               SET lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s)
-               WHERE id = %(job)s AND worker_id = %(worker)s AND claim_token = %(token)s
-                 AND status = 'PROCESSING' AND lease_expires_at > clock_timestamp()
-                 AND attempt_count = (
-                     SELECT attempt_no FROM embedding_job_attempts
-                     WHERE id = %(attempt)s AND embedding_job_id = %(job)s
-                       AND status = 'STARTED' AND worker_id = %(worker)s)
-               RETURNING lease_expires_at""",
-            {
-                "lease": lease_seconds,
-                "attempt": claim.attempt_id,
-                "job": claim.job_id,
-                "worker": claim.worker_id,
-                "token": claim.claim_token,
-            },
-        ).fetchone()
+    row = conn.execute(
+        """UPDATE embedding_jobs
+           SET lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s)
+           WHERE id = %(job)s AND worker_id = %(worker)s AND claim_token = %(token)s
+             AND status = 'PROCESSING' AND lease_expires_at > clock_timestamp()
+             AND attempt_count = (
+                 SELECT attempt_no FROM embedding_job_attempts
+                 WHERE id = %(attempt)s AND embedding_job_id = %(job)s
+                   AND status = 'STARTED' AND worker_id = %(worker)s)
+           RETURNING lease_expires_at""",
+        {
+            "lease": lease_seconds,
+            "attempt": claim.attempt_id,
+            "job": claim.job_id,
+            "worker": claim.worker_id,
+            "token": claim.claim_token,
+        },
+    ).fetchone()
     if row is None:
         raise OwnershipLost("lease renewal refused: the claim is no longer held")
     expires: datetime = row["lease_expires_at"]
@@ -319,72 +317,18 @@ def renew_lease(conn: Connection, claim: Claim, lease_seconds: float) -> datetim
 
 def complete_job(conn: Connection, claim: Claim) -> CompleteResult:
     """Finish the claim: version INDEXED, attempt and job SUCCEEDED, and the document's
-    searchable version moved forward unless a newer version is already current."""
-    with conn.transaction():
-        owned = lock_owned_job(conn, claim)
-        version = lock_version(conn, owned.document_version_id)
-        if version["status"] != VersionStatus.EMBEDDING:
-            raise StateInconsistent(
-                f"cannot complete: version is {version['status']}, expected EMBEDDING"
-            )
-        counts = conn.execute(
-            """SELECT (SELECT count(*) FROM document_chunks
-                        WHERE document_version_id = %(v)s) AS chunks,
-                      (SELECT count(*) FROM embeddings
-                        WHERE document_version_id = %(v)s
-                          AND embedding_model_id = %(m)s) AS vectors""",
-            {"v": owned.document_version_id, "m": owned.embedding_model_id},
+    searchable version moved forward unless a newer version is already current.
+
+    One statement, one round trip: ``trioindex_complete_job`` (migration 0002) takes the locks
+    in the usual order, re-validates ownership and the embedding set, and writes everything.
+    """
+    with fenced_errors():
+        row = conn.execute(
+            "SELECT became_current FROM trioindex_complete_job(%s, %s, %s, %s)",
+            (claim.job_id, claim.worker_id, claim.claim_token, claim.attempt_id),
         ).fetchone()
-        assert counts is not None
-        if counts["chunks"] == 0 or counts["chunks"] != counts["vectors"]:
-            raise StateInconsistent(
-                f"cannot complete: {counts['vectors']} embeddings for {counts['chunks']} chunks"
-            )
-        conn.execute(
-            """UPDATE document_versions SET status = 'INDEXED', indexed_at = now(), chunk_count = %s
-               WHERE id = %s""",
-            (counts["chunks"], owned.document_version_id),
-        )
-        document = conn.execute(
-            """SELECT d.id, cur.version_no AS current_no
-               FROM documents d LEFT JOIN document_versions cur ON cur.id = d.current_version_id
-               WHERE d.id = %s FOR UPDATE OF d""",
-            (version["document_id"],),
-        ).fetchone()
-        assert document is not None
-        became_current = (
-            document["current_no"] is None or document["current_no"] < version["version_no"]
-        )
-        if became_current:
-            conn.execute(
-                "UPDATE documents SET current_version_id = %s WHERE id = %s",
-                (owned.document_version_id, version["document_id"]),
-            )
-        conn.execute(
-            """UPDATE embedding_job_attempts SET status = 'SUCCEEDED', finished_at = now()
-               WHERE id = %s""",
-            (claim.attempt_id,),
-        )
-        conn.execute(
-            """UPDATE embedding_jobs
-               SET status = 'SUCCEEDED', progress = 100, finished_at = now(),
-                   worker_id = NULL, claim_token = NULL, locked_at = NULL, lease_expires_at = NULL,
-                   last_failure_type = NULL, last_failure_message = NULL
-               WHERE id = %s""",
-            (claim.job_id,),
-        )
-        record_claim_event(
-            conn,
-            "JOB_SUCCEEDED",
-            claim,
-            owned.document_version_id,
-            {
-                "attempt_no": claim.attempt_no,
-                "chunks": counts["chunks"],
-                "became_current": became_current,
-            },
-        )
-    return CompleteResult(became_current=became_current)
+    assert row is not None
+    return CompleteResult(became_current=bool(row["became_current"]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -517,16 +461,15 @@ def recover_expired(
     its version too) when its attempts are spent. Rows another transaction holds — a renewal
     or a completion in flight — are skipped, so recovery and the owner never both win.
     """
-    with conn.transaction():
-        rows = conn.execute(
-            _RECOVER_SQL,
-            {
-                "batch": batch,
-                "max": backoff.maximum,
-                "initial": backoff.initial,
-                "jitter": backoff.jitter,
-            },
-        ).fetchall()
+    rows = conn.execute(
+        _RECOVER_SQL,
+        {
+            "batch": batch,
+            "max": backoff.maximum,
+            "initial": backoff.initial,
+            "jitter": backoff.jitter,
+        },
+    ).fetchall()
     return [
         RecoveredJob(
             job_id=row["id"],
