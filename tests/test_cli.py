@@ -229,3 +229,23 @@ def test_metrics_endpoint_counts_jobs_and_leaks_no_ids_or_text(
     ids = [str(r["id"]) for r in query(database_url, "SELECT id FROM embedding_jobs")]
     assert not [i for i in ids if i in text]
     assert "marker-trio" not in text
+
+
+def test_a_connection_lost_mid_command_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    import psycopg
+    import typer
+
+    from trioindex.cli import friendly
+
+    @friendly
+    def command() -> None:
+        raise psycopg.OperationalError("terminating connection due to administrator command")
+
+    with pytest.raises(typer.Exit) as exit_info:
+        command()
+    assert exit_info.value.exit_code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "trioindex: lost the database connection "
+        "(terminating connection due to administrator command); re-run"
+    ]

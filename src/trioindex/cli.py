@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 from uuid import UUID
 
+import psycopg
 import trio
 import typer
 
@@ -57,6 +58,12 @@ def friendly(fn: Callable[P, T]) -> Callable[P, T]:
             raise typer.Exit(1) from None
         except FileNotFoundError as exc:
             typer.echo(f"trioindex: {exc}", err=True)
+            raise typer.Exit(1) from None
+        except psycopg.OperationalError as exc:
+            # the server went away mid-command (restart, failover, network); every command is
+            # safe to re-run: ingest skips what it already enqueued
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            typer.echo(f"trioindex: lost the database connection ({first}); re-run", err=True)
             raise typer.Exit(1) from None
 
     return wrapper
