@@ -438,3 +438,33 @@ async def test_a_notify_wakes_the_poller_before_the_interval(
         await trio.sleep(1)
         assert len(store.of("complete")) == 1  # did not wait for the 60s poll
         worker.request_stop()
+
+
+@attrs.define(eq=False)
+class SlowCompleteStore(FakeStore):
+    """The final write holds the job row lock for a while; renewals meanwhile are refused."""
+
+    completing: trio.Event = attrs.field(factory=trio.Event)
+
+    async def complete(self, claim: Claim) -> Any:
+        self.completing.set()
+        await trio.sleep(5)
+        return await super().complete(claim)
+
+    async def renew(self, claim: Claim) -> Any:
+        if self.completing.is_set():
+            self.log("renew-refused", claim.job_id)
+            raise OwnershipLost("the job is SUCCEEDED, not PROCESSING")
+        return await super().renew(claim)
+
+
+async def test_a_renewal_racing_the_final_write_is_not_a_lost_lease(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A renewal in flight when complete commits finds the job finished: no loss reported."""
+    store = SlowCompleteStore(pending=[U])
+    # parse + embed take 59.5 s, so the 60 s renewal fires while complete holds the lock
+    worker = make_worker(store, FakeSteps(store, duration=29.75), lease_renewal_interval=60.0)
+    await drain(worker)
+    assert worker.counters.succeeded == 1 and worker.counters.lost == 0
+    assert_clean(worker)

@@ -102,6 +102,9 @@ class JobContext:
     scope: trio.CancelScope
     lost: bool = False
     step: str = "claim"
+    # Set just before the final write (complete or fail). A renewal racing that write waits on
+    # the job row lock and then finds the job finished: that is not a lost lease.
+    finishing: bool = False
 
 
 @attrs.define(eq=False)
@@ -302,6 +305,7 @@ class Worker:
                 elif step == "embed":
                     await self._embed(claim)
                 else:
+                    context.finishing = True
                     await self.store.complete(claim)
                 metrics.record_step(step, trio.current_time() - began)
         except OwnershipLost as exc:
@@ -338,6 +342,7 @@ class Worker:
 
     async def _report(self, context: JobContext, failure_type: FailureType, message: str) -> str:
         claim = context.claim
+        context.finishing = True
         try:
             result = await self.store.fail(claim, failure_type, message)
         except OwnershipLost:
@@ -371,9 +376,13 @@ class Worker:
         next_at = trio.current_time() + interval
         while True:
             await trio.sleep_until(next_at)
+            if context.finishing:
+                return  # the final write is under way; it re-validates ownership itself
             try:
                 await self.store.renew(context.claim)
             except OwnershipLost:
+                if context.finishing:
+                    return  # raced the final write, which finished the job: not a loss
                 context.lost = True
                 metrics.record_renewal("refused")
                 metrics.record_lease_lost()

@@ -1,0 +1,251 @@
+"""The chaos harness (bench/chaos.py): its checks catch violations, and a very short run passes.
+
+The real chaos run is ``just chaos`` (two minutes of faults, three times for the report). Here:
+
+* fast tests feed the checks hand-made evidence with one violation each, so a passing chaos run
+  means something: every check used below can fail;
+* one slow test runs 18 seconds of the same chaos (real workers, kill -9, both outages, faulty
+  embedding server) over 30 documents in three ingest waves, with invalid vectors five times
+  as frequent and embedding faults kept on while the queue drains (on a busy machine little
+  may be embedded in 18 seconds), and asserts every invariant check passed.
+  ``faults_exercised`` is left out: 18 seconds are too short for the storage outage to be sure
+  to meet a backlog of jobs (the full run asserts it).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+from uuid import UUID, uuid4
+
+import pytest
+from bench import chaos
+
+from tests.fakes.embed_server import ServerStats
+
+
+def _job(key: str, status: str, version_status: str, **extra: Any) -> dict[str, Any]:
+    version = uuid4()
+    row: dict[str, Any] = {
+        "external_key": key,
+        "job_id": uuid4(),
+        "version_id": version,
+        "current_version_id": version if version_status == "INDEXED" else None,
+        "status": status,
+        "version_status": version_status,
+        "attempt_count": 1,
+        "max_attempts": 25,
+        "last_failure_type": None,
+        "lease_expired": False,
+        "chunks": 1,
+        "chunk_count": 1,
+        "distinct_indexes": 1,
+        "max_index": 0,
+        "vectors": 1 if version_status == "INDEXED" else 0,
+        "all_vectors": 1 if version_status == "INDEXED" else 0,
+    }
+    row.update(extra)
+    return row
+
+
+def _stored(
+    jobs: list[dict[str, Any]],
+    attempts: dict[UUID, list[dict[str, Any]]] | None = None,
+    *,
+    tokens: set[str] | None = None,
+    texts: dict[str, set[str]] | None = None,
+) -> chaos.Stored:
+    if attempts is None:
+        attempts = {
+            job["job_id"]: [
+                {
+                    "attempt_no": 1,
+                    "status": "SUCCEEDED" if job["status"] == "SUCCEEDED" else "FAILED",
+                    "failure_type": job["last_failure_type"],
+                }
+            ]
+            for job in jobs
+        }
+    return chaos.Stored(
+        url="postgresql://unused",
+        jobs=jobs,
+        attempts=attempts,
+        keys_of_text=texts or {},
+        tokens=tokens or set(),
+        events=Counter(),
+        retries_by_type=Counter(),
+    )
+
+
+def _seen(
+    tmp_path: Path,
+    corpus: list[chaos.CorpusFile],
+    *,
+    faults: list[chaos.VectorFault] | None = None,
+) -> chaos.Observed:
+    logs = tmp_path / "logs"
+    logs.mkdir(exist_ok=True)
+    fleet = chaos.Fleet(env={}, logs=logs, clock=time.monotonic)
+    return chaos.Observed(
+        corpus=corpus,
+        tag="beef",
+        secret="s3-secret-for-the-test",
+        logs=logs,
+        fleet=fleet,
+        exits=[],
+        unregistered=[],
+        ingestor=chaos.Ingestor(env={}, logs=logs, pending=[]),
+        drained=True,
+        vector_faults=faults or [],
+        server=ServerStats(
+            requests=0,
+            info_requests=0,
+            embed_requests=0,
+            inputs=0,
+            batch_sizes=(),
+            max_concurrent=0,
+            faults={},
+            last_authorization=None,
+            last_payload=None,
+        ),
+        fault_rates={},
+        outages=[],
+        storage_resets=0,
+    )
+
+
+def _outcomes(seen: chaos.Observed, db: chaos.Stored) -> chaos.Check:
+    faulted, unattributed = chaos.faulted_documents(seen, db)
+    check, _, _ = chaos.check_outcomes(seen, db, faulted, unattributed)
+    return check
+
+
+def test_outcomes_accept_the_expected_failure_types(tmp_path: Path) -> None:
+    corpus = [
+        chaos.CorpusFile("a.txt", 0, "txt"),
+        chaos.CorpusFile("b.txt", 0, "txt"),
+        chaos.CorpusFile("c.pdf", 0, "binary-pdf"),
+    ]
+    jobs = [
+        _job("a.txt", "SUCCEEDED", "INDEXED"),
+        _job("b.txt", "FAILED", "FAILED", last_failure_type="EMBEDDING_RESULT_INVALID"),
+        _job("c.pdf", "FAILED", "FAILED", last_failure_type="DOCUMENT_CONTENT_INVALID"),
+    ]
+    fault = chaos.VectorFault(0.0, "nan", ("text of b",))
+    db = _stored(jobs, texts={"text of b": {"b.txt"}})
+    assert _outcomes(_seen(tmp_path, corpus, faults=[fault]), db).ok
+
+
+@pytest.mark.parametrize(
+    ("kind", "job", "why"),
+    [
+        (
+            "txt",
+            _job("x", "FAILED", "FAILED", last_failure_type="EMBEDDING_RESULT_INVALID"),
+            "without any invalid vector",
+        ),
+        (
+            "txt",
+            _job("x", "FAILED", "FAILED", last_failure_type="EMBEDDING_PROVIDER_UNAVAILABLE"),
+            "FAILED EMBEDDING_PROVIDER_UNAVAILABLE",
+        ),
+        ("empty", _job("x", "SUCCEEDED", "INDEXED"), "INDEXED"),
+        ("txt", _job("x", "SUCCEEDED", "INDEXED", attempt_count=25), "used all 25 attempts"),
+        ("txt", _job("x", "SUCCEEDED", "INDEXED", current_version_id=None), "not the current"),
+    ],
+)
+def test_outcomes_reject_a_wrong_end_state(
+    tmp_path: Path, kind: str, job: dict[str, Any], why: str
+) -> None:
+    check = _outcomes(_seen(tmp_path, [chaos.CorpusFile("x", 0, kind)]), _stored([job]))
+    assert not check.ok
+    assert why in check.detail
+
+
+def test_an_invalid_vector_cannot_be_indexed_by_the_attempt_that_got_it(tmp_path: Path) -> None:
+    seen = _seen(
+        tmp_path,
+        [chaos.CorpusFile("x", 0, "txt")],
+        faults=[chaos.VectorFault(0.0, "wrong_dimension", ("t",))],
+    )
+    db = _stored([_job("x", "SUCCEEDED", "INDEXED")], texts={"t": {"x"}})
+    assert "INDEXED on attempt 1" in _outcomes(seen, db).detail
+
+
+def test_attempts_must_be_numbered_without_gaps() -> None:
+    job = _job("x", "SUCCEEDED", "INDEXED", attempt_count=3)
+    rows = [
+        {"attempt_no": 1, "status": "EXPIRED", "failure_type": None},
+        {"attempt_no": 3, "status": "SUCCEEDED", "failure_type": None},
+    ]
+    check = chaos.check_attempts(_stored([job], {job["job_id"]: rows}))
+    assert not check.ok and "attempts [1, 3]" in check.detail
+    rows.insert(1, {"attempt_no": 2, "status": "FAILED", "failure_type": "STORAGE_UNAVAILABLE"})
+    assert chaos.check_attempts(_stored([job], {job["job_id"]: rows})).ok
+
+
+def test_embeddings_must_match_chunks() -> None:
+    assert chaos.check_embeddings_per_version(_stored([_job("x", "SUCCEEDED", "INDEXED")])).ok
+    short = _job("x", "SUCCEEDED", "INDEXED", chunks=3, chunk_count=3, max_index=2)
+    short["distinct_indexes"] = 3
+    check = chaos.check_embeddings_per_version(_stored([short]))
+    assert not check.ok and "1 embeddings, 3 chunks" in check.detail
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        ("claimed with token 3f2a9c1e5b7d4e8fa0b1c2d3e4f5a6b7", "claim token"),
+        ("claimed with token 3f2a9c1e-5b7d-4e8f-a0b1-c2d3e4f5a6b7", "claim token"),
+        ("parsed: The quick brown fox jumps over the lazy dog while the chaos run", "text of 1"),
+        ("sent cxmbeefd0001s002 to the server", "corpus marker"),
+        ("connecting with s3-secret-for-the-test", "S3 secret"),
+    ],
+)
+def test_logs_must_not_hold_secrets_or_text(tmp_path: Path, line: str, why: str) -> None:
+    token = "3f2a9c1e-5b7d-4e8f-a0b1-c2d3e4f5a6b7"
+    text = "The quick brown fox jumps over the lazy dog while the chaos run goes on."
+    seen = _seen(tmp_path, [])
+    db = _stored([], tokens={token}, texts={text: {"x"}})
+    (seen.logs / "worker-001.log").write_text("12:00:00 INFO worker registered\n")
+    (clean, _), _ = chaos.check_logs(seen, db)
+    assert clean.ok, clean.detail
+    (seen.logs / "worker-002.log").write_text(line + "\n")
+    (clean, _), _ = chaos.check_logs(seen, db)
+    assert not clean.ok and why in clean.detail
+
+
+def test_a_traceback_in_any_log_fails(tmp_path: Path) -> None:
+    seen = _seen(tmp_path, [])
+    db = _stored([], tokens={str(uuid4())})
+    (seen.logs / "ingest-1-1.log").write_text("Traceback (most recent call last):\n  boom\n")
+    (_, tracebacks), _ = chaos.check_logs(seen, db)
+    assert not tracebacks.ok and "ingest-1-1.log" in tracebacks.detail
+
+
+@pytest.mark.slow
+def test_a_short_chaos_run_keeps_every_invariant() -> None:
+    options = chaos.Options(
+        duration=18,
+        documents=30,
+        waves=(0.0, 0.25, 0.5),
+        faults_in_drain=True,
+        seed=7,
+        drain_timeout=60,
+        fault_rates={**chaos.FAULT_RATES, "nan": 0.05, "wrong_dimension": 0.05},
+    )
+    folder = chaos.new_run_folder()
+    result = chaos.run_once(options, 1, folder, "pytest tests/test_chaos_smoke.py")
+    failed = {c.name: c.detail for c in result.checks if not c.ok and c.name != "faults_exercised"}
+    if not failed:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert not failed, f"{failed}; logs kept in {folder}"
+    counts = result.counts
+    assert counts["kills"] >= 1
+    assert counts["faults_injected_total"] >= 1
+    assert set(counts["outages"]) == {"storage", "postgresql"}
+    assert counts["outcomes"]["FAILED DOCUMENT_CONTENT_INVALID"] == counts["invalid_documents"]
+    assert counts["outcomes"]["INDEXED"] >= 1
