@@ -12,6 +12,8 @@ import math
 import struct
 from collections.abc import Sequence
 
+import numpy as np
+
 from trioindex.errors import ResultInvalid
 
 # The largest finite IEEE-754 binary32 value: pgvector stores float4 and the hash packs binary32,
@@ -40,6 +42,10 @@ def validate_vectors(vectors: object, *, expected_count: int, dimension: int) ->
         raise ResultInvalid(
             f"embedding response has {len(vectors)} vectors for {expected_count} inputs"
         )
+    fast = _fast_path(vectors, dimension)
+    if fast is not None:
+        return fast
+    # Something is off: the exact, element-by-element pass finds it and names it.
     checked: list[list[float]] = []
     for position, vector in enumerate(vectors):
         if vector is None:
@@ -65,6 +71,31 @@ def validate_vectors(vectors: object, *, expected_count: int, dimension: int) ->
             floats.append(number)
         checked.append(floats)
     return checked
+
+
+_NUMBER_TYPES = frozenset({float, int})
+
+
+def _fast_path(vectors: list[object], dimension: int) -> list[list[float]] | None:
+    """The common, valid answer checked in C-speed passes; ``None`` means "look closer".
+
+    A 1024-dimension vector costs ~80 µs through the element loop below and a few µs here
+    (type scan with ``map``, then one numpy pass for finiteness and range). Anything unusual —
+    a null, a non-list, a wrong length, a bool or string, NaN, ±Infinity, a value beyond float32
+    — returns ``None`` so the exact pass raises the precise error.
+    """
+    for vector in vectors:
+        if type(vector) is not list or len(vector) != dimension:
+            return None
+        if not set(map(type, vector)) <= _NUMBER_TYPES:
+            return None
+    if not vectors:
+        return []
+    array = np.asarray(vectors, dtype=np.float64)
+    if not np.isfinite(array).all() or float(np.abs(array).max()) > FLOAT32_MAX:
+        return None
+    result: list[list[float]] = array.tolist()
+    return result
 
 
 def _kind(value: object) -> str:
