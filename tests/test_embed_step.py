@@ -226,3 +226,15 @@ def test_vectors_failing_validation_build_no_drafts(db: Database, claim: Claim) 
         build_drafts(snapshot, vectors)
     with pytest.raises(ResultInvalid):
         build_drafts(snapshot, vectors[:-1])
+
+
+def test_draft_hashes_follow_the_vector_hash_definition(db: Database, claim: Claim) -> None:
+    from trioindex.embedding.vectors import vector_sha256
+
+    with db.connection() as conn:
+        snapshot = prepare_embedding(conn, claim)
+    rng = np.random.default_rng(7)
+    vectors = rng.uniform(-1, 1, size=(len(snapshot.chunks), DIM)).tolist()
+    drafts = build_drafts(snapshot, vectors)
+    assert [d.vector_sha256 for d in drafts] == [vector_sha256(v) for v in vectors]
+    assert all(d.vector.dtype == np.float32 and not d.vector.flags.writeable for d in drafts)
