@@ -1,0 +1,403 @@
+"""Pieces shared by the embedding, pipeline and memory benchmarks (not by the queue benchmark).
+
+Owns:
+
+* :class:`FakeServerProcess` — the fault-injecting embedding server of the tests
+  (``python -m tests.fakes.embed_server``) in its own process, so its CPU is not taken from the
+  event loop under test, with its CPU time and request counters;
+* :func:`raw_capacity` — the server's capacity as a minimal Trio + ``httpx`` client sees it:
+  ``concurrency`` tasks doing nothing but ``POST /embed`` with prepared batches;
+* :class:`RssSampler` — a thread sampling another process's RSS (and the kernel's exact peak,
+  ``VmHWM``) with an optional extra reading per sample;
+* :func:`worker_env` / :func:`spawn_worker` — a real ``trioindex worker`` subprocess configured
+  only through ``TRIOINDEX_*`` variables, as an operator would run it;
+* :func:`chunk_texts` — chunk-sized texts (English and Korean sentences of the test corpus).
+
+Benchmarks are scripts, not tests: they may block and sleep in their own threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import numpy as np
+import psutil  # type: ignore[import-untyped]
+import trio
+from tests.documents import TOPICS
+
+from bench.common import REPO_ROOT, cpu_seconds
+
+PYTHON = sys.executable
+
+
+# ---------------------------------------------------------------------------------------------
+# texts
+
+
+def chunk_texts(count: int, *, characters: int = 1000, salt: str = "") -> list[str]:
+    """``count`` distinct texts of about ``characters`` characters (a typical chunk), cycling the
+    corpus topics so some are Korean; ``salt`` makes another distinct set."""
+    texts: list[str] = []
+    for i in range(count):
+        topic, sentence = TOPICS[i % len(TOPICS)]
+        parts: list[str] = []
+        n = 0
+        while sum(len(p) + 1 for p in parts) < characters:
+            parts.append(f"{sentence} (marker-{topic}-{salt}{i}-{n})")
+            n += 1
+        texts.append(" ".join(parts)[:characters])
+    return texts
+
+
+# ---------------------------------------------------------------------------------------------
+# the fake embedding server in its own process
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a live process (its threads included)."""
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+@attrs.define(eq=False)
+class FakeServerProcess:
+    """``python -m tests.fakes.embed_server`` on a free loopback port; stop it on exit.
+
+    ``latency_ms`` is the server's fixed delay per request (capacity per connection = batch /
+    latency), ``max_batch_size`` is what it reports in ``/info`` and enforces (413 above).
+    """
+
+    latency_ms: float
+    dimension: int
+    max_batch_size: int | None = None
+    log_path: Path | None = None
+    url: str = ""
+    final_stats: dict[str, Any] | None = None
+    _process: subprocess.Popen[str] | None = None
+    _log: Any = None
+
+    @property
+    def pid(self) -> int:
+        assert self._process is not None
+        return self._process.pid
+
+    def __enter__(self) -> FakeServerProcess:
+        args = [
+            PYTHON,
+            "-m",
+            "tests.fakes.embed_server",
+            "--port",
+            "0",
+            "--dimension",
+            str(self.dimension),
+            "--latency-ms",
+            str(self.latency_ms),
+            "--no-shuffle",
+        ]
+        if self.max_batch_size is not None:
+            args += ["--max-batch-size", str(self.max_batch_size)]
+        self._log = self.log_path.open("ab") if self.log_path is not None else subprocess.DEVNULL
+        self._process = subprocess.Popen(
+            args,
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+        )
+        line = self._read_line(30.0)
+        prefix = "embed_server listening on "
+        if not line.startswith(prefix):
+            self.__exit__(None, None, None)
+            raise RuntimeError(f"fake embedding server did not start: {line!r}")
+        self.url = line[len(prefix) :].strip()
+        return self
+
+    def _read_line(self, limit_s: float) -> str:
+        assert self._process is not None and self._process.stdout is not None
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._process.stdout, selectors.EVENT_READ)
+            if not selector.select(timeout=limit_s):
+                return ""
+        return self._process.stdout.readline()
+
+    def __exit__(self, *exc: object) -> None:
+        process = self._process
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGINT)  # the server prints its stats and exits
+            try:
+                out, _ = process.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()  # our own child, by handle
+                out, _ = process.communicate()
+            with contextlib.suppress(ValueError, IndexError):
+                self.final_stats = json.loads(out.strip().splitlines()[-1])
+        if self._log not in (None, subprocess.DEVNULL):
+            self._log.close()
+
+    def cpu_seconds(self) -> float:
+        return process_cpu_seconds(self.pid)
+
+    def stats(self) -> dict[str, Any]:
+        response = httpx.get(f"{self.url}/_fake/stats", timeout=10)
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
+
+    def reset_stats(self) -> None:
+        httpx.post(f"{self.url}/_fake/reset-stats", timeout=10).raise_for_status()
+
+
+# ---------------------------------------------------------------------------------------------
+# raw capacity
+
+
+@attrs.frozen
+class RawRun:
+    """What the minimal client got from the server."""
+
+    concurrency: int
+    requests: int
+    inputs: int
+    wall_s: float
+    client_cpu_s: float
+    server_cpu_s: float
+
+    @property
+    def inputs_per_s(self) -> float:
+        return self.inputs / self.wall_s if self.wall_s > 0 else float("nan")
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "concurrency": self.concurrency,
+            "requests": self.requests,
+            "inputs": self.inputs,
+            "wall_s": round(self.wall_s, 3),
+            "inputs_per_s": round(self.inputs_per_s, 1),
+            "client_cpu_ms_per_input": round(self.client_cpu_s * 1000 / max(self.inputs, 1), 3),
+            "server_cpu_ms_per_input": round(self.server_cpu_s * 1000 / max(self.inputs, 1), 3),
+        }
+
+
+async def _raw_requests(
+    url: str,
+    batches: Iterator[Sequence[str]],
+    concurrency: int,
+    deadline: float | None,
+    min_requests: int = 0,
+) -> tuple[int, int]:
+    """Post ``batches`` until the iterator ends or, with a ``deadline``, until it has passed
+    and at least ``min_requests`` were sent."""
+    requests = inputs = sent = 0
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120) as client:
+
+        async def loop() -> None:
+            nonlocal requests, inputs, sent
+            # Tasks only switch at awaits, so sharing one iterator is safe.
+            for batch in batches:
+                if (
+                    deadline is not None
+                    and trio.current_time() >= deadline
+                    and sent >= min_requests
+                ):
+                    return
+                sent += 1
+                response = await client.post(
+                    "/embed", json={"inputs": list(batch), "truncate": False, "normalize": True}
+                )
+                if response.status_code != 200:
+                    raise RuntimeError(f"raw client: HTTP {response.status_code}")
+                requests += 1
+                inputs += len(batch)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(concurrency):
+                nursery.start_soon(loop)
+    return requests, inputs
+
+
+def raw_capacity(
+    server: FakeServerProcess,
+    batches: Iterable[Sequence[str]],
+    *,
+    concurrency: int,
+    seconds: float | None = None,
+    full_pass: bool = False,
+) -> RawRun:
+    """Send ``batches`` with ``concurrency`` requests in flight, and nothing else: no parsing,
+    no validation, no database. Without ``seconds`` each batch goes once; with it they are
+    cycled for that long — and with ``full_pass`` at least once each, so that a slow server
+    still sees a whole mix of batch sizes, not only its first few requests."""
+    prepared = list(batches)
+
+    async def run() -> tuple[int, int, float]:
+        source: Iterator[Sequence[str]] = (
+            itertools.cycle(prepared) if seconds is not None else iter(prepared)
+        )
+        # one short warm-up round opens the connections outside the measured window
+        warm = [["warm-up"]] * concurrency
+        await _raw_requests(server.url, iter(warm), concurrency, None)
+        began = trio.current_time()
+        deadline = began + seconds if seconds is not None else None
+        requests, inputs = await _raw_requests(
+            server.url,
+            source,
+            concurrency,
+            deadline,
+            min_requests=len(prepared) if full_pass else 0,
+        )
+        return requests, inputs, trio.current_time() - began
+
+    cpu0, server0 = cpu_seconds(), server.cpu_seconds()
+    requests, inputs, wall = trio.run(run)
+    return RawRun(
+        concurrency=concurrency,
+        requests=requests,
+        inputs=inputs,
+        wall_s=wall,
+        client_cpu_s=cpu_seconds() - cpu0,
+        server_cpu_s=server.cpu_seconds() - server0,
+    )
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds every process on the machine has used since boot, all cores (``/proc/stat``:
+    user, nice, system, irq, softirq, steal). Its delta minus what the benchmark's own
+    processes used is what other work on the machine took meanwhile."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+# ---------------------------------------------------------------------------------------------
+# RSS of another process
+
+
+def _vm_hwm_mb(pid: int) -> float | None:
+    """The kernel's record of the process's peak RSS (``VmHWM``), MiB; None if unavailable."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+@attrs.define(eq=False)
+class RssSampler:
+    """Samples ``pid``'s RSS every ``interval`` seconds in a thread until stopped.
+
+    Each sample is ``(time.time(), RSS MiB, CPU seconds of the process, extra)``; ``extra`` is
+    called with each sample (e.g. "jobs done so far" from the database). ``peak_mb`` is the
+    kernel's ``VmHWM`` as last seen — exact up to the last sample — or the largest sampled RSS
+    where ``VmHWM`` is not available.
+    """
+
+    pid: int
+    interval: float = 0.1
+    extra: Callable[[], float] | None = None
+    samples: list[tuple[float, float, float, float | None]] = attrs.Factory(list)
+    hwm_mb: float | None = None
+    _stop: threading.Event = attrs.Factory(threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> RssSampler:
+        self._thread = threading.Thread(target=self._run, name=f"rss-{self.pid}", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def sample_now(self) -> None:
+        try:
+            process = psutil.Process(self.pid)
+            with process.oneshot():
+                rss = process.memory_info().rss / 2**20
+                times = process.cpu_times()
+        except psutil.Error:
+            return  # it has exited
+        hwm = _vm_hwm_mb(self.pid)
+        if hwm is not None:
+            self.hwm_mb = max(self.hwm_mb or 0.0, hwm)
+        value = self.extra() if self.extra is not None else None
+        self.samples.append((time.time(), rss, float(times.user + times.system), value))
+
+    def cpu_between(self, start: float, end: float) -> float:
+        """CPU seconds the process used between two ``time.time()`` moments (interpolated)."""
+        if len(self.samples) < 2:
+            return float("nan")
+        t = [s[0] for s in self.samples]
+        cpu = [s[2] for s in self.samples]
+        return float(np.interp(end, t, cpu) - np.interp(start, t, cpu))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample_now()
+            self._stop.wait(self.interval)
+
+    @property
+    def peak_mb(self) -> float:
+        sampled = max((s[1] for s in self.samples), default=float("nan"))
+        return self.hwm_mb if self.hwm_mb is not None else sampled
+
+
+# ---------------------------------------------------------------------------------------------
+# worker subprocesses
+
+
+def worker_env(**settings: str) -> dict[str, str]:
+    """This environment without any ``TRIOINDEX_*`` variable, plus ``settings`` (names without
+    the prefix, e.g. ``DATABASE_URL=...``), and the offline switches for the local model."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIOINDEX_")}
+    env.update({f"TRIOINDEX_{name}": value for name, value in settings.items()})
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def spawn_worker(env: dict[str, str], log_path: Path, *args: str) -> subprocess.Popen[bytes]:
+    """``python -m trioindex.cli worker ARGS`` with ``env``; its output goes to ``log_path``."""
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            [PYTHON, "-m", "trioindex.cli", "worker", *args],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def wait_process(process: subprocess.Popen[bytes], limit_s: float, what: str) -> int:
+    """Wait for our own child; kill it (by handle) and raise if it outlives ``limit_s``."""
+    try:
+        return process.wait(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise RuntimeError(f"{what} did not finish within {limit_s:.0f}s") from None
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
