@@ -38,7 +38,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -66,14 +65,15 @@ from bench.harness import (
     chunk_texts,
     machine_busy_seconds,
     raw_capacity,
+    vector_costs,
 )
 from trioindex import lifecycle
 from trioindex.database import Database, connect
 from trioindex.embedding import Embedder, EmbedderInfo, open_embedder
 from trioindex.embedding.local import DEFAULT_MODEL
-from trioindex.embedding.vectors import validate_vectors, vector_sha256
+from trioindex.embedding.vectors import validate_vectors
 from trioindex.models import ensure_model
-from trioindex.steps.embed import ChunkRef, EmbedSnapshot, build_drafts, run_embed_step
+from trioindex.steps.embed import run_embed_step
 from trioindex.values import Claim
 
 HTTP_MODEL = "BAAI/bge-m3"
@@ -640,46 +640,9 @@ def run_local(pg: BenchPostgres, *, jobs: int, chunks_per_job: int) -> LocalResu
 
 
 def client_breakdown(dimension: int = HTTP_DIMENSION, batch: int = 32) -> dict[str, float]:
-    """Microseconds per vector of each piece of client work on a TEI answer (one thread)."""
-    from tests.fakes.embed_server import fake_vector
-
-    vectors = [fake_vector(f"breakdown {i}", dimension) for i in range(batch)]
-    body = ("[" + ",".join(json.dumps(v) for v in vectors) + "]").encode()
-    parsed = orjson.loads(body)
-    snapshot = EmbedSnapshot(
-        version_id=uuid.uuid4(),
-        document_id=uuid.uuid4(),
-        model_id=uuid.uuid4(),
-        model_name=HTTP_MODEL,
-        dimension=dimension,
-        chunks=tuple(ChunkRef(uuid.uuid4(), i, "x") for i in range(batch)),
-        complete=False,
-    )
-    drafts = build_drafts(snapshot, parsed)
-
-    def per_vector(fn: Callable[[], object], rounds: int = 20) -> float:
-        # the best of several short rounds: other work on the machine only ever adds time
-        fn()
-        times = []
-        for _ in range(10):
-            began = time.perf_counter()
-            for _ in range(rounds):
-                fn()
-            times.append((time.perf_counter() - began) / rounds / batch * 1e6)
-        return min(times)
-
-    return {
-        "response_bytes_per_vector": len(body) / batch,
-        "orjson_loads_us": per_vector(lambda: orjson.loads(body)),
-        "validate_vectors_us": per_vector(
-            lambda: validate_vectors(parsed, expected_count=batch, dimension=dimension)
-        ),
-        "build_drafts_us": per_vector(lambda: build_drafts(snapshot, parsed)),
-        "of_which_vector_sha256_us": per_vector(lambda: [vector_sha256(v) for v in parsed]),
-        "copy_float32_array_us": per_vector(
-            lambda: [np.asarray(d.vector, dtype=np.float32) for d in drafts]
-        ),
-    }
+    """Per vector, one thread: the time of each piece of client work on a TEI answer, and what
+    the results weigh in memory (see :func:`bench.harness.vector_costs`)."""
+    return vector_costs(dimension, batch)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -885,19 +848,18 @@ def _markdown(
         ]
     lines += [
         "",
-        f"## Client CPU per {HTTP_DIMENSION}-dimension vector (in-process, one thread)",
+        f"## Client work per {HTTP_DIMENSION}-dimension vector (in-process, one thread)",
         "",
-        "| piece of work | µs per vector |",
-        "|---|---:|",
+        "| piece of work | µs per vector | KiB per vector it leaves alive |",
+        "|---|---:|---:|",
         f"| `orjson.loads` of a TEI answer ({breakdown['response_bytes_per_vector']:,.0f} bytes "
-        f"per vector) | {breakdown['orjson_loads_us']:.0f} |",
-        "| `validate_vectors` (in `TeiEmbedder._embed_batch`) | "
-        f"{breakdown['validate_vectors_us']:.0f} |",
-        "| `build_drafts` (validates again, `tuple`, `vector_sha256`) | "
-        f"{breakdown['build_drafts_us']:.0f} |",
-        f"| … of which `vector_sha256` | {breakdown['of_which_vector_sha256_us']:.0f} |",
-        "| `np.asarray(draft.vector, float32)` in the COPY | "
-        f"{breakdown['copy_float32_array_us']:.0f} |",
+        f"per vector) | {breakdown['orjson_loads_us']:.0f} | "
+        f"{breakdown['parsed_kib_per_vector']:.1f} |",
+        "| `validate_vectors` (what `TeiEmbedder._embed_batch` returns) | "
+        f"{breakdown['validate_vectors_us']:.0f} | {breakdown['validated_kib_per_vector']:.1f} |",
+        "| `build_drafts` (validates again, float32 rows, hashes) | "
+        f"{breakdown['build_drafts_us']:.0f} | {breakdown['drafts_kib_per_vector']:.1f} "
+        f"(peak while it runs: {breakdown['build_drafts_peak_kib_per_vector']:.1f}) |",
         "",
         f"![embedding benchmark]({png_name})",
         "",
@@ -1005,26 +967,25 @@ def _reading(
             f"{raw_total:.2f} ms for raw client + server (≈ {cores * 1000 / raw_total:,.0f})."
         )
     if breakdown:
+        parse_us = breakdown["orjson_loads_us"]
         validate = breakdown["validate_vectors_us"]
         drafts = breakdown["build_drafts_us"]
-        total = (
-            breakdown["orjson_loads_us"] + validate + drafts + breakdown["copy_float32_array_us"]
+        total = parse_us + validate + drafts
+        biggest = max(
+            ("`orjson.loads`", parse_us),
+            ("`validate_vectors` in the TEI client", validate),
+            ("`build_drafts`", drafts),
+            key=lambda kv: kv[1],
         )
         out.append(
-            f"- **Slow spot in the client** (per {HTTP_DIMENSION}-dimension vector, one "
-            f"thread): `orjson.loads` {breakdown['orjson_loads_us']:.0f} µs, then "
-            f"`validate_vectors` {validate:.0f} µs in `TeiEmbedder._embed_batch` "
-            "(src/trioindex/embedding/tei.py) and the same validation again inside "
-            f"`build_drafts` (src/trioindex/steps/embed.py; {drafts:.0f} µs with `tuple` and "
-            f"`vector_sha256`), then {breakdown['copy_float32_array_us']:.0f} µs turning the "
-            f"tuple back into a float32 array for the COPY: ≈ {total:.0f} µs of Python per "
-            f"vector, about {(validate + min(validate, drafts)) / total:.0%} of it the one "
-            "per-element loop of "
-            "`validate_vectors` (src/trioindex/embedding/vectors.py: a type check, `float()`, "
-            "`math.isfinite` and a range check per element) run twice. Validating once, "
-            "vectorised (`np.asarray(vectors, dtype=np.float64)`, `np.isfinite(a).all()`, "
-            "`np.abs(a).max()`), and keeping that array as float32 for the hash and the COPY "
-            "would remove most of it; all of it runs on the event loop thread."
+            f"- **Client work per vector** ({HTTP_DIMENSION} dimensions, one thread, all of it "
+            f"on the event loop): `orjson.loads` {parse_us:.0f} µs, `validate_vectors` in "
+            f"`TeiEmbedder._embed_batch` (src/trioindex/embedding/tei.py) {validate:.0f} µs, "
+            f"`build_drafts` (src/trioindex/steps/embed.py) {drafts:.0f} µs: ≈ {total:.0f} µs, "
+            f"the largest part {biggest[0]}. Against the step's measured client CPU per chunk "
+            "above, the rest is HTTP (request bodies, reading answers of "
+            f"{breakdown['response_bytes_per_vector'] / 1024:.0f} KiB per vector), the "
+            "database facade and the COPY."
         )
     if local is not None:
         verdict = "met" if local.ratio >= TARGET_RATIO else "**not met**"

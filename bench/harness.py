@@ -63,6 +63,71 @@ def chunk_texts(count: int, *, characters: int = 1000, salt: str = "") -> list[s
     return texts
 
 
+def vector_costs(dimension: int, batch: int = 32) -> dict[str, float]:
+    """What the client does with one TEI answer of ``batch`` vectors, per vector: microseconds
+    of ``orjson.loads``, ``validate_vectors`` and ``build_drafts`` (the best of ten short rounds:
+    other work only ever adds time), and the KiB their results keep alive (``tracemalloc``),
+    plus ``build_drafts``' peak while it runs."""
+    import tracemalloc
+    import uuid
+
+    import orjson
+    from tests.fakes.embed_server import fake_vector
+
+    from trioindex.embedding.vectors import validate_vectors
+    from trioindex.steps.embed import ChunkRef, EmbedSnapshot, build_drafts
+
+    vectors = [fake_vector(f"breakdown {i}", dimension) for i in range(batch)]
+    body = ("[" + ",".join(json.dumps(v) for v in vectors) + "]").encode()
+    parsed = orjson.loads(body)
+    snapshot = EmbedSnapshot(
+        version_id=uuid.uuid4(),
+        document_id=uuid.uuid4(),
+        model_id=uuid.uuid4(),
+        model_name="breakdown",
+        dimension=dimension,
+        chunks=tuple(ChunkRef(uuid.uuid4(), i, "x") for i in range(batch)),
+        complete=False,
+    )
+
+    def per_vector_us(fn: Callable[[], object], rounds: int = 20) -> float:
+        fn()
+        times = []
+        for _ in range(10):
+            began = time.perf_counter()
+            for _ in range(rounds):
+                fn()
+            times.append((time.perf_counter() - began) / rounds / batch * 1e6)
+        return min(times)
+
+    def retained_kib(fn: Callable[[], object]) -> tuple[float, float]:
+        tracemalloc.start()
+        try:
+            result = fn()
+            current, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        del result
+        return current / batch / 1024, peak / batch / 1024
+
+    validated = validate_vectors(parsed, expected_count=batch, dimension=dimension)
+    drafts_kib, drafts_peak_kib = retained_kib(lambda: build_drafts(snapshot, validated))
+    return {
+        "response_bytes_per_vector": len(body) / batch,
+        "orjson_loads_us": per_vector_us(lambda: orjson.loads(body)),
+        "validate_vectors_us": per_vector_us(
+            lambda: validate_vectors(parsed, expected_count=batch, dimension=dimension)
+        ),
+        "build_drafts_us": per_vector_us(lambda: build_drafts(snapshot, validated)),
+        "parsed_kib_per_vector": retained_kib(lambda: orjson.loads(body))[0],
+        "validated_kib_per_vector": retained_kib(
+            lambda: validate_vectors(parsed, expected_count=batch, dimension=dimension)
+        )[0],
+        "drafts_kib_per_vector": drafts_kib,
+        "build_drafts_peak_kib_per_vector": drafts_peak_kib,
+    }
+
+
 # ---------------------------------------------------------------------------------------------
 # the fake embedding server in its own process
 

@@ -68,6 +68,7 @@ from bench.harness import (
     RssSampler,
     log_tail,
     spawn_worker,
+    vector_costs,
     wait_process,
     worker_env,
 )
@@ -517,6 +518,10 @@ def run_leak(
                     code = wait_process(worker, 120, "leak worker after SIGTERM")
             seconds = time.monotonic() - began
             done = int(finished())
+            failed = counter.execute(
+                """SELECT status, last_failure_type, count(*) FROM embedding_jobs
+                   WHERE status <> 'SUCCEEDED' GROUP BY 1, 2"""
+            ).fetchall()
         finally:
             counter.close()
             if worker.poll() is None:
@@ -524,6 +529,12 @@ def run_leak(
                 worker.wait()
         if code != 0:
             raise RuntimeError(f"leak worker exited {code}:\n{log_tail(log)}")
+        # a stopped run leaves queued and in-flight jobs behind; failures are never expected
+        unfinished = [
+            row for row in failed if row[0] not in ("PENDING", "PROCESSING") or not stopped
+        ]
+        if unfinished:
+            raise RuntimeError(f"leak run: jobs that did not succeed: {unfinished}")
     # an exited (not yet reaped) process reads as RSS 0: not a sample
     samples = tuple((int(extra or 0), rss) for _, rss, _, extra in sampler.samples if rss > 0)
     return LeakResult(
@@ -591,6 +602,7 @@ def _markdown(
     large: LargeResult,
     parse: Sequence[ParseResult],
     leak: LeakResult,
+    costs: dict[str, float],
     png_name: str,
 ) -> str:
     lj = leak.as_json()
@@ -666,34 +678,40 @@ def _markdown(
         "## Reading",
         "",
     ]
-    lines += _reading(large, parse, leak)
+    lines += _reading(large, parse, leak, costs)
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _reading(large: LargeResult, parse: Sequence[ParseResult], leak: LeakResult) -> list[str]:
+def _reading(
+    large: LargeResult,
+    parse: Sequence[ParseResult],
+    leak: LeakResult,
+    costs: dict[str, float],
+) -> list[str]:
     """Sentences computed from the figures, so a re-run cannot leave a stale explanation."""
     out: list[str] = []
     per_job_chunks = large.chunks / max(large.files, 1)
-    # A 1024-float vector as Python objects: 1024 floats (24 B) + list slots (8 B) from orjson,
-    # another list (8 B slots) from each of the two validations, and a tuple (8 B slots).
-    python_vector_kib = DIMENSION * (24 + 8 + 8 + 8 + 8) / 1024
-    per_job_mib = per_job_chunks * python_vector_kib / 1024
+    at_once = min(CONCURRENCY, large.files)
     growth = large.peak_mb - large.baseline_mb
+    per_vector_kib = growth * 1024 / max(at_once * per_job_chunks, 1)
+    held = costs["validated_kib_per_vector"]
+    drafts = costs["drafts_kib_per_vector"]
+    drafts_peak = costs["build_drafts_peak_kib_per_vector"]
     out.append(
         f"- **Large documents:** the worker grew by {growth:,.0f} MiB (to {large.peak_mb:,.0f} "
-        f"MiB) for {large.files} × {large.file_mb:g} MB files, about "
-        f"{growth / (large.files * large.file_mb):.0f} MiB per MB of text processed at once. "
-        f"The vectors dominate, not the text: a job of {per_job_chunks:,.0f} chunks holds all "
-        "its vectors as Python lists of floats until the single COPY — the orjson result, a "
-        "new list per vector from `validate_vectors` in the TEI client "
-        "(src/trioindex/embedding/tei.py `_embed_batch`), another from the second "
-        "`validate_vectors` in `build_drafts` and a tuple per `EmbeddingDraft` "
-        f"(src/trioindex/steps/embed.py) — about {python_vector_kib:.0f} KiB per "
-        f"{DIMENSION}-dimension vector against 4 KiB as float32, so ≈ {per_job_mib:,.0f} MiB "
-        f"per job and up to {min(CONCURRENCY, large.files)} such jobs at once. Memory therefore "
-        "grows with chunks per job × max-concurrency; keeping vectors as float32 arrays (or "
-        "storing them batch by batch) would cut it roughly "
-        f"{python_vector_kib / 4:.0f}-fold."
+        f"MiB) for {large.files} × {large.file_mb:g} MB files: {at_once} jobs of "
+        f"{per_job_chunks:,.0f} chunks at once, ≈ {per_vector_kib:.0f} KiB per "
+        f"{DIMENSION}-dimension vector in flight, where the vector itself is 4 KiB as "
+        "float32. The vectors dominate, not the text. Measured per vector (tracemalloc): "
+        f"the embedder's answer as lists of Python floats — what `validate_vectors` returns "
+        f"to `TeiEmbedder._embed_batch` — weighs {held:.0f} KiB, and `run_embed_step` "
+        "(src/trioindex/steps/embed.py) keeps it referenced until the COPY has committed; "
+        f"`build_drafts` peaks at {drafts_peak:.0f} KiB more while it validates again and "
+        f"converts, and leaves {drafts:.1f} KiB of drafts. So a job holds ≈ "
+        f"{held + drafts:.0f} KiB per vector through its commit and ≈ {held + drafts_peak:.0f} "
+        "KiB during the conversion: memory grows with chunks per job × max-concurrency. "
+        "Handing float32 arrays from the embedder to the drafts (and dropping the lists "
+        f"before the commit) would bring it near {drafts:.0f} KiB per vector."
     )
     copy_per_row = large.copy_ms / max(large.chunks, 1)
     out.append(
@@ -813,6 +831,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = shlex.join([".venv/bin/python", "-m", "bench.memory", *sys.argv[1:]])
     began = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="trioindex-bench-memory-work-"))
+    costs = vector_costs(DIMENSION)
     try:
         parse = run_parse(work, {"character": parse_mb, "token": token_mb})
         for p in parse:
@@ -860,6 +879,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "large_documents": large.as_json(),
         "parse_and_chunk": [p.as_json() for p in parse],
         "many_jobs": leak.as_json(),
+        "per_vector_kib": {
+            k: round(v, 2) for k, v in costs.items() if k.endswith("_kib_per_vector")
+        },
     }
     json_path = write_json(out / "memory.json", payload)
     png_path = plot(large, parse, leak, out / "memory.png")
@@ -873,6 +895,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             large=large,
             parse=parse,
             leak=leak,
+            costs=costs,
             png_name=png_path.name,
         )
     )

@@ -78,10 +78,23 @@ def test_ingest_wait_shows_progress_and_fails_listing_failed_documents(
            JOIN documents d ON d.current_version_id = c.document_version_id
            WHERE d.external_key = 'lease-0.txt' ORDER BY c.chunk_index LIMIT 1""",
     )
+    # the .txt, .md, .html and .docx copies of a topic share paragraphs: any chunk with exactly
+    # this text is a correct first hit
+    same_text = {
+        (r["external_key"], r["chunk_index"])
+        for r in query(
+            database_url,
+            """SELECT d.external_key, c.chunk_index FROM document_chunks c
+               JOIN documents d ON d.current_version_id = c.document_version_id
+               WHERE c.content = %s""",
+            chunk["content"],
+        )
+    }
     found = cli(env, "search", chunk["content"], "--top-k", "3")
     assert found.returncode == 0, found.stderr
-    first = found.stdout.splitlines()[0]
-    assert first.split() == ["1.", "1.0000", "lease-0.txt", f"#{chunk['chunk_index']}"]
+    rank, score, key, index = found.stdout.splitlines()[0].split()
+    assert (rank, score) == ("1.", "1.0000")
+    assert (key, int(index.lstrip("#"))) in same_text
     assert (
         len([line for line in found.stdout.splitlines() if line.lstrip()[:2] in ("2.", "3.")]) == 2
     )
