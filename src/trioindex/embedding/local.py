@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-import time
+import time  # sync-ok: perf_counter only (the model loads in a thread)
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
