@@ -238,3 +238,32 @@ def test_draft_hashes_follow_the_vector_hash_definition(db: Database, claim: Cla
     drafts = build_drafts(snapshot, vectors)
     assert [d.vector_sha256 for d in drafts] == [vector_sha256(v) for v in vectors]
     assert all(d.vector.dtype == np.float32 and not d.vector.flags.writeable for d in drafts)
+
+
+async def test_a_document_embedded_in_several_slices_keeps_vectors_on_their_chunks(
+    db: Database, embed_server: FakeEmbedServer
+) -> None:
+    texts = [f"slice test chunk {i}" for i in range(20)]  # batch 1 → slices of 8, 8 and 4
+    with db.connection() as conn:
+        model = helpers.model(conn, "BAAI/bge-m3", DIM)
+        helpers.enqueue(conn, model.id)
+        (claimed,) = lifecycle.claim_jobs(conn, helpers.worker(conn), 1, 300)
+        helpers.stage_chunked(conn, claimed, texts)
+    client = await open_embedder(
+        api="tei",
+        url=embed_server.url,
+        model="BAAI/bge-m3",
+        dimension=DIM,
+        batch_size=1,
+        max_in_flight=4,
+        request_timeout=5.0,
+    )
+    try:
+        with trio.fail_after(30):
+            assert await run_embed_step(claimed, db=db, embedder=client) == 20
+    finally:
+        await client.aclose()
+    assert embed_server.stats().embed_requests == 20
+    for row in _stored(db, claimed):
+        expected = np.asarray(fake_vector(row["content"], DIM), dtype=np.float32)
+        np.testing.assert_allclose(np.asarray(row["vector"].to_list(), dtype=np.float32), expected)

@@ -34,6 +34,9 @@ from trioindex.values import Claim, VersionStatus
 
 logger = logging.getLogger(__name__)
 
+# Batches per embed call in run_embed_step: enough to keep the worker's request slots busy.
+SLICE_BATCHES = 8
+
 PROGRESS_EMBEDDING = 50
 PROGRESS_EMBEDDED = 90
 
@@ -137,12 +140,25 @@ def prepare_embedding(conn: Connection, claim: Claim) -> EmbedSnapshot:
     )
 
 
+def as_float32(vectors: object, *, expected_count: int, dimension: int) -> npt.NDArray[np.float32]:
+    """Validate an embedder's answer and keep it as a float32 matrix (4 bytes per element;
+    a list of Python floats costs ~32)."""
+    checked = validate_vectors(vectors, expected_count=expected_count, dimension=dimension)
+    return np.asarray(checked, dtype=np.float32).reshape(len(checked), dimension)
+
+
 def build_drafts(snapshot: EmbedSnapshot, vectors: object) -> list[EmbeddingDraft]:
     """Validate the embedder's answer against the snapshot and hash every vector."""
-    checked = validate_vectors(
-        vectors, expected_count=len(snapshot.chunks), dimension=snapshot.dimension
-    )
-    matrix = np.asarray(checked, dtype=np.float32).reshape(len(checked), snapshot.dimension)
+    matrix = as_float32(vectors, expected_count=len(snapshot.chunks), dimension=snapshot.dimension)
+    return drafts_from_matrix(snapshot, matrix)
+
+
+def drafts_from_matrix(
+    snapshot: EmbedSnapshot, matrix: npt.NDArray[np.float32]
+) -> list[EmbeddingDraft]:
+    """Drafts for already validated vectors, one row per chunk in chunk order."""
+    if matrix.shape != (len(snapshot.chunks), snapshot.dimension):
+        raise StateInconsistent("the vectors do not match the chunk set")
     matrix.flags.writeable = False
     # the hash is over big-endian binary32 bytes (vector_sha256's definition), computed per row
     # from one conversion of the whole matrix instead of a struct.pack per vector
@@ -234,7 +250,17 @@ async def run_embed_step(claim: Claim, *, db: Database, embedder: Embedder) -> i
     if snapshot.complete:
         logger.debug("job %s: embedding set already complete, step replayed", claim.job_id)
         return len(snapshot.chunks)
-    vectors = await embedder.embed([chunk.text for chunk in snapshot.chunks])
-    drafts = build_drafts(snapshot, vectors)
+    texts = [chunk.text for chunk in snapshot.chunks]
+    # Embed in slices of a few batches and keep each slice as float32 at once: the embedder
+    # answers with lists of Python floats, and holding those for a document of thousands of
+    # chunks costs ~35 MiB per MB of text. A slice still fills every request slot.
+    size = max(1, embedder.info.max_batch_size) * SLICE_BATCHES
+    parts = []
+    for start in range(0, len(texts), size):
+        piece = texts[start : start + size]
+        answer = await embedder.embed(piece)
+        parts.append(as_float32(answer, expected_count=len(piece), dimension=snapshot.dimension))
+        del answer
+    drafts = drafts_from_matrix(snapshot, np.concatenate(parts))
     await db.run(commit_embeddings, claim, snapshot, drafts)
     return len(drafts)
