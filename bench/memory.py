@@ -626,7 +626,7 @@ def _markdown(
         "several minutes here, nearly all of it PostgreSQL inserting into the HNSW index.)",
         "",
         "| RSS before the first claim | peak RSS | peak − before | worker CPU s | "
-        "embeddings COPY ms per row (server execution) |",
+        "embeddings COPY ms per row (statement time, summed) |",
         "|---:|---:|---:|---:|---:|",
         f"| {large.baseline_mb:.0f} MiB | {large.peak_mb:.0f} MiB | "
         f"{large.peak_mb - large.baseline_mb:.0f} MiB | {large.worker_cpu_s:.0f} | "
@@ -703,22 +703,21 @@ def _reading(
         f"{per_job_chunks:,.0f} chunks at once, ≈ {per_vector_kib:.0f} KiB per "
         f"{DIMENSION}-dimension vector in flight, where the vector itself is 4 KiB as "
         "float32. The vectors dominate, not the text. Measured per vector (tracemalloc): "
-        f"the embedder's answer as lists of Python floats — what `validate_vectors` returns "
-        f"to `TeiEmbedder._embed_batch` — weighs {held:.0f} KiB, and `run_embed_step` "
-        "(src/trioindex/steps/embed.py) keeps it referenced until the COPY has committed; "
-        f"`build_drafts` peaks at {drafts_peak:.0f} KiB more while it validates again and "
-        f"converts, and leaves {drafts:.1f} KiB of drafts. So a job holds ≈ "
-        f"{held + drafts:.0f} KiB per vector through its commit and ≈ {held + drafts_peak:.0f} "
-        "KiB during the conversion: memory grows with chunks per job × max-concurrency. "
-        "Handing float32 arrays from the embedder to the drafts (and dropping the lists "
-        f"before the commit) would bring it near {drafts:.0f} KiB per vector."
+        f"the embedder's answer as lists of Python floats weighs {held:.0f} KiB, the float32 "
+        f"draft {drafts:.1f} KiB. `run_embed_step` (src/trioindex/steps/embed.py) asks the "
+        "embedder for one slice of 8 batches at a time and turns each answer into float32 at "
+        "once, so a job holds lists only for the slice in flight and float32 for the rest; "
+        f"converting a whole answer at once peaks at {drafts_peak:.0f} KiB more per vector. "
+        "Memory still grows with chunks per job × max-concurrency, at about the float32 size "
+        "plus one slice of lists per job."
     )
     copy_per_row = large.copy_ms / max(large.chunks, 1)
     out.append(
         f"- **Why the large run is slow** ({large.chunks:,} chunks in {large.seconds:.0f} s, "
-        f"{large.chunks / max(large.seconds, 1e-9):.0f} chunks/s): PostgreSQL spent "
-        f"{copy_per_row:.1f} ms executing the embeddings COPY per row ({large.copy_ms / 1000:.0f} "
-        f"s of server time in all) while the worker used {large.worker_cpu_s:.0f} s of CPU. "
+        f"{large.chunks / max(large.seconds, 1e-9):.0f} chunks/s): the embeddings COPY "
+        f"statements ran {copy_per_row:.1f} ms per row ({large.copy_ms / 1000:.0f} s summed "
+        f"over the {min(CONCURRENCY, large.files)} COPYs running at once, lock waits "
+        f"included) while the worker used {large.worker_cpu_s:.0f} s of CPU in all. "
         "Each row is inserted into the model's partial HNSW index (src/trioindex/models.py "
         "`ensure_model`: `USING hnsw ((vector::vector(1024)) vector_cosine_ops)`), and "
         f"{min(CONCURRENCY, large.files)} jobs COPY {per_job_chunks:,.0f} rows each into it at "
