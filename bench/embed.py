@@ -857,7 +857,7 @@ def _markdown(
         f"{breakdown['parsed_kib_per_vector']:.1f} |",
         "| `validate_vectors` (what `TeiEmbedder._embed_batch` returns) | "
         f"{breakdown['validate_vectors_us']:.0f} | {breakdown['validated_kib_per_vector']:.1f} |",
-        "| `build_drafts` (validates again, float32 rows, hashes) | "
+        "| `build_drafts` = `as_float32` (validates again) + `drafts_from_matrix` (hashes) | "
         f"{breakdown['build_drafts_us']:.0f} | {breakdown['drafts_kib_per_vector']:.1f} "
         f"(peak while it runs: {breakdown['build_drafts_peak_kib_per_vector']:.1f}) |",
         "",
@@ -937,8 +937,9 @@ def _reading(
             + ", ".join(f"{r.label}: {r.ratio:.2f}" for r in lagging)
             + ") the loss is time between a response arriving and the next request leaving. "
             "A response is parsed and validated on the event loop while its in-flight token "
-            "is still held, and each finished job then runs `build_drafts` for all its "
-            "vectors on the loop (≈ "
+            "is still held; the step then validates its vectors again, converts them to "
+            "float32 and hashes them on the loop as well (`as_float32` and "
+            "`drafts_from_matrix`, the work `build_drafts` measures below: ≈ "
             f"{breakdown.get('build_drafts_us', 0) * CHUNKS_PER_JOB / 1000:.1f} ms per "
             f"{CHUNKS_PER_JOB}-chunk job), and the database threads that run the COPY compete "
             "for the same GIL. "

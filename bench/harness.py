@@ -7,6 +7,10 @@ Owns:
   event loop under test, with its CPU time and request counters;
 * :func:`raw_capacity` — the server's capacity as a minimal Trio + ``httpx`` client sees it:
   ``concurrency`` tasks doing nothing but ``POST /embed`` with prepared batches;
+* :func:`vector_costs` — per vector, the time and the memory of the client's work on one TEI
+  answer (``orjson``, ``validate_vectors``, ``build_drafts``);
+* :func:`machine_busy_seconds` — CPU time of the whole machine, so a run can say how much other
+  work took meanwhile;
 * :class:`RssSampler` — a thread sampling another process's RSS (and the kernel's exact peak,
   ``VmHWM``) with an optional extra reading per sample;
 * :func:`worker_env` / :func:`spawn_worker` — a real ``trioindex worker`` subprocess configured
