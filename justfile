@@ -49,6 +49,12 @@ bench-queue *ARGS: setup
 chaos *ARGS: setup
     {{bin}}/python -m bench.chaos "$@"
 
+# Mutation pass over the fencing, locking, retry, hand-back, drain and shutdown code: each
+# curated mutant applied to a copy of the package, its tests run against it (about 15 min on
+# 2 cores; not part of `test`). Writes docs/test-results/mutation.md. `--list`, `--only NAME`.
+mutants *ARGS: setup
+    {{bin}}/python -m bench.mutants "$@"
+
 # Containerised deployment (needs a Docker engine).
 up:
     docker compose up -d --build

@@ -72,3 +72,50 @@ def write_corpus(folder: Path, *, copies: int = 1, sentences: int = 6) -> list[P
                 path.write_bytes(data)
                 written.append(path)
     return written
+
+
+# -- small builders for parser tests (shared by tests/test_parsing.py and the property tests) --
+
+DATA = Path(__file__).parent / "data"
+
+
+def make_pdf(*pages: str, compress: bool = True) -> bytes:
+    from fpdf import FPDF
+
+    pdf = FPDF()
+    pdf.set_compression(compress)
+    pdf.set_font("helvetica", size=12)
+    for text in pages:
+        pdf.add_page()
+        pdf.multi_cell(0, 8, text)
+    return bytes(pdf.output())
+
+
+def make_image_pdf(pages: int = 2) -> bytes:
+    """A 'scanned' PDF: every page is one picture, no text layer."""
+    from fpdf import FPDF
+    from PIL import Image
+
+    image = io.BytesIO()
+    Image.new("RGB", (300, 120), "white").save(image, "PNG")
+    pdf = FPDF()
+    for _ in range(pages):
+        pdf.add_page()
+        pdf.image(image, x=10, y=10, w=150)
+    return bytes(pdf.output())
+
+
+def make_docx(*paragraphs: str, table: list[list[str]] | None = None) -> bytes:
+    import docx
+
+    document = docx.Document()
+    for text in paragraphs:
+        document.add_paragraph(text)
+    if table is not None:
+        grid = document.add_table(rows=len(table), cols=len(table[0]))
+        for r, row in enumerate(table):
+            for c, value in enumerate(row):
+                grid.cell(r, c).text = value
+    out = io.BytesIO()
+    document.save(out)
+    return out.getvalue()

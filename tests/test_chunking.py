@@ -3,52 +3,28 @@ token limit with the real all-MiniLM-L6-v2 tokenizer."""
 
 from __future__ import annotations
 
-import hashlib
 import itertools
+import pickle
 import random
+import time
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer
 
-from trioindex.chunking import ChunkDraft, Chunker, ChunkingPolicy, estimate_tokens
-from trioindex.errors import ConfigError
-
-# Unicode White_Space, what the splitter trims (Python's isspace adds \x1c-\x1f).
-WHITE_SPACE = (
-    "\t\n\x0b\x0c\r \x85\xa0\u1680"
-    + "".join(map(chr, range(0x2000, 0x200B)))
-    + ("\u2028\u2029\u202f\u205f\u3000")
+from tests import hostile_documents as hostile
+from tests.chunk_checks import assert_character_limits, assert_chunk_invariants
+from trioindex.chunking import (
+    CHARS_PER_TOKEN,
+    ChunkDraft,
+    Chunker,
+    ChunkingPolicy,
+    estimate_tokens,
+    segments,
 )
-
-
-def assert_chunk_invariants(chunks: list[ChunkDraft], source: str, policy: ChunkingPolicy) -> None:
-    """What every chunking must satisfy, whatever the text."""
-    assert [c.index for c in chunks] == list(range(len(chunks)))
-    assert (chunks == []) == (source.strip() == "")
-    for chunk in chunks:
-        assert chunk.text == source[chunk.start : chunk.end]
-        assert chunk.text == chunk.text.strip(WHITE_SPACE), "chunks are trimmed"
-        assert chunk.text.strip(), "no blank chunk"
-        assert chunk.content_sha256 == hashlib.sha256(chunk.text.encode("utf-8")).hexdigest()
-        assert chunk.token_count > 0
-    for before, after in itertools.pairwise(chunks):
-        assert before.start < after.start
-        assert before.end < after.end
-    # Nothing but whitespace is ever left out.
-    covered = bytearray(len(source))
-    for chunk in chunks:
-        covered[chunk.start : chunk.end] = b"\x01" * (chunk.end - chunk.start)
-    assert all(covered[i] or ch.isspace() for i, ch in enumerate(source))
-
-
-def assert_character_limits(chunks: list[ChunkDraft], policy: ChunkingPolicy) -> None:
-    for chunk in chunks:
-        assert len(chunk.text) <= policy.max_size
-        assert chunk.token_count == estimate_tokens(chunk.text)
-    for before, after in itertools.pairwise(chunks):
-        assert max(0, before.end - after.start) <= policy.overlap
+from trioindex.errors import ConfigError
 
 
 def chunk_chars(text: str, max_size: int, overlap: int = 0) -> list[ChunkDraft]:
@@ -168,6 +144,72 @@ def test_chunking_is_deterministic_on_a_2mb_text() -> None:
     again = Chunker(ChunkingPolicy(max_size=1000, overlap=100)).chunk(text)
     assert chunks == again
     assert len(chunks) > 1000
+
+
+# -- bounded cost (issue 11 §4) -----------------------------------------------------------------
+
+
+def best_time(work: Callable[[], object], runs: int = 2) -> float:
+    """The fastest of ``runs`` timings: the least disturbed by other processes on the machine."""
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+@pytest.mark.parametrize(
+    ("shape", "size"),
+    [
+        (hostile.one_word, 2_000_000),  # main: 23 s
+        (hostile.base64_blob, 2_000_000),  # main: ~8 s
+        (hostile.words_on_one_line, 2_000_000),  # main: ~8 s
+        (hostile.unpunctuated_cjk, 500_000),  # main: ~20 s
+    ],
+)
+def test_text_without_boundaries_chunks_in_linear_time(
+    shape: Callable[[int], str], size: int
+) -> None:
+    # The splitter's cost is quadratic in a stretch without boundaries; prose of the same size
+    # is the linear baseline, measured here on the same machine and moment.
+    policy = ChunkingPolicy(max_size=1500, overlap=150)
+    chunker = Chunker(policy)
+    baseline_text = hostile.prose(size)
+    baseline = best_time(lambda: chunker.chunk(baseline_text))
+    text = shape(size)
+    started = time.perf_counter()
+    chunks = chunker.chunk(text)
+    elapsed = time.perf_counter() - started
+    assert elapsed < 100 * baseline + 3.0, (elapsed, baseline)
+    assert_chunk_invariants(chunks, text, policy)
+    assert_character_limits(chunks, policy)
+
+
+def test_segments_cover_the_text_and_cut_at_the_best_boundary() -> None:
+    def cuts(text: str, limit: int) -> list[tuple[int, int]]:
+        spans = list(segments(text, limit))
+        assert spans[0][0] == 0 and spans[-1][1] == len(text)
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(spans)), "contiguous"
+        assert all(0 < hi - lo <= limit for lo, hi in spans)
+        return spans
+
+    paragraphs = ("One sentence here. Another one there! " * 4 + "\n\n") * 40
+    for _, hi in cuts(paragraphs, 1000)[:-1]:
+        assert paragraphs[:hi].endswith("\n\n"), "a blank line when there is one"
+    sentences = "One sentence here. Another one there! " * 200
+    for _, hi in cuts(sentences, 1000)[:-1]:
+        assert sentences[:hi].endswith(("! ", ". ")), "else a sentence end"
+    words = "word " * 2000
+    assert all(words[:hi].endswith(" ") for _, hi in cuts(words, 1000)[:-1])
+    blob = "x" * 10_000
+    assert cuts(blob, 1000) == [(i, i + 1000) for i in range(0, 10_000, 1000)]
+    # no boundary at all: a hard cut, but never inside a grapheme cluster
+    clusters = (unicodedata.normalize("NFD", "한글") + "e\u0301" + "👩\u200d💻") * 3000
+    for lo, _ in cuts(clusters, 1000)[1:]:
+        assert not 0x1160 <= ord(clusters[lo]) <= 0x11FF, "not inside a Hangul syllable"
+        assert unicodedata.category(clusters[lo]) != "Mn", "not before a combining mark"
+        assert clusters[lo] != "\u200d" and clusters[lo - 1] != "\u200d", "not inside an emoji"
 
 
 # -- token-aware with the real MiniLM tokenizer -------------------------------------------------
@@ -297,3 +339,32 @@ def test_oversized_chunks_from_the_splitter_are_split_again(minilm_tokenizer: To
     chunks = chunker.chunk(text)
     assert_chunk_invariants(chunks, text, chunker.policy)
     assert all(c.token_count == model_count(minilm_tokenizer, c.text) <= 64 for c in chunks)
+
+
+def test_token_aware_chunks_are_capped_in_characters(minilm_tokenizer: Tokenizer) -> None:
+    # A 256 KiB "word" is one [UNK] token: by tokens alone it was one 256 KiB chunk.
+    text = "An introduction. " + hostile.one_word(256 * 1024) + " The end."
+    policy = ChunkingPolicy(max_size=256)
+    chunks = chunk_tokens(minilm_tokenizer, text, 256)
+    assert max(len(c.text) for c in chunks) <= CHARS_PER_TOKEN * policy.max_size
+    assert len(chunks) >= 256 * 1024 // (CHARS_PER_TOKEN * policy.max_size)
+
+
+def test_a_chunker_pickles_and_is_rebuilt_once_per_process(
+    minilm_dir: Path, minilm_tokenizer: Tokenizer
+) -> None:
+    # The parse step sends the chunker to a worker process with every document.
+    text = mixed_text(4)
+    from_dir = Chunker.for_model_dir(ChunkingPolicy(max_size=64, overlap=8), minilm_dir)
+    chunkers = [
+        Chunker(ChunkingPolicy(max_size=200, overlap=20)),
+        Chunker(ChunkingPolicy(max_size=48, overlap=8), minilm_tokenizer),
+        from_dir,
+    ]
+    for chunker in chunkers:
+        copy = pickle.loads(pickle.dumps(chunker))
+        assert copy.token_aware == chunker.token_aware
+        assert copy.chunk(text) == chunker.chunk(text)
+        assert pickle.loads(pickle.dumps(chunker)) is copy, "rebuilt once, then reused"
+    # a model's chunker travels as its tokenizer's path, not the tokenizer itself
+    assert len(pickle.dumps(from_dir)) < 1024

@@ -7,15 +7,23 @@ the embedded-defaults path is covered by tests/test_process.py.
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
+import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
+import psycopg
 import pytest
 
 from tests.documents import write_corpus
 from tests.fakes.embed_server import FakeEmbedServer
-from tests.test_process import FAST_WORKER, base_env, cli, query, spawn, wait_for
+from tests.fixtures.s3 import S3Server
+from tests.processes import FAST_WORKER, base_env, cli, query, spawn, wait_for
+from trioindex.database import with_dbname
 
 pytestmark = pytest.mark.slow
 
@@ -58,23 +66,81 @@ def running_worker(env: dict[str, str], tmp_path: Path) -> Iterator[Path]:
             proc.kill()
 
 
-def test_ingest_wait_shows_progress_and_fails_listing_failed_documents(
-    env: dict[str, str], corpus: Path, running_worker: Path, database_url: str
-) -> None:
-    result = cli(env, "ingest", str(corpus), "--wait", timeout=180)
+@attrs.frozen
+class Indexed:
+    """A corpus ingested with ``--wait`` while one worker ran (see :func:`indexed`)."""
+
+    env: dict[str, str]
+    database_url: str
+    documents: int  # files of the corpus that have text
+    ingest: subprocess.CompletedProcess[str]
+    worker_log: Path
+
+
+@pytest.fixture(scope="module")
+def indexed(
+    pg_server_url: str,
+    template_database: str,
+    s3_server: S3Server,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Indexed]:
+    """Index the corpus (plus one empty file) once for the tests that read what it built: a
+    fresh database, an S3 bucket, a fake TEI server and a worker kept running until the module
+    ends. Only the last of those tests changes anything (it retries the failed job)."""
+    name = f"trioindex_cli_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
+    database_url = with_dbname(pg_server_url, name)
+    bucket = f"test-{uuid.uuid4().hex[:20]}"
+    s3_server.client().make_bucket(bucket)
+    home = tmp_path_factory.mktemp("indexed")
+    docs = home / "docs"
+    written = write_corpus(docs, sentences=3)
+    (docs / "empty.txt").write_text("   \n")
+    with FakeEmbedServer() as server:
+        env = base_env(
+            TRIOINDEX_DATABASE_URL=database_url,
+            TRIOINDEX_STORAGE_URL=s3_server.url(bucket),
+            TRIOINDEX_EMBEDDING_API="tei",
+            TRIOINDEX_EMBEDDING_URL=server.url,
+            TRIOINDEX_EMBEDDING_MODEL="BAAI/bge-m3",
+            TRIOINDEX_EMBEDDING_DIMENSION="1024",
+            TRIOINDEX_HOME=str(home / "home"),
+            **FAST_WORKER,
+        )
+        log = home / "worker.log"
+        worker = spawn(env, "worker", log=log)
+        try:
+            ingest = cli(env, "ingest", str(docs), "--wait", timeout=180)
+            yield Indexed(env, database_url, len(written), ingest, log)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(timeout=30)
+            finally:
+                worker.kill()
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_ingest_wait_shows_progress_and_fails_listing_failed_documents(indexed: Indexed) -> None:
+    result = indexed.ingest
     assert result.returncode == 1, result.stderr[-2000:]
     assert "FAILED empty.txt: DOCUMENT_CONTENT_INVALID" in result.stderr
     assert "indexing" in result.stdout  # the progress bar's label
     assert "enqueued" in result.stdout
-    states = query(database_url, "SELECT status, count(*) AS n FROM embedding_jobs GROUP BY status")
-    assert {r["status"]: r["n"] for r in states} == {"SUCCEEDED": 24, "FAILED": 1}
+    states = query(
+        indexed.database_url, "SELECT status, count(*) AS n FROM embedding_jobs GROUP BY status"
+    )
+    assert {r["status"]: r["n"] for r in states} == {"SUCCEEDED": indexed.documents, "FAILED": 1}
 
-    # search over what the worker built: rank, score, key, chunk index, snippet. The fake
-    # server's vectors carry no meaning, so the query is a stored chunk's own text: it must come
-    # back first with a cosine score of 1.
+
+def test_search_finds_a_stored_chunk_by_its_own_text_first(indexed: Indexed) -> None:
+    """Rank, score, key, chunk index. The fake server's vectors carry no meaning, so the query
+    is a stored chunk's own text: it must come back first with a cosine score of 1."""
     (chunk,) = query(
-        database_url,
-        """SELECT c.content, c.chunk_index FROM document_chunks c
+        indexed.database_url,
+        """SELECT c.content FROM document_chunks c
            JOIN documents d ON d.current_version_id = c.document_version_id
            WHERE d.external_key = 'lease-0.txt' ORDER BY c.chunk_index LIMIT 1""",
     )
@@ -83,49 +149,56 @@ def test_ingest_wait_shows_progress_and_fails_listing_failed_documents(
     same_text = {
         (r["external_key"], r["chunk_index"])
         for r in query(
-            database_url,
+            indexed.database_url,
             """SELECT d.external_key, c.chunk_index FROM document_chunks c
                JOIN documents d ON d.current_version_id = c.document_version_id
                WHERE c.content = %s""",
             chunk["content"],
         )
     }
-    found = cli(env, "search", chunk["content"], "--top-k", "3")
+    found = cli(indexed.env, "search", chunk["content"], "--top-k", "3")
     assert found.returncode == 0, found.stderr
     rank, score, key, index = found.stdout.splitlines()[0].split()
     assert (rank, score) == ("1.", "1.0000")
     assert (key, int(index.lstrip("#"))) in same_text
-    assert (
-        len([line for line in found.stdout.splitlines() if line.lstrip()[:2] in ("2.", "3.")]) == 2
-    )
-    hits = json.loads(cli(env, "search", "renewable lease", "--json").stdout)
+    hit_lines = [re.match(r"\s*(\d+)\. \d\.\d{4}  ", line) for line in found.stdout.splitlines()]
+    assert [m.group(1) for m in hit_lines if m] == ["1", "2", "3"]
+
+
+def test_search_json_lists_hits_in_rank_order(indexed: Indexed) -> None:
+    hits = json.loads(cli(indexed.env, "search", "renewable lease", "--json").stdout)
     assert [h["rank"] for h in hits] == list(range(1, len(hits) + 1))
     assert {"score", "document_key", "chunk_index", "text"} <= set(hits[0])
 
-    # status: counts, failures by type, the live worker
-    status = json.loads(cli(env, "status", "--json").stdout)
-    assert status["jobs_by_status"]["SUCCEEDED"] == 24
+
+def test_status_counts_jobs_failures_and_the_live_worker(indexed: Indexed) -> None:
+    status = json.loads(cli(indexed.env, "status", "--json").stdout)
+    assert status["jobs_by_status"]["SUCCEEDED"] == indexed.documents
     assert status["failures_by_type"] == {"DOCUMENT_CONTENT_INVALID": 1}
     assert [w["state"] for w in status["workers"]] == ["RUNNING"]
-    text = cli(env, "status").stdout
-    assert "SUCCEEDED 24" in text and "DOCUMENT_CONTENT_INVALID 1" in text
+    text = cli(indexed.env, "status").stdout
+    assert f"SUCCEEDED {indexed.documents}" in text
+    assert "DOCUMENT_CONTENT_INVALID 1" in text
 
-    # jobs list / show / retry
+
+def test_jobs_list_show_and_retry_the_failed_document(indexed: Indexed) -> None:
+    env, url = indexed.env, indexed.database_url
     failed = json.loads(cli(env, "jobs", "list", "--status", "FAILED", "--json").stdout)
     assert [j["document_key"] for j in failed] == ["empty.txt"]
-    shown = cli(env, "jobs", "show", failed[0]["id"])
-    assert "attempt 1: FAILED" in shown.stdout and "DOCUMENT_CONTENT_INVALID" in shown.stdout
+    shown = cli(env, "jobs", "show", failed[0]["id"]).stdout
+    assert "attempt 1: FAILED" in shown
+    assert "DOCUMENT_CONTENT_INVALID" in shown
     retried = cli(env, "jobs", "retry", "--all-failed")
-    assert retried.returncode == 0 and "1 job(s) back in the queue" in retried.stdout
+    assert retried.returncode == 0, retried.stderr
+    assert "1 job(s) back in the queue" in retried.stdout
     wait_for(
         lambda: query(
-            database_url,
-            "SELECT 1 FROM embedding_jobs WHERE status = 'FAILED' AND attempt_count = 2",
+            url, "SELECT 1 FROM embedding_jobs WHERE status = 'FAILED' AND attempt_count = 2"
         ),
         30,
         "the retried job to fail again (the file is still empty)",
     )
-    assert "healthcheck" not in running_worker.read_text()
+    assert "healthcheck" not in indexed.worker_log.read_text()
 
 
 def test_healthcheck_follows_the_worker_heartbeat(env: dict[str, str], tmp_path: Path) -> None:
@@ -197,6 +270,51 @@ def test_ingest_of_a_missing_path_is_one_line(env: dict[str, str], tmp_path: Pat
     result = cli(env, "ingest", str(tmp_path / "nope"))
     assert result.returncode == 1 and "no such file or folder" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_ingest_reports_bad_names_and_outside_links_goes_on_and_exits_non_zero(
+    env: dict[str, str], tmp_path: Path, database_url: str
+) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("a plain document")
+    fd = os.open(os.fsencode(docs) + b"/bad\xff.txt", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    os.close(fd)
+    (tmp_path / "secret.txt").write_text("not part of the folder")
+    (docs / "link.txt").symlink_to(tmp_path / "secret.txt")
+    (docs / "z.txt").write_text("the last document")
+
+    result = cli(env, "ingest", str(docs), "--json")
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(line["document_key"], line["status"]) for line in lines] == [
+        ("a.txt", "created"),
+        (None, "error"),
+        ("link.txt", "skipped"),
+        ("z.txt", "created"),
+    ]
+    assert lines[1]["path"] == f"{docs}/bad\\xff.txt" and "UTF-8" in lines[1]["reason"]
+    assert "outside" in lines[2]["reason"]
+    keys = query(database_url, "SELECT external_key FROM documents ORDER BY 1")
+    assert [r["external_key"] for r in keys] == ["a.txt", "z.txt"]
+
+    human = cli(env, "ingest", str(docs))
+    assert human.returncode == 1 and "Traceback" not in human.stderr
+    out = human.stdout.splitlines()
+    assert any(line.startswith("error") and "bad\\xff.txt" in line for line in out), out
+    assert any(line.startswith("skipped") and "link.txt" in line for line in out), out
+    assert "0 enqueued, 2 unchanged, 1 skipped, 1 error" in human.stdout
+    assert "could not be ingested" in human.stderr
+
+    (docs / "bad\udcff.txt").unlink()
+    followed = cli(env, "ingest", str(docs), "--follow-symlinks", "--json")
+    assert followed.returncode == 0, followed.stderr
+    statuses = {
+        json.loads(line)["document_key"]: json.loads(line)["status"]
+        for line in followed.stdout.splitlines()
+    }
+    assert statuses == {"a.txt": "unchanged", "link.txt": "created", "z.txt": "unchanged"}
 
 
 def test_migrate_reports_an_up_to_date_schema(env: dict[str, str]) -> None:

@@ -690,15 +690,21 @@ async def test_invalid_limits_are_config_errors(setting: dict[str, object], key:
 
 
 def test_fake_server_control_routes(server: FakeEmbedServer) -> None:
-    """The chaos run steers a standalone server over HTTP."""
-    with httpx.Client(base_url=server.url) as client:
+    """The chaos run steers a standalone server over HTTP; its stats carry counts only."""
+    body = {"inputs": ["payload-text-5e1f"]}
+    auth = {"Authorization": "Bearer secret-key-93ab"}
+    with httpx.Client(base_url=server.url, headers=auth) as client:
         assert client.post("/_fake/mode", json={"kind": "status", "status": 503}).is_success
-        assert client.post("/embed", json={"inputs": ["a"]}).status_code == 503
+        assert client.post("/embed", json=body).status_code == 503
         rates = {"rates": {"nan": 1.0}, "seed": 3}
         assert client.post("/_fake/mode", json={"kind": "normal"}).is_success
         assert client.post("/_fake/fault-rates", json=rates).is_success
-        assert "NaN" in client.post("/embed", json={"inputs": ["a"]}).text
-        stats = client.get("/_fake/stats").json()
+        assert "NaN" in client.post("/embed", json=body).text
+        raw = client.get("/_fake/stats").text
+    stats = json.loads(raw)
     assert stats["embed_requests"] == 2
     assert stats["faults"] == {"status_503": 1, "nan": 1}
-    assert json.dumps(stats)  # plain JSON, no payloads
+    # the server kept the last payload and key (server.stats() has them); the route must not
+    assert server.stats().last_authorization == auth["Authorization"]
+    assert "payload-text-5e1f" not in raw
+    assert "secret-key-93ab" not in raw

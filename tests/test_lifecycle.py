@@ -6,11 +6,13 @@ Races are created with barriers and row locks held by a third connection, never 
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import attrs
 import pytest
 
 from tests import helpers
@@ -29,8 +31,12 @@ def _outcome(fn: Callable[[], T]) -> T | Exception:
         return exc
 
 
-def _race(db: Database, *calls: Callable[[Any], object], rounds: int = 1) -> list[object]:
-    """Run each call on its own connection at the same instant; return results or errors."""
+def _race(db: Database, *calls: Callable[[Any], object]) -> list[object]:
+    """Start each call on its own connection at the same instant; return results or errors.
+
+    This makes the calls overlap; it does not choose their order. A test that needs one order
+    holds a lock and waits until the other side is seen waiting (:func:`_blocked_then_released`).
+    """
     barrier = threading.Barrier(len(calls))
 
     def run(call: Callable[[Any], object]) -> object:
@@ -76,7 +82,8 @@ def test_claim_sets_every_claim_column_and_starts_attempt_one(db: Database, work
     assert row["status"] == "PROCESSING"
     assert row["worker_id"] == worker
     assert row["claim_token"] == claim.claim_token
-    assert row["locked_at"] is not None and row["lease_expires_at"] == claim.lease_expires_at
+    assert row["locked_at"] is not None
+    assert row["lease_expires_at"] == claim.lease_expires_at
     assert row["attempt_count"] == 1
     assert attempts == [{"attempt_no": 1, "status": "STARTED", "worker_id": worker}]
     assert claim.attempt_no == 1
@@ -86,17 +93,39 @@ def test_claim_sets_every_claim_column_and_starts_attempt_one(db: Database, work
 def test_claim_order_is_priority_then_age(db: Database, worker: Any) -> None:
     with db.connection() as conn:
         model = helpers.model(conn)
-        old = helpers.enqueue(conn, model.id, "old")
-        new = helpers.enqueue(conn, model.id, "new")
+        a = helpers.enqueue(conn, model.id, "a")
+        b = helpers.enqueue(conn, model.id, "b")
         urgent = helpers.enqueue(conn, model.id, "urgent", priority=5)
-        claimed = [c.job_id for c in lifecycle.claim_jobs(conn, worker, 3, 300)]
-    assert set(claimed) == {old.job_id, new.job_id, urgent.job_id}
+        # age decides, not insertion order or id: the job with the greater id is the older one,
+        # so an order by id alone would claim them the other way round
+        old, new = sorted([a, b], key=lambda job: job.job_id, reverse=True)
+        for job, minutes in ((old, 2), (new, 1)):
+            conn.execute(
+                "UPDATE embedding_jobs SET available_at = now() - make_interval(mins => %s) WHERE id = %s",
+                (minutes, job.job_id),
+            )
+        # one job per claim, so the order is the claim's own, not the order of rows it returns
+        claimed = [lifecycle.claim_jobs(conn, worker, 1, 300)[0].job_id for _ in range(3)]
+    assert claimed == [urgent.job_id, old.job_id, new.job_id]
+
+
+def test_claim_skips_a_row_another_transaction_holds_and_takes_the_next(
+    db: Database, worker: Any
+) -> None:
+    """SKIP LOCKED, forced: the first job in claim order is locked by another transaction; the
+    claim (which may wait at most ``lock_timeout`` for a lock) must take the second at once."""
     with db.connection() as conn:
-        order = conn.execute(
-            "SELECT embedding_job_id FROM indexing_events WHERE event_type = 'JOB_CLAIMED' ORDER BY id"
-        ).fetchall()
-    # one statement claims all three; the priority job must be first in claim order
-    assert order[0]["embedding_job_id"] == urgent.job_id
+        model = helpers.model(conn)
+        first = helpers.enqueue(conn, model.id, "first", priority=1)
+        second = helpers.enqueue(conn, model.id, "second")
+    with db.connection() as holder, db.connection() as claimer:
+        claimer.execute("SET lock_timeout = '2s'")
+        with holder.transaction():
+            holder.execute("SELECT 1 FROM embedding_jobs WHERE id = %s FOR UPDATE", (first.job_id,))
+            claims = lifecycle.claim_jobs(claimer, worker, 1, 300)
+        assert [c.job_id for c in claims] == [second.job_id]
+        # the holder is gone: the skipped job was left PENDING, untouched, and is claimable
+        assert [c.job_id for c in lifecycle.claim_jobs(claimer, worker, 1, 300)] == [first.job_id]
 
 
 def test_worker_that_is_not_running_cannot_claim(db: Database, worker: Any) -> None:
@@ -108,6 +137,21 @@ def test_worker_that_is_not_running_cannot_claim(db: Database, worker: Any) -> N
         lifecycle.set_worker_status(conn, worker, WorkerStatus.STOPPED)
         assert lifecycle.claim_jobs(conn, worker, 1, 300) == []
         assert not lifecycle.heartbeat(conn, worker)
+
+
+def test_stopped_is_final(db: Database, worker: Any) -> None:
+    with db.connection() as conn:
+        lifecycle.set_worker_status(conn, worker, WorkerStatus.STOPPED)
+        lifecycle.set_worker_status(conn, worker, WorkerStatus.STOPPING)  # a late, stale write
+        row = conn.execute(
+            "SELECT status, stopped_at IS NOT NULL AS stopped FROM indexing_workers WHERE id = %s",
+            (worker,),
+        ).fetchone()
+        events = conn.execute(
+            "SELECT event_type FROM indexing_events WHERE worker_id = %s ORDER BY id", (worker,)
+        ).fetchall()
+    assert row == {"status": "STOPPED", "stopped": True}
+    assert [e["event_type"] for e in events] == ["WORKER_REGISTERED", "WORKER_STOPPED"]
 
 
 def test_many_claimers_claim_every_job_exactly_once(db: Database) -> None:
@@ -137,7 +181,12 @@ def test_many_claimers_claim_every_job_exactly_once(db: Database) -> None:
     assert sum(1 for r in results if r) > 1  # the claimers really did compete
 
 
-def test_attempt_numbers_are_consecutive_under_concurrent_claims(db: Database) -> None:
+def test_attempt_numbers_stay_consecutive_over_rounds_of_claims_and_recoveries(
+    db: Database,
+) -> None:
+    """Outcome test: four claimers started together, then every lease expired and recovered,
+    eight rounds over. The numbers are taken under the claim's row lock (forced in
+    ``test_claim_skips_a_row_another_transaction_holds_and_takes_the_next``)."""
     rounds, claimers = 8, 4
     with db.connection() as conn:
         model = helpers.model(conn)
@@ -179,7 +228,11 @@ def _writes(claim: Claim) -> dict[str, Callable[[Any], object]]:
             conn, claim, FailureType.WORKER_INTERNAL_ERROR, "boom", helpers.BACKOFF
         ),
         "fence": lambda conn: _fence_in_transaction(conn, claim),
+        "release": lambda conn: lifecycle.release_job(conn, claim),
     }
+
+
+WRITES = ("renew", "complete", "fail", "fence", "release")
 
 
 def _fence_in_transaction(conn: Any, claim: Claim) -> object:
@@ -200,7 +253,7 @@ def _snapshot(conn: Any, claim: Claim) -> tuple[object, ...]:
     return (job, attempts, version, helpers.events(conn, claim.job_id))
 
 
-@pytest.mark.parametrize("write", ["renew", "complete", "fail", "fence"])
+@pytest.mark.parametrize("write", WRITES)
 @pytest.mark.parametrize("forgery", helpers.FORGERIES)
 def test_every_write_with_a_forged_or_lapsed_claim_is_refused_and_changes_nothing(
     db: Database, worker: Any, write: str, forgery: str
@@ -232,17 +285,146 @@ def test_the_real_claim_passes_every_fenced_write(db: Database, worker: Any) -> 
         ]
 
 
+# --- fencing: one ownership fact at a time (issue 18) ------------------------------------------
+#
+# The forgery matrix above hands in a claim that differs from the real one. The cases below keep
+# the real claim and change exactly one fact in the database, so that each condition of
+# trioindex_lock_owned_job and of renew_lease is the only one that can refuse the write. The
+# "job is PROCESSING" conditions are not tested on their own: the schema's CHECK makes a job
+# that is not PROCESSING have no worker and no claim token, so the worker and token conditions
+# refuse it too.
+
+
+def _job_held_by_another_worker(conn: Any, claim: Claim) -> Claim:
+    # same claim token, same attempt: only the job row's worker differs
+    conn.execute(
+        "UPDATE embedding_jobs SET worker_id = %s WHERE id = %s",
+        (helpers.worker(conn), claim.job_id),
+    )
+    return claim
+
+
+def _attempt_of_another_worker(conn: Any, claim: Claim) -> Claim:
+    conn.execute(
+        "UPDATE embedding_job_attempts SET worker_id = %s WHERE id = %s",
+        (helpers.worker(conn), claim.attempt_id),
+    )
+    return claim
+
+
+def _attempt_no_longer_started(conn: Any, claim: Claim) -> Claim:
+    conn.execute(
+        "UPDATE embedding_job_attempts SET status = 'EXPIRED', finished_at = now() WHERE id = %s",
+        (claim.attempt_id,),
+    )
+    return claim
+
+
+def _attempt_not_the_jobs_latest(conn: Any, claim: Claim) -> Claim:
+    conn.execute(
+        "UPDATE embedding_jobs SET attempt_count = attempt_count + 1 WHERE id = %s",
+        (claim.job_id,),
+    )
+    return claim
+
+
+def _attempt_of_another_job(conn: Any, claim: Claim) -> Claim:
+    # the other job's attempt is STARTED, by the same worker, with the same number
+    helpers.enqueue(conn, claim.embedding_model_id)
+    (other,) = lifecycle.claim_jobs(conn, claim.worker_id, 1, 300)
+    return attrs.evolve(claim, attempt_id=other.attempt_id)
+
+
+ONE_FACT: dict[str, Callable[[Any, Claim], Claim]] = {
+    "job held by another worker": _job_held_by_another_worker,
+    "attempt of another worker": _attempt_of_another_worker,
+    "attempt no longer STARTED": _attempt_no_longer_started,
+    "attempt not the job's latest": _attempt_not_the_jobs_latest,
+    "attempt of another job": _attempt_of_another_job,
+}
+
+
+@pytest.mark.parametrize("fact", ONE_FACT)
+def test_one_changed_ownership_fact_alone_refuses_every_write_and_changes_nothing(
+    db: Database, worker: Any, fact: str
+) -> None:
+    seen: dict[str, tuple[str, bool]] = {}
+    for write in WRITES:
+        claim = _claim_one(db, worker)
+        with db.connection() as conn:
+            helpers.stage_embedded(conn, claim)
+            held = ONE_FACT[fact](conn, claim)
+            before = _snapshot(conn, claim)
+            result = _outcome(lambda conn=conn, held=held, write=write: _writes(held)[write](conn))
+            seen[write] = (type(result).__name__, _snapshot(conn, claim) == before)
+    assert seen == dict.fromkeys(WRITES, ("OwnershipLost", True))
+
+
 # --- renew vs recover ---------------------------------------------------------------------------
 
 
-def test_recovery_waits_out_a_renewal_in_flight(db: Database, worker: Any) -> None:
-    """A renewal holding the row lock is skipped by recovery (SKIP LOCKED): one owner."""
-    claim = _claim_one(db, worker)
+def _wait_until_lease_expired(conn: Any, job_id: Any, within: float = 30.0) -> None:
+    """Poll the committed row until the database clock has passed its lease."""
+    deadline = time.monotonic() + within
+    while not conn.execute(
+        "SELECT lease_expires_at <= clock_timestamp() AS expired FROM embedding_jobs WHERE id = %s",
+        (job_id,),
+    ).fetchone()["expired"]:
+        assert time.monotonic() < deadline, "the lease did not expire"
+
+
+def test_recovery_skips_an_expired_row_another_transaction_holds_and_takes_the_next(
+    db: Database, worker: Any
+) -> None:
+    """SKIP LOCKED, forced: recovery (which may wait at most ``lock_timeout`` for a lock) must
+    pass over the locked expired job at once and recover the other one."""
+    held, free = _claim_one(db, worker), _claim_one(db, worker)
+    with db.connection() as conn:
+        helpers.expire_lease(conn, held.job_id)  # expired first: first in recovery's order
+        helpers.expire_lease(conn, free.job_id)
     with db.connection() as holder, db.connection() as recoverer:
+        recoverer.execute("SET lock_timeout = '2s'")
         with holder.transaction():
-            lifecycle.lock_owned_job(holder, claim)  # the owner is mid-write
+            holder.execute("SELECT 1 FROM embedding_jobs WHERE id = %s FOR UPDATE", (held.job_id,))
+            recovered = lifecycle.recover_expired(recoverer, helpers.BACKOFF)
+        assert [r.job_id for r in recovered] == [free.job_id]
+        assert helpers.job_row(recoverer, held.job_id)["status"] == "PROCESSING"
+        again = lifecycle.recover_expired(recoverer, helpers.BACKOFF)
+        assert [r.job_id for r in again] == [held.job_id]
+
+
+@pytest.mark.parametrize("write", ["fenced write", "renewal"])
+def test_recovery_skips_a_job_whose_owner_is_mid_write_as_its_lease_runs_out(
+    db: Database, worker: Any, write: str
+) -> None:
+    """The owner passed the fence (or sent a renewal) while its lease was valid; the lease then
+    runs out before it commits. Recovery must skip the row, not take it from under the owner
+    and not wait for it; the owner's write lands."""
+    with db.connection() as conn:
+        model = helpers.model(conn)
+        helpers.enqueue(conn, model.id)
+        (claim,) = lifecycle.claim_jobs(conn, worker, 1, 1.0)  # a one-second lease
+    with db.connection() as owner, db.connection() as recoverer:
+        recoverer.execute("SET lock_timeout = '2s'")
+        with owner.transaction():
+            if write == "renewal":
+                renewed = lifecycle.renew_lease(owner, claim, 300)
+            else:
+                lifecycle.lock_owned_job(owner, claim)  # only the fence holds the row so far
+            _wait_until_lease_expired(recoverer, claim.job_id)
             assert lifecycle.recover_expired(recoverer, helpers.BACKOFF) == []
-        assert helpers.job_row(recoverer, claim.job_id)["status"] == "PROCESSING"
+            if write != "renewal":
+                lifecycle.set_progress(owner, claim.job_id, 50)
+        row = helpers.job_row(recoverer, claim.job_id)
+        assert row["status"] == "PROCESSING"
+        if write == "renewal":
+            assert row["lease_expires_at"] == renewed
+            assert lifecycle.recover_expired(recoverer, helpers.BACKOFF) == []
+        else:
+            assert row["progress"] == 50
+            # the write did not extend the lease: the next pass recovers the job
+            recovered = lifecycle.recover_expired(recoverer, helpers.BACKOFF)
+            assert [r.job_id for r in recovered] == [claim.job_id]
 
 
 def test_recovered_job_refuses_the_old_token(db: Database, worker: Any) -> None:
@@ -259,21 +441,26 @@ def test_recovered_job_refuses_the_old_token(db: Database, worker: Any) -> None:
         attempt = conn.execute(
             "SELECT status FROM embedding_job_attempts WHERE id = %s", (claim.attempt_id,)
         ).fetchone()
-        assert attempt is not None and attempt["status"] == "EXPIRED"
+        assert attempt is not None
+        assert attempt["status"] == "EXPIRED"
         row = helpers.job_row(conn, claim.job_id)
         assert row["available_at"] > row["updated_at"]  # requeued with a backoff delay
 
 
-def test_renew_and_recover_racing_on_an_expiring_lease_have_one_winner(db: Database) -> None:
-    """Many jobs whose leases run out while renewers and recoverers race: for each job exactly
-    one side's view holds at the end, and the loser can write nothing."""
+def test_renewers_and_recoverers_on_valid_and_expired_leases_leave_one_owner_per_job(
+    db: Database,
+) -> None:
+    """Outcome test: one renewer and three recoverers at once over 40 jobs, half of whose leases
+    have run out. Which side wins each job is fixed by its lease before they start; what is
+    checked is the end state — one owner per job, and the loser can write nothing. The forced
+    interleavings are the two ``test_recovery_skips_*`` tests above."""
     with db.connection() as conn:
         model = helpers.model(conn)
         for _ in range(40):
             helpers.enqueue(conn, model.id)
         worker_id = helpers.worker(conn)
         claims = lifecycle.claim_jobs(conn, worker_id, 40, 300)
-        # half the leases have already run out, the other half are valid
+        # half the leases have already run out, the other half are valid for 300 s
         for claim in claims[::2]:
             helpers.expire_lease(conn, claim.job_id)
     renewed: dict[Any, Any] = {}
@@ -311,10 +498,14 @@ def test_renew_and_recover_racing_on_an_expiring_lease_have_one_winner(db: Datab
 # --- complete vs fail vs recover ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("lease", ["valid", "expired"])
+@pytest.mark.parametrize("lease", ["valid-race", "expired-outcome"])
 def test_complete_fail_and_recover_on_one_claim_commit_exactly_one_transition(
     db: Database, worker: Any, lease: str
 ) -> None:
+    """Started together on one claim. With a valid lease the three really compete (any of
+    them may win a round); with an expired one it is an outcome test: the lease decides before
+    they start. The forced interleaving is the next test."""
+    lease = lease.split("-", maxsplit=1)[0]
     for _ in range(5):
         claim = _claim_one(db, worker)
         with db.connection() as conn:
@@ -352,6 +543,65 @@ def test_complete_fail_and_recover_on_one_claim_commit_exactly_one_transition(
             assert winners == [False, False, True]
 
 
+def _blocked_then_released(
+    db: Database, hold: Callable[[Any], object], then: Callable[[Any], object]
+) -> tuple[object, object]:
+    """Run ``hold`` in a transaction left open; start ``then`` on another connection; wait until
+    PostgreSQL shows ``then`` waiting on a lock (not merely started); only then commit ``hold``.
+    Returns both results (``then``'s error as a value)."""
+    holding, release = threading.Event(), threading.Event()
+    waiter: list[int] = []
+
+    def first() -> object:
+        with db.connection() as conn, conn.transaction():
+            result = hold(conn)
+            holding.set()
+            assert release.wait(30)
+            return result
+
+    def second() -> object:
+        assert holding.wait(30)
+        with db.connection() as conn:
+            waiter.append(conn.info.backend_pid)
+            return _outcome(lambda: then(conn))
+
+    with ThreadPoolExecutor(2) as pool:
+        held, waiting = pool.submit(first), pool.submit(second)
+        with db.connection() as conn:
+            while not (waiter and _waits_on_a_lock(conn, waiter[0])):
+                assert not waiting.done(), f"did not wait for the lock: {waiting.result()!r}"
+                assert not held.done(), held.result()
+        release.set()
+        return held.result(), waiting.result()
+
+
+@pytest.mark.parametrize("write", WRITES)
+def test_a_write_waiting_on_the_job_lock_is_refused_once_a_completion_commits(
+    db: Database, worker: Any, write: str
+) -> None:
+    """Forced: the completion holds the job row; the other write waits for it, then finds the
+    job SUCCEEDED and must change nothing (it read the job under the lock, not before it)."""
+    claim = _claim_one(db, worker)
+    with db.connection() as conn:
+        helpers.stage_embedded(conn, claim)
+    completed, late = _blocked_then_released(
+        db, lambda conn: lifecycle.complete_job(conn, claim), _writes(claim)[write]
+    )
+    assert not isinstance(completed, Exception), completed
+    assert isinstance(late, OwnershipLost), late
+    with db.connection() as conn:
+        assert helpers.events(conn, claim.job_id) == [
+            "JOB_ENQUEUED",
+            "JOB_CLAIMED",
+            "JOB_SUCCEEDED",
+        ]
+        assert helpers.job_row(conn, claim.job_id)["status"] == "SUCCEEDED"
+        attempt = conn.execute(
+            "SELECT status FROM embedding_job_attempts WHERE id = %s", (claim.attempt_id,)
+        ).fetchone()
+        assert attempt == {"status": "SUCCEEDED"}
+
+
 # --- fail and retry -------------------------------------------------------------------------------
 
 
@@ -365,9 +615,11 @@ def test_retryable_failure_is_scheduled_and_not_claimable_before_its_time(
         )
         assert result.outcome is FailOutcome.RETRY_SCHEDULED
         row = helpers.job_row(conn, claim.job_id)
-        assert row["status"] == "PENDING" and row["claim_token"] is None
+        assert row["status"] == "PENDING"
+        assert row["claim_token"] is None
         assert row["last_failure_type"] == "EMBEDDING_PROVIDER_UNAVAILABLE"
-        assert result.available_at is not None and result.available_at > row["updated_at"]
+        assert result.available_at is not None
+        assert result.available_at > row["updated_at"]
         assert lifecycle.claim_jobs(conn, worker, 1, 300) == []
         helpers.make_available(conn, claim.job_id)
         again = lifecycle.claim_jobs(conn, worker, 1, 300)
@@ -391,8 +643,10 @@ def test_retries_spent_end_failed_with_the_version(db: Database, worker: Any) ->
         version = conn.execute(
             "SELECT status FROM document_versions WHERE id = %s", (claim.document_version_id,)
         ).fetchone()
-    assert row["status"] == "FAILED" and row["finished_at"] is not None
-    assert version is not None and version["status"] == "FAILED"
+    assert row["status"] == "FAILED"
+    assert row["finished_at"] is not None
+    assert version is not None
+    assert version["status"] == "FAILED"
 
 
 def test_non_retryable_failure_ends_failed_at_once(db: Database, worker: Any) -> None:
@@ -430,7 +684,8 @@ def test_expired_lease_on_the_last_attempt_ends_failed(db: Database, worker: Any
         (recovered,) = lifecycle.recover_expired(conn, helpers.BACKOFF)
         assert recovered.outcome is FailOutcome.FAILED
         row = helpers.job_row(conn, claim.job_id)
-    assert row["status"] == "FAILED" and row["last_failure_type"] == "WORKER_INTERNAL_ERROR"
+    assert row["status"] == "FAILED"
+    assert row["last_failure_type"] == "WORKER_INTERNAL_ERROR"
 
 
 # --- complete ---------------------------------------------------------------------------------
@@ -455,17 +710,61 @@ def test_an_older_version_completing_late_does_not_replace_the_current_one(
     assert current == {"current_version_id": v2.version_id}
 
 
-def test_complete_refuses_an_incomplete_embedding_set(db: Database, worker: Any) -> None:
+def _no_chunks(conn: Any, claim: Claim) -> None:
+    # EMBEDDING with nothing in it: zero chunks and zero vectors agree, yet nothing is indexed
+    conn.execute(
+        "UPDATE document_versions SET status = 'EMBEDDING' WHERE id = %s",
+        (claim.document_version_id,),
+    )
+
+
+def _one_vector_missing(conn: Any, claim: Claim) -> None:
+    helpers.stage_embedded(conn, claim)
+    conn.execute(
+        "DELETE FROM embeddings WHERE id IN (SELECT id FROM embeddings WHERE document_version_id = %s LIMIT 1)",
+        (claim.document_version_id,),
+    )
+
+
+def _one_vector_of_another_model(conn: Any, claim: Claim) -> None:
+    # the count matches only if vectors of another model are (wrongly) counted
+    helpers.stage_embedded(conn, claim)
+    other = helpers.model(conn, "other-model")
+    conn.execute(
+        """UPDATE embeddings SET embedding_model_id = %s
+           WHERE id IN (SELECT id FROM embeddings WHERE document_version_id = %s LIMIT 1)""",
+        (other.id, claim.document_version_id),
+    )
+
+
+def _not_embedding(conn: Any, claim: Claim) -> None:
+    # a full embedding set, but the version is not in EMBEDDING
+    helpers.stage_embedded(conn, claim)
+    conn.execute(
+        "UPDATE document_versions SET status = 'CHUNKED' WHERE id = %s",
+        (claim.document_version_id,),
+    )
+
+
+NOT_COMPLETABLE: dict[str, Callable[[Any, Claim], None]] = {
+    "no chunks": _no_chunks,
+    "one vector missing": _one_vector_missing,
+    "one vector of another model": _one_vector_of_another_model,
+    "version not EMBEDDING": _not_embedding,
+}
+
+
+@pytest.mark.parametrize("state", NOT_COMPLETABLE)
+def test_complete_refuses_a_version_that_is_not_fully_embedded_and_changes_nothing(
+    db: Database, worker: Any, state: str
+) -> None:
     claim = _claim_one(db, worker)
     with db.connection() as conn:
-        helpers.stage_embedded(conn, claim)
-        conn.execute(
-            "DELETE FROM embeddings WHERE id IN (SELECT id FROM embeddings WHERE document_version_id = %s LIMIT 1)",
-            (claim.document_version_id,),
-        )
+        NOT_COMPLETABLE[state](conn, claim)
+        before = _snapshot(conn, claim)
         with pytest.raises(StateInconsistent):
             lifecycle.complete_job(conn, claim)
-        assert helpers.job_row(conn, claim.job_id)["status"] == "PROCESSING"
+        assert _snapshot(conn, claim) == before
 
 
 def test_events_never_carry_the_claim_token(db: Database, worker: Any) -> None:
@@ -476,4 +775,206 @@ def test_events_never_carry_the_claim_token(db: Database, worker: Any) -> None:
         dump = conn.execute(
             "SELECT string_agg(to_jsonb(e)::text, ' ') AS all FROM indexing_events e"
         ).fetchone()
-    assert dump is not None and str(claim.claim_token) not in dump["all"]
+    assert dump is not None
+    assert str(claim.claim_token) not in dump["all"]
+
+
+@pytest.mark.parametrize("earlier_v1", [False, True])
+def test_an_older_version_completing_while_a_newer_one_commits_does_not_replace_it(
+    db: Database, worker: Any, earlier_v1: bool
+) -> None:
+    """v3's completion holds the document row; v2's completion waits on it and, once v3 has
+    committed, must see v3 as current (issue 11 §1: it used to keep its stale join and win)."""
+    with db.connection() as conn:
+        model = helpers.model(conn)
+        if earlier_v1:
+            helpers.enqueue(conn, model.id, "doc", content=b"one")
+            (c1,) = lifecycle.claim_jobs(conn, worker, 1, 300)
+            helpers.stage_embedded(conn, c1)
+            assert lifecycle.complete_job(conn, c1).became_current
+        v2 = helpers.enqueue(conn, model.id, "doc", content=b"two")
+        v3 = helpers.enqueue(conn, model.id, "doc", content=b"three")
+        claims = {c.document_version_id: c for c in lifecycle.claim_jobs(conn, worker, 2, 300)}
+        for claim in claims.values():
+            helpers.stage_embedded(conn, claim)
+
+    v3_holds_document = threading.Event()
+    release_v3 = threading.Event()
+    v2_backend: list[int] = []
+
+    def complete_v3() -> object:
+        with db.connection() as conn, conn.transaction():
+            result = lifecycle.complete_job(conn, claims[v3.version_id])
+            v3_holds_document.set()
+            assert release_v3.wait(30)
+            return result
+
+    def complete_v2() -> object:
+        assert v3_holds_document.wait(30)
+        with db.connection() as conn:
+            v2_backend.append(conn.info.backend_pid)
+            return _outcome(lambda: lifecycle.complete_job(conn, claims[v2.version_id]))
+
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(complete_v3)
+        second = pool.submit(complete_v2)
+        # v2 must be blocked on a lock (the document row) before v3 commits
+        with db.connection() as conn:
+            while not (v2_backend and _waits_on_a_lock(conn, v2_backend[0])):
+                assert not second.done(), second.result()
+        release_v3.set()
+        assert first.result().became_current  # type: ignore[attr-defined]
+        late = second.result()
+    assert not isinstance(late, Exception), late
+    assert not late.became_current  # type: ignore[attr-defined]
+    with db.connection() as conn:
+        current = conn.execute(
+            "SELECT current_version_id FROM documents WHERE id = %s", (v3.document_id,)
+        ).fetchone()
+        assert current == {"current_version_id": v3.version_id}
+        (event,) = conn.execute(
+            "SELECT detail FROM indexing_events WHERE embedding_job_id = %s AND event_type = 'JOB_SUCCEEDED'",
+            (v2.job_id,),
+        ).fetchall()
+        assert event["detail"]["became_current"] is False
+
+
+def _waits_on_a_lock(conn: Any, pid: int) -> bool:
+    row = conn.execute(
+        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    return row is not None and row["wait_event_type"] == "Lock"
+
+
+# --- hand back at shutdown (issue 11 §3) ------------------------------------------------------
+
+
+def test_a_released_claim_is_pending_at_once_and_costs_no_attempt(
+    db: Database, worker: Any
+) -> None:
+    claim = _claim_one(db, worker, max_attempts=1)
+    with db.connection() as conn:
+        helpers.stage_chunked(conn, claim, ["a", "b"])
+        lifecycle.release_job(conn, claim)
+        row = helpers.job_row(conn, claim.job_id)
+        assert row["status"] == "PENDING"
+        assert row["worker_id"] is None
+        assert row["claim_token"] is None
+        assert (row["attempt_count"], row["max_attempts"]) == (1, 2)
+        attempt = conn.execute(
+            "SELECT status, finished_at FROM embedding_job_attempts WHERE id = %s",
+            (claim.attempt_id,),
+        ).fetchone()
+        assert attempt["status"] == "CANCELLED"
+        assert attempt["finished_at"] is not None
+        version = conn.execute(
+            "SELECT status FROM document_versions WHERE id = %s", (claim.document_version_id,)
+        ).fetchone()
+        assert version == {"status": "CHUNKED"}  # resumable where it stopped
+        assert helpers.events(conn, claim.job_id)[-1] == "JOB_RELEASED"
+        # claimable again at once, as the next consecutive attempt, resuming at embed
+        (again,) = lifecycle.claim_jobs(conn, worker, 1, 300)
+        assert (again.job_id, again.attempt_no) == (claim.job_id, 2)
+        assert again.version_status == "CHUNKED"
+        # the one real attempt left still counts: a lapsed lease on it ends the job FAILED
+        helpers.expire_lease(conn, again.job_id)
+        (recovered,) = lifecycle.recover_expired(conn, helpers.BACKOFF)
+        assert recovered.outcome is FailOutcome.FAILED
+
+
+def test_a_released_job_wakes_listening_workers(db: Database, worker: Any) -> None:
+    claim = _claim_one(db, worker)
+    with db.connection() as listener, db.connection() as conn:
+        listener.execute("LISTEN trioindex_jobs")
+        lifecycle.release_job(conn, claim)
+        woken = [n.channel for n in listener.notifies(timeout=5, stop_after=1)]
+    assert woken == ["trioindex_jobs"]
+
+
+def test_recovery_expires_only_the_current_attempt(db: Database, worker: Any) -> None:
+    """Attempt 1 failed, attempt 2 was handed back, attempt 3's lease runs out: only attempt
+    3 becomes EXPIRED; the history of the others stays as it was."""
+    claim = _claim_one(db, worker, max_attempts=3)
+    with db.connection() as conn:
+        lifecycle.fail_job(conn, claim, FailureType.STORAGE_UNAVAILABLE, "down", helpers.BACKOFF)
+        helpers.make_available(conn, claim.job_id)
+        (second,) = lifecycle.claim_jobs(conn, worker, 1, 300)
+        lifecycle.release_job(conn, second)
+        (third,) = lifecycle.claim_jobs(conn, worker, 1, 300)
+        helpers.expire_lease(conn, third.job_id)
+        (recovered,) = lifecycle.recover_expired(conn, helpers.BACKOFF)
+        attempts = conn.execute(
+            "SELECT attempt_no, status FROM embedding_job_attempts WHERE embedding_job_id = %s ORDER BY attempt_no",
+            (claim.job_id,),
+        ).fetchall()
+    assert recovered.outcome is FailOutcome.RETRY_SCHEDULED  # the hand-back gave one back
+    assert [(a["attempt_no"], a["status"]) for a in attempts] == [
+        (1, "FAILED"),
+        (2, "CANCELLED"),
+        (3, "EXPIRED"),
+    ]
+
+
+def test_a_claim_already_recovered_cannot_be_released(db: Database, worker: Any) -> None:
+    claim = _claim_one(db, worker)
+    with db.connection() as conn:
+        helpers.expire_lease(conn, claim.job_id)
+        lifecycle.recover_expired(conn, helpers.BACKOFF)
+        before = _snapshot(conn, claim)
+        with pytest.raises(OwnershipLost):
+            lifecycle.release_job(conn, claim)
+        assert _snapshot(conn, claim) == before
+
+
+# --- drain (issue 11 §2) -----------------------------------------------------------------------
+
+
+def test_drain_state_counts_scheduled_retries_and_orphans_of_stopped_or_silent_workers(
+    db: Database, worker: Any
+) -> None:
+    with db.connection() as conn:
+        model = helpers.model(conn)
+        other_model = helpers.model(conn, "other-model")
+        me = helpers.worker(conn)
+        assert lifecycle.drain_state(conn, model.id, heartbeat_timeout=30, exclude=me).drained
+        # a scheduled retry (PENDING, due later)
+        helpers.enqueue(conn, model.id)
+        (retry,) = lifecycle.claim_jobs(conn, worker, 1, 300)
+        lifecycle.fail_job(
+            conn, retry, FailureType.EMBEDDING_PROVIDER_UNAVAILABLE, "503", helpers.BACKOFF
+        )
+        state = lifecycle.drain_state(conn, model.id, heartbeat_timeout=30, exclude=me)
+        assert (state.scheduled, state.orphaned) == (1, 0)
+        assert 5 < (state.next_due_in or 0) <= 10  # BACKOFF.initial
+        helpers.make_available(conn, retry.job_id)
+        # held by a live worker (RUNNING, fresh heartbeat): not owed by the drain
+        (live,) = lifecycle.claim_jobs(conn, worker, 1, 300)
+        assert lifecycle.drain_state(conn, model.id, heartbeat_timeout=30, exclude=me).drained
+        # the same job under a stopped worker is an orphan until recovery takes it
+        lifecycle.set_worker_status(conn, worker, WorkerStatus.STOPPED)
+        state = lifecycle.drain_state(conn, model.id, heartbeat_timeout=30, exclude=me)
+        assert (state.scheduled, state.orphaned, state.expired_orphans) == (0, 1, 0)
+        assert 290 < (state.next_due_in or 0) <= 300  # its lease
+        helpers.expire_lease(conn, live.job_id)
+        assert (
+            lifecycle.drain_state(conn, model.id, heartbeat_timeout=30, exclude=me).expired_orphans
+            == 1
+        )
+        # other models' jobs are not this drain's business
+        assert lifecycle.drain_state(conn, other_model.id, heartbeat_timeout=30, exclude=me).drained
+
+
+def test_drain_state_treats_a_silent_running_worker_as_gone(db: Database, worker: Any) -> None:
+    claim = _claim_one(db, worker)
+    with db.connection() as conn:
+        me = helpers.worker(conn)
+        assert lifecycle.drain_state(conn, None, heartbeat_timeout=30, exclude=me).drained
+        conn.execute(
+            "UPDATE indexing_workers SET last_heartbeat_at = now() - interval '31 seconds' WHERE id = %s",
+            (claim.worker_id,),
+        )
+        assert lifecycle.drain_state(conn, None, heartbeat_timeout=30, exclude=me).orphaned == 1
+        # its own jobs never count: the draining worker waits for them anyway
+        assert lifecycle.drain_state(
+            conn, None, heartbeat_timeout=30, exclude=claim.worker_id
+        ).drained

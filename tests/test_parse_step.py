@@ -1,25 +1,39 @@
-"""The parse + chunk step on real PostgreSQL with a real folder store and S3 server."""
+"""The parse + chunk step on real PostgreSQL with a real folder store.
+
+The step reads through :class:`AsyncObjectStore`, whichever store is behind it; reads from a
+real S3 server are tested in tests/test_storage.py and, through this step, end to end in
+tests/test_cli.py (whose worker stores its documents on S3).
+"""
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import subprocess
+import sys
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import attrs
+import psutil
 import pytest
 import trio
 
 from tests import helpers
+from tests import hostile_documents as hostile
 from tests.documents import docx_bytes
 from trioindex import lifecycle
 from trioindex.chunking import Chunker, ChunkingPolicy
+from trioindex.config import default_settings
 from trioindex.database import Database
 from trioindex.errors import ContentInvalid, ObjectNotFound, OwnershipLost, StorageUnavailable
 from trioindex.ingest import storage_key_for
+from trioindex.runtime import Worker
 from trioindex.steps.parse_chunk import (
     commit_chunks,
     parse_and_chunk_bytes,
@@ -27,7 +41,8 @@ from trioindex.steps.parse_chunk import (
     run_parse_step,
 )
 from trioindex.storage import AsyncObjectStore, FolderStore
-from trioindex.values import Claim
+from trioindex.store import JobStore
+from trioindex.values import BackoffPolicy, Claim
 
 CHUNKER = Chunker(ChunkingPolicy(max_size=200, overlap=20))
 MAX_BYTES = 1_000_000
@@ -241,3 +256,217 @@ async def test_a_missing_object_is_storage_unavailable(
         )
     with trio.fail_after(30), pytest.raises(ObjectNotFound):
         await run_parse_step(claim, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES)
+
+
+# -- almost-right text is indexed, and the repair recorded (issue 11 §5) ------------------------
+
+
+def _chunks_stored_detail(db: Database, claim: Claim) -> dict[str, Any]:
+    with db.connection() as conn:
+        row = conn.execute(
+            """SELECT detail FROM indexing_events
+               WHERE embedding_job_id = %s AND event_type = 'CHUNKS_STORED'""",
+            (claim.job_id,),
+        ).fetchone()
+    assert row is not None
+    return dict(row["detail"])
+
+
+async def test_truncated_korean_text_is_indexed_with_the_replacement_recorded(
+    db: Database, store: AsyncObjectStore
+) -> None:
+    text = ("대한민국의 수도는 서울입니다. 한글은 세종대왕이 만들었습니다. " * 200).strip() + " 끝"
+    data = text.encode("utf-8")[:-1]  # cut inside the last character
+    claim = _claim(db, store, data, "korean.txt")
+    with trio.fail_after(30):
+        count = await run_parse_step(
+            claim, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES
+        )
+    chunks = _chunks(db, claim)
+    assert count == len(chunks) > 1
+    assert chunks[-1]["content"].endswith("\ufffd")
+    detail = _chunks_stored_detail(db, claim)
+    assert detail["replaced_sequences"] == 1
+    assert set(detail) == {"chunks", "characters", "replaced_sequences"}  # counts, never text
+    clean = _claim(db, store, TEXT, "clean.txt")
+    with trio.fail_after(30):
+        await run_parse_step(clean, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES)
+    assert "replaced_sequences" not in _chunks_stored_detail(db, clean)
+
+
+# -- parsing runs in a process that is killed on timeout or cancellation (issue 11 §4) ----------
+
+
+@functools.cache
+def slow_pdf() -> bytes:
+    """Inside every content limit, yet about a second of pypdf work per page (10 pages): only
+    the time limit (or cancellation) stops it."""
+    return hostile.slow_pdf(pages=10)
+
+
+def parse_processes() -> set[int]:
+    """PIDs of this test process's trio-parallel worker processes (idle or busy)."""
+    found = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if any("spawn_main" in part for part in child.cmdline()):
+                found.add(child.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+async def test_a_parse_over_the_time_limit_is_killed_and_fails_naming_the_limit(
+    db: Database, store: AsyncObjectStore
+) -> None:
+    claim = _claim(db, store, slow_pdf(), "slow.pdf")
+    before = parse_processes()
+    started = time.perf_counter()
+    with (
+        trio.fail_after(30),
+        pytest.raises(
+            ContentInvalid,
+            match=r"^parsing took longer than indexing\.parsing\.timeout \(1\.5 s\)$",
+        ),
+    ):
+        await run_parse_step(
+            claim, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES * 4, parse_timeout=1.5
+        )
+    elapsed = time.perf_counter() - started
+    # ~10 s of work stopped at the limit (plus a process start-up); the process that ran it is
+    # gone: every parse process alive now was there, idle, before.
+    assert elapsed < 1.5 + 3.0
+    assert parse_processes() <= before
+    assert _chunks(db, claim) == []
+
+
+async def test_a_cancelled_parse_stops_its_process_at_once(
+    db: Database, store: AsyncObjectStore
+) -> None:
+    claim = _claim(db, store, slow_pdf(), "slow.pdf")
+    before = parse_processes()
+    started = time.perf_counter()
+    with trio.move_on_after(1.5) as scope:  # as a shutdown or a lost lease cancels a job
+        await run_parse_step(claim, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES * 4)
+    elapsed = time.perf_counter() - started
+    assert scope.cancelled_caught
+    assert elapsed < 1.5 + 1.5, "the parse was killed, not waited for"
+    assert parse_processes() <= before
+    with db.connection() as conn:
+        version = conn.execute(
+            "SELECT status FROM document_versions WHERE id = %s", (claim.document_version_id,)
+        ).fetchone()
+    assert version == {"status": "PARSING"} and _chunks(db, claim) == []
+
+
+@attrs.define(eq=False)
+class ParseThenStage:
+    """The real parse step; embedding stands in (stores a full embedding set, fenced)."""
+
+    db: Database
+    store: AsyncObjectStore
+    parse_timeout: float
+    cpu_limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))
+
+    async def parse(self, claim: Claim) -> int:
+        return await run_parse_step(
+            claim,
+            db=self.db,
+            store=self.store,
+            chunker=CHUNKER,
+            max_bytes=MAX_BYTES * 4,
+            parse_timeout=self.parse_timeout,
+            cpu_limiter=self.cpu_limiter,
+        )
+
+    async def embed(self, claim: Claim) -> int:
+        def stage(conn: Any, claim: Claim) -> int:
+            with conn.transaction():
+                lifecycle.lock_owned_job(conn, claim)
+                stored = conn.execute(
+                    """INSERT INTO embeddings (chunk_id, document_id, document_version_id,
+                           embedding_model_id, vector, dimension, vector_sha256)
+                       SELECT id, document_id, document_version_id, %s, '[0.5,0.5,0.5,0.5]',
+                           4, repeat('c', 64)
+                       FROM document_chunks WHERE document_version_id = %s""",
+                    (claim.embedding_model_id, claim.document_version_id),
+                ).rowcount
+                conn.execute(
+                    "UPDATE document_versions SET status = 'EMBEDDING' WHERE id = %s",
+                    (claim.document_version_id,),
+                )
+            return int(stored)
+
+        return await self.db.run(stage, claim)
+
+
+def _enqueue_stored(db: Database, store: AsyncObjectStore, data: bytes, priority: int) -> UUID:
+    sha = hashlib.sha256(data).hexdigest()
+    store.store.put(storage_key_for(sha), data, size=len(data), sha256=sha, content_type=None)
+    with db.connection() as conn:
+        model = helpers.model(conn)
+        result = helpers.enqueue(conn, model.id, content=data, priority=priority, max_attempts=1)
+    return result.job_id
+
+
+async def test_the_worker_indexes_a_normal_document_while_a_hostile_one_parses(
+    db: Database, store: AsyncObjectStore
+) -> None:
+    hostile_job = _enqueue_stored(db, store, slow_pdf(), priority=1)  # claimed first
+    normal_job = _enqueue_stored(db, store, TEXT, priority=0)
+    finished: list[tuple[UUID, str]] = []
+    worker = Worker(
+        store=JobStore(db, lease_seconds=30, backoff=BackoffPolicy(0.05, 0.2, 0.0)),
+        steps=ParseThenStage(db, store, parse_timeout=6.0),
+        settings=attrs.evolve(default_settings().worker, max_concurrency=2, polling_interval=0.05),
+        on_job_done=lambda claim, outcome: finished.append((claim.job_id, outcome)),
+    )
+    with trio.fail_after(60):
+        await worker.serve(drain=True)
+    assert [job for job, _ in finished] == [normal_job, hostile_job]
+    assert finished[0][1] == "succeeded"
+    with db.connection() as conn:
+        hostile_row = helpers.job_row(conn, hostile_job)
+    assert (hostile_row["status"], hostile_row["last_failure_type"]) == (
+        "FAILED",
+        "DOCUMENT_CONTENT_INVALID",
+    )
+    assert hostile_row["last_failure_message"] == (
+        "parsing took longer than indexing.parsing.timeout (6 s)"
+    )
+
+
+WORKER_LOGS = """
+import logging, sys
+import trio, trio_parallel
+from trioindex.logs import configure_logging
+from trioindex.steps import parse_process
+
+def noisy() -> int:
+    print("stray stderr noise", file=sys.stderr)
+    logging.getLogger("pypdf._reader").warning("a warning from a parser")
+    return 1
+
+async def main() -> None:
+    parse_process._configure_workers()  # what the first parse does
+    assert await trio_parallel.run_sync(noisy) == 1
+
+if __name__ == "__main__":
+    configure_logging("text", logging.INFO)
+    trio.run(main)
+"""
+
+
+def test_parse_processes_log_like_the_worker_and_write_nothing_else(tmp_path: Path) -> None:
+    # A worker killed (-9) while handing a document over left its parse process printing an
+    # "end of file during message" traceback into the worker's log (the chaos run saw it).
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER_LOGS)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=True
+    )
+    lines = done.stderr.splitlines()
+    assert any(line.endswith("WARNING pypdf._reader: a warning from a parser") for line in lines), (
+        done.stderr
+    )
+    assert "stray stderr noise" not in done.stderr

@@ -8,63 +8,32 @@ a font that CI machines do not have.
 from __future__ import annotations
 
 import io
+import random
+import time
+import tracemalloc
 import unicodedata
 import zipfile
-from pathlib import Path
 
-import docx
 import pytest
 from fpdf import FPDF
-from PIL import Image
 
+from tests import hostile_documents as hostile
+from tests.documents import DATA, make_docx, make_image_pdf, make_pdf
 from trioindex.errors import ContentInvalid, FailureType
-from trioindex.parsing import DocumentFormat, ExtractedText, detect_format, extract_text
+from trioindex.parsing import (
+    PDF_MAX_PAGES,
+    DocumentFormat,
+    ExtractedText,
+    detect_format,
+    extract_text,
+)
 
-DATA = Path(__file__).parent / "data"
 MAX = 5 * 1024 * 1024
 
 KOREAN = (
     "대한민국의 수도는 서울입니다. 한글은 세종대왕이 만들었습니다.\n\n"
     "둘째 문단입니다! 검색 색인이 잘 되나요?"
 )
-
-
-# -- builders -----------------------------------------------------------------------------------
-
-
-def make_pdf(*pages: str, compress: bool = True) -> bytes:
-    pdf = FPDF()
-    pdf.set_compression(compress)
-    pdf.set_font("helvetica", size=12)
-    for text in pages:
-        pdf.add_page()
-        pdf.multi_cell(0, 8, text)
-    return bytes(pdf.output())
-
-
-def make_image_pdf(pages: int = 2) -> bytes:
-    """A 'scanned' PDF: every page is one picture, no text layer."""
-    image = io.BytesIO()
-    Image.new("RGB", (300, 120), "white").save(image, "PNG")
-    pdf = FPDF()
-    for _ in range(pages):
-        pdf.add_page()
-        pdf.image(image, x=10, y=10, w=150)
-    return bytes(pdf.output())
-
-
-def make_docx(*paragraphs: str, table: list[list[str]] | None = None) -> bytes:
-    document = docx.Document()
-    for text in paragraphs:
-        document.add_paragraph(text)
-    if table is not None:
-        grid = document.add_table(rows=len(table), cols=len(table[0]))
-        for r, row in enumerate(table):
-            for c, value in enumerate(row):
-                grid.cell(r, c).text = value
-    out = io.BytesIO()
-    document.save(out)
-    return out.getvalue()
 
 
 def extract(data: bytes, name: str, content_type: str | None = None) -> ExtractedText:
@@ -302,6 +271,136 @@ def test_docx_decompression_bomb_is_refused() -> None:
     assert len(data) < 1024 * 1024  # zeros compress ~1000:1
     msg = invalid(data, "bomb.docx", max_bytes=1024 * 1024)
     assert "decompression bomb" in msg
+
+
+# -- bounded work on hostile files (issue 11 §4) ------------------------------------------------
+
+MiB = 1024 * 1024
+
+
+def timed_invalid(data: bytes, name: str, **kw: int) -> tuple[str, float]:
+    started = time.perf_counter()
+    message = invalid(data, name, **kw)
+    return message, time.perf_counter() - started
+
+
+def test_pdf_pages_sharing_one_heavy_content_stream_are_refused_before_interpretation() -> None:
+    # main: 26 s (about 4 s per page), and max_chars never tripped: the pages emit no text
+    data = hostile.pdf_sharing_one_heavy_stream(pages=6, content_bytes=3_600_000)
+    assert len(data) < 16 * 1024
+    message, elapsed = timed_invalid(data, "heavy.pdf")
+    assert message.startswith("PDF page 1 has over 1 MiB of content (the per-page limit")
+    assert elapsed < 2.0, "refused from the stream sizes, before pypdf interprets page 1"
+
+
+def test_pdf_content_over_the_total_for_its_size_is_refused() -> None:
+    # Each page is under the per-page limit; together they are not (main: ~4 s, then "no text
+    # layer" after interpreting every page).
+    data = hostile.pdf_sharing_one_heavy_stream(pages=6, content_bytes=600_000)
+    # refused before page 2 is interpreted: one page of work instead of six
+    assert invalid(data, "heavy.pdf").startswith(
+        "PDF pages 1-2 have over 1 MiB of content (the limit for all"
+    )
+
+
+def test_pdf_with_a_page_tree_of_a_million_pages_is_refused() -> None:
+    data = hostile.pdf_page_tree_bomb(levels=6, fanout=10)
+    assert len(data) < 2048
+    message, elapsed = timed_invalid(data, "pages.pdf")
+    assert message == f"PDF has more than {PDF_MAX_PAGES} pages (the limit)"
+    assert elapsed < 2.0
+
+
+def test_docx_that_inflates_far_beyond_its_own_size_is_refused_before_inflating() -> None:
+    # Under the old cap (8 x max-document-size = 64 MiB here) the 40 MiB document.xml was
+    # parsed whole: minutes and over a GiB (issue 11: 60 MiB took 140 s and 1.4 GiB).
+    data = hostile.docx_bomb(make_docx("Innocent text."), xml_bytes=40 * MiB)
+    assert len(data) < 512 * 1024
+    tracemalloc.start()
+    try:
+        message, elapsed = timed_invalid(data, "bomb.docx", max_bytes=8 * MiB)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "decompression bomb" in message
+    assert "the limit for a" in message
+    assert peak < 4 * MiB and elapsed < 2.0
+
+
+def test_docx_over_the_absolute_xml_cap_is_refused() -> None:
+    # Random words do not compress, so the ratio passes; but python-docx would build a tree of
+    # 36 MiB of XML (~20x that in memory): the absolute cap refuses it.
+    rng = random.Random(2)
+    words = [
+        "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))
+        for _ in range(2000)
+    ]
+    paragraph = " ".join(rng.choice(words) for _ in range(2000))
+    body = f"<w:p><w:r><w:t>{paragraph}</w:t></w:r></w:p>" * (36 * MiB // len(paragraph))
+    xml = (
+        '<?xml version="1.0" encoding="UTF-8" standalone="yes"?><w:document xmlns:w='
+        f'"http://schemas.openxmlformats.org/wordprocessingml/2006/main"><w:body>{body}'
+        "</w:body></w:document>"
+    )
+    out = io.BytesIO()
+    with (
+        zipfile.ZipFile(io.BytesIO(make_docx("x"))) as original,
+        zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as big,
+    ):
+        for info in original.infolist():
+            if info.filename != "word/document.xml":
+                big.writestr(info.filename, original.read(info))
+        big.writestr("word/document.xml", xml)
+    message = invalid(out.getvalue(), "big.docx", max_bytes=64 * MiB)
+    assert message.startswith("DOCX holds more than 32 MiB of XML (the limit)")
+
+
+# -- almost-right text (issue 11 §5) ------------------------------------------------------------
+
+KOREAN_20KB = (KOREAN.replace("?", "") + " 마지막 문장은 한글로 끝") * 140
+
+
+def test_utf8_cut_in_the_middle_of_its_last_character_is_decoded_with_one_replacement() -> None:
+    encoded = KOREAN_20KB.encode("utf-8")
+    assert len(encoded) > 20_000 and encoded[-3:] == "끝".encode()
+    result = extract(encoded[:-1], "cut.txt")
+    assert result.text == KOREAN_20KB[:-1] + "\ufffd"
+    assert result.replaced == 1
+
+
+def test_a_stray_byte_inside_a_character_is_replaced_and_the_rest_kept() -> None:
+    encoded = KOREAN_20KB.encode("utf-8")
+    middle = len(encoded) // 2
+    while encoded[middle] & 0xC0 != 0x80:  # land inside a character on purpose
+        middle += 1
+    damaged = encoded[:middle] + b"\xff" + encoded[middle:]
+    result = extract(damaged, "stray.txt")
+    assert 1 <= result.replaced <= 4  # a lead byte, 0xFF, orphaned continuation bytes
+    head, _, tail = result.text.partition("\ufffd")
+    assert KOREAN_20KB.startswith(head) and KOREAN_20KB.endswith(tail.lstrip("\ufffd"))
+    assert len(result.text) >= len(KOREAN_20KB) - 1
+    # BOM'd UTF-8 gets the same tolerance; a lone stray byte between characters costs one
+    with_bom = b"\xef\xbb\xbf" + encoded[:100] + b"\xfe" + encoded[100:]
+    assert extract(with_bom, "bom.txt").replaced == 1
+
+
+def test_binary_or_mixed_up_bytes_are_still_refused() -> None:
+    korean = KOREAN_20KB.encode("utf-8")
+    rng = random.Random(9)
+    garbage = bytes(rng.randrange(0x80, 0x100) for _ in range(1024))
+    # UTF-8 with a kilobyte of garbage inside (main refused this one too, but let charset
+    # detection turn other such files into a Cyrillic-codepage mojibake)
+    assert invalid(korean[:9000] + garbage + korean[9000:], "mixed.txt").startswith(
+        "undecodable bytes: UTF-8 text with more than"
+    )
+    # UTF-8 followed by the same text in CP949: two encodings in one file
+    assert invalid(korean + KOREAN_20KB.encode("cp949"), "two.txt").startswith("undecodable bytes")
+    # random bytes (no NUL, so not caught as binary by the signature check)
+    noise = bytes(rng.randrange(1, 256) for _ in range(20_000))
+    assert invalid(noise, "noise.txt").startswith("undecodable bytes")
+    # and legacy single-byte text is still detected, not "repaired" as UTF-8
+    latin = extract(("café crème " + "plain words " * 300).encode("cp1252"), "menu.txt")
+    assert latin.text.startswith("café cr") and latin.replaced == 0
 
 
 # -- unsupported, empty, undecodable, too large -------------------------------------------------

@@ -7,23 +7,19 @@ that hopes a race goes one way.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
-from psycopg.rows import dict_row
 
 from tests.documents import write_corpus
 from tests.fakes.embed_server import FakeEmbedServer
+from tests.processes import FAST_WORKER, base_env, cli, query, spawn, wait_for
 from trioindex.database import start_embedded, stop_embedded, with_dbname
 
 pytestmark = pytest.mark.slow
@@ -41,59 +37,6 @@ END $$;
 CREATE TRIGGER test_trap AFTER UPDATE OF claim_token ON embedding_jobs
     FOR EACH ROW EXECUTE FUNCTION test_trap_token();
 """
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def query(url: str, sql: str, *params: object) -> list[dict[str, Any]]:
-    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-        cursor = conn.execute(sql, params)
-        return cursor.fetchall() if cursor.description else []
-
-
-def cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "trioindex.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def spawn(env: dict[str, str], *args: str, log: Path) -> subprocess.Popen[bytes]:
-    handle = log.open("ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", "trioindex.cli", *args], env=env, stdout=handle, stderr=handle
-    )
-
-
-FAST_WORKER = {
-    "TRIOINDEX_WORKER_POLLING_INTERVAL": "200ms",
-    "TRIOINDEX_WORKER_LEASE_DURATION": "3s",
-    "TRIOINDEX_WORKER_LEASE_RENEWAL_INTERVAL": "1s",
-    "TRIOINDEX_WORKER_RECOVERY_INTERVAL": "500ms",
-    "TRIOINDEX_WORKER_HEARTBEAT_INTERVAL": "1s",
-    "TRIOINDEX_WORKER_HEARTBEAT_TIMEOUT": "5s",
-    "TRIOINDEX_WORKER_RETRY_BACKOFF_INITIAL": "100ms",
-    "TRIOINDEX_WORKER_SHUTDOWN_GRACE_PERIOD": "2s",
-}
-
-
-def base_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIOINDEX_")}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
-    env.update(extra)
-    return env
 
 
 @pytest.fixture
@@ -138,9 +81,11 @@ def job_states(url: str) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def embedded_home() -> Iterator[Path]:
-    """A TRIOINDEX_HOME outside pytest's 0700 temp folders (the server runs as its own user)."""
+    """A TRIOINDEX_HOME outside pytest's 0700 temp folders (the server runs as its own user).
+
+    The home itself stays 0700 (mkdtemp): start_embedded opens it to the server's group only.
+    """
     home = Path(tempfile.mkdtemp(prefix="trioindex-home-"))
-    home.chmod(0o755)
     yield home
     stop_embedded(home)
     shutil.rmtree(home, ignore_errors=True)
@@ -200,9 +145,50 @@ def test_sigterm_during_a_long_job_exits_within_the_grace_period_and_leaves_work
     assert took < 2 + 5, f"took {took:.1f}s for a 2s grace period"
     (worker,) = query(database_url, "SELECT status, stopped_at FROM indexing_workers")
     assert worker["status"] == "STOPPED"
-    (job,) = query(database_url, "SELECT status FROM embedding_jobs")
-    assert job["status"] == "PROCESSING"  # not FAILED: lease recovery returns it to the queue
-    assert_logs_clean(database_url, [log.read_text()])
+    # handed back at once: PENDING, not PROCESSING until the lease expires, and not FAILED
+    (job,) = query(database_url, "SELECT status, attempt_count, max_attempts FROM embedding_jobs")
+    assert job["status"] == "PENDING"
+    assert job["max_attempts"] - job["attempt_count"] == 5  # the cancelled attempt is not spent
+    # a following `worker --drain` finishes it and exits only then
+    drain = cli(fake_tei_env, "worker", "--drain", timeout=120)
+    assert drain.returncode == 0, drain.stderr[-3000:]
+    attempts = query(
+        database_url, "SELECT attempt_no, status FROM embedding_job_attempts ORDER BY attempt_no"
+    )
+    assert [(a["attempt_no"], a["status"]) for a in attempts] == [
+        (1, "CANCELLED"),
+        (2, "SUCCEEDED"),
+    ]
+    assert_logs_clean(database_url, [log.read_text(), drain.stderr])
+
+
+def test_drain_exits_only_when_every_job_is_final_under_a_flaky_embedder(
+    fake_tei_env: dict[str, str], database_url: str, embed_server: FakeEmbedServer, tmp_path: Path
+) -> None:
+    """`ingest` then `worker --drain` with an embedder answering 503 a third of the time:
+    drain waits out every scheduled retry instead of exiting on the first empty claim."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(30):
+        (docs / f"doc-{i:02}.txt").write_text(f"document number {i} about retries and drains. " * 5)
+    assert cli(fake_tei_env, "ingest", str(docs)).returncode == 0
+    embed_server.set_fault_rates({"status_503": 0.35}, seed=3)
+    env = {
+        **fake_tei_env,
+        # a backoff long enough that retries are still scheduled when the first claim comes
+        # back empty (the case drain used to exit on)
+        "TRIOINDEX_WORKER_RETRY_BACKOFF_INITIAL": "1s",
+        "TRIOINDEX_WORKER_RETRY_BACKOFF_MAX": "2s",
+        "TRIOINDEX_WORKER_MAX_ATTEMPTS": "8",
+    }
+    drain = cli(env, "worker", "--drain", timeout=240)
+    embed_server.set_fault_rates({})
+    assert drain.returncode == 0, drain.stderr[-3000:]
+    assert embed_server.stats().faults.get("status_503", 0) >= 3  # retries did happen
+    states = query(database_url, "SELECT status, count(*) AS n FROM embedding_jobs GROUP BY 1")
+    assert {s["status"] for s in states} <= {"SUCCEEDED", "FAILED"}, states
+    assert sum(s["n"] for s in states) == 30
+    assert "drain waiting for" in drain.stderr
 
 
 def test_kill_9_mid_job_then_a_second_worker_completes_it_without_duplicates(
@@ -247,3 +233,27 @@ def test_kill_9_mid_job_then_a_second_worker_completes_it_without_duplicates(
     )
     assert duplicates == []
     assert_logs_clean(database_url, [first_log.read_text(), second_log.read_text()])
+
+
+@pytest.mark.parametrize(
+    ("sqlstate", "expected"),
+    [("57P01", "lost the database connection"), ("23514", "database error CheckViolation")],
+)
+def test_a_database_error_while_the_worker_registers_is_one_line(
+    fake_tei_env: dict[str, str], database_url: str, sqlstate: str, expected: str
+) -> None:
+    """The worker's registration runs inside Trio nurseries, so its errors arrive wrapped in
+    exception groups; they are still one line (and never quote the server's message)."""
+    query(
+        database_url,
+        f"""CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION USING ERRCODE = '{sqlstate}', MESSAGE = 'SECRET-ROW-DATA'; END $$;
+            CREATE TRIGGER test_refuse BEFORE INSERT ON indexing_workers
+                FOR EACH ROW EXECUTE FUNCTION test_refuse();""",
+    )
+    result = cli(fake_tei_env, "worker", "--drain", timeout=60)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert "SECRET" not in result.stderr + result.stdout
+    errors = [line for line in result.stderr.splitlines() if line.startswith("trioindex:")]
+    assert len(errors) == 1 and expected in errors[0], result.stderr[-2000:]

@@ -14,6 +14,7 @@ import trio
 import trio.testing
 
 from tests.fakes.runtime import FakeSteps, FakeStore, refuse
+from trioindex import metrics
 from trioindex.config import WorkerSettings, default_settings
 from trioindex.errors import (
     ContentInvalid,
@@ -56,13 +57,17 @@ def make_worker(store: FakeStore, steps: FakeSteps, **changes: Any) -> Worker:
 
 
 async def drain(worker: Worker) -> None:
-    await worker.serve(drain=True)
+    # a run that blocks for good (a slot never given back, ...) fails at once on the virtual
+    # clock instead of hanging the test run
+    with trio.fail_after(1_000_000):
+        await worker.serve(drain=True)
 
 
 def assert_clean(worker: Worker) -> None:
     """No slot, job context or renewal task outlives the run."""
     assert worker.running_jobs == 0
-    assert worker._slots is not None and worker._slots.borrowed_tokens == 0
+    assert worker._slots is not None
+    assert worker._slots.borrowed_tokens == 0
 
 
 # --- polling ---------------------------------------------------------------------------------
@@ -230,7 +235,8 @@ async def test_lost_lease_cancels_the_job_and_blocks_later_writes(
     store = FakeStore(pending=[U], renew_behaviour=refuse_second)
     worker = make_worker(store, FakeSteps(store, duration=1000))
     await drain(worker)
-    assert store.of("complete") == [] and store.of("fail") == []
+    assert store.of("complete") == []
+    assert store.of("fail") == []
     assert "embed" not in store.names()  # cancelled inside parse, nothing later ran
     assert worker.counters.lost == 1
     assert_clean(worker)
@@ -249,7 +255,28 @@ async def test_transient_renewal_errors_are_retried_until_the_lease_would_expire
     renew_times = [t - start for t, _ in store.of("renew")]
     assert len(renew_times) > 200  # retried about once a second
     assert renew_times[-1] == pytest.approx(300, abs=1.5)  # gave up when the lease ran out
-    assert store.of("complete") == [] and store.of("fail") == []
+    assert store.of("complete") == []
+    assert store.of("fail") == []
+    assert worker.counters.lost == 1
+
+
+async def test_each_successful_renewal_extends_how_long_renewal_errors_are_retried(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Five renewals succeed (the last at 300 s), then every renewal fails: the worker keeps
+    retrying until the lease the last success bought runs out (600 s), not the first (300 s)."""
+
+    async def ok_then_errors(claim: Claim, count: int) -> None:
+        if count > 5:
+            raise RuntimeError("connection reset")
+
+    store = FakeStore(pending=[U], renew_behaviour=ok_then_errors)
+    worker = make_worker(store, FakeSteps(store, duration=10_000))
+    start = trio.current_time()
+    await drain(worker)
+    renew_times = [t - start for t, _ in store.of("renew")]
+    assert renew_times[:5] == pytest.approx([60, 120, 180, 240, 300], abs=0.5)
+    assert renew_times[-1] == pytest.approx(600, abs=1.5)
     assert worker.counters.lost == 1
 
 
@@ -326,7 +353,8 @@ async def test_one_job_failure_does_not_stop_another_slot(autojump_clock: trio.a
     await drain(worker)
     assert len(store.of("fail")) == 1
     completed = {job for _, job in store.of("complete")}
-    assert len(completed) == 2 and not completed & failing
+    assert len(completed) == 2
+    assert not completed & failing
     assert_clean(worker)
 
 
@@ -382,7 +410,8 @@ async def test_jobs_past_the_grace_period_are_cancelled_not_failed(
         worker.request_stop()
         stop_requested_at = trio.current_time()
     assert trio.current_time() - stop_requested_at == pytest.approx(30, abs=0.5)
-    assert store.of("fail") == [] and store.of("complete") == []
+    assert store.of("fail") == []
+    assert store.of("complete") == []
     assert worker.counters.cancelled == 2
     assert store.names()[-1] == "status:STOPPED"
     renewals_at_stop = len(store.of("renew"))
@@ -441,30 +470,243 @@ async def test_a_notify_wakes_the_poller_before_the_interval(
 
 
 @attrs.define(eq=False)
-class SlowCompleteStore(FakeStore):
-    """The final write holds the job row lock for a while; renewals meanwhile are refused."""
+class RowLockStore(FakeStore):
+    """Models the job row lock the final write holds: a renewal that reaches the database while
+    the completion runs waits for it, like the real UPDATE, and is then refused because the job
+    is SUCCEEDED. Neither call can be abandoned (both run in threads), so both are shielded."""
 
-    completing: trio.Event = attrs.field(factory=trio.Event)
+    complete_takes: float = 5.0
+    completing: bool = False
+    committed: trio.Event = attrs.field(factory=trio.Event)
 
     async def complete(self, claim: Claim) -> Any:
-        self.completing.set()
-        await trio.sleep(5)
-        return await super().complete(claim)
+        self.completing = True
+        with trio.CancelScope(shield=True):
+            await trio.sleep(self.complete_takes)
+        result = await super().complete(claim)
+        self.committed.set()
+        return result
 
     async def renew(self, claim: Claim) -> Any:
-        if self.completing.is_set():
+        self.log("renew-sent", claim.job_id)
+        with trio.CancelScope(shield=True):
+            await trio.sleep(1)  # the round trip
+            if self.completing:
+                await self.committed.wait()  # the row lock
+        if self.committed.is_set():
             self.log("renew-refused", claim.job_id)
             raise OwnershipLost("the job is SUCCEEDED, not PROCESSING")
         return await super().renew(claim)
 
 
-async def test_a_renewal_racing_the_final_write_is_not_a_lost_lease(
+def leases_lost() -> float:
+    return metrics.REGISTRY.get_sample_value("trioindex_leases_lost_total") or 0.0
+
+
+async def test_a_renewal_refused_because_the_final_write_finished_the_job_is_not_a_lost_lease(
+    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The renewal is sent first (at 60 s, while embed still runs); the completion starts at
+    60.5 s and holds the row; the renewal waits for it and is refused once the job is done."""
+    store = RowLockStore(pending=[U])
+    worker = make_worker(store, FakeSteps(store, duration=30.25), lease_renewal_interval=60.0)
+    lost_before = leases_lost()
+    with caplog.at_level(logging.WARNING, logger="trioindex.runtime"):
+        await drain(worker)
+    (sent_at, _), *_ = store.of("renew-sent")
+    (completed_at, _), *_ = store.of("complete")
+    assert sent_at < completed_at  # in flight before the final write began, and across it
+    assert [t for t, _ in store.of("renew-refused")] == [pytest.approx(completed_at)]
+    assert worker.counters.succeeded == 1
+    assert worker.counters.lost == 0
+    assert leases_lost() == lost_before
+    assert not [r for r in caplog.records if "renewal refused" in r.getMessage()]
+    assert_clean(worker)
+
+
+async def test_no_renewal_is_sent_while_the_final_write_runs(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    """A renewal in flight when complete commits finds the job finished: no loss reported."""
-    store = SlowCompleteStore(pending=[U])
-    # parse + embed take 59.5 s, so the 60 s renewal fires while complete holds the lock
+    """The final write re-validates ownership itself: a renewal due while it runs (at 60 s,
+    inside 59.5-64.5 s) is not sent to wait on the row lock."""
+    store = RowLockStore(pending=[U])
+    # parse + embed take 59.5 s, so the 60 s renewal falls due while complete holds the lock
     worker = make_worker(store, FakeSteps(store, duration=29.75), lease_renewal_interval=60.0)
     await drain(worker)
-    assert worker.counters.succeeded == 1 and worker.counters.lost == 0
+    assert store.of("renew-sent") == []
+    assert worker.counters.succeeded == 1
+    assert worker.counters.lost == 0
     assert_clean(worker)
+
+
+# --- shutdown hands claims back (issue 11 §3) -------------------------------------------------
+
+
+async def test_jobs_cancelled_at_shutdown_are_handed_back_before_stopped(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    store = FakeStore(pending=[U, U])
+    outcomes: list[str] = []
+    worker = make_worker(store, FakeSteps(store, duration=1000), shutdown_grace_period=5.0)
+    worker.on_job_done = lambda claim, outcome: outcomes.append(outcome)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.serve)
+        await trio.sleep(1)
+        worker.request_stop()
+    names = store.names()
+    released = [i for i, name in enumerate(names) if name == "release"]
+    assert len(released) == 2
+    assert max(released) < names.index("status:STOPPED")
+    # handed back only after the grace period, never failed
+    assert all(t >= 6.0 for t, _ in store.of("release"))
+    assert store.of("fail") == []
+    assert outcomes == ["released", "released"]
+    assert_clean(worker)
+
+
+async def test_a_hand_back_that_cannot_be_written_leaves_the_job_to_recovery(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    store = FakeStore(pending=[U], release_error=ConnectionError("database down"))
+    outcomes: list[str] = []
+    worker = make_worker(store, FakeSteps(store, duration=1000), shutdown_grace_period=1.0)
+    worker.on_job_done = lambda claim, outcome: outcomes.append(outcome)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.serve)
+        await trio.sleep(1)
+        worker.request_stop()
+    assert outcomes == ["cancelled"]
+    assert store.names()[-1] == "status:STOPPED"
+    assert_clean(worker)
+
+
+async def test_a_hung_hand_back_is_bounded(autojump_clock: trio.abc.Clock) -> None:
+    async def hang(claim: Claim) -> None:
+        await trio.sleep(50_000)  # virtual time: a hand-back that does not come back
+
+    store = FakeStore(pending=[U], release_behaviour=hang)
+    worker = make_worker(store, FakeSteps(store, duration=1000), shutdown_grace_period=1.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.serve)
+        await trio.sleep(1)
+        worker.request_stop()
+        requested = trio.current_time()
+    # grace period, then at most the cleanup bound for the hand-back
+    assert trio.current_time() - requested == pytest.approx(1.0 + 10.0, abs=0.5)
+    assert store.names()[-1] == "status:STOPPED"
+
+
+async def test_a_hung_failure_report_is_bounded(autojump_clock: trio.abc.Clock) -> None:
+    async def invalid(claim: Claim) -> None:
+        raise ContentInvalid("not a document")
+
+    async def hang(claim: Claim) -> None:
+        await trio.sleep(50_000)  # virtual time: a report that does not come back
+
+    store = FakeStore(pending=[U], fail_behaviour=hang)
+    outcomes: list[str] = []
+    worker = make_worker(store, FakeSteps(store, duration=1, behaviour={"parse": invalid}))
+    worker.on_job_done = lambda claim, outcome: outcomes.append(outcome)
+    await drain(worker)
+    (reported_at, _), *_ = store.of("fail")
+    assert trio.current_time() - reported_at == pytest.approx(10.0, abs=0.5)  # CLEANUP_TIMEOUT
+    assert outcomes == ["report-failed"]
+    assert worker.counters.report_refused == 1
+
+
+@attrs.define(eq=False)
+class SlowStatusStore(FakeStore):
+    """Status writes take time like the real ones (a thread: at least one checkpoint); the one
+    named by ``hang`` never comes back."""
+
+    hang: str | None = None
+
+    async def set_worker_status(self, worker_id: Any, status: Any) -> None:
+        await trio.lowlevel.checkpoint()
+        await super().set_worker_status(worker_id, status)
+        if status.value == self.hang:
+            await trio.sleep(50_000)  # virtual time
+
+
+async def test_stopped_is_written_when_the_worker_is_cancelled_from_outside(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A second signal cancels everything at once; STOPPED is still written."""
+    store = SlowStatusStore(pending=[U])
+    worker = make_worker(store, FakeSteps(store, duration=1000))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.serve)
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    assert store.names()[-1] == "status:STOPPED"
+
+
+@pytest.mark.parametrize("hang", ["STOPPING", "STOPPED"])
+async def test_a_hung_status_write_is_bounded(autojump_clock: trio.abc.Clock, hang: str) -> None:
+    store = SlowStatusStore(hang=hang)
+    worker = make_worker(store, FakeSteps(store))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.serve)
+        await trio.sleep(1)
+        worker.request_stop()
+        requested = trio.current_time()
+    assert trio.current_time() - requested == pytest.approx(10.0, abs=0.5)  # CLEANUP_TIMEOUT
+    assert store.names()[-1] == "status:STOPPED"
+
+
+async def test_a_failure_found_as_the_job_is_cancelled_is_still_reported(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    store = FakeStore(pending=[U])
+
+    async def slow_then_fail(claim: Claim) -> None:
+        # the failure surfaces after the grace period has already cancelled the job's scope
+        with trio.CancelScope(shield=True):
+            await trio.sleep(10)
+        raise ContentInvalid("not a document")
+
+    steps = FakeSteps(store, duration=0, behaviour={"parse": slow_then_fail})
+    worker = make_worker(store, steps, shutdown_grace_period=1.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.serve)
+        await trio.sleep(1)
+        worker.request_stop()
+    (report,) = store.of("fail")
+    assert report[1][1] is FailureType.DOCUMENT_CONTENT_INVALID  # type: ignore[index]
+    assert store.of("release") == []  # reported, so not handed back
+    assert_clean(worker)
+
+
+# --- drain waits for work still owed (issue 11 §2) ------------------------------------------------
+
+
+async def test_drain_waits_for_a_scheduled_retry(autojump_clock: trio.abc.Clock) -> None:
+    store = FakeStore(later=[(40.0, U)])
+    await drain(make_worker(store, FakeSteps(store)))
+    (completed_at, _) = store.of("complete")[0]
+    assert completed_at >= 40.0
+    assert store.later == []
+    assert store.pending == []
+
+
+async def test_drain_recovers_a_dead_workers_job_when_its_lease_expires(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # recovery-interval is far away: drain recovers the expired lease itself
+    store = FakeStore(orphans=[(100.0, E)])
+    await drain(make_worker(store, FakeSteps(store), recovery_interval=10_000.0))
+    assert [t for t, n in store.of("recover") if n] == [pytest.approx(100.0, abs=1.5)]
+    assert len(store.of("complete")) == 1
+    assert store.orphans == []
+
+
+async def test_drain_says_what_it_waits_for_without_logging_every_poll(
+    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = FakeStore(later=[(60.0, U)])
+    with caplog.at_level(logging.INFO, logger="trioindex.runtime"):
+        await drain(make_worker(store, FakeSteps(store), polling_interval=1.0))
+    waiting = [r.getMessage() for r in caplog.records if "drain waiting" in r.getMessage()]
+    assert 1 <= len(waiting) <= 5  # about 60 polls, a few lines
+    assert "1 pending job(s)" in waiting[0]
+    assert len(store.of("drain-state")) >= 30

@@ -6,6 +6,7 @@ runtime's contract with the database: claims, slots, renewal, fencing, retry and
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -13,16 +14,19 @@ from typing import Any
 from uuid import UUID
 
 import attrs
+import psycopg
+import psycopg_pool
+import pytest
 import trio
 
 from tests import helpers
 from trioindex import lifecycle
 from trioindex.config import WorkerSettings, default_settings
 from trioindex.database import Database
-from trioindex.errors import ProviderUnavailable
+from trioindex.errors import FailureType, ProviderUnavailable
 from trioindex.runtime import Worker
 from trioindex.store import JobStore
-from trioindex.values import BackoffPolicy, Claim
+from trioindex.values import BackoffPolicy, Claim, WorkerStatus
 
 FAST = BackoffPolicy(initial=0.05, maximum=0.2, jitter=0.0)
 
@@ -96,9 +100,12 @@ def statuses(db: Database) -> Counter[str]:
     return Counter(r["status"] for r in rows)
 
 
-async def test_several_workers_never_claim_one_job_twice_nor_exceed_their_slots(
+async def test_several_workers_draining_one_queue_run_each_job_once_within_their_slots(
     db: Database,
 ) -> None:
+    """Outcome test: three workers drain 30 jobs. Their claims overlap but nothing forces two
+    of them onto one row; that the claim skips a row another claimer holds is forced in
+    ``test_lifecycle.py::test_claim_skips_a_row_another_transaction_holds_and_takes_the_next``."""
     jobs = enqueue(db, 30)
     peak: Counter[UUID] = Counter()
 
@@ -150,8 +157,10 @@ async def test_a_retryable_failure_returns_to_the_queue_and_exhausted_retries_en
     assert steps.seen == [job, job, job]  # retried twice, then out of attempts
     with db.connection() as conn:
         events = helpers.events(conn, job)
-    assert events.count("JOB_RETRY_SCHEDULED") == 2 and events[-1] == "JOB_FAILED"
-    assert worker.counters.retried == 2 and worker.counters.failed == 1
+    assert events.count("JOB_RETRY_SCHEDULED") == 2
+    assert events[-1] == "JOB_FAILED"
+    assert worker.counters.retried == 2
+    assert worker.counters.failed == 1
 
 
 async def test_a_worker_that_lost_its_lease_cannot_store_its_late_result(db: Database) -> None:
@@ -181,7 +190,8 @@ async def test_a_worker_that_lost_its_lease_cannot_store_its_late_result(db: Dat
             await a_done.wait()
             worker_a.request_stop()
             worker_b.request_stop()
-    assert worker_a.counters.lost == 1 and worker_a.counters.succeeded == 0
+    assert worker_a.counters.lost == 1
+    assert worker_a.counters.succeeded == 0
     with db.connection() as conn:
         attempts = conn.execute(
             "SELECT attempt_no, status, worker_id FROM embedding_job_attempts ORDER BY attempt_no"
@@ -212,8 +222,10 @@ async def test_renewal_keeps_a_long_job_owned_while_recovery_runs(db: Database) 
             await done.wait()
             worker.request_stop()
             rescuer.request_stop()
-    assert worker.counters.succeeded == 1 and worker.counters.renewals >= 10
-    assert rescuer.counters.recovered == 0 and rescuer.counters.claimed == 0
+    assert worker.counters.succeeded == 1
+    assert worker.counters.renewals >= 10
+    assert rescuer.counters.recovered == 0
+    assert rescuer.counters.claimed == 0
     with db.connection() as conn:
         assert helpers.count(conn, "SELECT count(*) FROM embedding_job_attempts") == 1
 
@@ -242,6 +254,46 @@ async def test_shutdown_stops_new_claims_on_real_postgres(db: Database) -> None:
     assert row == {"status": "STOPPED"}
 
 
+class BeatWatchingStore(JobStore):
+    """The real store. A heartbeat that begins while ``watch`` is set sets it when its write is
+    done: the test's wake-up, for a beat that certainly started after the test's own write."""
+
+    def __init__(self, db: Database) -> None:
+        super().__init__(db, lease_seconds=30, backoff=FAST)
+        self.watch: trio.Event | None = None
+
+    async def heartbeat(self, worker_id: UUID) -> bool:
+        watch = self.watch
+        alive = await super().heartbeat(worker_id)
+        if watch is not None:
+            watch.set()
+        return alive
+
+
+async def test_a_running_worker_moves_its_heartbeat_forward(db: Database) -> None:
+    """Registration sets last_heartbeat_at; the heartbeat loop must keep moving it."""
+    store = BeatWatchingStore(db)
+    worker = Worker(store=store, steps=StagedSteps(db), settings=settings(heartbeat_interval=0.2))
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            worker_id = await nursery.start(worker.serve)
+            with db.connection() as conn:
+                conn.execute(
+                    "UPDATE indexing_workers SET last_heartbeat_at = now() - interval '1 hour' WHERE id = %s",
+                    (worker_id,),
+                )
+            store.watch = beat = trio.Event()
+            await beat.wait()
+            with db.connection() as conn:
+                row = conn.execute(
+                    "SELECT now() - last_heartbeat_at AS age FROM indexing_workers WHERE id = %s",
+                    (worker_id,),
+                ).fetchone()
+            worker.request_stop()
+    assert row is not None
+    assert row["age"].total_seconds() < 30
+
+
 async def test_heartbeat_and_recovery_loops_write_to_the_database(db: Database) -> None:
     (job,) = enqueue(db, 1)
     with db.connection() as conn:
@@ -258,3 +310,129 @@ async def test_heartbeat_and_recovery_loops_write_to_the_database(db: Database) 
     assert worker.counters.recovered == 1
     with db.connection() as conn:
         assert helpers.events(conn, job)[2] == "LEASE_EXPIRED_REQUEUED"
+
+
+# --- shutdown hands claims back; cleanup writes are bounded (issue 11 §3) ----------------------
+
+
+async def test_a_job_cancelled_at_shutdown_is_pending_at_once_without_spending_an_attempt(
+    db: Database,
+) -> None:
+    (job,) = enqueue(db, 1, max_attempts=1)
+    running = trio.Event()
+
+    async def hang(claim: Claim) -> None:
+        running.set()
+        await trio.sleep_forever()
+
+    worker = make_worker(db, StagedSteps(db, during=hang), shutdown_grace_period=0.2)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.serve)
+            await running.wait()
+            worker.request_stop()
+    with db.connection() as conn:
+        row = helpers.job_row(conn, job)
+        attempts = conn.execute("SELECT status FROM embedding_job_attempts").fetchall()
+        status = conn.execute("SELECT status FROM indexing_workers").fetchone()
+    # on its only attempt, yet PENDING (not FAILED after a lease expiry) and claimable now
+    assert (row["status"], row["attempt_count"], row["max_attempts"]) == ("PENDING", 1, 2)
+    assert attempts == [{"status": "CANCELLED"}]
+    assert status == {"status": "STOPPED"}
+    # the next worker picks it up at once and finishes it
+    again = make_worker(db, StagedSteps(db))
+    with trio.fail_after(30):
+        await again.serve(drain=True)
+    assert statuses(db) == Counter({"SUCCEEDED": 1})
+
+
+@pytest.mark.parametrize("write", ["worker status", "hand-back", "failure report"])
+async def test_a_cleanup_write_gives_up_on_a_row_lock_that_is_never_released(
+    db: Database, write: str
+) -> None:
+    (job,) = enqueue(db, 1)
+    with db.connection() as conn:
+        worker_id = helpers.worker(conn)
+        (claim,) = lifecycle.claim_jobs(conn, worker_id, 1, 300)
+    store = JobStore(db, lease_seconds=30, backoff=FAST, cleanup_timeout=0.3)
+    held, cleanup = {
+        "worker status": (
+            ("indexing_workers", worker_id),
+            lambda: store.set_worker_status(worker_id, WorkerStatus.STOPPING),
+        ),
+        "hand-back": (("embedding_jobs", job), lambda: store.release(claim)),
+        "failure report": (
+            ("embedding_jobs", job),
+            lambda: store.fail(claim, FailureType.STORAGE_UNAVAILABLE, "down"),
+        ),
+    }[write]
+    holder_ready, stop_holding = threading.Event(), threading.Event()
+
+    def hold_row() -> None:
+        table, row_id = held
+        with db.connection() as conn, conn.transaction():
+            conn.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", (row_id,))
+            holder_ready.set()
+            stop_holding.wait(10)  # the test ends it; 10 s only if the write is not bounded
+
+    holder = threading.Thread(target=hold_row)
+    holder.start()
+    try:
+        assert holder_ready.wait(10)
+        started = trio.current_time()
+        with trio.fail_after(5), pytest.raises(psycopg.errors.QueryCanceled):
+            await cleanup()
+        assert trio.current_time() - started < 3
+    finally:
+        stop_holding.set()
+        holder.join()
+
+
+async def test_a_cleanup_write_gives_up_when_no_connection_can_be_had(
+    database_url: str,
+) -> None:
+    db = Database(database_url, pool_size=1)
+    db.open()
+    try:
+        with db.connection() as conn:
+            worker_id = helpers.worker(conn)
+            store = JobStore(db, lease_seconds=30, backoff=FAST, cleanup_timeout=0.3)
+            # the pool's only connection is taken (as by a stuck statement)
+            started = trio.current_time()
+            with trio.fail_after(5), pytest.raises(psycopg_pool.PoolTimeout):
+                await store.set_worker_status(worker_id, WorkerStatus.STOPPED)
+            # not the pool's default 30 s wait
+            assert trio.current_time() - started < 3
+    finally:
+        db.close()
+
+
+# --- drain returns only when the work is done (issue 11 §2) ------------------------------------
+
+
+async def test_drain_waits_for_retries_and_for_a_stopped_workers_lease(db: Database) -> None:
+    retry, orphan, ready = enqueue(db, 3)
+    with db.connection() as conn:
+        ghost = helpers.worker(conn)
+        claims = {c.job_id: c for c in lifecycle.claim_jobs(conn, ghost, 3, 300)}
+        # one retry due in about a second
+        lifecycle.fail_job(
+            conn, claims[retry], FailureType.EMBEDDING_PROVIDER_UNAVAILABLE, "503", FAST
+        )
+        conn.execute(
+            "UPDATE embedding_jobs SET available_at = now() + interval '1 second' WHERE id = %s",
+            (retry,),
+        )
+        lifecycle.release_job(conn, claims[ready])
+        # one held by a worker that stopped without handing it back; its lease ends soon
+        conn.execute(
+            "UPDATE embedding_jobs SET lease_expires_at = clock_timestamp() + interval '1.5 seconds' WHERE id = %s",
+            (orphan,),
+        )
+        lifecycle.set_worker_status(conn, ghost, WorkerStatus.STOPPED)
+    # recovery's own tick is far away: drain must recover the orphan itself
+    worker = make_worker(db, StagedSteps(db), recovery_interval=3600.0)
+    with trio.fail_after(30):
+        await worker.serve(drain=True)
+    assert statuses(db) == Counter({"SUCCEEDED": 3})
+    assert worker.counters.recovered == 1

@@ -10,7 +10,11 @@ import hashlib
 import io
 import logging
 import os
+import pwd
+import shutil
+import signal
 import socket
+import tempfile
 import threading
 import time
 import traceback
@@ -242,9 +246,8 @@ def test_folder_store_down_is_storage_unavailable(tmp_path: Path, broken: str) -
         assert str(root) in str(info.value)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any folder regardless of its mode")
-def test_folder_store_unreadable_root_is_storage_unavailable(tmp_path: Path) -> None:
-    root = tmp_path / "blobs"
+def _unreadable_root_is_storage_unavailable(folder: Path) -> None:
+    root = folder / "blobs"
     store = FolderStore(root)
     store.ensure_ready()
     put_bytes(store, "k", b"v")
@@ -256,6 +259,46 @@ def test_folder_store_unreadable_root_is_storage_unavailable(tmp_path: Path) -> 
             assert type(info.value) is StorageUnavailable
     finally:
         root.chmod(0o700)
+
+
+def _as_an_unprivileged_user(check: Callable[[Path], None], folder: Path) -> None:
+    """Run ``check(folder)`` where file modes are enforced. Root (as in CI) reads any folder
+    whatever its mode, so there the check runs in a forked child that first drops to the
+    ``nobody`` user, in a folder that user owns."""
+    if os.geteuid() != 0:
+        check(folder)
+        return
+    nobody = pwd.getpwnam("nobody")
+    folder = Path(tempfile.mkdtemp(prefix="trioindex-unprivileged-"))
+    os.chown(folder, nobody.pw_uid, nobody.pw_gid)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child never returns into pytest
+            code = 1
+            try:
+                os.setgroups([])
+                os.setgid(nobody.pw_gid)
+                os.setuid(nobody.pw_uid)
+                check(folder)
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 60
+        while (status := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                pytest.fail("the unprivileged check did not finish within 60 s")
+            time.sleep(0.01)  # polling a child process for its exit, not waiting for a race
+        assert os.waitstatus_to_exitcode(status[1]) == 0, "failed as nobody: see stderr"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_folder_store_unreadable_root_is_storage_unavailable(tmp_path: Path) -> None:
+    _as_an_unprivileged_user(_unreadable_root_is_storage_unavailable, tmp_path)
 
 
 # --- S3 specifics -----------------------------------------------------------------------

@@ -79,7 +79,7 @@ def build_chunker(settings: Settings, embedder: Embedder | None) -> Chunker:
 @attrs.define(eq=False)
 class Services:
     settings: Settings
-    database_url: str
+    database_url: str = attrs.field(repr=False)  # carries the password
     db: Database
     storage: AsyncObjectStore
     model: EmbeddingModel

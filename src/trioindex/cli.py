@@ -33,6 +33,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     help="Turn documents into searchable pgvector embeddings with a fleet of Trio workers.",
+    # a bug's traceback must not print local variables: they hold URLs with passwords
+    pretty_exceptions_show_locals=False,
 )
 jobs_app = typer.Typer(no_args_is_help=True, help="List, inspect and retry indexing jobs.")
 app.add_typer(jobs_app, name="jobs")
@@ -44,29 +46,56 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable J
 
 
 def friendly(fn: Callable[P, T]) -> Callable[P, T]:
-    """Turn trioindex's own errors into one line on stderr and a non-zero exit."""
+    """Turn trioindex's own errors into one line on stderr and a non-zero exit.
+
+    Errors raised inside Trio nurseries arrive wrapped in exception groups; a group holding one
+    error is explained as that error (a database that went away while the worker registers is
+    still one line, not a traceback).
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return fn(*args, **kwargs)
-        except ConfigError as exc:
-            typer.echo(f"trioindex: configuration error: {exc}", err=True)
-            raise typer.Exit(2) from None
-        except TrioindexError as exc:
-            typer.echo(f"trioindex: {exc}", err=True)
-            raise typer.Exit(1) from None
-        except FileNotFoundError as exc:
-            typer.echo(f"trioindex: {exc}", err=True)
-            raise typer.Exit(1) from None
-        except psycopg.OperationalError as exc:
-            # the server went away mid-command (restart, failover, network); every command is
-            # safe to re-run: ingest skips what it already enqueued
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            typer.echo(f"trioindex: lost the database connection ({first}); re-run", err=True)
-            raise typer.Exit(1) from None
+        except Exception as exc:
+            explained = _explain(_sole_error(exc))
+            if explained is None:
+                raise
+            code, line = explained
+            typer.echo(f"trioindex: {line}", err=True)
+            raise typer.Exit(code) from None
 
     return wrapper
+
+
+def _sole_error(exc: BaseException) -> BaseException:
+    """The one error inside (nested) single-member exception groups, else ``exc`` itself."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _explain(exc: BaseException) -> tuple[int, str] | None:
+    """Exit code and message for an error meant for people; None for a bug."""
+    from psycopg_pool import PoolTimeout
+
+    if isinstance(exc, ConfigError):
+        return 2, f"configuration error: {exc}"
+    if isinstance(exc, TrioindexError | FileNotFoundError):
+        return 1, str(exc)
+    if isinstance(exc, psycopg.OperationalError | PoolTimeout):
+        # the server went away mid-command (restart, failover, network); every command is
+        # safe to re-run: ingest skips what it already enqueued. A client-side failure's first
+        # line names host and port, never the password; a server-sent one (it has a SQLSTATE)
+        # may quote data, so only its class is named.
+        sqlstate = getattr(exc, "sqlstate", None)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        why = f"{type(exc).__name__}, SQLSTATE {sqlstate}" if sqlstate else first
+        return 1, f"lost the database connection ({why}); re-run"
+    if isinstance(exc, psycopg.Error):
+        # the class and SQLSTATE only: a server message may quote the data it refused
+        return 1, f"database error {type(exc).__name__} (SQLSTATE {exc.sqlstate or '?'})"
+    return None
 
 
 def _settings(json_logs: bool = False, quiet: bool = False) -> Settings:
@@ -133,45 +162,86 @@ def ingest(
     paths: Annotated[list[Path], typer.Argument(help="Files or folders (recursive).")],
     wait: Annotated[bool, typer.Option(help="Wait until every job ends; show progress.")] = False,
     priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
+    follow_symlinks: Annotated[
+        bool,
+        typer.Option(
+            "--follow-symlinks",
+            help="Also follow symbolic links whose target is outside the folder.",
+        ),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Upload files and enqueue one indexing job per new or changed document."""
+    """Upload files and enqueue one indexing job per new or changed document.
+
+    A file that cannot be ingested is reported and the rest go on; the exit code is 1 when any
+    was.
+    """
     settings = _settings(quiet=as_json)
     from trioindex.app import open_services
-    from trioindex.ingest import IngestResult, ingest_paths
+    from trioindex.ingest import IngestEntry, IngestResult, ingest_paths
 
-    async def go() -> tuple[list[IngestResult], list[dict[str, Any]]]:
+    async def go() -> tuple[list[IngestEntry], list[dict[str, Any]]]:
         async with open_services(settings) as services:
-            results = await ingest_paths(
+            entries = await ingest_paths(
                 paths,
                 db=services.db,
                 store=services.storage,
                 model_id=services.model.id,
                 max_attempts=settings.worker.max_attempts,
                 priority=priority,
+                follow_symlinks=follow_symlinks,
             )
             finals: list[dict[str, Any]] = []
             if wait:
                 from trioindex.progress import wait_for_jobs
 
-                created = [r.job_id for r in results if r.status == "created" and r.job_id]
-                finals = await wait_for_jobs(services.db, created, show=not as_json)
-            return results, finals
+                queued = [
+                    e.job_id
+                    for e in entries
+                    if isinstance(e, IngestResult)
+                    and e.job_id
+                    and (e.status == "created" or e.requeued)
+                ]
+                finals = await wait_for_jobs(services.db, queued, show=not as_json)
+            return entries, finals
 
-    results, finals = _run(go)
+    entries, finals = _run(go)
     failed = [f for f in finals if f["status"] == "FAILED"]
-    if as_json:
-        for result in results:
-            typer.echo(json.dumps(result.as_json()))
-    else:
-        for result in results:
-            typer.echo(f"{result.status:9} {result.document_key}  (version {result.version_no})")
-        created = sum(1 for r in results if r.status == "created")
-        typer.echo(f"{created} enqueued, {len(results) - created} unchanged")
-    if failed:
-        for f in failed:
-            typer.echo(f"FAILED {f['external_key']}: {f['last_failure_type']}", err=True)
+    for entry in entries:
+        typer.echo(json.dumps(entry.as_json()) if as_json else _ingest_line(entry))
+    if not as_json:
+        typer.echo(_ingest_summary(entries))
+    errors = sum(1 for e in entries if e.status == "error")
+    if errors:
+        typer.echo(f"trioindex: {errors} file(s) could not be ingested (see above)", err=True)
+    for f in failed:
+        typer.echo(f"FAILED {f['external_key']}: {f['last_failure_type']}", err=True)
+    if failed or errors:
         raise typer.Exit(1)
+
+
+def _ingest_line(entry: Any) -> str:
+    """One human line per file: what happened, the key, and the version or the reason."""
+    from trioindex.ingest import IngestResult
+
+    if not isinstance(entry, IngestResult):
+        return f"{entry.status:9} {entry.document_key or entry.path}  {entry.reason}"
+    note = f"version {entry.version_no}"
+    if entry.status == "repaired":
+        note += ": stored copy restored" + (", job requeued" if entry.requeued else "")
+    return f"{entry.status:9} {entry.document_key}  ({note})"
+
+
+def _ingest_summary(entries: list[Any]) -> str:
+    counts = {s: sum(1 for e in entries if e.status == s) for s in _INGEST_STATUSES}
+    parts = [f"{counts['created']} enqueued", f"{counts['unchanged']} unchanged"]
+    parts += [f"{counts[s]} {s}" for s in ("repaired", "skipped") if counts[s]]
+    if counts["error"]:
+        parts.append(f"{counts['error']} error" + ("s" if counts["error"] > 1 else ""))
+    return ", ".join(parts)
+
+
+_INGEST_STATUSES = ("created", "unchanged", "repaired", "skipped", "error")
 
 
 # --- search / status -----------------------------------------------------------------------------

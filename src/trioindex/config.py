@@ -99,9 +99,10 @@ class StorageSettings:
 
 @attrs.frozen
 class ParsingSettings:
-    """``indexing.parsing.*`` and ``indexing.chunking.*``."""
+    """``indexing.parsing.*`` and ``indexing.chunking.*``; ``timeout`` is in seconds."""
 
     max_document_bytes: int
+    timeout: float
     chunk_max_tokens: int
     chunk_max_characters: int
     chunk_overlap: float
@@ -471,6 +472,15 @@ KEYS: Final[tuple[KeySpec, ...]] = (
         "larger documents fail as DOCUMENT_CONTENT_INVALID",
         field="parsing.max_document_bytes",
         bound=_AT_LEAST_ONE,
+    ),
+    _key(
+        "indexing.parsing.timeout",
+        "5m",
+        Kind.DURATION,
+        "> 0",
+        "longest parse + chunk of one document; longer fails as DOCUMENT_CONTENT_INVALID",
+        field="parsing.timeout",
+        bound=_POSITIVE,
     ),
     _key(
         "indexing.chunking.max-tokens",
@@ -882,6 +892,13 @@ def _url_problem(spec: KeySpec, url: str) -> str | None:
             return "secure= must be true or false"
     if parts.scheme == "file" and (parts.netloc not in ("", "localhost") or not parts.path):
         return "must be file:///absolute/path"
+    if parts.scheme in ("postgresql", "postgres"):
+        # libpq's own parser: a bad %-escape would otherwise surface at connect time, quoted
+        from trioindex.database import conninfo_problem
+
+        problem = conninfo_problem(url)
+        if problem is not None:
+            return f"must be a valid PostgreSQL URL ({problem})"
     return None
 
 

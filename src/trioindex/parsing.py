@@ -8,8 +8,11 @@ corrupt or scanned PDF, a corrupt DOCX, an empty document, a file over the size 
 Nothing else escapes :func:`extract_text` for any input bytes (third-party parsers raise a zoo
 of exception types on hostile input; they are translated here, at the layer boundary).
 
-The functions are CPU-bound: the caller runs them in ``trio.to_thread``. They touch no
-database, storage or network.
+The functions are CPU-bound: the parse step runs them in a worker process it can kill
+(:mod:`trioindex.steps.parse_process`). They touch no database, storage or network. Each
+format's work is bounded before it starts (see "limits" below): PDF pages and content, DOCX
+inflation, extracted text size. UTF-8 that is almost right (a character cut off at the end, a
+stray byte) is decoded with U+FFFD in place of the bad bytes; the count is returned.
 
 Text is normalised the same way for every format: ``"\\n"`` line endings, no BOM, no NUL
 characters (PostgreSQL ``text`` cannot hold them), lone surrogates replaced by U+FFFD, and
@@ -67,19 +70,46 @@ class ExtractedText:
     text: str = attrs.field(repr=False)
     format: DocumentFormat
     page_count: int | None = None  # PDF pages, else None
+    replaced: int = 0  # invalid byte sequences replaced by U+FFFD while decoding (text formats)
 
 
 # -- limits -------------------------------------------------------------------------------------
+# Every limit bounds the work one document can cause before a single byte of it is inflated or
+# interpreted; the parse step's timeout (indexing.parsing.timeout) is the backstop for the rest.
+# README "Limits" lists them for users.
 
-# A DOCX is a ZIP of XML that compresses 5-10x; a decompression bomb compresses 1000x. The cap is
-# relative to the configured maximum file size (so operators tune one number) with a floor so
-# that a small limit still admits the ~100 KB of styles every Word file carries.
+MiB = 1024 * 1024
+
+# A DOCX is a ZIP of XML. Real ones inflate 8-30x (a table of identical empty cells ~100x); the
+# bomb in the issue inflated 680x. Total uncompressed size: at most DOCX_EXPANSION_RATIO x the
+# file (floor DOCX_MIN_UNCOMPRESSED_CAP: an empty Word file already carries ~0.8 MB of styles),
+# and never over DOCX_EXPANSION_LIMIT x the configured maximum size. The XML parts python-docx
+# parses into a tree (~20x their size in memory) are capped absolutely.
+DOCX_EXPANSION_RATIO = 200
 DOCX_EXPANSION_LIMIT = 8
-DOCX_MIN_UNCOMPRESSED_CAP = 8 * 1024 * 1024
+DOCX_MIN_UNCOMPRESSED_CAP = 8 * MiB
+DOCX_MAX_XML_BYTES = 32 * MiB
 DOCX_MAX_ENTRIES = 10_000
+_DOCX_READ_BLOCK = 256 * 1024
 # Extracted text beyond this multiple of the file size means a crafted file (PDF content streams
 # are compressed too); refuse it instead of handing the chunker gigabytes.
 TEXT_EXPANSION_LIMIT = 8
+# pypdf interprets page content at ~1 MB/s and a 10 KiB PDF can point every page at one 3.5 MiB
+# stream, so content is budgeted before it is interpreted: per page (its content streams and
+# the form XObjects it uses) at most the total budget and PDF_MAX_PAGE_CONTENT; all pages
+# together at most PDF_CONTENT_EXPANSION x the file size (floor PDF_MIN_CONTENT_BUDGET, and
+# never over TEXT_EXPANSION_LIMIT x the configured maximum). Real PDFs stay under ~10x.
+PDF_MAX_PAGES = 10_000
+PDF_CONTENT_EXPANSION = 32
+PDF_MIN_CONTENT_BUDGET = 1 * MiB
+PDF_MAX_PAGE_CONTENT = 16 * MiB
+# Almost-UTF-8 text: UTF8_MIN_REPAIRS invalid sequences tolerated (one stray byte inside a
+# character leaves up to three), plus one per UTF8_REPAIR_BYTES; and at least
+# UTF8_EVIDENCE_PER_REPAIR bytes of valid multi-byte characters (the bytes beyond the first of
+# each: 16 = 8 Hangul syllables) per replaced sequence as evidence that the file is UTF-8.
+UTF8_MIN_REPAIRS = 4
+UTF8_REPAIR_BYTES = 256 * 1024
+UTF8_EVIDENCE_PER_REPAIR = 16
 
 # -- format detection ---------------------------------------------------------------------------
 
@@ -321,15 +351,96 @@ def _try_decode(data: bytes, codec: str) -> str | None:
         return None
 
 
-def _decode(data: bytes, fmt: DocumentFormat, content_type: str | None) -> str:
-    """Bytes to str: BOM, then declared charset, then UTF-8, then charset detection."""
+@attrs.frozen
+class _Repair:
+    """UTF-8 decoded with U+FFFD for each invalid sequence, and what that took."""
+
+    text: str = attrs.field(repr=False)
+    replaced: int  # invalid sequences replaced (each by one U+FFFD)
+    complete: bool  # False when the scan stopped after more than the tolerated number
+    truncated_end: bool  # the only fault is a character cut off at the very end
+    multibyte_evidence: int  # bytes spent on valid multi-byte characters (UTF-8 evidence)
+
+
+def _utf8_with_replacements(data: bytes | memoryview) -> _Repair:
+    """Decode UTF-8 replacing invalid sequences as Python's ``errors="replace"`` does.
+
+    Stops after :func:`_utf8_tolerance` + 1 replacements, so hostile input costs one pass.
+    """
+    view = memoryview(data)
+    allowed = _utf8_tolerance(len(view))
+    pieces: list[str] = []
+    pos = bad_bytes = replaced = 0
+    truncated_end = False
+    while True:
+        try:
+            pieces.append(codecs.utf_8_decode(view[pos:], "strict", True)[0])
+            break
+        except UnicodeDecodeError as exc:
+            pieces.append(codecs.utf_8_decode(view[pos : pos + exc.start], "strict", True)[0])
+            pieces.append("\ufffd")
+            replaced += 1
+            bad_bytes += exc.end - exc.start
+            truncated_end = pos + exc.end >= len(view) and exc.reason == "unexpected end of data"
+            pos += exc.end
+            if replaced > allowed:
+                break
+    text = "".join(pieces)
+    decoded_bytes = min(pos, len(view)) if replaced > allowed else len(view)
+    # Every valid non-ASCII character spends 1-3 bytes more than the one character it gives.
+    evidence = (decoded_bytes - bad_bytes) - (len(text) - replaced)
+    return _Repair(
+        text=text,
+        replaced=replaced,
+        complete=replaced <= allowed,
+        truncated_end=replaced == 1 and truncated_end,
+        multibyte_evidence=evidence,
+    )
+
+
+def _utf8_tolerance(size: int) -> int:
+    """Invalid UTF-8 sequences tolerated in ``size`` bytes: four, plus one per 256 KiB."""
+    return UTF8_MIN_REPAIRS + size // UTF8_REPAIR_BYTES
+
+
+def _almost_utf8(data: bytes | memoryview) -> tuple[str, int] | None:
+    """Text that is UTF-8 but for a few bad bytes, with the count replaced; else None.
+
+    The rule (README "Limits"): a character cut off at the very end is always repaired;
+    otherwise at most :func:`_utf8_tolerance` invalid sequences are replaced, and only when the
+    rest carries clear UTF-8 evidence — :data:`UTF8_EVIDENCE_PER_REPAIR` continuation bytes
+    of valid multi-byte characters per replaced sequence (a Latin-1 or CP949 file has few).
+    UTF-8 with clear evidence but more faults than tolerated is a mixed-up file: refused,
+    rather than handed to charset detection, which would turn it into mojibake.
+    """
+    repair = _utf8_with_replacements(data)
+    if repair.truncated_end:
+        return repair.text, repair.replaced
+    utf8_like = repair.multibyte_evidence >= UTF8_EVIDENCE_PER_REPAIR * repair.replaced
+    if not utf8_like:
+        return None
+    if not repair.complete:
+        raise ContentInvalid(
+            "undecodable bytes: UTF-8 text with more than "
+            f"{_utf8_tolerance(len(data))} invalid sequence(s) (mixed encodings or damaged)"
+        )
+    return repair.text, repair.replaced
+
+
+def _decode(data: bytes, fmt: DocumentFormat, content_type: str | None) -> tuple[str, int]:
+    """Bytes to str: BOM, then declared charset, then UTF-8 (repairing a few bad bytes), then
+    charset detection. Also returns how many invalid sequences were replaced by U+FFFD."""
     found = _bom(data)
     if found is not None:
         encoding, skip = found
         text = _try_decode(data[skip:], encoding)
-        if text is None:
-            raise ContentInvalid(f"undecodable bytes: invalid {encoding.upper()} after its BOM")
-        return text
+        if text is not None:
+            return text, 0
+        if encoding == "utf-8":
+            repaired = _almost_utf8(memoryview(data)[skip:])
+            if repaired is not None:
+                return repaired
+        raise ContentInvalid(f"undecodable bytes: invalid {encoding.upper()} after its BOM")
 
     declared: list[str] = []
     for label in (
@@ -344,7 +455,10 @@ def _decode(data: bytes, fmt: DocumentFormat, content_type: str | None) -> str:
     for codec in [*declared, "utf-8"]:
         text = _try_decode(data, codec)
         if text is not None:
-            return text
+            return text, 0
+    repaired = _almost_utf8(data)
+    if repaired is not None:
+        return repaired
 
     try:
         best = charset_normalizer.from_bytes(data).best()
@@ -353,7 +467,7 @@ def _decode(data: bytes, fmt: DocumentFormat, content_type: str | None) -> str:
         text = None
     if text is None:
         raise ContentInvalid("undecodable bytes: not UTF-8 and no known encoding fits")
-    return text
+    return text, 0
 
 
 def _normalise(text: str) -> str:
@@ -499,35 +613,154 @@ def _html_text(markup: str) -> str:
 # -- PDF ----------------------------------------------------------------------------------------
 
 
-def _pdf_text(data: bytes, max_chars: int) -> tuple[str, int]:
+def _size(n: float) -> str:
+    """A byte count for a message: ``900 bytes``, ``9.9 KiB``, ``32 MiB``."""
+    unit = "bytes"
+    for bigger in ("KiB", "MiB"):
+        if n < 1024:
+            break
+        n /= 1024
+        unit = bigger
+    shown = f"{n:.0f}" if unit == "bytes" or n >= 100 else f"{n:.1f}".removesuffix(".0")
+    return f"{shown} {unit}"
+
+
+@attrs.define
+class _PdfBudget:
+    """Decoded content a PDF may make pypdf interpret (module "limits" comment)."""
+
+    file_size: int
+    max_chars: int
+    total: int
+    per_page: int
+    used: int = 0
+
+    @classmethod
+    def for_file(cls, file_size: int, max_chars: int) -> _PdfBudget:
+        total = min(max_chars, max(PDF_MIN_CONTENT_BUDGET, PDF_CONTENT_EXPANSION * file_size))
+        per_page = min(total, PDF_MAX_PAGE_CONTENT)
+        return cls(file_size=file_size, max_chars=max_chars, total=total, per_page=per_page)
+
+    def spend(self, page_no: int, content: int) -> None:
+        if content > self.per_page:
+            raise ContentInvalid(
+                f"PDF page {page_no} has over {_size(self.per_page)} of content "
+                f"(the per-page limit for a {_size(self.file_size)} file)"
+            )
+        self.used += content
+        if self.used > self.total:
+            raise ContentInvalid(
+                f"PDF pages 1-{page_no} have over {_size(self.total)} of content "
+                f"(the limit for all pages of a {_size(self.file_size)} file)"
+            )
+
+
+def _stream_bytes(obj: Any, limit: int) -> int:
+    """Decoded size of a stream object (``limit + 1`` when pypdf refuses to inflate that
+    much); 0 for anything else or a stream pypdf cannot decode (extraction skips those too)."""
     try:
-        reader = pypdf.PdfReader(io.BytesIO(data), strict=False)
-        if reader.is_encrypted:
-            # Many PDFs are "encrypted" with an empty user password only to set permissions.
-            try:
-                opened = reader.decrypt("")
-            except Exception as exc:
-                raise ContentInvalid(
-                    f"encrypted PDF cannot be opened ({_failure_name(exc)})"
-                ) from exc
-            if not opened:
-                raise ContentInvalid("PDF is password-protected")
-        page_count = len(reader.pages)
-        pages: list[str] = []
-        total = 0
-        for page in reader.pages:
-            text = page.extract_text() or ""
-            total += len(text)
-            if total > max_chars:
-                raise ContentInvalid("PDF text is implausibly large for the file size")
-            pages.append(text)
+        stream = obj.get_object()
+        if not isinstance(stream, pypdf.generic.StreamObject):
+            return 0
+        return len(stream.get_data())
+    except pypdf.errors.LimitReachedError:
+        return limit + 1
+    except Exception:  # damaged streams: extraction decides what to do with them
+        return 0
+
+
+def _form_xobjects(resources: Any) -> Iterator[Any]:
+    try:
+        xobjects = resources.get_object().get("/XObject")
+        entries = xobjects.get_object().values() if xobjects is not None else ()
+    except Exception:
+        return
+    for ref in entries:
+        try:
+            form = ref.get_object()
+            if isinstance(form, pypdf.generic.StreamObject) and form.get("/Subtype") == "/Form":
+                yield form
+        except Exception:
+            continue
+
+
+def _page_content_bytes(page: Any, limit: int) -> int:
+    """Decoded bytes of a page's content streams and of the form XObjects it can draw.
+
+    Forms nested in forms are followed (each counted once per page); counting stops once it
+    passes ``limit``, so a hostile page costs at most about ``limit`` bytes of decoding.
+    """
+    total = 0
+    contents = page.get("/Contents")
+    if contents is not None:
+        contents = contents.get_object()
+        parts = contents if isinstance(contents, pypdf.generic.ArrayObject) else [contents]
+        for part in parts:
+            total += _stream_bytes(part, limit)
+            if total > limit:
+                return total
+    seen: set[int] = set()
+    pending = list(_form_xobjects(page.get("/Resources", {})))
+    while pending and total <= limit:
+        form = pending.pop()
+        if id(form) in seen:
+            continue
+        seen.add(id(form))
+        total += _stream_bytes(form, limit)
+        pending.extend(_form_xobjects(form.get("/Resources", {})))
+    return total
+
+
+def _pdf_pages(reader: pypdf.PdfReader) -> int:
+    try:
+        count = len(reader.pages)
+    except pypdf.errors.LimitReachedError as exc:
+        raise ContentInvalid(f"PDF has more than {PDF_MAX_PAGES} pages (the limit)") from exc
+    if count > PDF_MAX_PAGES:
+        raise ContentInvalid(f"PDF has {count} pages, over the limit of {PDF_MAX_PAGES}")
+    return count
+
+
+def _pdf_text(data: bytes, max_chars: int) -> tuple[str, int]:
+    budget = _PdfBudget.for_file(len(data), max_chars)
+    try:
+        # pypdf's own limits bound what it inflates and walks before we see a page: streams
+        # no larger than the whole content budget, a page tree no larger than our page limit.
+        with pypdf.apply_configuration(
+            page_tree_maximum_page_entries=PDF_MAX_PAGES + 1,
+            zlib_maximum_output_length=max(budget.total, 8 * MiB),
+        ):
+            return _pdf_text_within(pypdf.PdfReader(io.BytesIO(data), strict=False), budget)
     except ContentInvalid:
         raise
     except MemoryError:
         raise  # a resource failure, not a verdict on the content
+    except pypdf.errors.LimitReachedError as exc:
+        raise ContentInvalid(f"PDF over a pypdf safety limit ({_failure_name(exc)})") from exc
     except Exception as exc:  # pypdf raises many unrelated types on damaged files
         logger.debug("pypdf failed: %s", _failure_name(exc))
         raise ContentInvalid(f"corrupt PDF ({_failure_name(exc)})") from exc
+
+
+def _pdf_text_within(reader: pypdf.PdfReader, budget: _PdfBudget) -> tuple[str, int]:
+    if reader.is_encrypted:
+        # Many PDFs are "encrypted" with an empty user password only to set permissions.
+        try:
+            opened = reader.decrypt("")
+        except Exception as exc:
+            raise ContentInvalid(f"encrypted PDF cannot be opened ({_failure_name(exc)})") from exc
+        if not opened:
+            raise ContentInvalid("PDF is password-protected")
+    page_count = _pdf_pages(reader)
+    pages: list[str] = []
+    chars = 0
+    for page_no, page in enumerate(reader.pages, start=1):
+        budget.spend(page_no, _page_content_bytes(page, budget.per_page))
+        text = page.extract_text() or ""
+        chars += len(text)
+        if chars > budget.max_chars:
+            raise ContentInvalid("PDF text is implausibly large for the file size")
+        pages.append(text)
     if page_count == 0:
         raise ContentInvalid("corrupt PDF: it has no pages")
     # Pages are paragraphs to the chunker; a blank page adds nothing.
@@ -545,21 +778,68 @@ _W_NS = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
 _MC_NS = "http://schemas.openxmlformats.org/markup-compatibility/2006"
 
 
+def _docx_caps(size: int, max_bytes: int) -> int:
+    """Total uncompressed bytes a DOCX of ``size`` bytes may hold (module "limits" comment)."""
+    relative = max(DOCX_MIN_UNCOMPRESSED_CAP, DOCX_EXPANSION_RATIO * size)
+    return min(relative, max(DOCX_EXPANSION_LIMIT * max_bytes, DOCX_MIN_UNCOMPRESSED_CAP))
+
+
+def _is_xml_part(name: str) -> bool:
+    return name.endswith((".xml", ".rels"))
+
+
 def _check_docx_package(data: bytes, max_bytes: int) -> None:
-    cap = max(DOCX_EXPANSION_LIMIT * max_bytes, DOCX_MIN_UNCOMPRESSED_CAP)
+    """Refuse a ZIP that would inflate past the caps: first by the sizes it declares, before
+    inflating anything; then by inflating each part in blocks and counting. A forged size
+    cannot get past: zipfile stops a part at its declared size and fails its CRC (corrupt).
+
+    Nothing is kept: one streaming pass, one block of memory, every part's CRC verified.
+    """
+    cap = _docx_caps(len(data), max_bytes)
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             infos = archive.infolist()
-    except Exception as exc:
+            if len(infos) > DOCX_MAX_ENTRIES:
+                raise ContentInvalid(f"corrupt DOCX: {len(infos)} package parts")
+            declared = _DocxInflation(len(data), cap)
+            for info in infos:
+                declared.add(info.filename, info.file_size)
+            counted = _DocxInflation(len(data), cap)
+            for info in infos:
+                with archive.open(info) as part:
+                    while block := part.read(_DOCX_READ_BLOCK):
+                        counted.add(info.filename, len(block))
+    except ContentInvalid:
+        raise
+    except MemoryError:
+        raise
+    except Exception as exc:  # BadZipFile (CRC, truncation), zlib.error, NotImplementedError, ...
         raise ContentInvalid(f"corrupt DOCX ({_failure_name(exc)})") from exc
-    if len(infos) > DOCX_MAX_ENTRIES:
-        raise ContentInvalid(f"corrupt DOCX: {len(infos)} package parts")
-    # zipfile never inflates an entry past its declared size (it fails the CRC instead), so
-    # the declared sizes bound the memory python-docx can use.
-    if sum(info.file_size for info in infos) > cap:
-        raise ContentInvalid(
-            f"DOCX expands to more than {cap} bytes (decompression bomb or oversized)"
-        )
+
+
+@attrs.define
+class _DocxInflation:
+    """Running totals of a DOCX package's uncompressed bytes, checked against the caps."""
+
+    file_size: int
+    cap: int
+    total: int = 0
+    xml: int = 0
+
+    def add(self, name: str, n: int) -> None:
+        self.total += n
+        if _is_xml_part(name):
+            self.xml += n
+        if self.total > self.cap:
+            raise ContentInvalid(
+                f"DOCX expands to more than {_size(self.cap)} (the limit for a "
+                f"{_size(self.file_size)} file); decompression bomb or oversized"
+            )
+        if self.xml > DOCX_MAX_XML_BYTES:
+            raise ContentInvalid(
+                f"DOCX holds more than {_size(DOCX_MAX_XML_BYTES)} of XML (the limit); "
+                "decompression bomb or oversized"
+            )
 
 
 def _docx_paragraphs(document: Any) -> Iterator[str]:
@@ -619,18 +899,21 @@ def extract_text(
     fmt = detect_format(data, name, content_type)
     max_chars = TEXT_EXPANSION_LIMIT * max_bytes
     page_count: int | None = None
+    replaced = 0
     if fmt is DocumentFormat.PDF:
         raw, page_count = _pdf_text(data, max_chars)
     elif fmt is DocumentFormat.DOCX:
         raw = _docx_text(data, max_bytes, max_chars)
     elif fmt is DocumentFormat.HTML:
-        decoded = _decode(data, fmt, content_type)
+        decoded, replaced = _decode(data, fmt, content_type)
         # Decoded text may carry NULs or lone surrogates that libxml2 would choke on.
         raw = _html_text(_normalise(decoded))
     else:
-        raw = _decode(data, fmt, content_type)
+        raw, replaced = _decode(data, fmt, content_type)
 
     text = _normalise(raw)
     if not text.strip():
         raise ContentInvalid(f"empty document: the {fmt.value} file has no text")
-    return ExtractedText(text=text, format=fmt, page_count=page_count)
+    if replaced:
+        logger.debug("%d invalid byte sequence(s) replaced by U+FFFD", replaced)
+    return ExtractedText(text=text, format=fmt, page_count=page_count, replaced=replaced)

@@ -10,6 +10,7 @@ from trioindex.database import Database
 from trioindex.embedding import Embedder
 from trioindex.steps.embed import run_embed_step
 from trioindex.steps.parse_chunk import run_parse_step
+from trioindex.steps.parse_process import DEFAULT_TIMEOUT
 from trioindex.storage import AsyncObjectStore
 from trioindex.values import Claim
 
@@ -18,8 +19,9 @@ from trioindex.values import Claim
 class PipelineSteps:
     """Implements :class:`trioindex.runtime.Steps` with the real steps.
 
-    ``cpu_limiter`` bounds concurrent parse/chunk threads (CPU-bound) separately from the
-    database and storage limiters (STYLE rule 8).
+    ``cpu_limiter`` bounds concurrent parse/chunk worker processes (CPU-bound) separately
+    from the database and storage limiters (STYLE rule 8); ``parse_timeout`` is
+    ``indexing.parsing.timeout``, the most one document's parse may take.
     """
 
     db: Database
@@ -27,6 +29,7 @@ class PipelineSteps:
     chunker: Chunker
     embedder: Embedder
     max_document_bytes: int
+    parse_timeout: float = DEFAULT_TIMEOUT
     cpu_limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))
 
     async def parse(self, claim: Claim) -> int:
@@ -36,6 +39,7 @@ class PipelineSteps:
             store=self.store,
             chunker=self.chunker,
             max_bytes=self.max_document_bytes,
+            parse_timeout=self.parse_timeout,
             cpu_limiter=self.cpu_limiter,
         )
 

@@ -18,7 +18,15 @@ Invariants: at most ``max-concurrency`` jobs run; a slot is reserved before any 
 released exactly once, in a ``finally``, whatever ends the job; a job whose lease is lost is
 cancelled and never writes again; one job's failure never touches another. Shutdown: stop
 intake → STOPPING → wait up to the grace period → cancel what is left → STOPPED. Jobs are never
-marked FAILED at shutdown: lease recovery returns them to the queue.
+marked FAILED at shutdown: each cancelled job hands its claim back (fenced; the job is PENDING
+at once and the cancelled attempt does not count), and if that write cannot be made, lease
+recovery returns it to the queue later. Every write made while stopping — STOPPING, STOPPED, a
+hand-back, a final failure report — is shielded from cancellation and bounded in time.
+
+Drain (``serve(drain=True)``) returns only when no job of the worker's model is PENDING (due
+now or later) and none is PROCESSING except under a live worker (RUNNING, heartbeat within
+``heartbeat-timeout``); until then it waits for retries to come due and for the leases of
+stopped or silent workers to expire, recovering them itself.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from trioindex.errors import FailureType, OwnershipLost, StateInconsistent, Step
 from trioindex.values import (
     Claim,
     CompleteResult,
+    DrainState,
     FailOutcome,
     FailResult,
     RecoveredJob,
@@ -52,8 +61,10 @@ from trioindex.values import (
 
 logger = logging.getLogger(__name__)
 
-# How long a bounded cleanup write (STOPPING/STOPPED) may take during shutdown.
+# How long a bounded cleanup write (STOPPING/STOPPED, a hand-back, a final report) may take.
 CLEANUP_TIMEOUT = 10.0
+# How often a draining worker says what it is still waiting for.
+DRAIN_LOG_INTERVAL = 15.0
 # Pause before retrying a renewal that failed for a reason other than lost ownership.
 RENEWAL_RETRY_PAUSE = 1.0
 
@@ -71,6 +82,10 @@ class Store(Protocol):
     async def complete(self, claim: Claim) -> CompleteResult: ...
     async def fail(self, claim: Claim, failure_type: FailureType, message: str) -> FailResult: ...
     async def recover(self) -> list[RecoveredJob]: ...
+    async def release(self, claim: Claim) -> None: ...
+    async def drain_state(
+        self, worker_id: UUID, model_id: UUID | None, heartbeat_timeout: float
+    ) -> DrainState: ...
 
 
 class Steps(Protocol):
@@ -123,6 +138,7 @@ class Worker:
     _slots: trio.CapacityLimiter | None = None
     _running: set[JobContext] = attrs.field(factory=set)
     _stop_requested: bool = False
+    _drain_logged_at: float = -math.inf
 
     @property
     def stop_requested(self) -> bool:
@@ -236,8 +252,12 @@ class Worker:
                 self.counters.empty_polls += 1
                 logger.debug("worker %s: nothing to claim", self.worker_id)
                 if drain and not self._running:
-                    logger.info("worker %s: queue drained", self.worker_id)
-                    return
+                    pause = await self._drain_pause()
+                    if pause is None:
+                        logger.info("worker %s: queue drained", self.worker_id)
+                        return
+                    await self._idle(pause)
+                    continue
             await self._idle()
 
     def _start_job(self, jobs: trio.Nursery, claim: Claim, slot: object) -> None:
@@ -251,10 +271,53 @@ class Worker:
         metrics.record_slots(len(self._running), self.settings.max_concurrency)
         jobs.start_soon(self._run_job, context, slot, name=f"job {claim.job_id}")
 
-    async def _idle(self) -> None:
-        """Wait for the polling interval, a NOTIFY, or a finished job — whichever is first."""
-        with trio.move_on_after(self.settings.polling_interval):
+    async def _idle(self, pause: float | None = None) -> None:
+        """Wait for the polling interval (or ``pause``, if shorter), a NOTIFY, or a finished
+        job — whichever is first."""
+        interval = self.settings.polling_interval
+        with trio.move_on_after(interval if pause is None else min(pause, interval)):
             await self._wakeup.wait()
+
+    async def _drain_pause(self) -> float | None:
+        """None when draining is done; otherwise how long to wait before claiming again.
+
+        Called with nothing running and nothing claimable now. Expired leases of stopped or
+        silent workers are recovered here and then, not at the next recovery tick.
+        """
+        assert self.worker_id is not None
+        try:
+            state = await self.store.drain_state(
+                self.worker_id, self.model_id, self.settings.heartbeat_timeout
+            )
+        except Exception as exc:
+            logger.warning(
+                "worker %s: cannot check the queue for drain: %s",
+                self.worker_id,
+                type(exc).__name__,
+            )
+            return self.settings.polling_interval
+        if state.drained:
+            return None
+        if state.expired_orphans:
+            await self._recover_once()
+            return 0.0
+        self._log_drain_wait(state)
+        return state.next_due_in
+
+    def _log_drain_wait(self, state: DrainState) -> None:
+        now = trio.current_time()
+        if now - self._drain_logged_at < DRAIN_LOG_INTERVAL:
+            return
+        self._drain_logged_at = now
+        due = "" if state.next_due_in is None else f"; next due in {state.next_due_in:.1f}s"
+        logger.info(
+            "worker %s: drain waiting for %d pending job(s) and %d job(s) held by stopped or "
+            "silent workers (returned to the queue when their lease expires)%s",
+            self.worker_id,
+            state.scheduled,
+            state.orphaned,
+            due,
+        )
 
     # -- one job ------------------------------------------------------------------------------
 
@@ -272,11 +335,13 @@ class Worker:
                 outcome = "lost"
                 self.counters.lost += 1
         finally:
+            if outcome == "cancelled" and not context.lost:
+                outcome = await self._hand_back(context)
             self._running.discard(context)
             assert self._slots is not None
             self._slots.release_on_behalf_of(slot)
             self.wake()
-            if outcome == "cancelled":
+            if outcome in ("cancelled", "released"):
                 self.counters.cancelled += 1
             kind, _, failure_type = outcome.partition(":")
             metrics.record_job(kind, failure_type)
@@ -306,7 +371,10 @@ class Worker:
                     await self._embed(claim)
                 else:
                     context.finishing = True
-                    await self.store.complete(claim)
+                    # shielded: the call is never abandoned anyway, and a completion that
+                    # committed must be reported as such, not as a cancelled job
+                    with trio.CancelScope(shield=True):
+                        await self.store.complete(claim)
                 metrics.record_step(step, trio.current_time() - began)
         except OwnershipLost as exc:
             context.lost = True
@@ -340,9 +408,59 @@ class Worker:
             raise
         metrics.record_embedding_call("ok", trio.current_time() - began)
 
+    async def _hand_back(self, context: JobContext) -> str:
+        """Return a cancelled job's claim to the queue at once (shielded, bounded).
+
+        "released" when the job is PENDING again; "cancelled" when the write was refused (the
+        claim no longer owns the job) or could not be made — lease recovery owns it then.
+        """
+        claim = context.claim
+        context.finishing = True  # a renewal racing the hand-back is not a lost lease
+        with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):
+            try:
+                await self.store.release(claim)
+            except OwnershipLost:
+                logger.info(
+                    "worker %s job %s: hand-back refused (the claim no longer owns the job)",
+                    claim.worker_id,
+                    claim.job_id,
+                )
+                return "cancelled"
+            except Exception as exc:
+                logger.warning(
+                    "worker %s job %s: could not hand the job back (%s); lease recovery will",
+                    claim.worker_id,
+                    claim.job_id,
+                    type(exc).__name__,
+                )
+                return "cancelled"
+            return "released"
+        logger.warning(
+            "worker %s job %s: handing the job back timed out after %.0fs; lease recovery will",
+            claim.worker_id,
+            claim.job_id,
+            CLEANUP_TIMEOUT,
+        )
+        return "cancelled"
+
     async def _report(self, context: JobContext, failure_type: FailureType, message: str) -> str:
+        """Write a classified failure. Shielded and bounded: a failure found just as the job is
+        cancelled (shutdown, a lost lease) is still reported, within ``CLEANUP_TIMEOUT``."""
         claim = context.claim
         context.finishing = True
+        with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):
+            return await self._fail(claim, failure_type, message)
+        self.counters.report_refused += 1
+        logger.warning(
+            "worker %s job %s: reporting %s timed out after %.0fs; lease recovery will retry it",
+            claim.worker_id,
+            claim.job_id,
+            failure_type,
+            CLEANUP_TIMEOUT,
+        )
+        return "report-failed"
+
+    async def _fail(self, claim: Claim, failure_type: FailureType, message: str) -> str:
         try:
             result = await self.store.fail(claim, failure_type, message)
         except OwnershipLost:

@@ -34,6 +34,7 @@ async def run_worker(settings: Settings, *, drain: bool = False, listen: bool = 
             chunker=build_chunker(settings, services.embedder),
             embedder=services.embedder,
             max_document_bytes=settings.parsing.max_document_bytes,
+            parse_timeout=settings.parsing.timeout,
         )
         store = JobStore(
             services.db,

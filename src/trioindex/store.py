@@ -3,6 +3,11 @@
 Each method runs one synchronous lifecycle function (one transaction) through
 :meth:`Database.run`, the only place database work enters a thread. Policy values that never
 change for a worker — lease duration, retry backoff — are bound here once.
+
+The writes a worker makes while it stops — its STOPPING/STOPPED status, handing claims back,
+a final failure report — go through :meth:`Database.run_bounded`: they give up after
+``cleanup_timeout`` seconds even when PostgreSQL is down or hangs (lease recovery then owns
+whatever they could not write).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from trioindex.values import (
     BackoffPolicy,
     Claim,
     CompleteResult,
+    DrainState,
     FailResult,
     RecoveredJob,
     WorkerStatus,
@@ -24,10 +30,18 @@ from trioindex.values import (
 
 
 class JobStore:
-    def __init__(self, db: Database, *, lease_seconds: float, backoff: BackoffPolicy) -> None:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        lease_seconds: float,
+        backoff: BackoffPolicy,
+        cleanup_timeout: float = 10.0,
+    ) -> None:
         self.db = db
         self.lease_seconds = lease_seconds
         self.backoff = backoff
+        self.cleanup_timeout = cleanup_timeout
 
     async def register_worker(
         self, *, hostname: str, pid: int, version: str, max_concurrency: int
@@ -44,7 +58,9 @@ class JobStore:
         return await self.db.run(lifecycle.heartbeat, worker_id)
 
     async def set_worker_status(self, worker_id: UUID, status: WorkerStatus) -> None:
-        await self.db.run(lifecycle.set_worker_status, worker_id, status)
+        await self.db.run_bounded(
+            self.cleanup_timeout, lifecycle.set_worker_status, worker_id, status
+        )
 
     async def claim(self, worker_id: UUID, k: int, model_id: UUID | None = None) -> list[Claim]:
         return await self.db.run(
@@ -58,7 +74,22 @@ class JobStore:
         return await self.db.run(lifecycle.complete_job, claim)
 
     async def fail(self, claim: Claim, failure_type: FailureType, message: str) -> FailResult:
-        return await self.db.run(lifecycle.fail_job, claim, failure_type, message, self.backoff)
+        return await self.db.run_bounded(
+            self.cleanup_timeout, lifecycle.fail_job, claim, failure_type, message, self.backoff
+        )
+
+    async def release(self, claim: Claim) -> None:
+        await self.db.run_bounded(self.cleanup_timeout, lifecycle.release_job, claim)
 
     async def recover(self) -> list[RecoveredJob]:
         return await self.db.run(lifecycle.recover_expired, self.backoff)
+
+    async def drain_state(
+        self, worker_id: UUID, model_id: UUID | None, heartbeat_timeout: float
+    ) -> DrainState:
+        return await self.db.run(
+            lifecycle.drain_state,
+            model_id,
+            heartbeat_timeout=heartbeat_timeout,
+            exclude=worker_id,
+        )

@@ -104,6 +104,27 @@ class CompleteResult:
 
 
 @attrs.frozen
+class DrainState:
+    """What a draining worker still waits for (jobs of its model only).
+
+    ``scheduled``: PENDING jobs, whether claimable now or at a later ``available_at``;
+    ``orphaned``: PROCESSING jobs whose holder is not a live worker (not RUNNING, or its
+    heartbeat is older than the timeout), which lease recovery will return to the queue.
+    ``next_due_in`` is the number of seconds until the earliest of those becomes actionable
+    (a retry's ``available_at`` or an orphan's lease expiry); 0 when one already is.
+    """
+
+    scheduled: int
+    orphaned: int
+    expired_orphans: int
+    next_due_in: float | None
+
+    @property
+    def drained(self) -> bool:
+        return self.scheduled == 0 and self.orphaned == 0
+
+
+@attrs.frozen
 class RecoveredJob:
     job_id: UUID
     attempt_no: int

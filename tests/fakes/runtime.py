@@ -19,6 +19,7 @@ from trioindex.errors import FailureType, OwnershipLost
 from trioindex.values import (
     Claim,
     CompleteResult,
+    DrainState,
     FailOutcome,
     FailResult,
     RecoveredJob,
@@ -44,6 +45,12 @@ def make_claim(status: VersionStatus = VersionStatus.UPLOADED, worker: UUID | No
 @attrs.define(eq=False)
 class FakeStore:
     pending: list[VersionStatus] = attrs.field(factory=list)
+    # jobs that become claimable at a (virtual) time: scheduled retries, as drain sees them
+    later: list[tuple[float, VersionStatus]] = attrs.field(factory=list)
+    # PROCESSING jobs of a dead worker: (lease expiry time, status); recover() requeues them
+    orphans: list[tuple[float, VersionStatus]] = attrs.field(factory=list)
+    release_error: Exception | None = None
+    release_behaviour: Callable[[Claim], Awaitable[None]] | None = None
     calls: list[tuple[float, str, object]] = attrs.field(factory=list)
     registered: trio.Event | None = None  # when set, registration waits for it
     renew_behaviour: Callable[[Claim, int], Awaitable[None]] | None = None
@@ -82,6 +89,9 @@ class FakeStore:
             error, self.claim_error = self.claim_error, None
             self.log("claim-error", k)
             raise error
+        now = trio.current_time()
+        self.pending += [status for at, status in self.later if at <= now]
+        self.later = [(at, status) for at, status in self.later if at > now]
         taken, self.pending = self.pending[:k], self.pending[k:]
         claims = [make_claim(status, worker_id) for status in taken]
         self.log("claim", (k, len(claims)))
@@ -109,8 +119,39 @@ class FakeStore:
         return FailResult(outcome=outcome, available_at=None)
 
     async def recover(self) -> list[RecoveredJob]:
-        self.log("recover")
-        return []
+        await trio.lowlevel.checkpoint()
+        now = trio.current_time()
+        expired = [status for at, status in self.orphans if at <= now]
+        self.orphans = [(at, status) for at, status in self.orphans if at > now]
+        self.pending += expired
+        self.log("recover", len(expired))
+        return [
+            RecoveredJob(job_id=uuid.uuid4(), attempt_no=1, outcome=FailOutcome.RETRY_SCHEDULED)
+            for _ in expired
+        ]
+
+    async def release(self, claim: Claim) -> None:
+        await trio.lowlevel.checkpoint()
+        self.log("release", claim.job_id)
+        if self.release_behaviour is not None:
+            await self.release_behaviour(claim)
+        if self.release_error is not None:
+            raise self.release_error
+
+    async def drain_state(
+        self, worker_id: UUID, model_id: UUID | None, heartbeat_timeout: float
+    ) -> DrainState:
+        await trio.lowlevel.checkpoint()
+        now = trio.current_time()
+        due = [at for at, _ in self.later + self.orphans]
+        state = DrainState(
+            scheduled=len(self.pending) + len(self.later),
+            orphaned=len(self.orphans),
+            expired_orphans=sum(1 for at, _ in self.orphans if at <= now),
+            next_due_in=max(0.0, min(due) - now) if due else None,
+        )
+        self.log("drain-state", state)
+        return state
 
 
 async def refuse(*_: object) -> None:

