@@ -804,7 +804,8 @@ CHECKS: dict[str, str] = {
     "no_processing_past_lease": "no job PROCESSING past its lease, none PROCESSING at all and "
     "no attempt STARTED once drained",
     "attempts_consecutive": "each job's attempt numbers are exactly 1..attempt_count; only the "
-    "last can be SUCCEEDED (or the FAILED that ended it), the others FAILED or EXPIRED",
+    "last can be SUCCEEDED (or the FAILED that ended it), the others FAILED, EXPIRED or "
+    "CANCELLED (handed back at shutdown)",
     "logs_clean": "no claim token (any of those the database handed out), chunk text, corpus "
     "marker word, S3 secret or embedding-server error body in any log the product wrote",
     "no_tracebacks": "no Python traceback in any log the product wrote",
@@ -1425,7 +1426,8 @@ def check_attempts(db: Stored) -> Check:
             problems.append(f"{key}: attempts {numbers} for attempt_count {job['attempt_count']}")
             continue
         statuses = [row["status"] for row in rows]
-        if any(status not in ("FAILED", "EXPIRED") for status in statuses[:-1]):
+        # CANCELLED: handed back at shutdown (not counted against the budget)
+        if any(status not in ("FAILED", "EXPIRED", "CANCELLED") for status in statuses[:-1]):
             problems.append(f"{key}: attempt statuses {statuses}")
         if statuses and statuses[-1] not in final_status.get(job["status"], ()):
             problems.append(f"{key}: job {job['status']} but its last attempt {statuses[-1]}")

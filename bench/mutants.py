@@ -381,9 +381,9 @@ CATALOGUE: tuple[Mutant, ...] = (
         M0003,
         "WHERE id = j.document_version_id FOR UPDATE;",
         "WHERE id = j.document_version_id;",
-        equivalent="every other writer of a version row holds its job's row lock first, which "
-        "the completion already holds; a second model's job on the same version is refused by "
-        "the EMBEDDING check once the first has set INDEXED",
+        equivalent="a version is created with exactly one job (ingest), and every writer of a "
+        "version row (the steps, failure, recovery, jobs retry) locks that job's row first, "
+        "which the completion already holds",
     ),
     _m(
         "complete: no 'version is EMBEDDING' guard",
@@ -1013,6 +1013,16 @@ def _verdict(outcome: Outcome) -> str:
     return f"**error** {outcome.killed_by}"
 
 
+HOW_TO_READ = (
+    "*killed*: a test failed (the first one is named). *killed (timeout)*: the tests hung; "
+    "the runtime's fake-clock tests, which take about a second, are given "
+    f"{QUICK_TIMEOUT:.0f} s. *equivalent*: survived, and cannot change behaviour (reasons "
+    "below); a mutant listed as equivalent that is killed would be flagged. The last column "
+    "is the seconds to the verdict, focused and full passes together, with two mutants run at "
+    "once and other work sharing the machine (the load average above).",
+)
+
+
 def render(outcomes: Sequence[Outcome], *, command: str, machine: list[str], took: float) -> str:
     counts = {
         key: sum(1 for o in outcomes if _verdict(o).startswith(key))
@@ -1033,6 +1043,8 @@ def render(outcomes: Sequence[Outcome], *, command: str, machine: list[str], too
         "",
         f"**{len(outcomes)} mutants: {counts['killed']} killed, {counts['equivalent']} "
         f"equivalent, {counts['**survived**']} survived, {counts['**error**']} errors.**",
+        "",
+        *HOW_TO_READ,
         "",
         "| # | area | mutant | file | verdict | first failing test | s |",
         "|---|---|---|---|---|---|---|",

@@ -1,6 +1,11 @@
 """Job lifecycle contracts on real PostgreSQL, raced with real connections in real threads.
 
-Races are created with barriers and row locks held by a third connection, never with sleeps.
+An interleaving that matters is forced, never hoped for with a sleep: a transaction is held
+open and the other side is either seen waiting on its lock (``pg_stat_activity``) before it
+commits, or runs with ``lock_timeout`` set and must not wait at all (``SKIP LOCKED``). A lease
+that must run out mid-write is a one-second lease, polled until the database clock passes it.
+Tests that only start calls together say so: they check an outcome, not an order. Each fence
+condition and completion guard has a case that changes that one fact and nothing else.
 """
 
 from __future__ import annotations
