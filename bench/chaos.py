@@ -65,9 +65,9 @@ from tests.fakes.embed_server import (
 )
 
 from bench.common import RESULTS_DIR, format_machine, machine_info, utc_now, write_json
-from trioindex.database import connect, start_embedded, stop_embedded, with_dbname
+from trioindex.db.migrations import migrate
+from trioindex.db.pool import connect, start_embedded, stop_embedded, with_dbname
 from trioindex.embedding.vectors import vector_sha256
-from trioindex.migrations import migrate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -40,8 +40,8 @@ import numpy as np
 import psutil  # type: ignore[import-untyped]
 import psycopg
 
-from trioindex.database import start_embedded, stop_embedded, with_dbname
-from trioindex.migrations import migrate
+from trioindex.db.migrations import migrate
+from trioindex.db.pool import start_embedded, stop_embedded, with_dbname
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

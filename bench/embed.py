@@ -67,13 +67,13 @@ from bench.harness import (
     raw_capacity,
     vector_costs,
 )
-from trioindex import lifecycle
-from trioindex.database import Database, connect
+from trioindex.db import jobs as lifecycle
+from trioindex.db.models import ensure_model
+from trioindex.db.pool import Database, connect
 from trioindex.embedding import Embedder, EmbedderInfo, open_embedder
 from trioindex.embedding.local import DEFAULT_MODEL
 from trioindex.embedding.vectors import validate_vectors
-from trioindex.models import ensure_model
-from trioindex.steps.embed import run_embed_step
+from trioindex.pipeline.embed_step import run_embed_step
 from trioindex.values import Claim
 
 HTTP_MODEL = "BAAI/bge-m3"

@@ -9,7 +9,7 @@ server in its own process (1024 dimensions, no latency: the worker runs as fast 
    with ``max-concurrency`` 8 processes them. Its RSS is sampled every 0.1 s; the peak is the
    kernel's ``VmHWM``.
 2. **Parse + chunk of one large file.** A fresh process per mode runs the parse step's CPU
-   part, :func:`trioindex.steps.parse_chunk.parse_and_chunk_bytes` (sha256 check,
+   part, :func:`trioindex.pipeline.parse_step.parse_and_chunk_bytes` (sha256 check,
    ``extract_text``, ``Chunker.chunk``), on a ``--parse-mb`` MB plain-text file, in character
    mode (1,500 characters) and in token mode (the local model's tokenizer, 256 tokens). Peak
    RSS delta = ``VmHWM`` after − RSS before reading the file (``VmHWM`` is reset first through
@@ -72,11 +72,11 @@ from bench.harness import (
     wait_process,
     worker_env,
 )
-from trioindex.app import open_services
 from trioindex.config import load_settings
-from trioindex.database import connect
+from trioindex.db.models import ensure_model
+from trioindex.db.pool import connect
 from trioindex.ingest import ingest_paths, storage_key_for
-from trioindex.models import ensure_model
+from trioindex.services import open_services
 from trioindex.storage import open_store
 
 HTTP_MODEL = "BAAI/bge-m3"
@@ -287,11 +287,11 @@ def _hwm_mb() -> float:
 
 def child_parse(mode: str, path: Path) -> dict[str, Any]:
     """In a fresh process: build the chunker, reset the peak, then run the step's CPU part."""
-    from trioindex.chunking import Chunker, ChunkingPolicy
     from trioindex.config import parse_size
     from trioindex.embedding.local import DEFAULT_MODEL, packaged_model_path
-    from trioindex.parsing import extract_text
-    from trioindex.steps.parse_chunk import ParseSnapshot, parse_and_chunk_bytes
+    from trioindex.pipeline.chunking import Chunker, ChunkingPolicy
+    from trioindex.pipeline.formats import extract_text
+    from trioindex.pipeline.parse_step import ParseSnapshot, parse_and_chunk_bytes
     from trioindex.values import VersionStatus
 
     model_dir = None

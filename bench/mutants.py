@@ -49,8 +49,8 @@ LIFECYCLE_TESTS = ("tests/test_lifecycle.py", "tests/test_runtime_postgres.py")
 RUNTIME_TESTS = ("tests/test_runtime.py", "tests/test_runtime_postgres.py")
 STORE_TESTS = ("tests/test_runtime_postgres.py",)
 
-M0002 = "migrations/0002_fenced_functions.sql"
-M0003 = "migrations/0003_forward_only_and_hand_back.sql"
+M0002 = "db/migrations/0002_fenced_functions.sql"
+M0003 = "db/migrations/0003_forward_only_and_hand_back.sql"
 
 
 # A first pass runs only the tests most likely to kill a mutant, chosen by the part of its name
@@ -211,21 +211,21 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "renew: no job-worker condition",
         "fencing",
-        "lifecycle.py",
+        "db/jobs.py",
         "WHERE id = %(job)s AND worker_id = %(worker)s AND claim_token",
         "WHERE id = %(job)s AND claim_token",
     ),
     _m(
         "renew: no claim-token condition",
         "fencing",
-        "lifecycle.py",
+        "db/jobs.py",
         "AND claim_token = %(token)s\n",
         "\n",
     ),
     _m(
         "renew: no 'job is PROCESSING' condition",
         "fencing",
-        "lifecycle.py",
+        "db/jobs.py",
         "AND status = 'PROCESSING' AND lease_expires_at > clock_timestamp()",
         "AND lease_expires_at > clock_timestamp()",
         equivalent="the schema's CHECK gives a job that is not PROCESSING a NULL worker and "
@@ -234,35 +234,35 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "renew: no lease condition",
         "fencing",
-        "lifecycle.py",
+        "db/jobs.py",
         "AND status = 'PROCESSING' AND lease_expires_at > clock_timestamp()",
         "AND status = 'PROCESSING'",
     ),
     _m(
         "renew: no attempt-number condition",
         "fencing",
-        "lifecycle.py",
+        "db/jobs.py",
         "AND attempt_count = (\n                 SELECT attempt_no",
         "AND EXISTS (\n                 SELECT attempt_no",
     ),
     _m(
         "renew: attempt of any job",
         "fencing",
-        "lifecycle.py",
+        "db/jobs.py",
         "WHERE id = %(attempt)s AND embedding_job_id = %(job)s",
         "WHERE id = %(attempt)s",
     ),
     _m(
         "renew: no attempt-status condition",
         "fencing",
-        "lifecycle.py",
+        "db/jobs.py",
         "AND status = 'STARTED' AND worker_id = %(worker)s)",
         "AND worker_id = %(worker)s)",
     ),
     _m(
         "renew: no attempt-worker condition",
         "fencing",
-        "lifecycle.py",
+        "db/jobs.py",
         "AND status = 'STARTED' AND worker_id = %(worker)s)",
         "AND status = 'STARTED')",
     ),
@@ -270,63 +270,63 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "claim: waits for locked rows (no SKIP LOCKED)",
         "locking",
-        "lifecycle.py",
+        "db/jobs.py",
         "FOR UPDATE OF j SKIP LOCKED",
         "FOR UPDATE OF j",
     ),
     _m(
         "claim: no row lock",
         "locking",
-        "lifecycle.py",
+        "db/jobs.py",
         "    LIMIT %(k)s\n    FOR UPDATE OF j SKIP LOCKED\n",
         "    LIMIT %(k)s\n",
     ),
     _m(
         "claim: attempt number not incremented",
         "retry",
-        "lifecycle.py",
+        "db/jobs.py",
         "attempt_count = j.attempt_count + 1",
         "attempt_count = j.attempt_count",
     ),
     _m(
         "claim: attempt number skips one",
         "retry",
-        "lifecycle.py",
+        "db/jobs.py",
         "attempt_count = j.attempt_count + 1",
         "attempt_count = j.attempt_count + 2",
     ),
     _m(
         "claim: any worker status may claim",
         "shutdown",
-        "lifecycle.py",
+        "db/jobs.py",
         "WHERE id = %(worker)s AND status = 'RUNNING'",
         "WHERE id = %(worker)s",
     ),
     _m(
         "claim: scheduled retries claimable early",
         "retry",
-        "lifecycle.py",
+        "db/jobs.py",
         "WHERE j.status = 'PENDING' AND j.available_at <= now()",
         "WHERE j.status = 'PENDING'",
     ),
     _m(
         "claim: age ignored in claim order",
         "retry",
-        "lifecycle.py",
+        "db/jobs.py",
         "ORDER BY j.priority DESC, j.available_at, j.id",
         "ORDER BY j.priority DESC, j.id",
     ),
     _m(
         "claim: priority ignored in claim order",
         "retry",
-        "lifecycle.py",
+        "db/jobs.py",
         "ORDER BY j.priority DESC, j.available_at, j.id",
         "ORDER BY j.available_at, j.id",
     ),
     _m(
         "claim: model filter dropped",
         "locking",
-        "lifecycle.py",
+        "db/jobs.py",
         "    WHERE j.status = 'PENDING' AND j.available_at <= now()\n"
         "      AND (%(model)s::uuid IS NULL OR j.embedding_model_id = %(model)s::uuid)\n",
         "    WHERE j.status = 'PENDING' AND j.available_at <= now()\n",
@@ -335,35 +335,35 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "recover: waits for locked rows (no SKIP LOCKED)",
         "locking",
-        "lifecycle.py",
+        "db/jobs.py",
         "    LIMIT %(batch)s\n    FOR UPDATE SKIP LOCKED\n",
         "    LIMIT %(batch)s\n    FOR UPDATE\n",
     ),
     _m(
         "recover: no row lock",
         "locking",
-        "lifecycle.py",
+        "db/jobs.py",
         "    LIMIT %(batch)s\n    FOR UPDATE SKIP LOCKED\n",
         "    LIMIT %(batch)s\n",
     ),
     _m(
         "recover: valid leases recovered too",
         "locking",
-        "lifecycle.py",
+        "db/jobs.py",
         "WHERE status = 'PROCESSING' AND lease_expires_at <= clock_timestamp()\n    ORDER BY",
         "WHERE status = 'PROCESSING'\n    ORDER BY",
     ),
     _m(
         "recover: the last attempt is requeued",
         "retry",
-        "lifecycle.py",
+        "db/jobs.py",
         "SET status = CASE WHEN j.attempt_count < j.max_attempts THEN 'PENDING'",
         "SET status = CASE WHEN j.attempt_count <= j.max_attempts THEN 'PENDING'",
     ),
     _m(
         "recover: every attempt of the job expired",
         "retry",
-        "lifecycle.py",
+        "db/jobs.py",
         "WHERE a.embedding_job_id = e.id AND a.status = 'STARTED'",
         "WHERE a.embedding_job_id = e.id",
     ),
@@ -490,14 +490,14 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "drain: a stopped worker's jobs count as held",
         "drain",
-        "lifecycle.py",
+        "db/jobs.py",
         "AND NOT (w.status = 'RUNNING'\n                    AND w.last_heartbeat_at",
         "AND NOT (w.last_heartbeat_at",
     ),
     _m(
         "drain: a silent worker's jobs count as held",
         "drain",
-        "lifecycle.py",
+        "db/jobs.py",
         "AND NOT (w.status = 'RUNNING'\n"
         "                    AND w.last_heartbeat_at > now() - make_interval(secs => %(timeout)s))",
         "AND NOT (w.status = 'RUNNING')",
@@ -505,14 +505,14 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "drain: its own jobs count as orphans",
         "drain",
-        "lifecycle.py",
+        "db/jobs.py",
         "WHERE j.worker_id IS DISTINCT FROM %(me)s\n  AND",
         "WHERE",
     ),
     _m(
         "drain: other models' jobs counted",
         "drain",
-        "lifecycle.py",
+        "db/jobs.py",
         "  AND (%(model)s::uuid IS NULL OR j.embedding_model_id = %(model)s::uuid)\n"
         "  AND (j.status = 'PENDING'",
         "  AND (j.status = 'PENDING'",
@@ -521,21 +521,21 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "heartbeat: writes nothing",
         "shutdown",
-        "lifecycle.py",
+        "db/jobs.py",
         "UPDATE indexing_workers SET last_heartbeat_at = now()",
         "UPDATE indexing_workers SET last_heartbeat_at = last_heartbeat_at",
     ),
     _m(
         "heartbeat: revives a STOPPED worker",
         "shutdown",
-        "lifecycle.py",
+        "db/jobs.py",
         "WHERE id = %s AND status <> 'STOPPED' RETURNING id",
         "WHERE id = %s RETURNING id",
     ),
     _m(
         "worker status: STOPPED is not final",
         "shutdown",
-        "lifecycle.py",
+        "db/jobs.py",
         "WHERE id = %(id)s AND status <> 'STOPPED' RETURNING id",
         "WHERE id = %(id)s RETURNING id",
     ),
@@ -543,7 +543,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "fail: not fenced",
         "fencing",
-        "lifecycle.py",
+        "db/jobs.py",
         "        owned = lock_owned_job(conn, claim)\n",
         "        owned = OwnedJob(claim.job_id, claim.document_version_id,"
         " claim.embedding_model_id, claim.attempt_no, 3)\n",
@@ -551,28 +551,28 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "fail: non-retryable failures retried",
         "retry",
-        "lifecycle.py",
+        "db/jobs.py",
         "retry = failure_type.retryable and owned.attempt_count < owned.max_attempts",
         "retry = owned.attempt_count < owned.max_attempts",
     ),
     _m(
         "fail: retried past the budget",
         "retry",
-        "lifecycle.py",
+        "db/jobs.py",
         "retry = failure_type.retryable and owned.attempt_count < owned.max_attempts",
         "retry = failure_type.retryable",
     ),
     _m(
         "fail: the last attempt retried",
         "retry",
-        "lifecycle.py",
+        "db/jobs.py",
         "retry = failure_type.retryable and owned.attempt_count < owned.max_attempts",
         "retry = failure_type.retryable and owned.attempt_count <= owned.max_attempts",
     ),
     _m(
         "fail: no version row lock",
         "locking",
-        "lifecycle.py",
+        "db/jobs.py",
         "            lock_version(conn, owned.document_version_id)\n",
         "",
         equivalent="the UPDATE of the version two statements later takes the same lock, still "
@@ -581,7 +581,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "fenced errors: ownership lost not recognised",
         "fencing",
-        "lifecycle.py",
+        "db/jobs.py",
         "        if exc.sqlstate == OWNERSHIP_LOST:\n",
         "        if exc.sqlstate == 'none':\n",
     ),
@@ -589,7 +589,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "store: STOPPING/STOPPED write unbounded",
         "shutdown",
-        "store.py",
+        "worker/queue.py",
         "await self.db.run_bounded(\n            self.cleanup_timeout, lifecycle.set_worker_status,",
         "await self.db.run(\n            lifecycle.set_worker_status,",
         tests=STORE_TESTS,
@@ -597,7 +597,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "store: hand-back unbounded",
         "hand-back",
-        "store.py",
+        "worker/queue.py",
         "await self.db.run_bounded(self.cleanup_timeout, lifecycle.release_job, claim)",
         "await self.db.run(lifecycle.release_job, claim)",
         tests=STORE_TESTS,
@@ -605,7 +605,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "store: failure report unbounded",
         "shutdown",
-        "store.py",
+        "worker/queue.py",
         "return await self.db.run_bounded(\n            self.cleanup_timeout, lifecycle.fail_job,",
         "return await self.db.run(\n            lifecycle.fail_job,",
         tests=STORE_TESTS,
@@ -614,7 +614,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: renewal sent during the final write",
         "shutdown",
-        "runtime.py",
+        "worker/runtime.py",
         "            if context.finishing:\n"
         "                return  # the final write is under way; it re-validates ownership itself\n",
         "",
@@ -623,7 +623,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: a renewal refused by the final write counts as a lost lease",
         "shutdown",
-        "runtime.py",
+        "worker/runtime.py",
         "                if context.finishing:\n"
         "                    return  # raced the final write, which finished the job: not a loss\n",
         "",
@@ -632,7 +632,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: a refused renewal does not cancel the job",
         "fencing",
-        "runtime.py",
+        "worker/runtime.py",
         "                    context.claim.job_id,\n                )\n"
         "                context.scope.cancel()\n                return\n"
         "            except Exception as exc:",
@@ -644,7 +644,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: failing renewals never give up",
         "fencing",
-        "runtime.py",
+        "worker/runtime.py",
         "if now >= context.lease_deadline:",
         "if False:",
         tests=RUNTIME_TESTS,
@@ -652,7 +652,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: a successful renewal does not move the local deadline",
         "fencing",
-        "runtime.py",
+        "worker/runtime.py",
         "            context.lease_deadline = trio.current_time() + self.settings.lease_duration\n",
         "",
         tests=RUNTIME_TESTS,
@@ -660,7 +660,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: no heartbeats",
         "shutdown",
-        "runtime.py",
+        "worker/runtime.py",
         "await self._every(self.settings.heartbeat_interval, self._heartbeat_once)",
         "await trio.sleep_forever()",
         tests=RUNTIME_TESTS,
@@ -668,7 +668,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: stop request does not stop intake",
         "shutdown",
-        "runtime.py",
+        "worker/runtime.py",
         "        self._stop_requested = True\n        self._intake.cancel()\n",
         "        self._stop_requested = True\n",
         tests=RUNTIME_TESTS,
@@ -676,7 +676,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: no grace period",
         "shutdown",
-        "runtime.py",
+        "worker/runtime.py",
         "trio.current_time() + settings.shutdown_grace_period",
         "trio.current_time()",
         tests=RUNTIME_TESTS,
@@ -684,7 +684,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: STOPPING not written",
         "shutdown",
-        "runtime.py",
+        "worker/runtime.py",
         "await self._set_status(WorkerStatus.STOPPING)",
         "await trio.lowlevel.checkpoint()",
         tests=RUNTIME_TESTS,
@@ -692,7 +692,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: STOPPING write not shielded",
         "shutdown",
-        "runtime.py",
+        "worker/runtime.py",
         "                    with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):\n"
         "                        await self._set_status(WorkerStatus.STOPPING)",
         "                    with trio.move_on_after(CLEANUP_TIMEOUT):\n"
@@ -704,7 +704,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: STOPPING write unbounded",
         "shutdown",
-        "runtime.py",
+        "worker/runtime.py",
         "                    with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):\n"
         "                        await self._set_status(WorkerStatus.STOPPING)",
         "                    with trio.CancelScope(shield=True):\n"
@@ -714,7 +714,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: STOPPED not written",
         "shutdown",
-        "runtime.py",
+        "worker/runtime.py",
         "await self._set_status(WorkerStatus.STOPPED)",
         "await trio.lowlevel.checkpoint()",
         tests=RUNTIME_TESTS,
@@ -722,7 +722,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: STOPPED write not shielded",
         "shutdown",
-        "runtime.py",
+        "worker/runtime.py",
         "            with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):\n"
         "                await self._set_status(WorkerStatus.STOPPED)",
         "            with trio.move_on_after(CLEANUP_TIMEOUT):\n"
@@ -732,7 +732,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: STOPPED write unbounded",
         "shutdown",
-        "runtime.py",
+        "worker/runtime.py",
         "            with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):\n"
         "                await self._set_status(WorkerStatus.STOPPED)",
         "            with trio.CancelScope(shield=True):\n"
@@ -742,7 +742,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: claim call not shielded",
         "shutdown",
-        "runtime.py",
+        "worker/runtime.py",
         "                with trio.CancelScope(shield=True):\n"
         "                    claims = await self.store.claim(",
         "                with trio.CancelScope():\n"
@@ -755,7 +755,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: completion call not shielded",
         "shutdown",
-        "runtime.py",
+        "worker/runtime.py",
         "                    with trio.CancelScope(shield=True):\n"
         "                        await self.store.complete(claim)",
         "                    with trio.CancelScope():\n"
@@ -768,7 +768,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: cancelled jobs not handed back",
         "hand-back",
-        "runtime.py",
+        "worker/runtime.py",
         'if outcome == "cancelled" and not context.lost:',
         "if False:",
         tests=RUNTIME_TESTS,
@@ -776,7 +776,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: a lost claim is handed back too",
         "hand-back",
-        "runtime.py",
+        "worker/runtime.py",
         'if outcome == "cancelled" and not context.lost:',
         'if outcome == "cancelled":',
         tests=RUNTIME_TESTS,
@@ -786,7 +786,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: hand-back not shielded",
         "hand-back",
-        "runtime.py",
+        "worker/runtime.py",
         "        with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):\n"
         "            try:\n                await self.store.release(claim)",
         "        with trio.move_on_after(CLEANUP_TIMEOUT):\n"
@@ -796,7 +796,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: hand-back unbounded",
         "hand-back",
-        "runtime.py",
+        "worker/runtime.py",
         "        with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):\n"
         "            try:\n                await self.store.release(claim)",
         "        with trio.CancelScope(shield=True):\n"
@@ -806,7 +806,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: failure report not shielded",
         "shutdown",
-        "runtime.py",
+        "worker/runtime.py",
         "        with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):\n"
         "            return await self._fail(claim, failure_type, message)",
         "        with trio.move_on_after(CLEANUP_TIMEOUT):\n"
@@ -816,7 +816,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: failure report unbounded",
         "shutdown",
-        "runtime.py",
+        "worker/runtime.py",
         "        with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):\n"
         "            return await self._fail(claim, failure_type, message)",
         "        with trio.CancelScope(shield=True):\n"
@@ -826,7 +826,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: a slot is never given back",
         "locking",
-        "runtime.py",
+        "worker/runtime.py",
         "            self._slots.release_on_behalf_of(slot)\n",
         "",
         tests=RUNTIME_TESTS,
@@ -834,7 +834,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: drain ends with work owed",
         "drain",
-        "runtime.py",
+        "worker/runtime.py",
         "        if state.drained:\n            return None\n",
         "        return None\n",
         tests=RUNTIME_TESTS,
@@ -842,7 +842,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: drain never ends",
         "drain",
-        "runtime.py",
+        "worker/runtime.py",
         "        if state.drained:\n            return None\n",
         "",
         tests=RUNTIME_TESTS,
@@ -850,7 +850,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: drain does not recover expired orphans itself",
         "drain",
-        "runtime.py",
+        "worker/runtime.py",
         "        if state.expired_orphans:\n            await self._recover_once()\n",
         "        if state.expired_orphans:\n            await trio.lowlevel.checkpoint()\n",
         tests=RUNTIME_TESTS,
@@ -858,7 +858,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m(
         "runtime: drain checked with jobs still running",
         "drain",
-        "runtime.py",
+        "worker/runtime.py",
         "if drain and not self._running:",
         "if drain:",
         tests=RUNTIME_TESTS,

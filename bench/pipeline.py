@@ -73,10 +73,10 @@ from bench.harness import (
     wait_process,
     worker_env,
 )
-from trioindex.app import open_services
 from trioindex.config import load_settings
 from trioindex.embedding.local import DEFAULT_MODEL
 from trioindex.ingest import SourceFile, ingest_file, ingest_paths
+from trioindex.services import open_services
 
 HTTP_MODEL = "BAAI/bge-m3"
 HTTP_DIMENSION = 1024

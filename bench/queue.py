@@ -4,8 +4,8 @@ idle worker picks up a new job.
 Two experiments, each scenario on a fresh database of one embedded PostgreSQL:
 
 1. **Throughput.** ``--jobs`` versions are pre-staged in ``EMBEDDING`` with one chunk and one
-   embedding each, so the real :class:`~trioindex.runtime.Worker` with the real
-   :class:`~trioindex.store.JobStore` and no-op steps runs embed (nothing) + complete. N
+   embedding each, so the real :class:`~trioindex.worker.runtime.Worker` with the real
+   :class:`~trioindex.worker.queue.JobStore` and no-op steps runs embed (nothing) + complete. N
    worker processes (``drain=True``) each run with ``max-concurrency`` c and a pool of c + 2
    connections; they open and warm their pools first, then start together. Next to it, a raw
    ``SKIP LOCKED`` loop on a minimal table — one claim statement and one complete statement per
@@ -69,13 +69,13 @@ from bench.common import (
     write_json,
 )
 from trioindex.config import WorkerSettings, default_settings
-from trioindex.database import Connection, Database, connect
+from trioindex.db.models import ensure_model
+from trioindex.db.pool import Connection, Database, connect
 from trioindex.ingest import enqueue_version, storage_key_for
-from trioindex.models import ensure_model
-from trioindex.notify import listen_for_jobs
-from trioindex.runtime import Worker
-from trioindex.store import JobStore
 from trioindex.values import BackoffPolicy, Claim
+from trioindex.worker.listen import listen_for_jobs
+from trioindex.worker.queue import JobStore
+from trioindex.worker.runtime import Worker
 
 DEFAULT_JOBS = 2000
 DEFAULT_LATENCY_JOBS = 50
@@ -983,7 +983,7 @@ def _markdown(
         "",
         f"One worker (max-concurrency {IDLE_CONCURRENCY}, polling-interval "
         f"{IDLE_POLLING_INTERVAL:.0f}s) waits idle, with the NOTIFY listener "
-        "(`functools.partial(trioindex.notify.listen_for_jobs, url)`) or without it. A thread "
+        "(`functools.partial(trioindex.worker.listen.listen_for_jobs, url)`) or without it. A thread "
         f"enqueues {latency_jobs} jobs one at a time through `enqueue_version` with a random "
         f"{IDLE_GAP[0] * 1000:.0f}-{IDLE_GAP[1] * 1000:.0f} ms gap. Latency is attempt "
         "`started_at` − job `created_at` (both `now()` of their transactions), so it includes "

@@ -8,10 +8,10 @@ from uuid import UUID
 
 import attrs
 
-from trioindex import lifecycle
-from trioindex.database import Connection
+from trioindex.db import jobs as lifecycle
+from trioindex.db.models import EmbeddingModel, ensure_model
+from trioindex.db.pool import Connection
 from trioindex.ingest import IngestResult, enqueue_version, storage_key_for
-from trioindex.models import EmbeddingModel, ensure_model
 from trioindex.values import BackoffPolicy, Claim
 
 BACKOFF = BackoffPolicy(initial=10.0, maximum=600.0, jitter=0.0)

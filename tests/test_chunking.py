@@ -16,7 +16,8 @@ from tokenizers import Tokenizer
 
 from tests import hostile_documents as hostile
 from tests.chunk_checks import assert_character_limits, assert_chunk_invariants
-from trioindex.chunking import (
+from trioindex.errors import ConfigError
+from trioindex.pipeline.chunking import (
     CHARS_PER_TOKEN,
     ChunkDraft,
     Chunker,
@@ -24,7 +25,6 @@ from trioindex.chunking import (
     estimate_tokens,
     segments,
 )
-from trioindex.errors import ConfigError
 
 
 def chunk_chars(text: str, max_size: int, overlap: int = 0) -> list[ChunkDraft]:

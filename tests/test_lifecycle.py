@@ -21,8 +21,8 @@ import attrs
 import pytest
 
 from tests import helpers
-from trioindex import lifecycle
-from trioindex.database import Database
+from trioindex.db import jobs as lifecycle
+from trioindex.db.pool import Database
 from trioindex.errors import FailureType, OwnershipLost, StateInconsistent
 from trioindex.values import Claim, FailOutcome, WorkerStatus
 

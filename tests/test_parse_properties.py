@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from tests.chunk_checks import assert_character_limits, assert_chunk_invariants
 from tests.documents import DATA, make_docx, make_image_pdf, make_pdf
-from trioindex.chunking import Chunker, ChunkingPolicy
 from trioindex.errors import MAX_MESSAGE_LENGTH, ContentInvalid
-from trioindex.parsing import extract_text
+from trioindex.pipeline.chunking import Chunker, ChunkingPolicy
+from trioindex.pipeline.formats import extract_text
 
 MAX_BYTES = 256 * 1024
 POLICY = ChunkingPolicy(max_size=120, overlap=20)

@@ -27,22 +27,22 @@ import trio
 from tests import helpers
 from tests import hostile_documents as hostile
 from tests.documents import docx_bytes
-from trioindex import lifecycle
-from trioindex.chunking import Chunker, ChunkingPolicy
 from trioindex.config import default_settings
-from trioindex.database import Database
+from trioindex.db import jobs as lifecycle
+from trioindex.db.pool import Database
 from trioindex.errors import ContentInvalid, ObjectNotFound, OwnershipLost, StorageUnavailable
 from trioindex.ingest import storage_key_for
-from trioindex.runtime import Worker
-from trioindex.steps.parse_chunk import (
+from trioindex.pipeline.chunking import Chunker, ChunkingPolicy
+from trioindex.pipeline.parse_step import (
     commit_chunks,
     parse_and_chunk_bytes,
     prepare_parse,
     run_parse_step,
 )
 from trioindex.storage import AsyncObjectStore, FolderStore
-from trioindex.store import JobStore
 from trioindex.values import BackoffPolicy, Claim
+from trioindex.worker.queue import JobStore
+from trioindex.worker.runtime import Worker
 
 CHUNKER = Chunker(ChunkingPolicy(max_size=200, overlap=20))
 MAX_BYTES = 1_000_000
@@ -440,7 +440,7 @@ WORKER_LOGS = """
 import logging, sys
 import trio, trio_parallel
 from trioindex.logs import configure_logging
-from trioindex.steps import parse_process
+from trioindex.pipeline import parse_process
 
 def noisy() -> int:
     print("stray stderr noise", file=sys.stderr)

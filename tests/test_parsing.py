@@ -20,7 +20,7 @@ from fpdf import FPDF
 from tests import hostile_documents as hostile
 from tests.documents import DATA, make_docx, make_image_pdf, make_pdf
 from trioindex.errors import ContentInvalid, FailureType
-from trioindex.parsing import (
+from trioindex.pipeline.formats import (
     PDF_MAX_PAGES,
     DocumentFormat,
     ExtractedText,

@@ -20,7 +20,7 @@ import pytest
 from tests.documents import write_corpus
 from tests.fakes.embed_server import FakeEmbedServer
 from tests.processes import FAST_WORKER, base_env, cli, query, spawn, wait_for
-from trioindex.database import start_embedded, stop_embedded, with_dbname
+from trioindex.db.pool import start_embedded, stop_embedded, with_dbname
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,6 @@ import trio
 import trio.testing
 
 from tests.fakes.runtime import FakeSteps, FakeStore, refuse
-from trioindex import metrics
 from trioindex.config import WorkerSettings, default_settings
 from trioindex.errors import (
     ContentInvalid,
@@ -27,8 +26,9 @@ from trioindex.errors import (
     StateInconsistent,
     StorageUnavailable,
 )
-from trioindex.runtime import Worker, steps_for
 from trioindex.values import Claim, VersionStatus
+from trioindex.worker import metrics
+from trioindex.worker.runtime import Worker, steps_for
 
 U, P, C, E = (
     VersionStatus.UPLOADED,
@@ -511,7 +511,7 @@ async def test_a_renewal_refused_because_the_final_write_finished_the_job_is_not
     store = RowLockStore(pending=[U])
     worker = make_worker(store, FakeSteps(store, duration=30.25), lease_renewal_interval=60.0)
     lost_before = leases_lost()
-    with caplog.at_level(logging.WARNING, logger="trioindex.runtime"):
+    with caplog.at_level(logging.WARNING, logger="trioindex.worker.runtime"):
         await drain(worker)
     (sent_at, _), *_ = store.of("renew-sent")
     (completed_at, _), *_ = store.of("complete")
@@ -704,7 +704,7 @@ async def test_drain_says_what_it_waits_for_without_logging_every_poll(
     autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = FakeStore(later=[(60.0, U)])
-    with caplog.at_level(logging.INFO, logger="trioindex.runtime"):
+    with caplog.at_level(logging.INFO, logger="trioindex.worker.runtime"):
         await drain(make_worker(store, FakeSteps(store), polling_interval=1.0))
     waiting = [r.getMessage() for r in caplog.records if "drain waiting" in r.getMessage()]
     assert 1 <= len(waiting) <= 5  # about 60 polls, a few lines

@@ -20,13 +20,13 @@ import pytest
 import trio
 
 from tests import helpers
-from trioindex import lifecycle
 from trioindex.config import WorkerSettings, default_settings
-from trioindex.database import Database
+from trioindex.db import jobs as lifecycle
+from trioindex.db.pool import Database
 from trioindex.errors import FailureType, ProviderUnavailable
-from trioindex.runtime import Worker
-from trioindex.store import JobStore
 from trioindex.values import BackoffPolicy, Claim, WorkerStatus
+from trioindex.worker.queue import JobStore
+from trioindex.worker.runtime import Worker
 
 FAST = BackoffPolicy(initial=0.05, maximum=0.2, jitter=0.0)
 

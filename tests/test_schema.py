@@ -8,8 +8,8 @@ import uuid
 import psycopg
 import pytest
 
-from trioindex.database import Database
-from trioindex.migrations import available_migrations, current_version, migrate
+from trioindex.db.migrations import available_migrations, current_version, migrate
+from trioindex.db.pool import Database
 
 
 def _model(

@@ -12,9 +12,9 @@ from uuid import UUID
 
 import attrs
 
-from trioindex.database import Connection
+from trioindex.db.jobs import record_event
+from trioindex.db.pool import Connection
 from trioindex.errors import NotFound
-from trioindex.lifecycle import record_event
 from trioindex.values import AttemptView, JobStatus, JobView
 
 _JOB_SELECT = """

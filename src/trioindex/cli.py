@@ -22,7 +22,7 @@ import typer
 
 from trioindex import admin
 from trioindex.config import Settings, load_settings
-from trioindex.database import migrate_or_explain
+from trioindex.db.pool import migrate_or_explain
 from trioindex.errors import ConfigError, TrioindexError
 from trioindex.logs import configure_logging
 from trioindex.values import JobStatus
@@ -131,10 +131,10 @@ def worker(
 ) -> None:
     """Run a worker: migrate, register, then claim and index jobs until SIGTERM/SIGINT."""
     settings = _settings(json_logs)
-    from trioindex.service import run_worker
+    from trioindex.worker.wiring import run_worker
 
     if metrics_port is not None:
-        from trioindex.metrics import start_metrics_server
+        from trioindex.worker.metrics import start_metrics_server
 
         start_metrics_server(metrics_port)
     done = _run(functools.partial(run_worker, settings, drain=drain))
@@ -146,7 +146,7 @@ def worker(
 def migrate() -> None:
     """Apply pending schema migrations (safe to run from several processes at once)."""
     settings = _settings()
-    from trioindex.app import resolve_database_url
+    from trioindex.services import resolve_database_url
 
     url = _run(functools.partial(resolve_database_url, settings))
     applied = migrate_or_explain(url)
@@ -177,8 +177,8 @@ def ingest(
     was.
     """
     settings = _settings(quiet=as_json)
-    from trioindex.app import open_services
     from trioindex.ingest import IngestEntry, IngestResult, ingest_paths
+    from trioindex.services import open_services
 
     async def go() -> tuple[list[IngestEntry], list[dict[str, Any]]]:
         async with open_services(settings) as services:
@@ -256,8 +256,8 @@ def search(
 ) -> None:
     """Embed the query with the index's model and print the closest chunks."""
     settings = _settings(quiet=True)
-    from trioindex.app import open_services
     from trioindex.search import SearchHit, embed_query, search_vectors
+    from trioindex.services import open_services
 
     async def go() -> list[SearchHit]:
         async with open_services(settings, embedder=True) as services:
@@ -277,8 +277,8 @@ def search(
 
 
 def _database_call(settings: Settings, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    from trioindex.app import resolve_database_url
-    from trioindex.database import open_database
+    from trioindex.db.pool import open_database
+    from trioindex.services import resolve_database_url
 
     async def go() -> T:
         url = await resolve_database_url(settings)

@@ -894,7 +894,7 @@ def _url_problem(spec: KeySpec, url: str) -> str | None:
         return "must be file:///absolute/path"
     if parts.scheme in ("postgresql", "postgres"):
         # libpq's own parser: a bad %-escape would otherwise surface at connect time, quoted
-        from trioindex.database import conninfo_problem
+        from trioindex.db.pool import conninfo_problem
 
         problem = conninfo_problem(url)
         if problem is not None:

@@ -33,9 +33,9 @@ import attrs
 import trio
 
 from trioindex import admin
-from trioindex.database import Connection, Database
+from trioindex.db.jobs import record_event
+from trioindex.db.pool import Connection, Database
 from trioindex.errors import NotFound, ObjectNotFound, TrioindexError
-from trioindex.lifecycle import record_event
 from trioindex.storage import AsyncObjectStore
 
 logger = logging.getLogger(__name__)

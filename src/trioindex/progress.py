@@ -9,7 +9,7 @@ import trio
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trioindex.admin import jobs_progress
-from trioindex.database import Database
+from trioindex.db.pool import Database
 
 POLL_SECONDS = 0.5
 

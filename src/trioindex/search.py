@@ -13,10 +13,10 @@ import attrs
 import numpy as np
 import psycopg
 
-from trioindex.database import Connection
+from trioindex.db.models import EmbeddingModel
+from trioindex.db.pool import Connection
 from trioindex.embedding import Embedder
 from trioindex.embedding.vectors import validate_vectors
-from trioindex.models import EmbeddingModel
 
 
 @attrs.frozen

@@ -14,11 +14,11 @@ from pathlib import Path
 import attrs
 import trio
 
-from trioindex.chunking import Chunker, ChunkingPolicy
 from trioindex.config import Settings
-from trioindex.database import Database, describe_conninfo, open_database, start_embedded
+from trioindex.db.models import EmbeddingModel, ensure_model
+from trioindex.db.pool import Database, describe_conninfo, open_database, start_embedded
 from trioindex.embedding import Embedder, open_embedder
-from trioindex.models import EmbeddingModel, ensure_model
+from trioindex.pipeline.chunking import Chunker, ChunkingPolicy
 from trioindex.storage import AsyncObjectStore, open_store, redact_url
 
 logger = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from __future__ import annotations
 from datetime import datetime
 from uuid import UUID
 
-from trioindex import lifecycle
-from trioindex.database import Database
+from trioindex.db import jobs as lifecycle
+from trioindex.db.pool import Database
 from trioindex.errors import FailureType
 from trioindex.values import (
     BackoffPolicy,

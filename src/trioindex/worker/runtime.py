@@ -44,9 +44,7 @@ from uuid import UUID
 import attrs
 import trio
 
-from trioindex import metrics
 from trioindex.config import WorkerSettings
-from trioindex.counters import WorkerCounters
 from trioindex.errors import FailureType, OwnershipLost, StateInconsistent, StepFailure
 from trioindex.values import (
     Claim,
@@ -58,6 +56,8 @@ from trioindex.values import (
     VersionStatus,
     WorkerStatus,
 )
+from trioindex.worker import metrics
+from trioindex.worker.counters import WorkerCounters
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ RENEWAL_RETRY_PAUSE = 1.0
 
 
 class Store(Protocol):
-    """What the runtime needs from the job lifecycle (:class:`trioindex.store.JobStore`)."""
+    """What the runtime needs from the job lifecycle (:class:`trioindex.worker.queue.JobStore`)."""
 
     async def register_worker(
         self, *, hostname: str, pid: int, version: str, max_concurrency: int
@@ -89,7 +89,7 @@ class Store(Protocol):
 
 
 class Steps(Protocol):
-    """The pipeline steps (:class:`trioindex.pipeline.PipelineSteps`)."""
+    """The pipeline steps (:class:`trioindex.worker.steps.PipelineSteps`)."""
 
     async def parse(self, claim: Claim) -> int: ...
     async def embed(self, claim: Claim) -> int: ...

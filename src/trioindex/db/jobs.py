@@ -3,7 +3,7 @@
 Every public function takes a connection in autocommit mode and runs exactly one short
 transaction (STYLE rule 9): a ``with conn.transaction()`` block, or a single statement, which
 autocommit makes its own transaction without the extra BEGIN/COMMIT round trips.
-:class:`trioindex.store.JobStore` is the async facade that runs them in threads. Lock order
+:class:`trioindex.worker.queue.JobStore` is the async facade that runs them in threads. Lock order
 is always job row, then version row, then document row.
 
 Every write after the claim goes through :func:`lock_owned_job`, the fencing helper: under the
@@ -26,7 +26,7 @@ import attrs
 import psycopg
 from psycopg.types.json import Jsonb
 
-from trioindex.database import Connection
+from trioindex.db.pool import Connection
 from trioindex.errors import FailureType, OwnershipLost, StateInconsistent, bounded
 from trioindex.values import (
     BackoffPolicy,

@@ -17,7 +17,7 @@ import psycopg.waiting
 import trio
 import trio_asyncio  # patches asyncio.get_running_loop to know about trio-asyncio loops
 
-from trioindex.database import describe_conninfo
+from trioindex.db.pool import describe_conninfo
 from trioindex.ingest import NOTIFY_CHANNEL
 
 logger = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ it private:
 
 The wheel still keeps the list of processes using the server (``pgdata/.handle_pids.json``) and
 stops the server when the last of them exits. Import this module only when the wheel is
-installed (:func:`trioindex.database.start_embedded` does it lazily).
+installed (:func:`trioindex.db.pool.start_embedded` does it lazily).
 """
 
 from __future__ import annotations

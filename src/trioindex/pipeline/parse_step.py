@@ -6,7 +6,7 @@ is a replay: no storage read at all.
 
 outside any transaction: read the object (never more than the configured maximum), then check
 its sha256 against the snapshot, parse and chunk in a worker process that is killed on
-cancellation or after ``indexing.parsing.timeout`` (:mod:`trioindex.steps.parse_process`).
+cancellation or after ``indexing.parsing.timeout`` (:mod:`trioindex.pipeline.parse_process`).
 
 commit: re-validate ownership and that the version still matches the snapshot, then replace
 the version's chunks in one transaction and move it to ``CHUNKED``. A concurrent commit for
@@ -24,11 +24,11 @@ from uuid import UUID
 import attrs
 import trio
 
-from trioindex.chunking import ChunkDraft, Chunker
-from trioindex.database import Connection, Database
+from trioindex.db.jobs import lock_owned_job, lock_version, record_claim_event, set_progress
+from trioindex.db.pool import Connection, Database
 from trioindex.errors import ContentInvalid, StateInconsistent
-from trioindex.lifecycle import lock_owned_job, lock_version, record_claim_event, set_progress
-from trioindex.steps.parse_process import (
+from trioindex.pipeline.chunking import ChunkDraft, Chunker
+from trioindex.pipeline.parse_process import (
     DEFAULT_TIMEOUT,
     ParseRequest,
     parse_document,

@@ -12,7 +12,7 @@ from uuid import UUID
 
 import attrs
 
-from trioindex.database import Connection
+from trioindex.db.pool import Connection
 from trioindex.errors import ConfigError, NotFound
 
 

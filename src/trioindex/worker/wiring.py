@@ -6,13 +6,13 @@ import functools
 import logging
 
 from trioindex import __version__
-from trioindex.app import build_chunker, open_services
 from trioindex.config import Settings
-from trioindex.notify import listen_for_jobs
-from trioindex.pipeline import PipelineSteps
-from trioindex.runtime import Worker, serve_until_signalled
-from trioindex.store import JobStore
+from trioindex.services import build_chunker, open_services
 from trioindex.values import BackoffPolicy
+from trioindex.worker.listen import listen_for_jobs
+from trioindex.worker.queue import JobStore
+from trioindex.worker.runtime import Worker, serve_until_signalled
+from trioindex.worker.steps import PipelineSteps
 
 logger = logging.getLogger(__name__)
 

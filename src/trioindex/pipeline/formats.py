@@ -9,7 +9,7 @@ Nothing else escapes :func:`extract_text` for any input bytes (third-party parse
 of exception types on hostile input; they are translated here, at the layer boundary).
 
 The functions are CPU-bound: the parse step runs them in a worker process it can kill
-(:mod:`trioindex.steps.parse_process`). They touch no database, storage or network. Each
+(:mod:`trioindex.pipeline.parse_process`). They touch no database, storage or network. Each
 format's work is bounded before it starts (see "limits" below): PDF pages and content, DOCX
 inflation, extracted text size. UTF-8 that is almost right (a character cut off at the end, a
 stray byte) is decoded with U+FFFD in place of the bad bytes; the count is returned.

@@ -5,19 +5,19 @@ from __future__ import annotations
 import attrs
 import trio
 
-from trioindex.chunking import Chunker
-from trioindex.database import Database
+from trioindex.db.pool import Database
 from trioindex.embedding import Embedder
-from trioindex.steps.embed import run_embed_step
-from trioindex.steps.parse_chunk import run_parse_step
-from trioindex.steps.parse_process import DEFAULT_TIMEOUT
+from trioindex.pipeline.chunking import Chunker
+from trioindex.pipeline.embed_step import run_embed_step
+from trioindex.pipeline.parse_process import DEFAULT_TIMEOUT
+from trioindex.pipeline.parse_step import run_parse_step
 from trioindex.storage import AsyncObjectStore
 from trioindex.values import Claim
 
 
 @attrs.define(eq=False)
 class PipelineSteps:
-    """Implements :class:`trioindex.runtime.Steps` with the real steps.
+    """Implements :class:`trioindex.worker.runtime.Steps` with the real steps.
 
     ``cpu_limiter`` bounds concurrent parse/chunk worker processes (CPU-bound) separately
     from the database and storage limiters (STYLE rule 8); ``parse_timeout`` is

