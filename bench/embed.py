@@ -1,26 +1,18 @@
 """Embedding-step benchmark: chunks/s through prepare → embed → commit, next to what the
-embedding backend itself can deliver in the same run.
+embedding backend itself delivers in the same run (each scenario on a fresh database).
 
-Two experiments, each scenario on a fresh database of one embedded PostgreSQL:
+1. **HTTP (TEI)** against ``testkit.embed_server`` in its own process (1024 dimensions, fixed
+   latency 0 / 20 / 50 ms; batch sizes 1, 8, 32). Capacity = a minimal Trio + ``httpx`` client
+   with ``max-in-flight`` (4) requests and nothing else, before and after the step run (mean).
+   The step: jobs of 64 chunks staged ``CHUNKED`` and claimed for real, :func:`run_embed_step`
+   on each, 8 jobs at once, one shared ``TeiEmbedder`` and a pool of 4 (the defaults). The
+   step's own ceiling: the same with an in-process embedder (and once without the HNSW index).
+2. **The local model** (all-MiniLM-L6-v2 through ``open_embedder(api="local")``) against
+   ``SentenceTransformer.encode`` on the same texts in the same batches, in the same process.
 
-1. **HTTP (TEI) against the fake server.** ``tests.fakes.embed_server`` runs in its own process
-   (1024 dimensions, fixed latency 0 / 20 / 50 ms per request). For each batch size (1, 8, 32):
-   the server's capacity is measured by a minimal Trio + ``httpx`` client — ``max-in-flight``
-   (4) tasks doing nothing but ``POST /embed`` with batches of the same texts — before and after
-   the step run (their mean is the capacity). The step run: jobs of 64 chunks each are staged
-   ``CHUNKED`` and claimed for real (``claim_jobs``), then :func:`run_embed_step` runs on every
-   claim, at most 8 jobs at once (a worker's ``max-concurrency``), with one shared
-   :class:`~trioindex.embedding.tei.TeiEmbedder` (``batch-size`` B, ``max-in-flight`` 4) and a
-   ``Database`` pool of 4 (the defaults). chunks/s = chunks stored / wall time of the run.
-2. **The local model** (all-MiniLM-L6-v2, 384 dimensions, :class:`LocalEmbedder` through
-   ``open_embedder(api="local")``) against ``SentenceTransformer.encode`` on the same texts in
-   the same batches, in the same process, before and after the step run.
-
-Also a breakdown of the client's CPU per 1024-dimension vector (orjson, validation, hashing,
-float32 conversion), measured in-process, to explain where time goes when the ratio is low.
-
-Run ``.venv/bin/python -m bench.embed``; ``--quick`` is a smoke run that writes its files to a
-temporary folder unless ``--out`` says otherwise.
+Also the client's CPU per 1024-dimension vector (orjson, validation, hashing, float32).
+Run ``.venv/bin/python -m bench.embed``; ``--quick`` is a smoke run (temporary folder unless
+``--out`` says otherwise).
 """
 
 from __future__ import annotations
@@ -32,10 +24,7 @@ import json
 import logging
 import math
 import os
-import shlex
 import statistics
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -43,21 +32,23 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import numpy as np
 import orjson
 import trio
 
 from bench.common import (
-    RESULTS_DIR,
     BenchPostgres,
     DbCounters,
+    Panel,
+    Session,
+    add_out,
+    bench_parser,
     cpu_seconds,
-    format_machine,
     machine_info,
+    markdown_table,
+    page_head,
     percentiles,
-    save_figure,
-    utc_now,
-    write_json,
+    plot_panels,
+    warm_pool,
 )
 from bench.harness import (
     FakeServerProcess,
@@ -275,7 +266,13 @@ _COPY_CHUNKS = """COPY document_chunks (document_id, document_version_id, chunk_
 
 
 def stage_claims(
-    url: str, *, model: str, dimension: int, jobs: int, chunks_per_job: int, texts: Sequence[str]
+    url: str,
+    texts: Sequence[str],
+    jobs: int,
+    chunks_per_job: int = CHUNKS_PER_JOB,
+    *,
+    model: str = HTTP_MODEL,
+    dimension: int = HTTP_DIMENSION,
 ) -> list[Claim]:
     """``jobs`` versions in CHUNKED with ``chunks_per_job`` chunks each (texts taken in turn
     from ``texts``), their PENDING jobs, all claimed by one registered worker."""
@@ -291,18 +288,9 @@ def stage_claims(
                     for index in range(chunks_per_job):
                         text = texts[n % len(texts)]
                         n += 1
-                        copy.write_row(
-                            (
-                                version["document_id"],
-                                version["id"],
-                                index,
-                                text,
-                                0,
-                                len(text),
-                                len(text) // 4,
-                                hashlib.sha256(text.encode()).hexdigest(),
-                            )
-                        )
+                        digest = hashlib.sha256(text.encode()).hexdigest()
+                        row = (version["document_id"], version["id"], index, text)
+                        copy.write_row((*row, 0, len(text), len(text) // 4, digest))
         worker = lifecycle.register_worker(
             conn, hostname="bench-embed", pid=os.getpid(), version="bench", max_concurrency=jobs
         )
@@ -342,7 +330,7 @@ async def _run_steps(
     await trio.to_thread.run_sync(db.open)
     try:
         # hold every connection once so the pool is full before the clock starts
-        await trio.to_thread.run_sync(_warm_pool, db, POOL_SIZE)
+        await trio.to_thread.run_sync(warm_pool, db.connection, POOL_SIZE)
         jobs = trio.CapacityLimiter(JOB_CONCURRENCY)
         stored = 0
         lag: list[float] = []
@@ -367,12 +355,6 @@ async def _run_steps(
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(db.close)
             await embedder.aclose()
-
-
-def _warm_pool(db: Database, size: int) -> None:
-    with contextlib.ExitStack() as stack:
-        for _ in range(size):
-            stack.enter_context(db.connection())
 
 
 def run_step(
@@ -433,10 +415,11 @@ def run_http(
     batch: int,
     texts: Sequence[str],
     *,
-    step_seconds: float,
-    raw_seconds: float,
-    max_chunks: int,
+    sizes: tuple[float, float, int],
 ) -> HttpResult:
+    """One scenario; ``sizes``: the step run's target seconds, the raw runs' seconds, and the
+    most chunks a step run may have."""
+    step_seconds, raw_seconds, max_chunks = sizes
     batches = _batches(texts, batch)
     load = os.getloadavg()[0]
     raw_before = raw_capacity(server, batches, concurrency=IN_FLIGHT, seconds=raw_seconds)
@@ -444,14 +427,7 @@ def run_http(
     # at least one full round of job slots, so every run has the same shape at its start
     jobs = max(JOB_CONCURRENCY, min(max_chunks, round(wanted)) // CHUNKS_PER_JOB)
     with pg.fresh_database("embed") as url:
-        claims = stage_claims(
-            url,
-            model=HTTP_MODEL,
-            dimension=HTTP_DIMENSION,
-            jobs=jobs,
-            chunks_per_job=CHUNKS_PER_JOB,
-            texts=texts,
-        )
+        claims = stage_claims(url, texts, jobs)
         pg.quiesce(url)
 
         async def open_() -> Embedder:
@@ -484,7 +460,7 @@ class InProcessEmbedder:
 
     @classmethod
     def for_texts(cls, texts: Sequence[str], dimension: int) -> InProcessEmbedder:
-        from tests.fakes.embed_server import fake_vector
+        from testkit.embed_server import fake_vector
 
         return cls(dimension, {t: json.dumps(fake_vector(t, dimension)).encode() for t in texts})
 
@@ -519,14 +495,7 @@ def run_ceiling(
     """The step with the in-process embedder; ``drop_hnsw`` first drops the model's HNSW index
     in this scratch database (a diagnostic: what the index costs per stored vector)."""
     with pg.fresh_database("embed_ceiling") as url:
-        claims = stage_claims(
-            url,
-            model=HTTP_MODEL,
-            dimension=HTTP_DIMENSION,
-            jobs=jobs,
-            chunks_per_job=CHUNKS_PER_JOB,
-            texts=texts,
-        )
+        claims = stage_claims(url, texts, jobs)
         if drop_hnsw:
             with contextlib.closing(connect(url)) as conn:
                 for row in conn.execute(
@@ -601,12 +570,7 @@ def run_local(pg: BenchPostgres, *, jobs: int, chunks_per_job: int) -> LocalResu
     raw_before = raw_encode(model, groups, LOCAL_BATCH)
     with pg.fresh_database("embed_local") as url:
         claims = stage_claims(
-            url,
-            model=DEFAULT_MODEL,
-            dimension=LOCAL_DIMENSION,
-            jobs=jobs,
-            chunks_per_job=chunks_per_job,
-            texts=texts,
+            url, texts, jobs, chunks_per_job, model=DEFAULT_MODEL, dimension=LOCAL_DIMENSION
         )
         pg.quiesce(url)
 
@@ -636,16 +600,6 @@ def run_local(pg: BenchPostgres, *, jobs: int, chunks_per_job: int) -> LocalResu
 
 
 # ---------------------------------------------------------------------------------------------
-# client CPU per vector
-
-
-def client_breakdown(dimension: int = HTTP_DIMENSION, batch: int = 32) -> dict[str, float]:
-    """Per vector, one thread: the time of each piece of client work on a TEI answer, and what
-    the results weigh in memory (see :func:`bench.harness.vector_costs`)."""
-    return vector_costs(dimension, batch)
-
-
-# ---------------------------------------------------------------------------------------------
 # report
 
 
@@ -656,59 +610,41 @@ def plot(
     no_hnsw: float,
     path: Path,
 ) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [r.label for r in http] + (["local model / batch 32"] if local else [])
-    capacity = [r.capacity for r in http] + ([local.capacity] if local else [])
-    step = [r.step.chunks_per_s for r in http] + ([local.step.chunks_per_s] if local else [])
-    ratios = [r.ratio for r in http] + ([local.ratio] if local else [])
-    x = np.arange(len(labels))
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 8), sharex=True)
-    top.bar(x - 0.2, capacity, 0.4, label="capacity (raw client / raw encode)", color="#999999")
-    top.bar(x + 0.2, step, 0.4, label="embedding step (prepare → embed → commit)", color="#1f77b4")
-    if http:
-        top.axhline(
-            ceiling,
-            color="#ff7f0e",
-            linestyle=":",
-            label=f"step ceiling with an in-process embedder ({ceiling:,.0f}/s)",
-        )
-        top.axhline(
-            no_hnsw,
-            color="#9467bd",
-            linestyle=":",
-            label=f"the same without the HNSW index, diagnostic ({no_hnsw:,.0f}/s)",
-        )
-    top.set_yscale("log")
-    top.set_ylabel("chunks/s (log)")
-    top.set_title("Embedding step throughput against the backend's own capacity")
-    top.legend(loc="upper left", fontsize=8)
-    colors = ["#2ca02c" if r >= TARGET_RATIO else "#d62728" for r in ratios]
-    bottom.bar(x, ratios, 0.6, color=colors)
-    bottom.axhline(TARGET_RATIO, color="black", linestyle="--", linewidth=1, label="target 0.9")
-    for xi, ratio in zip(x, ratios, strict=True):
-        bottom.text(xi, ratio + 0.02, f"{ratio:.2f}", ha="center", fontsize=8)
-    bottom.set_ylim(0, max(1.1, max(ratios, default=1) + 0.1))
-    bottom.set_ylabel("step / capacity")
-    bottom.legend(loc="upper right", fontsize=8)
-    bottom.set_xticks(x, labels, rotation=30, ha="right", fontsize=8)
-    fig.tight_layout()
-    save_figure(fig, path)
-    plt.close(fig)
-    return path
+    runs: list[HttpResult | LocalResult] = [*http, *([local] if local else [])]
+    labels = [r.label if isinstance(r, HttpResult) else "local model / batch 32" for r in runs]
+    ratios = [r.ratio for r in runs]
+    throughput = Panel(
+        f"Step against capacity (ceiling {ceiling:,.0f}/s; without HNSW {no_hnsw:,.0f}/s)",
+        "chunks/s (log)",
+        groups=labels,
+        bars={
+            "capacity (raw client / raw encode)": [r.capacity for r in runs],
+            "embedding step (prepare → embed → commit)": [r.step.chunks_per_s for r in runs],
+        },
+        hline=(ceiling, "step ceiling, in-process embedder") if http else None,
+        log=True,
+    )
+    ratio = Panel(
+        "step / capacity",
+        "ratio",
+        groups=labels,
+        bars={"step / capacity": ratios},
+        notes=[f"{r:.2f}" for r in ratios],
+        hline=(TARGET_RATIO, f"target {TARGET_RATIO}"),
+    )
+    return plot_panels(path, [throughput, ratio], (16, 5.5))
 
 
 def _ratio(value: float) -> str:
     return f"**{value:.2f}**" if value >= TARGET_RATIO else f"{value:.2f}"
 
 
+def _lag(step: dict[str, Any]) -> str:
+    return f"{step['loop_lag_ms']['p50']:.1f} / {step['loop_lag_ms']['p99']:.1f}"
+
+
 def _http_row(r: HttpResult, ceiling: float) -> list[str]:
-    s = r.step.as_json()
-    raw = r.raw_before.as_json()
-    attainable = min(r.capacity, ceiling)
+    s, raw = r.step.as_json(), r.raw_before.as_json()
     return [
         f"{r.latency_ms:.0f}",
         str(r.batch),
@@ -716,12 +652,12 @@ def _http_row(r: HttpResult, ceiling: float) -> list[str]:
         f"{r.raw_before.inputs_per_s:,.0f} / {r.raw_after.inputs_per_s:,.0f}",
         f"{r.step.chunks_per_s:,.0f}",
         _ratio(r.ratio),
-        f"{r.step.chunks_per_s / attainable:.2f}",
+        f"{r.step.chunks_per_s / min(r.capacity, ceiling):.2f}",
         f"{r.step.jobs}",
         f"{s['client_cpu_ms_per_chunk']:.2f} / {raw['client_cpu_ms_per_input']:.2f}",
         f"{s['server_cpu_ms_per_chunk']:.2f} / {raw['server_cpu_ms_per_input']:.2f}",
         f"{s['postgres_cpu_ms_per_chunk']:.2f}",
-        f"{s['loop_lag_ms']['p50']:.1f} / {s['loop_lag_ms']['p99']:.1f}",
+        _lag(s),
         f"{r.step.other_cores:.2f}",
     ]
 
@@ -741,28 +677,32 @@ _HTTP_COLUMNS = (
     "loop lag ms p50 / p99",
     "other processes, cores",
 )
+_CEILING_COLUMNS = (
+    "run",
+    "chunks",
+    "chunks/s",
+    "client CPU ms/chunk",
+    "PostgreSQL CPU ms/chunk",
+    "WAL bytes/chunk",
+    "transactions",
+    "loop lag ms p50 / p99",
+    "other processes, cores",
+)
 
 
-def _ceiling_lines(ceilings: Sequence[StepRun], no_hnsw: StepRun) -> list[str]:
-    lines = [
-        "| run | chunks | chunks/s | client CPU ms/chunk | PostgreSQL CPU ms/chunk | "
-        "WAL bytes/chunk | transactions | loop lag ms p50 / p99 | other processes, cores |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+def _ceiling_row(name: str, run: StepRun) -> list[str]:
+    j = run.as_json()
+    return [
+        name,
+        str(run.stored),
+        f"{run.chunks_per_s:,.0f}",
+        f"{j['client_cpu_ms_per_chunk']:.2f}",
+        f"{j['postgres_cpu_ms_per_chunk']:.2f}",
+        f"{j['wal_bytes_per_chunk']:,.0f}",
+        str(run.xact),
+        _lag(j),
+        f"{run.other_cores:.2f}",
     ]
-    named = [
-        *zip(("before the scenarios", "after the scenarios"), ceilings, strict=False),
-        ("diagnostic: the model's HNSW index dropped", no_hnsw),
-    ]
-    for name, run in named:
-        j = run.as_json()
-        lines.append(
-            f"| {name} | {run.stored} | {run.chunks_per_s:,.0f} | "
-            f"{j['client_cpu_ms_per_chunk']:.2f} | {j['postgres_cpu_ms_per_chunk']:.2f} | "
-            f"{j['wal_bytes_per_chunk']:,.0f} | {run.xact} | "
-            f"{j['loop_lag_ms']['p50']:.1f} / {j['loop_lag_ms']['p99']:.1f} | "
-            f"{run.other_cores:.2f} |"
-        )
-    return lines
 
 
 def _markdown(
@@ -779,96 +719,98 @@ def _markdown(
     png_name: str,
 ) -> str:
     ceiling = _mean_rate(ceilings)
+    named = [*zip(("before the scenarios", "after the scenarios"), ceilings, strict=False)]
+    named.append(("diagnostic: the model's HNSW index dropped", no_hnsw))
     lines = [
-        "# Embedding step benchmark",
-        "",
-        f"- Date: {date}",
-        f"- Command: `{command}` (from the repository root; {elapsed:.0f} s)",
-        *[f"- {line}" for line in format_machine(machine)],
-        "",
-        "What is measured: chunks/s through the real embedding step — `prepare_embedding` "
-        "(one transaction, a snapshot of the chunks), the embedder, `build_drafts` and "
-        "`commit_embeddings` (one transaction, one binary COPY) — on jobs staged `CHUNKED` "
-        "and claimed with `claim_jobs` on the embedded PostgreSQL, next to the capacity of "
-        "the embedding backend measured in the same run. The target is a ratio of at least "
-        f"{TARGET_RATIO}.",
+        *page_head("Embedding step benchmark", date, command, elapsed, machine),
+        "What is measured: chunks/s through the real embedding step (`prepare_embedding`, the "
+        "embedder, `build_drafts`, `commit_embeddings`) on jobs staged `CHUNKED` and claimed "
+        "with `claim_jobs`, next to the capacity of the embedding backend measured in the same "
+        f"run. The target is a ratio of at least {TARGET_RATIO}.",
         "",
         "## HTTP embedder (TEI protocol) against the fake server",
         "",
-        f"The fake server (`tests.fakes.embed_server`, {HTTP_DIMENSION} dimensions, fixed "
-        "latency per request) runs in its own process. Capacity = a minimal Trio + `httpx` "
-        f"client with {IN_FLIGHT} requests in flight posting batches of the same texts and "
-        "doing nothing else (no parsing, validation or database), measured for "
-        "a few seconds right before and right after the step run (the mean is the "
-        f"capacity). The step: jobs of {CHUNKS_PER_JOB} chunks of about "
-        f"{TEXT_CHARACTERS} characters, at most {JOB_CONCURRENCY} jobs at once sharing one "
-        f"`TeiEmbedder` (`batch-size` = batch, `max-in-flight` {IN_FLIGHT}) and a pool of "
-        f"{POOL_SIZE} connections (the defaults). The number of jobs is chosen so the run "
-        f"lasts about {STEP_SECONDS:.0f} s at capacity (at most {MAX_STEP_CHUNKS} chunks). "
-        '"Latency bound" is in-flight × batch / latency. CPU per chunk: client = this '
-        "process (user + system), server = the fake server process, PostgreSQL = its "
-        "backends (reaped-children times of the postmaster). Loop lag = how late a 5 ms "
-        "`trio.sleep` woke up during the run. Other processes = CPU the rest of the machine "
-        "used during the step run (`/proc/stat` minus this process, the server and "
-        "PostgreSQL), in cores.",
+        f"Capacity: a minimal Trio + `httpx` client with {IN_FLIGHT} requests in flight, right "
+        f"before and after the step run (mean). The step: jobs of {CHUNKS_PER_JOB} chunks of "
+        f"about {TEXT_CHARACTERS} characters, {JOB_CONCURRENCY} jobs at once, one `TeiEmbedder` "
+        f"(`max-in-flight` {IN_FLIGHT}), a pool of {POOL_SIZE}; sized to last about "
+        f'{STEP_SECONDS:.0f} s (at most {MAX_STEP_CHUNKS} chunks). "Latency bound" = in-flight '
+        "× batch / latency; loop lag = how late a 5 ms `trio.sleep` woke up; other processes = "
+        "CPU the rest of the machine used meanwhile. The ceiling: the same step with an "
+        f"in-process embedder (no HTTP), mean **{ceiling:,.0f} chunks/s**.",
         "",
-        "**The step's own ceiling.** The same step with an in-process embedder that answers "
-        "from prebuilt JSON (parsed with orjson and validated like the TEI client, no HTTP): "
-        "what the step can store per second on this machine when the backend costs nothing. "
-        f"Mean: **{ceiling:,.0f} chunks/s**.",
+        *markdown_table(_CEILING_COLUMNS, [_ceiling_row(n, r) for n, r in named]),
         "",
-        *_ceiling_lines(ceilings, no_hnsw),
-        "",
-        "| " + " | ".join(_HTTP_COLUMNS) + " |",
-        "|---:|" + "---:|" * (len(_HTTP_COLUMNS) - 1),
+        *markdown_table(_HTTP_COLUMNS, [_http_row(r, ceiling) for r in http], "r" * 13),
     ]
-    for result in http:
-        lines.append("| " + " | ".join(_http_row(result, ceiling)) + " |")
     if local is not None:
-        lj = local.as_json()
+        step = local.as_json()["step"]
         lines += [
             "",
             "## Local model (all-MiniLM-L6-v2, 384 dimensions)",
             "",
-            f"`open_embedder(api='local')` (a `LocalEmbedder`, `batch-size` {local.batch}) "
-            "against `SentenceTransformer.encode` of the same texts in the same batches, in "
-            f"the same process and from a thread (torch uses {local.torch_threads} threads), "
-            f"right before and after the step run. {local.step.jobs} jobs × "
-            f"{local.step.chunks // local.step.jobs} chunks of about {TEXT_CHARACTERS} "
-            "characters (all-MiniLM truncates at 256 tokens).",
+            f"`open_embedder(api='local')` (`batch-size` {local.batch}) against "
+            "`SentenceTransformer.encode` of the same texts in the same batches, from a thread "
+            f"(torch uses {local.torch_threads} threads), before and after the step run; "
+            f"{local.step.jobs} jobs × {local.step.chunks // local.step.jobs} chunks.",
             "",
-            "| raw encode chunks/s (before / after) | step chunks/s | step / raw | step client "
-            "CPU ms/chunk | PostgreSQL CPU ms/chunk | loop lag ms p50 / p99 |",
-            "|---:|---:|---:|---:|---:|---:|",
-            f"| {local.raw_before.chunks_per_s:.1f} / {local.raw_after.chunks_per_s:.1f} | "
-            f"{local.step.chunks_per_s:.1f} | {_ratio(local.ratio)} | "
-            f"{lj['step']['client_cpu_ms_per_chunk']:.1f} | "
-            f"{lj['step']['postgres_cpu_ms_per_chunk']:.2f} | "
-            f"{lj['step']['loop_lag_ms']['p50']:.1f} / {lj['step']['loop_lag_ms']['p99']:.1f} |",
+            *markdown_table(
+                (
+                    "raw encode chunks/s (before / after)",
+                    "step chunks/s",
+                    "step / raw",
+                    "step client CPU ms/chunk",
+                    "PostgreSQL CPU ms/chunk",
+                    "loop lag ms p50 / p99",
+                ),
+                [
+                    [
+                        f"{local.raw_before.chunks_per_s:.1f} / {local.raw_after.chunks_per_s:.1f}",
+                        f"{local.step.chunks_per_s:.1f}",
+                        _ratio(local.ratio),
+                        f"{step['client_cpu_ms_per_chunk']:.1f}",
+                        f"{step['postgres_cpu_ms_per_chunk']:.2f}",
+                        _lag(step),
+                    ]
+                ],
+                "r" * 6,
+            ),
         ]
+    b = breakdown
     lines += [
         "",
         f"## Client work per {HTTP_DIMENSION}-dimension vector (in-process, one thread)",
         "",
-        "| piece of work | µs per vector | KiB per vector it leaves alive |",
-        "|---|---:|---:|",
-        f"| `orjson.loads` of a TEI answer ({breakdown['response_bytes_per_vector']:,.0f} bytes "
-        f"per vector) | {breakdown['orjson_loads_us']:.0f} | "
-        f"{breakdown['parsed_kib_per_vector']:.1f} |",
-        "| `validate_vectors` (what `TeiEmbedder._embed_batch` returns) | "
-        f"{breakdown['validate_vectors_us']:.0f} | {breakdown['validated_kib_per_vector']:.1f} |",
-        "| `build_drafts` = `as_float32` (validates again) + `drafts_from_matrix` (hashes) | "
-        f"{breakdown['build_drafts_us']:.0f} | {breakdown['drafts_kib_per_vector']:.1f} "
-        f"(peak while it runs: {breakdown['build_drafts_peak_kib_per_vector']:.1f}) |",
+        *markdown_table(
+            ("piece of work", "µs per vector", "KiB per vector it leaves alive"),
+            [
+                [
+                    f"`orjson.loads` of a TEI answer ({b['response_bytes_per_vector']:,.0f} "
+                    "bytes per vector)",
+                    f"{b['orjson_loads_us']:.0f}",
+                    f"{b['parsed_kib_per_vector']:.1f}",
+                ],
+                [
+                    "`validate_vectors` (what `TeiEmbedder._embed_batch` returns)",
+                    f"{b['validate_vectors_us']:.0f}",
+                    f"{b['validated_kib_per_vector']:.1f}",
+                ],
+                [
+                    "`build_drafts` = `as_float32` (validates again) + `drafts_from_matrix` "
+                    "(hashes)",
+                    f"{b['build_drafts_us']:.0f}",
+                    f"{b['drafts_kib_per_vector']:.1f} (peak while it runs: "
+                    f"{b['build_drafts_peak_kib_per_vector']:.1f})",
+                ],
+            ],
+        ),
         "",
         f"![embedding benchmark]({png_name})",
         "",
         "## Reading",
         "",
+        *_reading(machine, http, ceiling, no_hnsw, local),
     ]
-    lines += _reading(
-        machine, http, ceilings=ceilings, no_hnsw=no_hnsw, local=local, breakdown=breakdown
-    )
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -879,154 +821,34 @@ def _mean_rate(runs: Sequence[StepRun]) -> float:
 def _reading(
     machine: dict[str, Any],
     http: Sequence[HttpResult],
-    *,
-    ceilings: Sequence[StepRun],
+    ceiling: float,
     no_hnsw: StepRun,
     local: LocalResult | None,
-    breakdown: dict[str, float],
 ) -> list[str]:
-    """Sentences computed from the figures, so a re-run cannot leave a stale explanation."""
-    out: list[str] = []
+    """A few facts computed from the figures, so a re-run cannot leave a stale explanation."""
     cores = machine.get("usable_cores") or machine.get("logical_cores") or 1
-    ceiling = _mean_rate(ceilings)
-    met = [r for r in http if r.ratio >= TARGET_RATIO]
-    missed = [r for r in http if r.ratio < TARGET_RATIO]
+    out: list[str] = []
     if http:
+        met = [r.label for r in http if r.ratio >= TARGET_RATIO]
+        above = [r.label for r in http if r.capacity > ceiling]
         out.append(
             f"- **Target ({TARGET_RATIO} × capacity), HTTP:** met in {len(met)} of {len(http)} "
-            "scenarios"
-            + (f" ({', '.join(r.label for r in met)})" if met else "")
-            + (
-                f"; not met in {', '.join(f'{r.label} ({r.ratio:.2f})' for r in missed)}."
-                if missed
-                else "."
-            )
-        )
-    if ceilings:
-        c = [r.as_json() for r in ceilings]
-        client = statistics.fmean(j["client_cpu_ms_per_chunk"] for j in c)
-        server = statistics.fmean(j["postgres_cpu_ms_per_chunk"] for j in c)
-        wal = statistics.fmean(j["wal_bytes_per_chunk"] for j in c)
-        above = [r for r in http if r.capacity > ceiling]
-        nj = no_hnsw.as_json()
-        out.append(
-            f"- **The step itself caps near {ceiling:,.0f} chunks/s here.** With a backend that "
-            f"costs nothing, a stored {HTTP_DIMENSION}-dimension chunk costs "
-            f"{client:.2f} ms of this process's CPU and {server:.2f} ms of PostgreSQL CPU "
-            f"({wal:,.0f} WAL bytes), {client + server:.2f} ms on {cores} cores shared with "
-            "everything else. Every scenario whose capacity is above that ceiling — "
-            + (", ".join(r.label for r in above) if above else "none")
-            + " — cannot reach 0.9 of the raw client, whatever the client does: the raw "
-            "client stores nothing. There the useful figure is step / min(capacity, ceiling)."
-        )
-        out.append(
-            "- **Slow spot: the HNSW index.** Most of PostgreSQL's share is the model's partial "
-            "HNSW index (src/trioindex/models.py `ensure_model`, "
-            "`USING hnsw ((vector::vector(1024)) vector_cosine_ops)`), updated row by row "
-            "inside `commit_embeddings`' COPY. With that index dropped (diagnostic run, same "
-            f"step) PostgreSQL needs {nj['postgres_cpu_ms_per_chunk']:.2f} ms per chunk instead "
-            f"of {server:.2f} and the step runs {no_hnsw.chunks_per_s:,.0f} chunks/s instead of "
-            f"{ceiling:,.0f}. The cost grows with the index and with concurrent writers "
-            "(bench/memory.py's large-document run shows it per row)."
-        )
-    lagging = [r for r in http if r.latency_ms > 0 and r.capacity <= ceiling]
-    if lagging:
-        worst = max(lagging, key=lambda r: r.step.loop_lag_ms["p99"])
-        out.append(
-            "- Where the server is slower than the ceiling ("
-            + ", ".join(f"{r.label}: {r.ratio:.2f}" for r in lagging)
-            + ") the loss is time between a response arriving and the next request leaving. "
-            "A response is parsed and validated on the event loop while its in-flight token "
-            "is still held; the step then validates its vectors again, converts them to "
-            "float32 and hashes them on the loop as well (`as_float32` and "
-            "`drafts_from_matrix`, the work `build_drafts` measures below: ≈ "
-            f"{breakdown.get('build_drafts_us', 0) * CHUNKS_PER_JOB / 1000:.1f} ms per "
-            f"{CHUNKS_PER_JOB}-chunk job), and the database threads that run the COPY compete "
-            "for the same GIL. "
-            f"The loop-lag probe shows it: p99 {worst.step.loop_lag_ms['p99']:.1f} ms in "
-            f"{worst.label}, against requests of {worst.latency_ms:.0f} ms. Batch 1 is "
-            "closest to capacity because its requests are the most numerous and each answer "
-            "is the smallest."
-        )
-    zero = [r for r in http if r.latency_ms == 0]
-    for r in zero:
-        s = r.step.as_json()
-        raw = r.raw_before.as_json()
-        step_total = (
-            s["client_cpu_ms_per_chunk"]
-            + (s["server_cpu_ms_per_chunk"] or 0)
-            + s["postgres_cpu_ms_per_chunk"]
-        )
-        raw_total = raw["client_cpu_ms_per_input"] + raw["server_cpu_ms_per_input"]
-        out.append(
-            f"- {r.label}: ratio {r.ratio:.2f}. With no latency the run is CPU-bound: a chunk "
-            f"costs {s['client_cpu_ms_per_chunk']:.2f} ms of client CPU in the step against "
-            f"{raw['client_cpu_ms_per_input']:.2f} ms in the raw client, plus "
-            f"{s['server_cpu_ms_per_chunk']:.2f} ms in the server and "
-            f"{s['postgres_cpu_ms_per_chunk']:.2f} ms in PostgreSQL = {step_total:.2f} ms "
-            f"(at most ≈ {cores * 1000 / step_total:,.0f} chunks/s on {cores} cores) against "
-            f"{raw_total:.2f} ms for raw client + server (≈ {cores * 1000 / raw_total:,.0f})."
-        )
-    if breakdown:
-        parse_us = breakdown["orjson_loads_us"]
-        validate = breakdown["validate_vectors_us"]
-        drafts = breakdown["build_drafts_us"]
-        total = parse_us + validate + drafts
-        biggest = max(
-            ("`orjson.loads`", parse_us),
-            ("`validate_vectors` in the TEI client", validate),
-            ("`build_drafts`", drafts),
-            key=lambda kv: kv[1],
-        )
-        out.append(
-            f"- **Client work per vector** ({HTTP_DIMENSION} dimensions, one thread, all of it "
-            f"on the event loop): `orjson.loads` {parse_us:.0f} µs, `validate_vectors` in "
-            f"`TeiEmbedder._embed_batch` (src/trioindex/embedding/tei.py) {validate:.0f} µs, "
-            f"`build_drafts` (src/trioindex/steps/embed.py) {drafts:.0f} µs: ≈ {total:.0f} µs, "
-            f"the largest part {biggest[0]}. Against the step's measured client CPU per chunk "
-            "above, the rest is HTTP (request bodies, reading answers of "
-            f"{breakdown['response_bytes_per_vector'] / 1024:.0f} KiB per vector), the "
-            "database facade and the COPY."
+            f"scenarios ({', '.join(met) or 'none'}). Capacity above the step's own ceiling "
+            f"({ceiling:,.0f} chunks/s; {no_hnsw.chunks_per_s:,.0f} without the HNSW index): "
+            f"{', '.join(above) or 'none'}; there step / min(capacity, ceiling) is the figure."
         )
     if local is not None:
         verdict = "met" if local.ratio >= TARGET_RATIO else "**not met**"
-        spread = abs(local.raw_before.chunks_per_s - local.raw_after.chunks_per_s) / max(
-            local.capacity, 1e-9
-        )
-        raw_cpu = statistics.fmean(
-            r.as_json()["cpu_ms_per_chunk"] for r in (local.raw_before, local.raw_after)
-        )
-        step_cpu = local.step.as_json()["client_cpu_ms_per_chunk"]
-        gap = 1 - local.ratio
-        noise = (
-            f" The two raw runs differ by {spread:.0%}, as much as the gap itself: on this "
-            "shared machine one run cannot tell a cost of that size from noise."
-            if gap > 0 and spread >= gap
-            else ""
-        )
         out.append(
-            f"- **Target, local model:** {verdict}: the step ran {local.step.chunks_per_s:.1f} "
-            f"chunks/s against {local.capacity:.1f} for raw `encode` (ratio {local.ratio:.2f}). "
-            f"CPU per chunk: {step_cpu:.0f} ms in the step's process against {raw_cpu:.0f} ms "
-            f"for raw encode ({step_cpu / max(raw_cpu, 1e-9) - 1:+.0%}). Torch already runs "
-            f"{local.torch_threads} threads on {cores} cores, so any other work — the step's "
-            "own (a thread hop per batch, 384-dimension validation, one COPY per job, the "
-            "event loop), PostgreSQL's, other processes' — slows the model directly."
-            + noise
-            + (
-                " A ratio above 1 is measurement noise, not a faster model."
-                if local.ratio > 1
-                else ""
-            )
+            f"- **Target, local model:** {verdict}: {local.step.chunks_per_s:.1f} chunks/s "
+            f"against {local.capacity:.1f} for raw `encode` (ratio {local.ratio:.2f}; torch "
+            f"runs {local.torch_threads} threads on {cores} cores)."
         )
     others = [r.step.other_cores for r in http]
     if others:
         out.append(
-            f"- Noise: other processes on the machine used {min(others):.2f}-"
-            f"{max(others):.2f} cores during the step runs (of {cores}). CPU contention "
-            "stretches the step more than the raw client: a chunk passes through more "
-            "processes in series (event loop, database thread, PostgreSQL backend, WAL flush), "
-            "each of which can wait for a core."
+            f"- Noise: other processes used {min(others):.2f}-{max(others):.2f} cores of "
+            f"{cores} during the step runs."
         )
     return out
 
@@ -1036,41 +858,30 @@ def _reading(
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.embed",
-        description="Embedding step throughput against the fake TEI server's capacity and "
+    parser = bench_parser(
+        "embed",
+        "Embedding step throughput against the fake TEI server's capacity and "
         "against the local model's raw encode throughput.",
+        "fewer scenarios, short runs",
     )
-    parser.add_argument("--quick", action="store_true", help="fewer scenarios, short runs")
     parser.add_argument("--no-local", action="store_true", help="skip the local model")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="folder for embed.json/.png/.md (default docs/test-results; --quick: a temp folder)",
-    )
+    add_out(parser, "embed")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     args = parse_args(argv)
+    session = Session.start("embed", args)
     quick: bool = args.quick
-    out: Path = args.out or (
-        Path(tempfile.mkdtemp(prefix="trioindex-bench-embed-")) if quick else RESULTS_DIR
-    )
     latencies = QUICK_LATENCIES_MS if quick else LATENCIES_MS
     batches = QUICK_BATCHES if quick else BATCHES
     step_seconds = QUICK_STEP_SECONDS if quick else STEP_SECONDS
     raw_seconds = QUICK_RAW_SECONDS if quick else RAW_SECONDS
     max_chunks = QUICK_MAX_STEP_CHUNKS if quick else MAX_STEP_CHUNKS
-    command = shlex.join([".venv/bin/python", "-m", "bench.embed", *sys.argv[1:]])
-    began = time.monotonic()
+    durations = (step_seconds, raw_seconds, max_chunks)
 
     texts = chunk_texts(TEXT_POOL, characters=TEXT_CHARACTERS)
-    breakdown = client_breakdown()
+    breakdown = vector_costs(HTTP_DIMENSION, 32)  # client CPU per vector
     in_process = InProcessEmbedder.for_texts(texts, HTTP_DIMENSION)
     http: list[HttpResult] = []
     ceilings: list[StepRun] = []
@@ -1086,16 +897,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 latency_ms=latency, dimension=HTTP_DIMENSION, max_batch_size=max(batches)
             ) as server:
                 for batch in batches:
-                    result = run_http(
-                        pg,
-                        server,
-                        latency,
-                        batch,
-                        texts,
-                        step_seconds=step_seconds,
-                        raw_seconds=raw_seconds,
-                        max_chunks=max_chunks,
-                    )
+                    result = run_http(pg, server, latency, batch, texts, sizes=durations)
                     print(
                         f"{result.label:<20} capacity {result.capacity:8,.0f} chunks/s  "
                         f"step {result.step.chunks_per_s:8,.0f} chunks/s  "
@@ -1117,15 +919,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 flush=True,
             )
 
-    date = utc_now()
-    elapsed = time.monotonic() - began
     ceiling = _mean_rate(ceilings)
-    payload = {
-        "benchmark": "embed",
-        "date": date,
-        "command": command,
-        "runtime_s": round(elapsed, 1),
-        "machine": machine,
+    figures = {
         "options": {
             "quick": quick,
             "latencies_ms": list(latencies),
@@ -1160,13 +955,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "local_ratio": round(local.ratio, 3) if local is not None else None,
         },
     }
-    json_path = write_json(out / "embed.json", payload)
-    png_path = plot(http, local, ceiling, no_hnsw.chunks_per_s, out / "embed.png")
-    md_path = out / "embed.md"
-    md_path.write_text(
-        _markdown(
+    return session.publish(
+        machine,
+        figures,
+        lambda path: plot(http, local, ceiling, no_hnsw.chunks_per_s, path),
+        lambda date, elapsed, png_name: _markdown(
             machine=machine,
-            command=command,
+            command=session.command,
             date=date,
             elapsed=elapsed,
             http=http,
@@ -1174,11 +969,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             no_hnsw=no_hnsw,
             local=local,
             breakdown=breakdown,
-            png_name=png_path.name,
-        )
+            png_name=png_name,
+        ),
     )
-    print(f"wrote {json_path}, {png_path}, {md_path} in {elapsed:.0f}s")
-    return 0
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Owns:
 
 * :class:`FakeServerProcess` — the fault-injecting embedding server of the tests
-  (``python -m tests.fakes.embed_server``) in its own process, so its CPU is not taken from the
+  (``python -m testkit.embed_server``) in its own process, so its CPU is not taken from the
   event loop under test, with its CPU time and request counters;
 * :func:`raw_capacity` — the server's capacity as a minimal Trio + ``httpx`` client sees it:
   ``concurrency`` tasks doing nothing but ``POST /embed`` with prepared batches;
@@ -13,8 +13,9 @@ Owns:
   work took meanwhile;
 * :class:`RssSampler` — a thread sampling another process's RSS (and the kernel's exact peak,
   ``VmHWM``) with an optional extra reading per sample;
-* :func:`worker_env` / :func:`spawn_worker` — a real ``trioindex worker`` subprocess configured
-  only through ``TRIOINDEX_*`` variables, as an operator would run it;
+* :func:`worker_env` / :func:`folder_env` / :func:`spawn_worker` — a real ``trioindex worker``
+  subprocess configured only through ``TRIOINDEX_*`` variables, as an operator would run it,
+  and :func:`ingest_folder` to queue its work;
 * :func:`chunk_texts` — chunk-sized texts (English and Korean sentences of the test corpus).
 
 Benchmarks are scripts, not tests: they may block and sleep in their own threads.
@@ -41,9 +42,9 @@ import httpx
 import numpy as np
 import psutil  # type: ignore[import-untyped]
 import trio
-from tests.documents import TOPICS
 
 from bench.common import REPO_ROOT, cpu_seconds
+from testkit.documents import TOPICS
 
 PYTHON = sys.executable
 
@@ -76,8 +77,8 @@ def vector_costs(dimension: int, batch: int = 32) -> dict[str, float]:
     import uuid
 
     import orjson
-    from tests.fakes.embed_server import fake_vector
 
+    from testkit.embed_server import fake_vector
     from trioindex.embedding.vectors import validate_vectors
     from trioindex.pipeline.embed_step import ChunkRef, EmbedSnapshot, build_drafts
 
@@ -144,7 +145,7 @@ def process_cpu_seconds(pid: int) -> float:
 
 @attrs.define(eq=False)
 class FakeServerProcess:
-    """``python -m tests.fakes.embed_server`` on a free loopback port; stop it on exit.
+    """``python -m testkit.embed_server`` on a free loopback port; stop it on exit.
 
     ``latency_ms`` is the server's fixed delay per request (capacity per connection = batch /
     latency), ``max_batch_size`` is what it reports in ``/info`` and enforces (413 above).
@@ -165,18 +166,8 @@ class FakeServerProcess:
         return self._process.pid
 
     def __enter__(self) -> FakeServerProcess:
-        args = [
-            PYTHON,
-            "-m",
-            "tests.fakes.embed_server",
-            "--port",
-            "0",
-            "--dimension",
-            str(self.dimension),
-            "--latency-ms",
-            str(self.latency_ms),
-            "--no-shuffle",
-        ]
+        args = [PYTHON, "-m", "testkit.embed_server", "--port", "0", "--no-shuffle"]
+        args += ["--dimension", str(self.dimension), "--latency-ms", str(self.latency_ms)]
         if self.max_batch_size is not None:
             args += ["--max-batch-size", str(self.max_batch_size)]
         self._log = self.log_path.open("ab") if self.log_path is not None else subprocess.DEVNULL
@@ -356,7 +347,7 @@ def machine_busy_seconds() -> float:
 # RSS of another process
 
 
-def _vm_hwm_mb(pid: int) -> float | None:
+def vm_hwm_mb(pid: int) -> float | None:
     """The kernel's record of the process's peak RSS (``VmHWM``), MiB; None if unavailable."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -403,7 +394,7 @@ class RssSampler:
                 times = process.cpu_times()
         except psutil.Error:
             return  # it has exited
-        hwm = _vm_hwm_mb(self.pid)
+        hwm = vm_hwm_mb(self.pid)
         if hwm is not None:
             self.hwm_mb = max(self.hwm_mb or 0.0, hwm)
         value = self.extra() if self.extra is not None else None
@@ -441,6 +432,52 @@ def worker_env(**settings: str) -> dict[str, str]:
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env
+
+
+def folder_env(url: str, root: Path, concurrency: int, **settings: str) -> dict[str, str]:
+    """:func:`worker_env` for one scenario: its database, a folder store and ``HOME`` under
+    ``root``, ``concurrency`` job slots, 200 ms polling; ``settings`` choose the embedder."""
+    return worker_env(
+        HOME=str(root / "home"),
+        DATABASE_URL=url,
+        STORAGE_URL=(root / "blobs").as_uri(),
+        WORKER_MAX_CONCURRENCY=str(concurrency),
+        WORKER_POLLING_INTERVAL="200ms",
+        **settings,
+    )
+
+
+def tei_settings(server: FakeServerProcess, dimension: int) -> dict[str, str]:
+    """The embedding keys for ``server`` (TEI protocol, ``BAAI/bge-m3`` shape)."""
+    return {
+        "EMBEDDING_API": "tei",
+        "EMBEDDING_URL": server.url,
+        "EMBEDDING_MODEL": "BAAI/bge-m3",
+        "EMBEDDING_DIMENSION": str(dimension),
+    }
+
+
+def ingest_folder(env: dict[str, str], folder: Path) -> int:
+    """Upload and enqueue every file under ``folder`` with the worker's own configuration, as
+    ``trioindex ingest`` does; returns how many documents were created."""
+    from trioindex.config import load_settings
+    from trioindex.ingest import ingest_paths
+    from trioindex.services import open_services
+
+    settings = load_settings(environ=env, cwd=folder.parent)
+
+    async def go() -> int:
+        async with open_services(settings) as services:
+            results = await ingest_paths(
+                [folder],
+                db=services.db,
+                store=services.storage,
+                model_id=services.model.id,
+                max_attempts=settings.worker.max_attempts,
+            )
+        return sum(1 for r in results if r.status == "created")
+
+    return trio.run(go)
 
 
 def spawn_worker(env: dict[str, str], log_path: Path, *args: str) -> subprocess.Popen[bytes]:

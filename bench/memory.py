@@ -2,23 +2,17 @@
 RSS over thousands of jobs.
 
 Three experiments on one embedded PostgreSQL (a fresh database each) and the fake embedding
-server in its own process (1024 dimensions, no latency: the worker runs as fast as it can):
+server in its own process (1024 dimensions, no latency):
 
-1. **Large documents, high concurrency.** ``--large-files`` plain-text files of
-   ``--large-mb`` MB each are ingested, then one ``python -m trioindex.cli worker --drain``
-   with ``max-concurrency`` 8 processes them. Its RSS is sampled every 0.1 s; the peak is the
-   kernel's ``VmHWM``.
-2. **Parse + chunk of one large file.** A fresh process per mode runs the parse step's CPU
-   part, :func:`trioindex.pipeline.parse_step.parse_and_chunk_bytes` (sha256 check,
-   ``extract_text``, ``Chunker.chunk``), on a ``--parse-mb`` MB plain-text file, in character
-   mode (1,500 characters) and in token mode (the local model's tokenizer, 256 tokens). Peak
-   RSS delta = ``VmHWM`` after − RSS before reading the file (``VmHWM`` is reset first through
-   ``/proc/self/clear_refs``).
-3. **RSS over many jobs.** ``--leak-jobs`` tiny documents (one chunk each) are staged in one
-   statement; one worker with ``max-concurrency`` 8 drains them while its RSS and the number of
-   finished jobs are sampled every 0.5 s. Reported: RSS at the first 500 jobs, at the end, the
-   maximum, and the slope of a straight line fitted from job 1,000 on. A run that would exceed
-   ``--leak-limit`` seconds is stopped (SIGTERM) and reported for the jobs it finished.
+1. **Large documents.** ``--large-files`` text files of ``--large-mb`` MB through one
+   ``trioindex worker --drain`` with ``max-concurrency`` 8; RSS sampled every 0.1 s, the peak
+   is the kernel's ``VmHWM``.
+2. **Parse + chunk of one large file.** A fresh process per mode runs
+   :func:`trioindex.pipeline.parse_step.parse_and_chunk_bytes` on a ``--parse-mb`` /
+   ``--token-mb`` MB file; peak RSS delta = ``VmHWM`` after − RSS before reading the file.
+3. **RSS over many jobs.** ``--leak-jobs`` tiny documents staged in one statement, drained by
+   one worker while RSS and finished jobs are sampled; the slope is fitted from job 1,000 on.
+   A run past ``--leak-limit`` seconds is stopped (SIGTERM) and reported as far as it got.
 
 Run ``.venv/bin/python -m bench.memory``; ``--quick`` is a smoke run that writes its files to a
 temporary folder unless ``--out`` says otherwise.
@@ -33,15 +27,13 @@ import hashlib
 import json
 import logging
 import os
-import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,34 +41,36 @@ import attrs
 import numpy as np
 import psutil  # type: ignore[import-untyped]
 import psycopg
-import trio
-from tests.documents import TOPICS
 
 from bench.common import (
     REPO_ROOT,
-    RESULTS_DIR,
     BenchPostgres,
-    format_machine,
+    Panel,
+    Session,
+    add_out,
+    bench_parser,
+    column_table,
     machine_info,
-    save_figure,
-    utc_now,
-    write_json,
+    page_head,
+    plot_panels,
 )
 from bench.harness import (
     PYTHON,
     FakeServerProcess,
     RssSampler,
+    folder_env,
+    ingest_folder,
     log_tail,
     spawn_worker,
+    tei_settings,
     vector_costs,
+    vm_hwm_mb,
     wait_process,
-    worker_env,
 )
-from trioindex.config import load_settings
+from testkit.documents import TOPICS
 from trioindex.db.models import ensure_model
 from trioindex.db.pool import connect
-from trioindex.ingest import ingest_paths, storage_key_for
-from trioindex.services import open_services
+from trioindex.ingest import storage_key_for
 from trioindex.storage import open_store
 
 HTTP_MODEL = "BAAI/bge-m3"
@@ -163,17 +157,7 @@ class LargeResult:
 
 
 def _env(url: str, root: Path, server: FakeServerProcess) -> dict[str, str]:
-    return worker_env(
-        HOME=str(root / "home"),
-        DATABASE_URL=url,
-        STORAGE_URL=(root / "blobs").as_uri(),
-        EMBEDDING_API="tei",
-        EMBEDDING_URL=server.url,
-        EMBEDDING_MODEL=HTTP_MODEL,
-        EMBEDDING_DIMENSION=str(DIMENSION),
-        WORKER_MAX_CONCURRENCY=str(CONCURRENCY),
-        WORKER_POLLING_INTERVAL="200ms",
-    )
+    return folder_env(url, root, CONCURRENCY, **tei_settings(server, DIMENSION))
 
 
 def run_large(
@@ -186,19 +170,7 @@ def run_large(
         (folder / f"large-{i}.txt").write_bytes(big_text(int(file_mb * 1_000_000), f"L{i}"))
     with pg.fresh_database("memory_large") as url:
         env = _env(url, root, server)
-        settings = load_settings(environ=env, cwd=root)
-
-        async def ingest() -> None:
-            async with open_services(settings) as services:
-                await ingest_paths(
-                    [folder],
-                    db=services.db,
-                    store=services.storage,
-                    model_id=services.model.id,
-                    max_attempts=settings.worker.max_attempts,
-                )
-
-        trio.run(ingest)
+        ingest_folder(env, folder)
         pg.reset_statements()
         log = root / "worker.log"
         worker = spawn_worker(env, log, "--drain")
@@ -274,17 +246,6 @@ class ParseResult:
         }
 
 
-def _rss_mb() -> float:
-    return float(psutil.Process().memory_info().rss / 2**20)
-
-
-def _hwm_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
 def child_parse(mode: str, path: Path) -> dict[str, Any]:
     """In a fresh process: build the chunker, reset the peak, then run the step's CPU part."""
     from trioindex.config import parse_size
@@ -306,7 +267,7 @@ def child_parse(mode: str, path: Path) -> dict[str, Any]:
     max_bytes = parse_size("50MB")
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
     gc.collect()
-    baseline = _rss_mb()
+    baseline = float(psutil.Process().memory_info().rss / 2**20)
     with contextlib.suppress(OSError):
         # "5" resets VmHWM to the current RSS (Linux >= 4.0)
         Path("/proc/self/clear_refs").write_text("5")
@@ -325,7 +286,9 @@ def child_parse(mode: str, path: Path) -> dict[str, Any]:
     began = time.perf_counter()
     chunks = parse_and_chunk_bytes(data, snapshot, chunker, max_bytes)
     seconds = time.perf_counter() - began
-    peak = _hwm_mb()
+    peak = vm_hwm_mb(os.getpid())
+    if peak is None:
+        raise RuntimeError("no VmHWM in /proc/self/status")
     # after the memory figure: how much of the time is extraction (the rest is chunking)
     began = time.perf_counter()
     text = extract_text(data, path.name, "text/plain", max_bytes=max_bytes).text
@@ -547,129 +510,112 @@ def run_leak(
 
 
 def plot(large: LargeResult, parse: Sequence[ParseResult], leak: LeakResult, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.8))
-    t = [x for x, _ in large.timeline]
-    r = [y for _, y in large.timeline]
-    a.plot(t, r)
-    a.axhline(large.peak_mb, color="#d62728", linestyle=":", label=f"peak {large.peak_mb:.0f} MiB")
-    a.set_xlabel("seconds since the first claim")
-    a.set_ylabel("worker RSS MiB")
-    a.set_title(
+    timeline = Panel(
         f"{large.files} × {large.file_mb:g} MB text, max-concurrency {CONCURRENCY}, "
-        f"{DIMENSION} dims"
+        f"{DIMENSION} dims",
+        "worker RSS MiB",
+        xlabel="seconds since the first claim",
+        lines={"RSS": ([t for t, _ in large.timeline], [r for _, r in large.timeline])},
+        hline=(large.peak_mb, f"peak {large.peak_mb:.0f} MiB"),
     )
-    a.legend(fontsize=8)
-    names = [f"{p.mode}\n{p.file_mb:g} MB, {p.seconds:.1f} s" for p in parse]
-    x = np.arange(len(parse))
-    files = [p.file_mb * 1e6 / 2**20 for p in parse]
-    b.bar(x - 0.2, files, 0.4, label="file size", color="#bbbbbb")
-    b.bar(x + 0.2, [p.delta_mb for p in parse], 0.4, label="peak RSS − RSS before", color="#1f77b4")
-    for xi, p in zip(x, parse, strict=True):
-        b.text(
-            xi + 0.2,
-            p.delta_mb,
-            f"{p.delta_mb / (p.file_mb * 1e6 / 2**20):.1f}×",
-            ha="center",
-            va="bottom",
-        )
-    b.set_xticks(x, names)
-    b.set_ylabel("MiB")
-    b.set_title("parse + chunk of one large text file")
-    b.legend(fontsize=8)
-    c.plot([d for d, _ in leak.samples], [y for _, y in leak.samples])
-    c.set_xlabel("jobs finished")
-    c.set_ylabel("worker RSS MiB")
-    c.set_title(
-        f"{leak.finished:,} tiny jobs, slope {leak.slope_mb_per_1000:+.2f} MiB / 1,000 jobs"
+    chunking = Panel(
+        "parse + chunk of one large text file",
+        "MiB",
+        groups=[f"{p.mode}\n{p.file_mb:g} MB, {p.seconds:.1f} s" for p in parse],
+        bars={
+            "file size": [p.file_mb * 1e6 / 2**20 for p in parse],
+            "peak RSS − RSS before": [p.delta_mb for p in parse],
+        },
+        notes=[f"{p.as_json()['delta_per_file_mb']:.1f}×" for p in parse],
     )
-    fig.tight_layout()
-    save_figure(fig, path)
-    plt.close(fig)
-    return path
+    jobs = Panel(
+        f"{leak.finished:,} tiny jobs, slope {leak.slope_mb_per_1000:+.2f} MiB / 1,000 jobs",
+        "worker RSS MiB",
+        xlabel="jobs finished",
+        lines={"RSS": ([d for d, _ in leak.samples], [r for _, r in leak.samples])},
+    )
+    return plot_panels(path, [timeline, chunking, jobs], (16, 4.8))
+
+
+_PARSE_COLUMNS: list[tuple[str, Callable[[ParseResult], str]]] = [
+    ("mode", lambda p: p.mode),
+    ("file MB", lambda p: f"{p.file_mb:.1f}"),
+    ("characters", lambda p: f"{p.characters:,}"),
+    ("chunks", lambda p: f"{p.chunks:,}"),
+    ("seconds (of which extraction)", lambda p: f"{p.seconds:.1f} ({p.extract_seconds:.1f})"),
+    ("chunking s per MB", lambda p: f"{p.as_json()['chunk_seconds_per_mb']:.2f}"),
+    ("RSS before MiB", lambda p: f"{p.baseline_mb:.0f}"),
+    ("peak delta MiB", lambda p: f"{p.delta_mb:.0f}"),
+    ("delta / file size", lambda p: f"{p.as_json()['delta_per_file_mb']:.2f}"),
+]
 
 
 def _markdown(
-    *,
-    machine: dict[str, Any],
-    command: str,
-    date: str,
-    elapsed: float,
+    head: list[str],
     large: LargeResult,
     parse: Sequence[ParseResult],
     leak: LeakResult,
-    costs: dict[str, float],
     png_name: str,
 ) -> str:
     lj = leak.as_json()
     lines = [
-        "# Memory benchmark",
-        "",
-        f"- Date: {date}",
-        f"- Command: `{command}` (from the repository root; {elapsed:.0f} s)",
-        *[f"- {line}" for line in format_machine(machine)],
-        "",
-        "RSS of real `python -m trioindex.cli worker --drain` processes (sampled with psutil; "
-        "the peak is the kernel's `VmHWM`), against the fake embedding server in its own "
-        f"process ({DIMENSION} dimensions, no latency) and the embedded PostgreSQL.",
+        *head,
+        "RSS of real `python -m trioindex.cli worker --drain` processes (the peak is the "
+        f"kernel's `VmHWM`) against the fake embedding server ({DIMENSION} dimensions, no "
+        "latency) and the embedded PostgreSQL.",
         "",
         "## Large documents, high concurrency",
         "",
-        f"{large.files} plain-text files of {large.file_mb:g} MB (mixed English and Korean "
-        f"sentences), one worker with max-concurrency {CONCURRENCY}, default settings "
-        f"(1,500-character chunks, batch 32, max-in-flight 4): {large.chunks:,} chunks in "
-        f"{large.seconds:.0f} s. (`--large-mb 5` runs the issue's 10 × 5 MB example; it takes "
-        "several minutes here, nearly all of it PostgreSQL inserting into the HNSW index.)",
+        f"{large.files} plain-text files of {large.file_mb:g} MB (English and Korean), one "
+        f"worker with max-concurrency {CONCURRENCY}, default settings: {large.chunks:,} chunks "
+        f"in {large.seconds:.0f} s. (`--large-mb 5` runs the issue's 10 × 5 MB example.)",
         "",
-        "| RSS before the first claim | peak RSS | peak − before | worker CPU s | "
-        "embeddings COPY ms per row (statement time, summed) |",
-        "|---:|---:|---:|---:|---:|",
-        f"| {large.baseline_mb:.0f} MiB | {large.peak_mb:.0f} MiB | "
-        f"{large.peak_mb - large.baseline_mb:.0f} MiB | {large.worker_cpu_s:.0f} | "
-        f"{large.copy_ms / max(large.chunks, 1):.1f} |",
+        *column_table(
+            [
+                ("RSS before the first claim", lambda x: f"{x.baseline_mb:.0f} MiB"),
+                ("peak RSS", lambda x: f"{x.peak_mb:.0f} MiB"),
+                ("peak − before", lambda x: f"{x.peak_mb - x.baseline_mb:.0f} MiB"),
+                ("worker CPU s", lambda x: f"{x.worker_cpu_s:.0f}"),
+                (
+                    "embeddings COPY ms per row (statement time, summed)",
+                    lambda x: f"{x.copy_ms / max(x.chunks, 1):.1f}",
+                ),
+            ],
+            [large],
+            "rrrrr",
+        ),
         "",
         "## Parse + chunk of one large file",
         "",
-        "`parse_and_chunk_bytes` (what the parse step runs in its thread: sha256 check, "
-        "`extract_text`, `Chunker.chunk`) in a fresh process per mode; the file's bytes are "
-        "read after the baseline, as `storage.get` hands them to the step. RSS-based: memory "
-        "the process had freed before the baseline and reuses is not counted, so small files "
-        "show less than their share.",
+        "`parse_and_chunk_bytes` (sha256 check, `extract_text`, `Chunker.chunk`) in a fresh "
+        "process per mode; the bytes are read after the baseline, as `storage.get` hands them "
+        "to the step.",
         "",
-        "| mode | file MB | characters | chunks | seconds (of which extraction) | "
-        "chunking s per MB | RSS before MiB | peak delta MiB | delta / file size |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for p in parse:
-        j = p.as_json()
-        lines.append(
-            f"| {p.mode} | {p.file_mb:.1f} | {p.characters:,} | {p.chunks:,} | "
-            f"{p.seconds:.1f} ({p.extract_seconds:.1f}) | {j['chunk_seconds_per_mb']:.2f} | "
-            f"{p.baseline_mb:.0f} | {p.delta_mb:.0f} | {j['delta_per_file_mb']:.2f} |"
-        )
-    lines += [
+        *column_table(_PARSE_COLUMNS, parse),
         "",
         "## RSS over many jobs",
         "",
-        f"{leak.jobs:,} tiny plain-text documents (one chunk each, {LEAK_OBJECTS} distinct "
-        f"objects) staged at once; one worker with max-concurrency {CONCURRENCY} drained "
-        f"{leak.finished:,} of them in {leak.seconds:.0f} s "
-        f"({lj['jobs_per_s']} jobs/s)"
+        f"{leak.jobs:,} tiny plain-text documents staged at once; one worker with "
+        f"max-concurrency {CONCURRENCY} drained {leak.finished:,} of them in "
+        f"{leak.seconds:.0f} s ({lj['jobs_per_s']} jobs/s)"
         + (" before the time limit stopped it (SIGTERM)" if leak.stopped_early else "")
         + ". RSS and finished jobs sampled every 0.5 s.",
         "",
-        f"| RSS at {MARK_EVERY} jobs | RSS at the end | max RSS | slope from job "
-        f"{SLOPE_FROM:,} (MiB / 1,000 jobs) |",
-        "|---:|---:|---:|---:|",
-        f"| {lj['rss_first_mark_mb']} MiB | {lj['rss_last_mb']} MiB | {lj['rss_max_mb']} MiB | "
-        f"{lj['slope_mb_per_1000_jobs']:+.3f} |",
+        *column_table(
+            [
+                (f"RSS at {MARK_EVERY} jobs", lambda j: f"{j['rss_first_mark_mb']} MiB"),
+                ("RSS at the end", lambda j: f"{j['rss_last_mb']} MiB"),
+                ("max RSS", lambda j: f"{j['rss_max_mb']} MiB"),
+                (
+                    f"slope from job {SLOPE_FROM:,} (MiB / 1,000 jobs)",
+                    lambda j: f"{j['slope_mb_per_1000_jobs']:+.3f}",
+                ),
+            ],
+            [lj],
+            "rrrr",
+        ),
         "",
-        "RSS every "
-        + f"{MARK_EVERY} jobs: "
+        f"RSS every {MARK_EVERY} jobs: "
         + ", ".join(f"{d:,}: {r:.0f}" for d, r in leak.marks)
         + " MiB.",
         "",
@@ -677,109 +623,44 @@ def _markdown(
         "",
         "## Reading",
         "",
+        *_reading(large, parse, leak),
     ]
-    lines += _reading(large, parse, leak, costs)
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _reading(
-    large: LargeResult,
-    parse: Sequence[ParseResult],
-    leak: LeakResult,
-    costs: dict[str, float],
-) -> list[str]:
-    """Sentences computed from the figures, so a re-run cannot leave a stale explanation."""
-    out: list[str] = []
-    per_job_chunks = large.chunks / max(large.files, 1)
-    at_once = min(CONCURRENCY, large.files)
+def _reading(large: LargeResult, parse: Sequence[ParseResult], leak: LeakResult) -> list[str]:
+    """A sentence or two of computed facts per table, so a re-run cannot leave a stale one."""
+    at_once = min(CONCURRENCY, large.files) * large.chunks / max(large.files, 1)
     growth = large.peak_mb - large.baseline_mb
-    per_vector_kib = growth * 1024 / max(at_once * per_job_chunks, 1)
-    held = costs["validated_kib_per_vector"]
-    drafts = costs["drafts_kib_per_vector"]
-    drafts_peak = costs["build_drafts_peak_kib_per_vector"]
-    out.append(
-        f"- **Large documents:** the worker grew by {growth:,.0f} MiB (to {large.peak_mb:,.0f} "
-        f"MiB) for {large.files} × {large.file_mb:g} MB files: {at_once} jobs of "
-        f"{per_job_chunks:,.0f} chunks at once, ≈ {per_vector_kib:.0f} KiB per "
-        f"{DIMENSION}-dimension vector in flight, where the vector itself is 4 KiB as "
-        "float32. The vectors dominate, not the text. Measured per vector (tracemalloc): "
-        f"the embedder's answer as lists of Python floats weighs {held:.0f} KiB, the float32 "
-        f"draft {drafts:.1f} KiB. `run_embed_step` (src/trioindex/steps/embed.py) asks the "
-        "embedder for one slice of 8 batches at a time and turns each answer into float32 at "
-        "once, so a job holds lists only for the slice in flight and float32 for the rest; "
-        f"converting a whole answer at once peaks at {drafts_peak:.0f} KiB more per vector. "
-        "Memory still grows with chunks per job × max-concurrency, at about the float32 size "
-        "plus one slice of lists per job."
-    )
-    copy_per_row = large.copy_ms / max(large.chunks, 1)
-    out.append(
-        f"- **Why the large run is slow** ({large.chunks:,} chunks in {large.seconds:.0f} s, "
-        f"{large.chunks / max(large.seconds, 1e-9):.0f} chunks/s): the embeddings COPY "
-        f"statements ran {copy_per_row:.1f} ms per row ({large.copy_ms / 1000:.0f} s summed "
-        f"over the {min(CONCURRENCY, large.files)} COPYs running at once, lock waits "
-        f"included) while the worker used {large.worker_cpu_s:.0f} s of CPU in all. "
-        "Each row is inserted into the model's partial HNSW index (src/trioindex/models.py "
-        "`ensure_model`: `USING hnsw ((vector::vector(1024)) vector_cosine_ops)`), and "
-        f"{min(CONCURRENCY, large.files)} jobs COPY {per_job_chunks:,.0f} rows each into it at "
-        "the same time. With the index dropped the same inserts cost a fraction of a millisecond per "
-        "row (bench/embed.py measures both); building the index after a bulk load, or "
-        "smaller commits, are the levers — not the worker."
-    )
+    out = [
+        f"- **Large documents:** the worker grew by {growth:,.0f} MiB with ≈ {at_once:,.0f} "
+        f"vectors in flight, ≈ {growth * 1024 / max(at_once, 1):.0f} KiB per "
+        f"{DIMENSION}-dimension vector (4 KiB as float32): memory follows chunks per job × "
+        "max-concurrency. The run's time is mostly the embeddings COPY into the HNSW index "
+        f"({large.copy_ms / max(large.chunks, 1):.1f} ms per row)."
+    ]
     for p in parse:
         j = p.as_json()
-        chunk_s = p.seconds - p.extract_seconds
         out.append(
-            f"- **Parse + chunk, {p.mode} mode:** {p.file_mb:.1f} MB → {p.chunks:,} chunks in "
-            f"{p.seconds:.1f} s ({p.extract_seconds:.1f} s extraction, {chunk_s:.1f} s "
-            f"chunking = {j['chunk_seconds_per_mb']:.2f} s per MB); peak RSS "
-            f"{p.delta_mb:.0f} MiB above the baseline = {j['delta_per_file_mb']:.1f} × the "
-            "file size: the bytes, the decoded text (2 bytes per character here, because of "
-            "the Korean sentences), its normalised copy and the chunk texts. Linear in the "
-            "file, with no per-chunk blow-up, but not constant: at the default 50 MB limit "
-            f"expect ≈ {j['delta_per_file_mb'] * 50e6 / 2**20:.0f} MiB for one document."
+            f"- **Parse + chunk, {p.mode} mode:** {j['chunk_seconds_per_mb']:.2f} s of chunking "
+            f"per MB; peak RSS {j['delta_per_file_mb']:.1f} × the file size, so ≈ "
+            f"{j['delta_per_file_mb'] * 50e6 / 2**20:.0f} MiB for a document at the default "
+            "50 MB limit."
         )
-    modes = {p.mode: p for p in parse}
-    if "character" in modes and "token" in modes:
-        c, t = modes["character"].as_json(), modes["token"].as_json()
-        token = modes["token"]
-        passes = (token.seconds - token.extract_seconds) / max(token.tokenize_seconds, 1e-9)
-        if c["chunk_seconds_per_mb"] > 0:
-            out.append(
-                f"- **Slow spot: token-aware chunking** costs {t['chunk_seconds_per_mb']:.2f} s "
-                f"per MB against {c['chunk_seconds_per_mb']:.3f} s in character mode "
-                f"({t['chunk_seconds_per_mb'] / c['chunk_seconds_per_mb']:.0f}×). It is "
-                "`Chunker.chunk` (src/trioindex/chunking.py): semantic-text-splitter's "
-                "`TextSplitter.from_huggingface_tokenizer(...).chunk_indices` sizes candidate "
-                "pieces with the tokenizer while it searches for the largest piece that fits, "
-                "then `_fit_tokens` encodes every chunk once more to count it exactly. One "
-                "plain pass of the same tokenizer over the text takes "
-                f"{t['one_tokenizer_pass_seconds']:.1f} s, so chunking costs about "
-                f"{passes:.0f} "
-                "such passes. A document at the default 50 MB limit would spend about "
-                f"{t['chunk_seconds_per_mb'] * 50 / 60:.1f} minutes chunking in one thread of "
-                "the CPU limiter; memory stays linear."
-            )
-    slope = leak.slope_mb_per_1000
-    marks = leak.marks
-    if marks:
-        if np.isnan(slope):
-            verdict = f"too few jobs past {SLOPE_FROM:,} for a slope"
-        elif abs(slope) < 1.0:
-            verdict = "no growth worth the name"
-        else:
-            verdict = f"a steady growth of {slope:+.2f} MiB per 1,000 jobs"
+    if leak.marks:
+        slope = leak.slope_mb_per_1000
         out.append(
-            f"- **Many jobs:** RSS {marks[0][1]:.0f} MiB at {marks[0][0]:,} jobs, "
-            f"{leak.samples[-1][1]:.0f} MiB at {leak.samples[-1][0]:,}, maximum "
-            f"{max(r for _, r in leak.samples):.0f} MiB; the fitted slope from job "
-            f"{SLOPE_FROM:,} is {slope:+.3f} MiB per 1,000 jobs: {verdict}."
+            f"- **Many jobs:** RSS {leak.marks[0][1]:.0f} MiB at {leak.marks[0][0]:,} jobs, "
+            f"{leak.samples[-1][1]:.0f} MiB at {leak.samples[-1][0]:,}; slope from job "
+            f"{SLOPE_FROM:,}: {slope:+.3f} MiB per 1,000 jobs ("
             + (
-                f" The run was stopped at the {leak.seconds:.0f} s limit after "
-                f"{leak.finished:,} of {leak.jobs:,} jobs ({leak.finished / leak.seconds:.0f} "
-                "jobs/s on this machine)."
-                if leak.stopped_early
-                else ""
+                "too few jobs for a slope"
+                if np.isnan(slope)
+                else "no growth worth the name"
+                if abs(slope) < 1.0
+                else "steady growth"
             )
+            + ")."
         )
     return out
 
@@ -789,46 +670,36 @@ def _reading(
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.memory",
-        description="Peak RSS with large documents and high concurrency, parse + chunk of one "
+    parser = bench_parser(
+        "memory",
+        "Peak RSS with large documents and high concurrency, parse + chunk of one "
         "large file, and RSS over many jobs.",
+        "small sizes and counts",
     )
-    parser.add_argument("--quick", action="store_true", help="small sizes and counts")
     parser.add_argument("--large-files", type=int, default=None)
     parser.add_argument("--large-mb", type=float, default=None)
     parser.add_argument("--parse-mb", type=float, default=None, help="character mode file")
     parser.add_argument("--token-mb", type=float, default=None, help="token mode file")
     parser.add_argument("--leak-jobs", type=int, default=None)
     parser.add_argument("--leak-limit", type=float, default=LEAK_LIMIT_S, help="seconds")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="folder for memory.json/.png/.md (default docs/test-results; --quick: a temp folder)",
-    )
+    add_out(parser, "memory")
     parser.add_argument("--child-parse", nargs=2, metavar=("MODE", "PATH"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     if args.child_parse:
         mode, path = args.child_parse
         print(json.dumps(child_parse(mode, Path(path))), flush=True)
         return 0
+    session = Session.start("memory", args)
     quick: bool = args.quick
-    out: Path = args.out or (
-        Path(tempfile.mkdtemp(prefix="trioindex-bench-memory-")) if quick else RESULTS_DIR
-    )
     large_files = args.large_files or (QUICK_LARGE_FILES if quick else LARGE_FILES)
     large_mb = args.large_mb or (QUICK_LARGE_MB if quick else LARGE_MB)
     parse_mb = args.parse_mb or (QUICK_PARSE_MB if quick else PARSE_MB)
     token_mb = args.token_mb or (QUICK_TOKEN_MB if quick else TOKEN_MB)
     leak_jobs = args.leak_jobs or (QUICK_LEAK_JOBS if quick else LEAK_JOBS)
-    command = shlex.join([".venv/bin/python", "-m", "bench.memory", *sys.argv[1:]])
-    began = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="trioindex-bench-memory-work-"))
     costs = vector_costs(DIMENSION)
     try:
@@ -861,14 +732,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    date = utc_now()
-    elapsed = time.monotonic() - began
-    payload = {
-        "benchmark": "memory",
-        "date": date,
-        "command": command,
-        "runtime_s": round(elapsed, 1),
-        "machine": machine,
+    figures = {
         "options": {
             "quick": quick,
             "max_concurrency": CONCURRENCY,
@@ -882,24 +746,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             k: round(v, 2) for k, v in costs.items() if k.endswith("_kib_per_vector")
         },
     }
-    json_path = write_json(out / "memory.json", payload)
-    png_path = plot(large, parse, leak, out / "memory.png")
-    md_path = out / "memory.md"
-    md_path.write_text(
-        _markdown(
-            machine=machine,
-            command=command,
-            date=date,
-            elapsed=elapsed,
-            large=large,
-            parse=parse,
-            leak=leak,
-            costs=costs,
-            png_name=png_path.name,
-        )
+    return session.publish(
+        machine,
+        figures,
+        lambda path: plot(large, parse, leak, path),
+        lambda date, elapsed, png_name: _markdown(
+            page_head("Memory benchmark", date, session.command, elapsed, machine),
+            large,
+            parse,
+            leak,
+            png_name,
+        ),
     )
-    print(f"wrote {json_path}, {png_path}, {md_path} in {elapsed:.0f}s")
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,25 +1,18 @@
 """Pipeline benchmark: real documents through real worker processes, next to what the
 embedding backend could do with the same requests, and enqueue → INDEXED latency when idle.
 
-Three experiments, each scenario on a fresh database of one embedded PostgreSQL and a fresh
-folder store:
+Each scenario gets a fresh database of one embedded PostgreSQL and a fresh folder store:
 
-1. **HTTP embedder.** ``tests.documents.write_corpus`` writes real txt / md / html / docx / pdf
-   files; they are ingested with :func:`trioindex.ingest.ingest_paths` (storage + one job each),
-   then ``python -m trioindex.cli worker --drain`` processes (configured only through
-   ``TRIOINDEX_*`` variables) parse, chunk, embed against ``tests.fakes.embed_server`` in its
-   own process (1024 dimensions, fixed latency, ``max_client_batch_size`` 32) and complete
-   every job. Throughput is counted over the active window (first claim → last job finished,
-   from the database). Next to it, the server's capacity for the *same* requests: a minimal
-   ``httpx`` client replays the batch sizes the server recorded, with the chunk texts, at the
-   workers' total ``max-in-flight``; and for reference the capacity with full batches.
-2. **Local model.** The same with ``embedding.api = local`` (all-MiniLM-L6-v2, token-aware
-   chunks), next to ``SentenceTransformer.encode`` of the stored chunk texts in the same
-   per-document batches, in this process.
-3. **Idle latency.** One worker (NOTIFY on) waits idle; documents are ingested one at a time,
-   each after the previous one is INDEXED. Latency = job ``finished_at`` − ``created_at`` (the
-   complete and the enqueue transactions' ``now()``), and as this process saw it: from the
-   enqueue call returning to seeing the job SUCCEEDED (10 ms polling).
+1. **HTTP embedder.** ``testkit.documents.write_corpus`` files (txt / md / html / docx / pdf)
+   are ingested with :func:`trioindex.ingest.ingest_paths`, then ``trioindex worker --drain``
+   processes (configured only through ``TRIOINDEX_*``) index them against
+   ``testkit.embed_server`` in its own process. Next to it, the server's capacity for the
+   *same* requests (a raw ``httpx`` client replaying the recorded batch sizes) and with full
+   batches.
+2. **Local model.** The same with ``embedding.api = local``, next to
+   ``SentenceTransformer.encode`` of the stored chunk texts in this process.
+3. **Idle latency.** One idle worker (NOTIFY on); documents ingested one at a time; latency =
+   job ``finished_at`` − ``created_at``, and enqueue returned → SUCCEEDED seen (10 ms polling).
 
 Run ``.venv/bin/python -m bench.pipeline``; ``--quick`` is a smoke run that writes its files to
 a temporary folder unless ``--out`` says otherwise.
@@ -29,56 +22,57 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import logging
 import os
 import random
 import resource
-import shlex
 import shutil
 import statistics
-import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
-import numpy as np
-import psycopg
 import trio
-from psycopg.rows import dict_row
-from tests.documents import write_corpus
 
 from bench.common import (
-    RESULTS_DIR,
     BenchPostgres,
+    Panel,
+    Session,
+    add_out,
+    bench_parser,
+    cdf,
+    column_table,
     cpu_seconds,
-    format_machine,
     machine_info,
+    markdown_table,
+    page_head,
     percentiles,
-    save_figure,
-    utc_now,
-    write_json,
+    plot_panels,
 )
 from bench.harness import (
     FakeServerProcess,
     RawRun,
     RssSampler,
+    folder_env,
+    ingest_folder,
     log_tail,
     machine_busy_seconds,
     raw_capacity,
     spawn_worker,
+    tei_settings,
     wait_process,
-    worker_env,
 )
+from testkit.documents import write_corpus
+from testkit.processes import query
 from trioindex.config import load_settings
 from trioindex.embedding.local import DEFAULT_MODEL
-from trioindex.ingest import SourceFile, ingest_file, ingest_paths
+from trioindex.ingest import SourceFile, ingest_file
 from trioindex.services import open_services
 
-HTTP_MODEL = "BAAI/bge-m3"
 HTTP_DIMENSION = 1024
 LOCAL_DIMENSION = 384
 BATCH = 32  # embedding.batch-size default, also the fake server's max_client_batch_size
@@ -118,8 +112,6 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("slow server", 200.0, 1, 8),
 )
 QUICK_SCENARIOS: tuple[Scenario, ...] = (Scenario("fast server", 20.0, 1, 8),)
-
-logger = logging.getLogger("bench.pipeline")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,52 +250,16 @@ class IdleResult:
 # setup
 
 
-def http_env(
-    url: str, store: Path, home: Path, server: FakeServerProcess, concurrency: int
+def scenario_env(
+    url: str, root: Path, concurrency: int, server: FakeServerProcess | None
 ) -> dict[str, str]:
-    return worker_env(
-        HOME=str(home),
-        DATABASE_URL=url,
-        STORAGE_URL=store.as_uri(),
-        EMBEDDING_API="tei",
-        EMBEDDING_URL=server.url,
-        EMBEDDING_MODEL=HTTP_MODEL,
-        EMBEDDING_DIMENSION=str(HTTP_DIMENSION),
-        EMBEDDING_BATCH_SIZE=str(BATCH),
-        EMBEDDING_MAX_IN_FLIGHT=str(IN_FLIGHT),
-        WORKER_MAX_CONCURRENCY=str(concurrency),
-        WORKER_POLLING_INTERVAL="200ms",
+    """A worker's ``TRIOINDEX_*`` settings: TEI against ``server``, or the local model."""
+    embedding = (
+        {**tei_settings(server, HTTP_DIMENSION), "EMBEDDING_BATCH_SIZE": str(BATCH)}
+        if server is not None
+        else {"EMBEDDING_API": "local"}
     )
-
-
-def local_env(url: str, store: Path, home: Path, concurrency: int) -> dict[str, str]:
-    return worker_env(
-        HOME=str(home),
-        DATABASE_URL=url,
-        STORAGE_URL=store.as_uri(),
-        EMBEDDING_API="local",
-        EMBEDDING_MAX_IN_FLIGHT=str(IN_FLIGHT),
-        WORKER_MAX_CONCURRENCY=str(concurrency),
-        WORKER_POLLING_INTERVAL="200ms",
-    )
-
-
-def ingest(env: dict[str, str], folder: Path) -> int:
-    """Upload and enqueue every file under ``folder`` with the worker's own configuration."""
-    settings = load_settings(environ=env, cwd=folder.parent)
-
-    async def go() -> int:
-        async with open_services(settings) as services:
-            results = await ingest_paths(
-                [folder],
-                db=services.db,
-                store=services.storage,
-                model_id=services.model.id,
-                max_attempts=settings.worker.max_attempts,
-            )
-        return sum(1 for r in results if r.status == "created")
-
-    return trio.run(go)
+    return folder_env(url, root, concurrency, EMBEDDING_MAX_IN_FLIGHT=str(IN_FLIGHT), **embedding)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,21 +287,22 @@ JOIN embedding_job_attempts a ON a.embedding_job_id = j.id AND a.status = 'SUCCE
 JOIN ev ON ev.job = j.id
 WHERE j.status = 'SUCCEEDED'
 """
+# the transactions that mark a job's steps: (phase, from, to)
+_PHASES = (
+    ("claim → parse prepared", "claimed", "parse_start"),
+    ("read + extract + chunk", "parse_start", "chunks_stored"),
+    ("store chunks → embed prepared", "chunks_stored", "embed_start"),
+    ("embedding requests", "embed_start", "embeddings_stored"),
+    ("store vectors → complete", "embeddings_stored", "finished"),
+    ("whole job", "claimed", "finished"),
+)
 
 
 def _phases(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     """Mean ms per job between the transactions that mark the steps (each is its ``now()``)."""
-
-    def mean(a: str, b: str) -> float:
-        return statistics.fmean((r[b] - r[a]) * 1000 for r in rows) if rows else float("nan")
-
     return {
-        "claim → parse prepared": mean("claimed", "parse_start"),
-        "read + extract + chunk": mean("parse_start", "chunks_stored"),
-        "store chunks → embed prepared": mean("chunks_stored", "embed_start"),
-        "embedding requests": mean("embed_start", "embeddings_stored"),
-        "store vectors → complete": mean("embeddings_stored", "finished"),
-        "whole job": mean("claimed", "finished"),
+        name: statistics.fmean((r[b] - r[a]) * 1000 for r in rows) if rows else float("nan")
+        for name, a, b in _PHASES
     }
 
 
@@ -377,9 +334,7 @@ def drain(
     server: FakeServerProcess | None = None,
 ) -> RunFigures:
     """Start ``processes`` workers with ``--drain`` on the queued jobs; figures once they exit."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM embedding_jobs").fetchone()
-    documents = int(row[0]) if row else 0
+    documents = int(query(url, "SELECT count(*) AS n FROM embedding_jobs")[0]["n"])
     pg.quiesce(url)
     load = os.getloadavg()[0]
     before = pg.counters(url, settle_seconds=5)
@@ -407,45 +362,35 @@ def drain(
     server1 = server.cpu_seconds() if server is not None else 0.0
     children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     after = pg.counters(url, settle_seconds=10)
-    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-        rows = conn.execute(_PHASES_SQL).fetchall()
-        summary = conn.execute(
-            """SELECT count(*) FILTER (WHERE status = 'SUCCEEDED') AS ok,
-                      count(*) FILTER (WHERE status <> 'SUCCEEDED') AS other,
-                      (SELECT count(*) FROM embeddings) AS vectors
-               FROM embedding_jobs"""
-        ).fetchone()
-    assert summary is not None
+    rows = query(url, _PHASES_SQL)
+    summary = query(
+        url,
+        """SELECT count(*) FILTER (WHERE status = 'SUCCEEDED') AS ok,
+                  count(*) FILTER (WHERE status <> 'SUCCEEDED') AS other,
+                  (SELECT count(*) FROM embeddings) AS vectors
+           FROM embedding_jobs""",
+    )[0]
     if summary["other"]:
         raise RuntimeError(f"{label}: {summary['other']} jobs did not succeed")
     first, last = min(r["claimed"] for r in rows), max(r["finished"] for r in rows)
-    active = last - first
     # CPU inside the active window only: start-up (imports, migrations check, a local model's
     # load) is not per-document work. The whole-life figure is kept for reference.
     window_cpu = sum(s.cpu_between(first, last) for s in samplers)
     lifetime_cpu = (children1.ru_utime + children1.ru_stime) - (
         children0.ru_utime + children0.ru_stime
     )
+    postgres_cpu = after.server_cpu_s - before.server_cpu_s
+    others = (busy1 - busy0) - lifetime_cpu - (own1 - own0) - (server1 - server0) - postgres_cpu
     return RunFigures(
         documents=documents,
         succeeded=int(summary["ok"]),
         chunks=int(summary["vectors"]),
-        active_s=active,
+        active_s=last - first,
         process_s=process_s,
         worker_cpu_s=window_cpu,
         worker_lifetime_cpu_s=lifetime_cpu,
-        other_cores=max(
-            0.0,
-            (
-                (busy1 - busy0)
-                - lifetime_cpu
-                - (own1 - own0)
-                - (server1 - server0)
-                - (after.server_cpu_s - before.server_cpu_s)
-            )
-            / process_s,
-        ),
-        postgres_cpu_s=after.server_cpu_s - before.server_cpu_s,
+        other_cores=max(0.0, others / process_s),
+        postgres_cpu_s=postgres_cpu,
         peak_rss_mb=max(s.peak_mb for s in samplers),
         phases_ms=_phases(rows),
         by_format=_by_format(rows),
@@ -455,14 +400,13 @@ def drain(
 
 def _chunk_groups(url: str) -> list[list[str]]:
     """Every stored chunk text, grouped by document, in chunk order."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT document_version_id, content FROM document_chunks "
-            "ORDER BY document_version_id, chunk_index"
-        ).fetchall()
+    rows = query(
+        url,
+        "SELECT document_version_id AS v, content FROM document_chunks ORDER BY v, chunk_index",
+    )
     groups: dict[Any, list[str]] = {}
-    for version, content in rows:
-        groups.setdefault(version, []).append(content)
+    for row in rows:
+        groups.setdefault(row["v"], []).append(row["content"])
     return list(groups.values())
 
 
@@ -482,30 +426,28 @@ def run_http(pg: BenchPostgres, scenario: Scenario, corpus: Path, work: Path) ->
         ) as server,
         pg.fresh_database("pipeline") as url,
     ):
-        env = http_env(url, root / "blobs", root / "home", server, scenario.concurrency)
-        ingest(env, corpus)
+        env = scenario_env(url, root, scenario.concurrency, server)
+        ingest_folder(env, corpus)
         server.reset_stats()
         run = drain(
             pg, url, env, processes=scenario.processes, logs=root, label="http", server=server
         )
-        stats = server.stats()
-        sizes: list[int] = list(stats["batch_sizes"])
+        sizes: list[int] = list(server.stats()["batch_sizes"])
         texts = [t for group in _chunk_groups(url) for t in group]
         # the same number and sizes of requests, with the stored chunk texts
-        replay_batches: list[list[str]] = []
-        offset = 0
-        for size in sizes:
-            replay_batches.append([texts[(offset + i) % len(texts)] for i in range(size)])
-            offset += size
+        stream = itertools.cycle(texts)
+        replay_batches = [list(itertools.islice(stream, size)) for size in sizes]
         # Both cycled for a few seconds (sent once, a few dozen requests would be mostly
         # warm-up and tail) and at least one full pass (a slow server must see the whole mix).
         concurrency = IN_FLIGHT * scenario.processes
-        replay = raw_capacity(
-            server, replay_batches, concurrency=concurrency, seconds=RAW_SECONDS, full_pass=True
-        )
-        full = [texts[i : i + BATCH] for i in range(0, len(texts), BATCH)]
-        full_run = raw_capacity(
-            server, full, concurrency=concurrency, seconds=RAW_SECONDS, full_pass=True
+        replay, full_run = (
+            raw_capacity(
+                server, batches, concurrency=concurrency, seconds=RAW_SECONDS, full_pass=True
+            )
+            for batches in (
+                replay_batches,
+                [texts[i : i + BATCH] for i in range(0, len(texts), BATCH)],
+            )
         )
     return HttpResult(
         scenario=scenario,
@@ -571,8 +513,8 @@ def run_local(pg: BenchPostgres, corpus: Path, work: Path) -> LocalResult:
     root = work / "local"
     root.mkdir(parents=True)
     with pg.fresh_database("pipeline_local") as url:
-        env = local_env(url, root / "blobs", root / "home", LOCAL_CONCURRENCY)
-        ingest(env, corpus)
+        env = scenario_env(url, root, LOCAL_CONCURRENCY, None)
+        ingest_folder(env, corpus)
         run = drain(pg, url, env, processes=1, logs=root, label="local")
         groups = _chunk_groups(url)
     rate, seconds, cpu, others, threads = raw_encode_groups(groups)
@@ -589,24 +531,10 @@ def run_local(pg: BenchPostgres, corpus: Path, work: Path) -> LocalResult:
 # ---------------------------------------------------------------------------------------------
 # experiment 3: idle latency
 
-
-def _job_state(url: str, job_id: Any) -> tuple[str, float, float] | None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            """SELECT status, extract(epoch FROM created_at)::float8,
-                      extract(epoch FROM finished_at)::float8
-               FROM embedding_jobs WHERE id = %s""",
-            (job_id,),
-        ).fetchone()
-    return (row[0], row[1], row[2]) if row else None
-
-
-def _listening(url: str) -> bool:
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%'"
-        ).fetchone()
-    return bool(row and row[0])
+_JOB_STATE = """SELECT status, extract(epoch FROM created_at)::float8 AS created,
+                       extract(epoch FROM finished_at)::float8 AS finished
+                FROM embedding_jobs WHERE id = %s"""
+_LISTENING = "SELECT count(*) AS n FROM pg_stat_activity WHERE query ILIKE 'LISTEN%%'"
 
 
 def run_idle(
@@ -625,12 +553,12 @@ def run_idle(
         ) as server,
         pg.fresh_database("pipeline_idle") as url,
     ):
-        env = http_env(url, root / "blobs", root / "home", server, 2)
+        env = scenario_env(url, root, 2, server)
         settings = load_settings(environ=env, cwd=root)
         worker = spawn_worker(env, root / "idle-worker.log")
         try:
             deadline = time.monotonic() + 60
-            while not _listening(url):
+            while not query(url, _LISTENING)[0]["n"]:
                 if worker.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(
                         f"idle worker not listening:\n{log_tail(root / 'idle-worker.log')}"
@@ -652,22 +580,17 @@ def run_idle(
                         returned = time.time()
                         with trio.fail_after(60):
                             while True:
-                                state = await trio.to_thread.run_sync(
-                                    _job_state, url, result.job_id
+                                rows = await trio.to_thread.run_sync(
+                                    query, url, _JOB_STATE, result.job_id
                                 )
-                                if state is not None and state[0] in ("SUCCEEDED", "FAILED"):
+                                if rows and rows[0]["status"] in ("SUCCEEDED", "FAILED"):
                                     break
                                 await trio.sleep(POLL_SECONDS)
-                        seen = time.time()
-                        if state[0] != "SUCCEEDED":
-                            raise RuntimeError(f"idle job for {path.name} ended {state[0]}")
-                        measured.append(
-                            (
-                                path.suffix.lstrip("."),
-                                (state[2] - state[1]) * 1000,
-                                (seen - returned) * 1000,
-                            )
-                        )
+                        seen, state = time.time(), rows[0]
+                        if state["status"] != "SUCCEEDED":
+                            raise RuntimeError(f"idle job for {path.name} ended {state['status']}")
+                        db_ms = (state["finished"] - state["created"]) * 1000
+                        measured.append((path.suffix[1:], db_ms, (seen - returned) * 1000))
                 return measured
 
             measured = trio.run(go)
@@ -690,355 +613,206 @@ def run_idle(
 
 
 def plot(
-    http: Sequence[HttpResult], local: LocalResult | None, idle: IdleResult | None, path: Path
+    http: Sequence[HttpResult], local: LocalResult | None, idle: IdleResult, path: Path
 ) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
-    labels = [r.scenario.label for r in http] + (["local model"] if local else [])
-    pipeline = [r.run.chunks_per_s for r in http] + ([local.run.chunks_per_s] if local else [])
-    same = [r.replay.inputs_per_s for r in http] + ([local.raw_chunks_per_s] if local else [])
-    full = [r.full_batches.inputs_per_s for r in http] + ([float("nan")] if local else [])
-    x = np.arange(len(labels))
-    left.bar(x - 0.27, full, 0.27, label="capacity, full batches of 32", color="#cccccc")
-    left.bar(x, same, 0.27, label="capacity, the same requests / raw encode", color="#888888")
-    left.bar(x + 0.27, pipeline, 0.27, label="pipeline (workers)", color="#1f77b4")
-    for xi, value, ref in zip(x, pipeline, same, strict=True):
-        left.text(xi + 0.27, value * 1.1, f"{value / ref:.2f}", ha="center", fontsize=8)
-    left.set_yscale("log")
-    left.set_ylabel("chunks/s (log); label = pipeline / same-request capacity")
-    left.set_xticks(x, labels, rotation=20, ha="right", fontsize=8)
-    left.set_title("Documents through real workers")
-    left.legend(fontsize=7, loc="upper right")
-    if idle is not None and idle.db_ms:
-        ordered = np.sort(np.asarray(idle.db_ms))
-        right.plot(
-            ordered,
-            np.arange(1, len(ordered) + 1) / len(ordered),
-            label="finished − created (database)",
-        )
-        seen = np.sort(np.asarray(idle.seen_ms))
-        right.plot(
-            seen, np.arange(1, len(seen) + 1) / len(seen), label="enqueue returned → seen SUCCEEDED"
-        )
-        right.set_xlabel("ms")
-        right.set_ylabel("fraction of documents")
-        right.set_title(f"Idle worker: enqueue → INDEXED ({idle.documents} documents, NOTIFY)")
-        right.legend(fontsize=8)
-        right.grid(alpha=0.3)
-    fig.tight_layout()
-    save_figure(fig, path)
-    plt.close(fig)
-    return path
+    extra = [local] if local is not None else []
+    rates = Panel(
+        "Documents through real workers",
+        "chunks/s (log); label = pipeline / same-request capacity",
+        groups=[r.scenario.label for r in http] + ["local model"] * len(extra),
+        bars={
+            f"capacity, full batches of {BATCH}": [r.full_batches.inputs_per_s for r in http]
+            + [float("nan")] * len(extra),
+            "capacity, the same requests / raw encode": [r.replay.inputs_per_s for r in http]
+            + [x.raw_chunks_per_s for x in extra],
+            "pipeline (workers)": [r.run.chunks_per_s for r in http]
+            + [x.run.chunks_per_s for x in extra],
+        },
+        notes=[f"{r.efficiency:.2f}" for r in http] + [f"{x.efficiency:.2f}" for x in extra],
+        log=True,
+    )
+    latency = Panel(
+        f"Idle worker: enqueue → INDEXED ({idle.documents} documents, NOTIFY)",
+        "fraction of documents",
+        xlabel="ms",
+        lines={
+            "finished − created (database)": cdf(idle.db_ms),
+            "enqueue returned → seen SUCCEEDED": cdf(idle.seen_ms),
+        },
+    )
+    return plot_panels(path, [rates, latency], (13, 5))
 
 
-_COLUMNS = (
-    "scenario",
-    "documents",
-    "chunks",
-    "documents/s",
-    "chunks/s",
-    "capacity, same requests",
-    "pipeline / capacity",
-    "capacity, full batches",
-    "requests (mean batch)",
-    "worker CPU ms/doc",
-    "PostgreSQL CPU ms/doc",
-    "peak RSS MiB",
-    "other processes, cores",
-)
-
-
-def _row(r: HttpResult) -> list[str]:
-    j = r.run.as_json()
-    return [
-        f"{r.scenario.name} ({r.scenario.label})",
-        str(r.run.succeeded),
-        str(r.run.chunks),
-        f"{r.run.documents_per_s:.1f}",
-        f"{r.run.chunks_per_s:.0f}",
-        f"{r.replay.inputs_per_s:,.0f}",
-        f"{r.efficiency:.2f}",
-        f"{r.full_batches.inputs_per_s:,.0f}",
-        f"{r.requests} ({r.mean_batch:.1f})",
-        f"{j['worker_cpu_ms_per_document']:.0f}",
-        f"{j['postgres_cpu_ms_per_document']:.0f}",
-        f"{r.run.peak_rss_mb:.0f}",
-        f"{r.run.other_cores:.2f}",
-    ]
-
-
-def _phase_table(runs: Sequence[tuple[str, RunFigures]]) -> list[str]:
-    if not runs:
-        return []
-    names = list(runs[0][1].phases_ms)
-    lines = [
-        "| phase (mean ms per job) | " + " | ".join(name for name, _ in runs) + " |",
-        "|---|" + "---:|" * len(runs),
-    ]
-    for phase in names:
-        lines.append(
-            f"| {phase} | " + " | ".join(f"{run.phases_ms[phase]:.0f}" for _, run in runs) + " |"
-        )
-    return lines
+_COLUMNS: list[tuple[str, Callable[[HttpResult], str]]] = [
+    ("scenario", lambda r: f"{r.scenario.name} ({r.scenario.label})"),
+    ("documents", lambda r: str(r.run.succeeded)),
+    ("chunks", lambda r: str(r.run.chunks)),
+    ("documents/s", lambda r: f"{r.run.documents_per_s:.1f}"),
+    ("chunks/s", lambda r: f"{r.run.chunks_per_s:.0f}"),
+    ("capacity, same requests", lambda r: f"{r.replay.inputs_per_s:,.0f}"),
+    ("pipeline / capacity", lambda r: f"{r.efficiency:.2f}"),
+    ("capacity, full batches", lambda r: f"{r.full_batches.inputs_per_s:,.0f}"),
+    ("requests (mean batch)", lambda r: f"{r.requests} ({r.mean_batch:.1f})"),
+    ("worker CPU ms/doc", lambda r: f"{r.run.worker_cpu_s * 1000 / r.run.documents:.0f}"),
+    ("PostgreSQL CPU ms/doc", lambda r: f"{r.run.postgres_cpu_s * 1000 / r.run.documents:.0f}"),
+    ("peak RSS MiB", lambda r: f"{r.run.peak_rss_mb:.0f}"),
+    ("other processes, cores", lambda r: f"{r.run.other_cores:.2f}"),
+]
+_LOCAL_COLUMNS: list[tuple[str, Callable[[LocalResult], str]]] = [
+    ("documents", lambda x: str(x.run.succeeded)),
+    ("chunks", lambda x: str(x.run.chunks)),
+    ("documents/s", lambda x: f"{x.run.documents_per_s:.2f}"),
+    ("chunks/s", lambda x: f"{x.run.chunks_per_s:.1f}"),
+    ("raw encode chunks/s", lambda x: f"{x.raw_chunks_per_s:.1f}"),
+    ("pipeline / raw", lambda x: f"{x.efficiency:.2f}"),
+    ("worker CPU ms/doc", lambda x: f"{x.run.worker_cpu_s * 1000 / x.run.documents:.0f}"),
+    ("raw encode CPU ms/doc", lambda x: f"{x.raw_cpu_s * 1000 / max(x.run.succeeded, 1):.0f}"),
+    ("peak RSS MiB", lambda x: f"{x.run.peak_rss_mb:.0f}"),
+    (
+        "other processes, cores (run / raw)",
+        lambda x: f"{x.run.other_cores:.2f} / {x.raw_other_cores:.2f}",
+    ),
+]
+_FORMAT_COLUMNS: list[tuple[str, Callable[[tuple[str, dict[str, float]]], str]]] = [
+    ("format", lambda kv: kv[0]),
+    ("documents", lambda kv: f"{kv[1]['documents']:.0f}"),
+    ("chunks/document", lambda kv: f"{kv[1]['chunks_per_document']:.1f}"),
+    ("read + extract + chunk ms (median)", lambda kv: f"{kv[1]['extract_chunk_ms_median']:.0f}"),
+]
 
 
 def _markdown(
-    *,
-    machine: dict[str, Any],
-    command: str,
-    date: str,
-    elapsed: float,
-    corpus: dict[str, Any],
-    http: Sequence[HttpResult],
-    local: LocalResult | None,
-    idle: IdleResult | None,
+    head: list[str],
+    results: tuple[dict[str, Any], Sequence[HttpResult], LocalResult | None, IdleResult],
     png_name: str,
 ) -> str:
+    corpus, http, local, idle = results
+    runs = [(r.scenario.label, r.run) for r in http]
+    runs += [("local model", local.run)] if local is not None else []
+    db, seen = percentiles(idle.db_ms), percentiles(idle.seen_ms)
     lines = [
-        "# Pipeline benchmark",
-        "",
-        f"- Date: {date}",
-        f"- Command: `{command}` (from the repository root; {elapsed:.0f} s)",
-        *[f"- {line}" for line in format_machine(machine)],
-        "",
-        f"Corpus: `tests.documents.write_corpus(copies={corpus['copies']}, "
+        *head,
+        f"Corpus: `testkit.documents.write_corpus(copies={corpus['copies']}, "
         f"sentences={SENTENCES})` — {corpus['files']} real files "
         f"({', '.join(f'{n} {k}' for k, n in corpus['by_format'].items())}), "
-        f"{corpus['bytes'] / 1024:,.0f} KiB. Each scenario: a fresh database and folder store; "
-        "the files are ingested with `ingest_paths` (one job each), then "
-        "`python -m trioindex.cli worker --drain` processes drain the queue. Throughput is "
-        "counted over the active window (first claim → last job finished, database clocks); "
-        "worker CPU = user + system of the worker processes inside the active window "
-        "(sampled every 0.2 s; start-up excluded), PostgreSQL CPU = its backends. *Other "
-        "processes* = CPU the rest of the machine used meanwhile (`/proc/stat` minus the "
-        "workers, PostgreSQL, the fake server and this process), in cores: the interference "
-        "the figures carry.",
+        f"{corpus['bytes'] / 1024:,.0f} KiB, ingested with `ingest_paths` into a fresh database "
+        "per scenario, then drained by `python -m trioindex.cli worker --drain` processes. "
+        "Throughput is over the active window (first claim → last job finished); worker CPU is "
+        "sampled inside it; *other processes* = CPU the rest of the machine used meanwhile, "
+        "in cores.",
         "",
         "## HTTP embedder (TEI protocol, fake server, 1024 dimensions)",
         "",
-        f"Workers: `embedding.batch-size` {BATCH}, `max-in-flight` {IN_FLIGHT} per process, "
-        "character chunks (1,500 characters, 10 % overlap: no tokenizer for a remote model). "
-        "The fake server (its own process) answers after a fixed latency and accepts batches "
-        f"of up to {BATCH}. *Capacity, same requests*: a raw `httpx` client replays the batch "
-        "sizes the server recorded during the run (with the stored chunk texts), all of them "
-        f"and cycled for at least {RAW_SECONDS:.0f} s, at the workers' total in-flight limit — what the server can do "
-        "for exactly this mix of requests. *Capacity, full batches*: the same chunks in "
-        f"batches of 32, also for {RAW_SECONDS:.0f} s.",
+        f"Workers: batch-size {BATCH}, max-in-flight {IN_FLIGHT} per process, 1,500-character "
+        "chunks; the fake server answers after a fixed latency. *Capacity, same requests*: a "
+        "raw `httpx` client replays the batch sizes the server recorded (stored chunk texts, "
+        f"at least one pass and {RAW_SECONDS:.0f} s) at the workers' total in-flight limit; "
+        f"*full batches*: the same chunks in batches of {BATCH}.",
         "",
-        "| " + " | ".join(_COLUMNS) + " |",
-        "|---|" + "---:|" * (len(_COLUMNS) - 1),
+        *column_table(_COLUMNS, http),
+        "",
+        "Where a job's time goes (between the transactions that mark each step):",
+        "",
+        *markdown_table(
+            ["phase (mean ms per job)", *(name for name, _ in runs)],
+            [
+                [phase, *(f"{run.phases_ms[phase]:.0f}" for _, run in runs)]
+                for phase in (runs[0][1].phases_ms if runs else {})
+            ],
+        ),
     ]
-    for result in http:
-        lines.append("| " + " | ".join(_row(result)) + " |")
-    runs = [(r.scenario.label, r.run) for r in http]
-    if local is not None:
-        runs.append(("local model", local.run))
-    lines += ["", "Where a job's time goes (between the transactions that mark each step):", ""]
-    lines += _phase_table(runs)
     if http:
         lines += [
             "",
             f"Per format ({http[0].scenario.label}):",
             "",
-            "| format | documents | chunks/document | read + extract + chunk ms (median) |",
-            "|---|---:|---:|---:|",
+            *column_table(_FORMAT_COLUMNS, http[0].run.by_format.items()),
         ]
-        for fmt, f in http[0].run.by_format.items():
-            lines.append(
-                f"| {fmt} | {f['documents']:.0f} | {f['chunks_per_document']:.1f} | "
-                f"{f['extract_chunk_ms_median']:.0f} |"
-            )
     if local is not None:
-        lj = local.as_json()
         lines += [
             "",
             "## Local model (all-MiniLM-L6-v2, 384 dimensions)",
             "",
-            f"One worker, `embedding.api = local`, max-concurrency {LOCAL_CONCURRENCY}, "
-            "token-aware chunks (256 tokens). Raw = `SentenceTransformer.encode` of the stored "
-            f"chunk texts, per document in batches of up to {BATCH}, in a thread of this "
-            f"process after the run (torch: {local.torch_threads} threads).",
+            f"One worker, `embedding.api = local`, max-concurrency {LOCAL_CONCURRENCY}, 256-token "
+            "chunks. Raw = `SentenceTransformer.encode` of the stored chunk texts, per document "
+            f"in batches of up to {BATCH}, in this process (torch: {local.torch_threads} threads).",
             "",
-            "| documents | chunks | documents/s | chunks/s | raw encode chunks/s | pipeline / raw | "
-            "worker CPU ms/doc | raw encode CPU ms/doc | peak RSS MiB | other processes, "
-            "cores (run / raw) |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-            f"| {local.run.succeeded} | {local.run.chunks} | {local.run.documents_per_s:.2f} | "
-            f"{local.run.chunks_per_s:.1f} | {local.raw_chunks_per_s:.1f} | "
-            f"{local.efficiency:.2f} | {lj['worker_cpu_ms_per_document']:.0f} | "
-            f"{lj['raw_encode_cpu_ms_per_document']:.0f} | {local.run.peak_rss_mb:.0f} | "
-            f"{local.run.other_cores:.2f} / {local.raw_other_cores:.2f} |",
+            *column_table(_LOCAL_COLUMNS, [local], "r" * len(_LOCAL_COLUMNS)),
         ]
-    if idle is not None:
-        db = percentiles(idle.db_ms)
-        seen = percentiles(idle.seen_ms)
-        lines += [
-            "",
-            "## Idle worker: enqueue → INDEXED",
-            "",
-            f"One worker (max-concurrency 2, NOTIFY listener on, polling-interval 200 ms as a "
-            f"fallback) against the fake server at {IDLE_LATENCY_MS:.0f} ms; {idle.documents} "
-            "documents of the corpus (every format in turn) ingested one at a time with "
-            "`ingest_file`, each after the previous one finished, "
-            f"{IDLE_GAP[0] * 1000:.0f}-{IDLE_GAP[1] * 1000:.0f} ms apart.",
-            "",
-            "| measure | p50 ms | p95 ms | p99 ms |",
-            "|---|---:|---:|---:|",
-            f"| job finished_at − created_at (database) | {db['p50']:.0f} | {db['p95']:.0f} | "
-            f"{db['p99']:.0f} |",
-            f"| enqueue returned → SUCCEEDED seen (10 ms polling) | {seen['p50']:.0f} | "
-            f"{seen['p95']:.0f} | {seen['p99']:.0f} |",
-            "",
-            "Median by format (database): "
-            + ", ".join(f"{k} {v:.0f} ms" for k, v in idle.by_format.items())
-            + ".",
-        ]
-    lines += ["", f"![pipeline benchmark]({png_name})", "", "## Reading", ""]
-    lines += _reading(machine, http, local, idle)
+    lines += [
+        "",
+        "## Idle worker: enqueue → INDEXED",
+        "",
+        f"One worker (max-concurrency 2, NOTIFY on) against the fake server at "
+        f"{IDLE_LATENCY_MS:.0f} ms; {idle.documents} documents (every format in turn) ingested "
+        "one at a time with `ingest_file`, each after the previous one finished, "
+        f"{IDLE_GAP[0] * 1000:.0f}-{IDLE_GAP[1] * 1000:.0f} ms apart.",
+        "",
+        *markdown_table(
+            ("measure", "p50 ms", "p95 ms", "p99 ms"),
+            [
+                ["job finished_at − created_at (database)", *(f"{v:.0f}" for v in db.values())],
+                [
+                    "enqueue returned → SUCCEEDED seen (10 ms polling)",
+                    *(f"{v:.0f}" for v in seen.values()),
+                ],
+            ],
+        ),
+        "",
+        "Median by format (database): "
+        + ", ".join(f"{k} {v:.0f} ms" for k, v in idle.by_format.items())
+        + ".",
+        "",
+        f"![pipeline benchmark]({png_name})",
+        "",
+        "## Reading",
+        "",
+        *_reading(http, local, idle),
+    ]
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _reading(
-    machine: dict[str, Any],
-    http: Sequence[HttpResult],
-    local: LocalResult | None,
-    idle: IdleResult | None,
-) -> list[str]:
-    """Sentences computed from the figures, so a re-run cannot leave a stale explanation."""
-    out: list[str] = []
-    cores = machine.get("usable_cores") or machine.get("logical_cores") or 1
+def _reading(http: Sequence[HttpResult], local: LocalResult | None, idle: IdleResult) -> list[str]:
+    """A sentence or two of computed facts per table, so a re-run cannot leave a stale one."""
+    out = []
     for r in http:
-        j = r.run.as_json()
-        cpu_ms = j["worker_cpu_ms_per_document"] + j["postgres_cpu_ms_per_document"]
-        busy = cpu_ms * r.run.documents_per_s / 1000
         phases = r.run.phases_ms
-        embed_share = phases["embedding requests"] / phases["whole job"]
-        database_ms = (
-            phases["claim → parse prepared"]
-            + phases["store chunks → embed prepared"]
-            + phases["store vectors → complete"]
-        )
-        verdict = (
-            " The embedder is the bottleneck here and the pipeline keeps it busy."
-            if r.efficiency >= 0.9
-            else (
-                " The server is idle most of the time: the pipeline, not the embedder, sets "
-                f"the pace. Of a job's {phases['whole job']:.0f} ms, "
-                f"{phases['read + extract + chunk']:.0f} ms are reading, extraction and "
-                f"chunking in a thread and {database_ms:.0f} ms the transactions between the "
-                "steps (claim, parse prepare/commit, embed prepare/commit, complete: each a "
-                "commit that waits for its WAL flush, and a turn on the database thread "
-                f"limiter); with {r.scenario.concurrency} jobs per process that bounds a "
-                f"process near {r.scenario.concurrency * 1000 / phases['whole job']:.0f} "
-                "documents/s."
-            )
-        )
         out.append(
-            f"- **{r.scenario.name} ({r.scenario.label}):** {r.run.documents_per_s:.1f} "
-            f"documents/s, {r.run.chunks_per_s:.0f} chunks/s = {r.efficiency:.2f} of what the "
-            f"server can do with the same {r.requests} requests ({r.replay.inputs_per_s:,.0f} "
-            f"chunks/s). A document costs {j['worker_cpu_ms_per_document']:.0f} ms of worker "
-            f"CPU and {j['postgres_cpu_ms_per_document']:.0f} ms of PostgreSQL CPU; at this "
-            f"rate that keeps {busy:.1f} of the {cores} cores busy (other processes used "
-            f"{r.run.other_cores:.2f} meanwhile). Embedding requests take {embed_share:.0%} of "
-            "a job's time." + verdict
+            f"- **{r.scenario.name}:** {r.efficiency:.2f} of the server's capacity for the same "
+            f"requests; embedding requests are {phases['embedding requests'] / phases['whole job']:.0%}"
+            f" of a job's {phases['whole job']:.0f} ms"
+            + (
+                ", so the embedder sets the pace."
+                if r.efficiency >= 0.9
+                else ", the rest is extraction and the transactions between the steps: the "
+                "pipeline, not the embedder, sets the pace."
+            )
         )
     if http:
         first = http[0]
         out.append(
-            f"- Per-document batching: the server received {first.requests} requests of "
-            f"{first.mean_batch:.1f} chunks on average for {first.run.succeeded} documents — "
-            "one embedding call per document, so a small document makes a small request. With "
-            f"full batches of {BATCH} the same chunks would need "
-            f"{-(-first.run.chunks // BATCH)} requests; the server's capacity for them is "
-            f"{first.full_batches.inputs_per_s:,.0f} chunks/s against "
-            f"{first.replay.inputs_per_s:,.0f} for the requests actually sent. That only "
-            "matters when the embedder is the bottleneck (a slow or shared server)."
-        )
-    two = [r for r in http if r.scenario.processes > 1]
-    one = [
-        r
-        for r in http
-        if r.scenario.processes == 1
-        and r.scenario.latency_ms in {t.scenario.latency_ms for t in two}
-    ]
-    if two and one:
-        gain = two[0].run.documents_per_s / one[0].run.documents_per_s - 1
-        out.append(
-            f"- Two worker processes ({two[0].scenario.label}) ran "
-            f"{two[0].run.documents_per_s:.1f} documents/s against "
-            f"{one[0].run.documents_per_s:.1f} for one ({one[0].scenario.label}), "
-            f"{gain:+.0%}: the same eight job slots, split over two event loops and two GILs. "
-            f"With {cores} cores shared with PostgreSQL there is little more to gain."
+            f"- One embedding request per document: {first.mean_batch:.1f} chunks on average; "
+            f"full batches of {BATCH} would raise the server's capacity to "
+            f"{first.full_batches.inputs_per_s:,.0f} chunks/s."
         )
     if local is not None:
-        lj = local.as_json()
-        model_ms = lj["raw_encode_cpu_ms_per_document"]
-        worker_ms = lj["worker_cpu_ms_per_document"]
-        pg_ms = lj["postgres_cpu_ms_per_document"]
-        verdict = "met" if local.efficiency >= 0.9 else "**not met**"
-        used = worker_ms * local.run.documents_per_s / 1000
-        raw_used = (
-            model_ms
-            * local.raw_chunks_per_s
-            / max(local.run.chunks / max(local.run.succeeded, 1), 1e-9)
-            / 1000
-        )
+        noisy = max(local.run.other_cores, local.raw_other_cores) >= NOISY_CORES
         out.append(
-            f"- **Local model (target 0.9 of raw encode: {verdict}):** "
-            f"{local.run.chunks_per_s:.1f} chunks/s against {local.raw_chunks_per_s:.1f} for "
-            f"raw `encode` of the same chunks ({local.efficiency:.2f}). The model needs "
-            f"{model_ms:.0f} ms of CPU per document (raw encode, torch on "
-            f"{local.torch_threads} threads); the worker spent {worker_ms:.0f} ms per "
-            f"document, so ≈ {max(worker_ms - model_ms, 0):.0f} ms went to everything else "
-            "(reading, extraction, token-aware chunking, the event loop), and PostgreSQL "
-            f"{lj['postgres_cpu_ms_per_document']:.0f} ms more. The raw encode kept "
-            f"{raw_used:.1f} cores busy, the worker {used:.1f}; other processes on the machine "
-            f"used {local.run.other_cores:.2f} cores during the worker run and "
-            f"{local.raw_other_cores:.2f} during the raw encode."
+            f"- **Local model:** {local.efficiency:.2f} of raw `encode` (target 0.9: "
+            + ("met" if local.efficiency >= 0.9 else "**not met**")
+            + ")"
             + (
-                " The model alone can use both cores, so whatever else runs comes straight "
-                "out of its throughput: with the pipeline's own work on the same cores the "
-                "expected ceiling is model CPU / (worker + PostgreSQL CPU) = "
-                f"{model_ms / max(worker_ms + pg_ms, 1e-9):.2f} of raw, against "
-                f"{local.efficiency:.2f} measured. Reaching 0.9 needs the non-model work per "
-                f"document under ≈ {model_ms / 0.9 - model_ms:.0f} ms, or a core the model "
-                "does not share."
-                if max(local.run.other_cores, local.raw_other_cores) < NOISY_CORES
-                else f" With more than {NOISY_CORES} of a core taken by other work during "
-                "this run, the comparison says little: both rates and the CPU per document "
-                "(which grows on contended cores) moved with that load. Run it on a quiet "
-                "machine for a verdict."
+                f"; other processes took over {NOISY_CORES} of a core, so the ratio is noisy."
+                if noisy
+                else "."
             )
         )
-    if idle is not None and idle.db_ms:
-        db = percentiles(idle.db_ms)
-        seen = percentiles(idle.seen_ms)
-        out.append(
-            f"- **Idle latency:** enqueue → INDEXED takes {db['p50']:.0f} ms at p50 and "
-            f"{db['p95']:.0f} ms at p95 in the database ({seen['p50']:.0f} / {seen['p95']:.0f} "
-            "ms as the enqueuer saw it, including its 10 ms polling). It is the NOTIFY wake-up, "
-            "claim, the five transactions of parse / embed / complete, extraction and one "
-            f"{IDLE_LATENCY_MS:.0f} ms embedding request; the slowest formats are "
-            + ", ".join(
-                f"{k} ({v:.0f} ms)"
-                for k, v in sorted(idle.by_format.items(), key=lambda kv: -kv[1])[:2]
-            )
-            + "."
-        )
-    others = [r.run.other_cores for r in http] + (
-        [local.run.other_cores, local.raw_other_cores] if local is not None else []
+    slowest = sorted(idle.by_format.items(), key=lambda kv: -kv[1])[:2]
+    out.append(
+        f"- **Idle latency:** {percentiles(idle.db_ms)['p50']:.0f} ms at p50 from enqueue to "
+        "INDEXED (NOTIFY wake-up, five transactions, extraction and one embedding request); "
+        "slowest formats " + ", ".join(f"{k} ({v:.0f} ms)" for k, v in slowest) + "."
     )
-    if others:
-        out.append(
-            f"- Noise: other processes on the machine used {min(others):.2f}-"
-            f"{max(others):.2f} cores during the runs (of {cores}); they take CPU from the "
-            "workers and PostgreSQL alike."
-        )
     return out
 
 
@@ -1047,124 +821,84 @@ def _reading(
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.pipeline",
-        description="Documents through real worker processes against the embedding backend's "
+    parser = bench_parser(
+        "pipeline",
+        "Documents through real worker processes against the embedding backend's "
         "capacity, and idle enqueue → INDEXED latency.",
+        "small corpus, one scenario",
     )
-    parser.add_argument("--quick", action="store_true", help="small corpus, one scenario")
     parser.add_argument("--no-local", action="store_true", help="skip the local model")
     parser.add_argument("--seed", type=int, default=20240601, help="seed of the idle gaps")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="folder for pipeline.json/.png/.md (default docs/test-results; --quick: a temp "
-        "folder)",
-    )
+    add_out(parser, "pipeline")
     return parser.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    args = parse_args(argv)
-    quick: bool = args.quick
-    out: Path = args.out or (
-        Path(tempfile.mkdtemp(prefix="trioindex-bench-pipeline-")) if quick else RESULTS_DIR
+def _summary(run: RunFigures, capacity: float, efficiency: float) -> str:
+    return (
+        f"{run.documents_per_s:6.2f} docs/s  {run.chunks_per_s:6.1f} chunks/s  capacity "
+        f"{capacity:6.1f}  efficiency {efficiency:.2f}"
     )
-    command = shlex.join([".venv/bin/python", "-m", "bench.pipeline", *sys.argv[1:]])
-    began = time.monotonic()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    session = Session.start("pipeline", args)
+    quick: bool = args.quick
     work = Path(tempfile.mkdtemp(prefix="trioindex-bench-pipeline-work-"))
     try:
         copies = QUICK_COPIES if quick else COPIES
         files = write_corpus(work / "corpus", copies=copies, sentences=SENTENCES)
         local_files = write_corpus(work / "corpus-local", copies=LOCAL_COPIES, sentences=SENTENCES)
-        by_format: dict[str, int] = {}
-        for path in files:
-            by_format[path.suffix.lstrip(".")] = by_format.get(path.suffix.lstrip("."), 0) + 1
         corpus = {
             "copies": copies,
             "files": len(files),
             "bytes": sum(p.stat().st_size for p in files),
-            "by_format": by_format,
+            "by_format": dict(Counter(p.suffix.lstrip(".") for p in files)),
         }
-        http: list[HttpResult] = []
         local: LocalResult | None = None
         with BenchPostgres() as pg:
             machine = machine_info(pg.admin_url)
-            for scenario in QUICK_SCENARIOS if quick else SCENARIOS:
-                result = run_http(pg, scenario, work / "corpus", work)
+            http = [
+                run_http(pg, scenario, work / "corpus", work)
+                for scenario in (QUICK_SCENARIOS if quick else SCENARIOS)
+            ]
+            for r in http:
                 print(
-                    f"{scenario.name:<26} {result.run.documents_per_s:6.1f} docs/s  "
-                    f"{result.run.chunks_per_s:6.0f} chunks/s  capacity "
-                    f"{result.replay.inputs_per_s:6.0f}  efficiency {result.efficiency:.2f}",
-                    flush=True,
+                    f"{r.scenario.name:<26} {_summary(r.run, r.replay.inputs_per_s, r.efficiency)}"
                 )
-                http.append(result)
             if not args.no_local:
                 local = run_local(pg, work / "corpus-local", work)
                 print(
-                    f"{'local model':<26} {local.run.documents_per_s:6.2f} docs/s  "
-                    f"{local.run.chunks_per_s:6.1f} chunks/s  raw {local.raw_chunks_per_s:6.1f}  "
-                    f"efficiency {local.efficiency:.2f}",
-                    flush=True,
+                    f"{'local model':<26} {_summary(local.run, local.raw_chunks_per_s, local.efficiency)}"
                 )
             # every format in turn: txt, md, html, docx, pdf, txt, ...
             by_suffix: dict[str, list[Path]] = {}
             for path in local_files:
                 by_suffix.setdefault(path.suffix, []).append(path)
-            idle_files = [
-                path
-                for group in itertools.zip_longest(*by_suffix.values())
-                for path in group
-                if path is not None
-            ]
-            idle = run_idle(
-                pg, idle_files, QUICK_IDLE_DOCUMENTS if quick else IDLE_DOCUMENTS, work, args.seed
-            )
+            idle_files = [p for group in itertools.zip_longest(*by_suffix.values()) for p in group]
+            count = QUICK_IDLE_DOCUMENTS if quick else IDLE_DOCUMENTS
+            idle = run_idle(pg, [p for p in idle_files if p], count, work, args.seed)
             print(f"{'idle latency':<26} p50 {percentiles(idle.db_ms)['p50']:.0f} ms", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    date = utc_now()
-    elapsed = time.monotonic() - began
-    payload = {
-        "benchmark": "pipeline",
-        "date": date,
-        "command": command,
-        "runtime_s": round(elapsed, 1),
-        "machine": machine,
-        "options": {
-            "quick": quick,
-            "corpus": corpus,
-            "sentences": SENTENCES,
-            "batch_size": BATCH,
-            "max_in_flight": IN_FLIGHT,
-        },
+    options = {"quick": quick, "corpus": corpus, "sentences": SENTENCES}
+    figures = {
+        "options": {**options, "batch_size": BATCH, "max_in_flight": IN_FLIGHT},
         "http": [r.as_json() for r in http],
         "local": local.as_json() if local is not None else None,
         "idle": idle.as_json(),
     }
-    json_path = write_json(out / "pipeline.json", payload)
-    png_path = plot(http, local, idle, out / "pipeline.png")
-    md_path = out / "pipeline.md"
-    md_path.write_text(
-        _markdown(
-            machine=machine,
-            command=command,
-            date=date,
-            elapsed=elapsed,
-            corpus=corpus,
-            http=http,
-            local=local,
-            idle=idle,
-            png_name=png_path.name,
-        )
+    return session.publish(
+        machine,
+        figures,
+        lambda path: plot(http, local, idle, path),
+        lambda date, elapsed, png_name: _markdown(
+            page_head("Pipeline benchmark", date, session.command, elapsed, machine),
+            (corpus, http, local, idle),
+            png_name,
+        ),
     )
-    print(f"wrote {json_path}, {png_path}, {md_path} in {elapsed:.0f}s")
-    return 0
 
 
 if __name__ == "__main__":

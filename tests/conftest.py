@@ -1,7 +1,7 @@
-"""Shared fixtures are plugins under tests/fixtures/ (and the fake embedding server)."""
+"""Shared fixtures are plugins under tests/fixtures/; what they start is in testkit/."""
 
 pytest_plugins = [
-    "tests.fakes.embed_server",
+    "tests.fixtures.embed",
     "tests.fixtures.s3",
     "tests.fixtures.database",
 ]

@@ -8,10 +8,12 @@ from uuid import UUID
 
 import attrs
 
+from testkit import jobs as testkit_jobs
+from testkit.jobs import enqueue_text
 from trioindex.db import jobs as lifecycle
 from trioindex.db.models import EmbeddingModel, ensure_model
 from trioindex.db.pool import Connection
-from trioindex.ingest import IngestResult, enqueue_version, storage_key_for
+from trioindex.ingest import IngestResult
 from trioindex.values import BackoffPolicy, Claim
 
 BACKOFF = BackoffPolicy(initial=10.0, maximum=600.0, jitter=0.0)
@@ -38,19 +40,7 @@ def enqueue(
 ) -> IngestResult:
     key = key or f"doc-{uuid.uuid4().hex[:8]}"
     data = content if content is not None else key.encode()
-    sha = hashlib.sha256(data).hexdigest()
-    return enqueue_version(
-        conn,
-        document_key=key,
-        storage_key=storage_key_for(sha),
-        original_name=f"{key}.txt",
-        content_type="text/plain",
-        byte_size=len(data),
-        sha256=sha,
-        model_id=model_id,
-        max_attempts=max_attempts,
-        priority=priority,
-    )
+    return enqueue_text(conn, model_id, key, data, max_attempts=max_attempts, priority=priority)
 
 
 def expire_lease(conn: Connection, job_id: UUID) -> None:
@@ -75,30 +65,13 @@ def stage_embedded(conn: Connection, claim: Claim, dimension: int = 4, chunks: i
         "SELECT document_id FROM document_versions WHERE id = %s", (claim.document_version_id,)
     ).fetchone()
     assert version is not None
-    for index in range(chunks):
-        chunk = conn.execute(
-            """INSERT INTO document_chunks (document_id, document_version_id, chunk_index, content,
-                   char_start, char_end, token_count, content_sha256)
-               VALUES (%s, %s, %s, 'x', 0, 1, 1, %s) RETURNING id""",
-            (version["document_id"], claim.document_version_id, index, "b" * 64),
-        ).fetchone()
-        assert chunk is not None
-        conn.execute(
-            """INSERT INTO embeddings (chunk_id, document_id, document_version_id, embedding_model_id,
-                   vector, dimension, vector_sha256) VALUES (%s, %s, %s, %s, %s, %s, %s)""",
-            (
-                chunk["id"],
-                version["document_id"],
-                claim.document_version_id,
-                claim.embedding_model_id,
-                "[" + ",".join(["0.5"] * dimension) + "]",
-                dimension,
-                "c" * 64,
-            ),
-        )
-    conn.execute(
-        "UPDATE document_versions SET status = 'EMBEDDING' WHERE id = %s",
-        (claim.document_version_id,),
+    testkit_jobs.stage_embedded(
+        conn,
+        claim.document_version_id,
+        version["document_id"],
+        claim.embedding_model_id,
+        dimension=dimension,
+        chunks=chunks,
     )
 
 

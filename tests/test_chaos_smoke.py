@@ -1,4 +1,4 @@
-"""The chaos harness (bench/chaos.py): its checks catch violations, and a very short run passes.
+"""The chaos run (testkit/chaos/): its checks catch violations, and a very short run passes.
 
 The real chaos run is ``just chaos`` (two minutes of faults, three times for the report). Here:
 
@@ -22,9 +22,9 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
-from bench import chaos
 
-from tests.fakes.embed_server import ServerStats
+from testkit import chaos
+from testkit.embed_server import ServerStats
 
 
 def _job(key: str, status: str, version_status: str, **extra: Any) -> dict[str, Any]:

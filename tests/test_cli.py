@@ -19,10 +19,10 @@ import attrs
 import psycopg
 import pytest
 
-from tests.documents import write_corpus
-from tests.fakes.embed_server import FakeEmbedServer
+from testkit.documents import write_corpus
+from testkit.embed_server import FakeEmbedServer
+from testkit.processes import FAST_WORKER, base_env, cli, query, spawn, wait_for
 from tests.fixtures.s3 import S3Server
-from tests.processes import FAST_WORKER, base_env, cli, query, spawn, wait_for
 from trioindex.db.pool import with_dbname
 
 pytestmark = pytest.mark.slow

@@ -502,9 +502,14 @@ def test_runs_as_a_non_root_user_with_a_writable_home() -> None:
 
 
 def test_entrypoint_runs_the_worker() -> None:
+    """`trioindex` is the entrypoint and `worker` the default command, so `docker run IMAGE
+    status` (or `ingest`, `--help`) runs that command instead of the worker's options."""
     entrypoint = only(final_stage(), "ENTRYPOINT")
     assert entrypoint.json, "exec form, so the worker is PID 1's direct child and gets SIGTERM"
-    assert list(entrypoint.value) == ["trioindex", "worker"]
+    assert list(entrypoint.value) == ["trioindex"]
+    cmd = only(final_stage(), "CMD")
+    assert cmd.json, "exec form"
+    assert list(cmd.value) == ["worker"]
 
 
 def test_healthcheck_is_trioindex_healthcheck() -> None:

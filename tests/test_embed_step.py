@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import trio
 
+from testkit.embed_server import FakeEmbedServer, fake_vector
 from tests import helpers
-from tests.fakes.embed_server import FakeEmbedServer, fake_vector
 from trioindex.db import jobs as lifecycle
 from trioindex.db.pool import Database
 from trioindex.embedding import Embedder, open_embedder

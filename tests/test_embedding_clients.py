@@ -18,7 +18,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.fakes.embed_server import BODY_MARKER, FakeEmbedServer, fake_vector
+from testkit.embed_server import BODY_MARKER, FakeEmbedServer, fake_vector
 from trioindex.embedding import (
     Embedder,
     estimate_tokens,

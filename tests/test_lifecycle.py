@@ -24,7 +24,7 @@ from tests import helpers
 from trioindex.db import jobs as lifecycle
 from trioindex.db.pool import Database
 from trioindex.errors import FailureType, OwnershipLost, StateInconsistent
-from trioindex.values import Claim, FailOutcome, WorkerStatus
+from trioindex.values import BackoffPolicy, Claim, FailOutcome, WorkerStatus
 
 T = TypeVar("T")
 
@@ -682,6 +682,54 @@ def test_failure_message_is_bounded_to_one_line(db: Database, worker: Any) -> No
     assert isinstance(message, str) and len(message) <= 500 and "\n" not in message
 
 
+@pytest.mark.parametrize(
+    ("attempt_no", "unit_random", "seconds"),
+    [
+        (1, 0.5, 10.0),  # the first retry waits ``initial``
+        (0, 0.5, 10.0),  # no attempt yet counts as the first
+        (3, 0.5, 40.0),  # doubled per attempt
+        (7, 0.5, 600.0),  # 640 capped at ``maximum``
+        (60, 0.5, 600.0),
+        (1, 0.0, 8.0),  # the lowest draw: -20 %
+        (3, 0.75, 44.0),  # +10 %
+    ],
+)
+def test_the_retry_delay_is_exponential_capped_and_jittered(
+    db: Database, attempt_no: int, unit_random: float, seconds: float
+) -> None:
+    """``trioindex_retry_delay`` (migration 0004) is the one backoff definition; a failure
+    report and lease recovery both call it (next two tests)."""
+    with db.connection() as conn:
+        row = conn.execute(
+            "SELECT trioindex_retry_delay(%s, 10, 600, 0.2, %s) AS delay",
+            (attempt_no, unit_random),
+        ).fetchone()
+    assert row["delay"] == pytest.approx(seconds)
+
+
+def test_a_retryable_failure_waits_the_retry_delay_of_its_draw(db: Database, worker: Any) -> None:
+    claim = _claim_one(db, worker)
+    backoff = BackoffPolicy(initial=10.0, maximum=600.0, jitter=0.2)
+    with db.connection() as conn:
+        result = lifecycle.fail_job(
+            conn, claim, FailureType.STORAGE_UNAVAILABLE, "down", backoff, unit_random=0.0
+        )
+        row = helpers.job_row(conn, claim.job_id)
+    assert result.available_at == row["available_at"]
+    # the trigger stamps updated_at with the same transaction clock the delay starts from
+    assert (row["available_at"] - row["updated_at"]).total_seconds() == pytest.approx(8.0)
+
+
+def test_recovery_requeues_with_the_retry_delay(db: Database, worker: Any) -> None:
+    claim = _claim_one(db, worker)
+    with db.connection() as conn:
+        helpers.expire_lease(conn, claim.job_id)
+        (recovered,) = lifecycle.recover_expired(conn, helpers.BACKOFF)
+        assert recovered.outcome is FailOutcome.RETRY_SCHEDULED
+        row = helpers.job_row(conn, claim.job_id)
+    assert (row["available_at"] - row["updated_at"]).total_seconds() == pytest.approx(10.0)
+
+
 def test_expired_lease_on_the_last_attempt_ends_failed(db: Database, worker: Any) -> None:
     claim = _claim_one(db, worker, max_attempts=1)
     with db.connection() as conn:
@@ -691,6 +739,17 @@ def test_expired_lease_on_the_last_attempt_ends_failed(db: Database, worker: Any
         row = helpers.job_row(conn, claim.job_id)
     assert row["status"] == "FAILED"
     assert row["last_failure_type"] == "WORKER_INTERNAL_ERROR"
+
+
+def test_expired_lease_on_the_last_attempt_fails_the_version_too(db: Database, worker: Any) -> None:
+    claim = _claim_one(db, worker, max_attempts=1)
+    with db.connection() as conn:
+        helpers.expire_lease(conn, claim.job_id)
+        lifecycle.recover_expired(conn, helpers.BACKOFF)
+        version = conn.execute(
+            "SELECT status FROM document_versions WHERE id = %s", (claim.document_version_id,)
+        ).fetchone()
+    assert version == {"status": "FAILED"}
 
 
 # --- complete ---------------------------------------------------------------------------------

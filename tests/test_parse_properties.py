@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 
+from testkit.documents import DATA, make_docx, make_image_pdf, make_pdf
 from tests.chunk_checks import assert_character_limits, assert_chunk_invariants
-from tests.documents import DATA, make_docx, make_image_pdf, make_pdf
 from trioindex.errors import MAX_MESSAGE_LENGTH, ContentInvalid
 from trioindex.pipeline.chunking import Chunker, ChunkingPolicy
 from trioindex.pipeline.formats import extract_text

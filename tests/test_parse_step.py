@@ -24,9 +24,9 @@ import psutil
 import pytest
 import trio
 
+from testkit.documents import docx_bytes
 from tests import helpers
 from tests import hostile_documents as hostile
-from tests.documents import docx_bytes
 from trioindex.config import default_settings
 from trioindex.db import jobs as lifecycle
 from trioindex.db.pool import Database
@@ -41,7 +41,7 @@ from trioindex.pipeline.parse_step import (
 )
 from trioindex.storage import AsyncObjectStore, FolderStore
 from trioindex.values import BackoffPolicy, Claim
-from trioindex.worker.queue import JobStore
+from trioindex.worker.queue import JobQueue
 from trioindex.worker.runtime import Worker
 
 CHUNKER = Chunker(ChunkingPolicy(max_size=200, overlap=20))
@@ -416,10 +416,10 @@ async def test_the_worker_indexes_a_normal_document_while_a_hostile_one_parses(
     normal_job = _enqueue_stored(db, store, TEXT, priority=0)
     finished: list[tuple[UUID, str]] = []
     worker = Worker(
-        store=JobStore(db, lease_seconds=30, backoff=BackoffPolicy(0.05, 0.2, 0.0)),
+        queue=JobQueue(db, lease_seconds=30, backoff=BackoffPolicy(0.05, 0.2, 0.0)),
         steps=ParseThenStage(db, store, parse_timeout=6.0),
         settings=attrs.evolve(default_settings().worker, max_concurrency=2, polling_interval=0.05),
-        on_job_done=lambda claim, outcome: finished.append((claim.job_id, outcome)),
+        on_job_done=lambda claim, outcome: finished.append((claim.job_id, str(outcome))),
     )
     with trio.fail_after(60):
         await worker.serve(drain=True)

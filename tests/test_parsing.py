@@ -17,8 +17,8 @@ import zipfile
 import pytest
 from fpdf import FPDF
 
+from testkit.documents import DATA, make_docx, make_image_pdf, make_pdf
 from tests import hostile_documents as hostile
-from tests.documents import DATA, make_docx, make_image_pdf, make_pdf
 from trioindex.errors import ContentInvalid, FailureType
 from trioindex.pipeline.formats import (
     PDF_MAX_PAGES,

@@ -17,33 +17,20 @@ from typing import Any
 
 import pytest
 
-from tests.documents import write_corpus
-from tests.fakes.embed_server import FakeEmbedServer
-from tests.processes import FAST_WORKER, base_env, cli, query, spawn, wait_for
+from testkit.claim_tokens import install_token_trap, seen_tokens
+from testkit.documents import write_corpus
+from testkit.embed_server import FakeEmbedServer
+from testkit.processes import FAST_WORKER, base_env, cli, query, spawn, wait_for
 from trioindex.db.pool import start_embedded, stop_embedded, with_dbname
 
 pytestmark = pytest.mark.slow
-
-# Records every claim token the database hands out, so logs can be scanned for them.
-TOKEN_TRAP = """
-CREATE TABLE test_seen_tokens (token uuid NOT NULL);
-CREATE FUNCTION test_trap_token() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF NEW.claim_token IS NOT NULL THEN
-        INSERT INTO test_seen_tokens VALUES (NEW.claim_token);
-    END IF;
-    RETURN NEW;
-END $$;
-CREATE TRIGGER test_trap AFTER UPDATE OF claim_token ON embedding_jobs
-    FOR EACH ROW EXECUTE FUNCTION test_trap_token();
-"""
 
 
 @pytest.fixture
 def fake_tei_env(
     database_url: str, tmp_path: Path, embed_server: FakeEmbedServer
 ) -> dict[str, str]:
-    query(database_url, TOKEN_TRAP)
+    install_token_trap(database_url)
     return base_env(
         TRIOINDEX_DATABASE_URL=database_url,
         TRIOINDEX_STORAGE_URL=(tmp_path / "blobs").as_uri(),
@@ -59,7 +46,7 @@ def fake_tei_env(
 
 def assert_logs_clean(url: str, logs: list[str]) -> None:
     """No claim token the database handed out, and no chunk text, appears in any log."""
-    tokens = [str(r["token"]) for r in query(url, "SELECT DISTINCT token FROM test_seen_tokens")]
+    tokens = sorted(seen_tokens(url))
     assert tokens, "the trap saw no claims: the scan would prove nothing"
     texts = [r["content"] for r in query(url, "SELECT content FROM document_chunks")]
     joined = "\n".join(logs)
@@ -104,7 +91,7 @@ def test_end_to_end_on_embedded_defaults(embedded_home: Path, tmp_path: Path) ->
     assert ingest.returncode == 0, ingest.stderr
     lines = [json.loads(line) for line in ingest.stdout.splitlines()]
     assert len(lines) == len(files) and {line["status"] for line in lines} == {"created"}
-    query(url, TOKEN_TRAP)
+    install_token_trap(url)
     worker = cli(env, "worker", "--drain", timeout=300)
     assert worker.returncode == 0, worker.stderr[-3000:]
     states = job_states(url)

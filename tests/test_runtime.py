@@ -1,11 +1,12 @@
 """The worker runtime over in-memory fakes, on Trio's virtual clock (autojump_clock).
 
-Each test name follows an item of the seed's test list or completion list.
+Each test name states the behaviour it checks.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 import attrs
@@ -13,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.fakes.runtime import FakeSteps, FakeStore, refuse
+from tests.fakes.runtime import FakeQueue, FakeSteps, refuse
 from trioindex.config import WorkerSettings, default_settings
 from trioindex.errors import (
     ContentInvalid,
@@ -28,7 +29,16 @@ from trioindex.errors import (
 )
 from trioindex.values import Claim, VersionStatus
 from trioindex.worker import metrics
-from trioindex.worker.runtime import Worker, steps_for
+from trioindex.worker.job import (
+    CANCELLED,
+    RELEASED,
+    REPORT_FAILED,
+    SUCCEEDED,
+    JobOutcome,
+    OutcomeKind,
+    steps_for,
+)
+from trioindex.worker.runtime import Worker
 
 U, P, C, E = (
     VersionStatus.UPLOADED,
@@ -52,8 +62,8 @@ def settings(**changes: Any) -> WorkerSettings:
     return attrs.evolve(base, **changes)
 
 
-def make_worker(store: FakeStore, steps: FakeSteps, **changes: Any) -> Worker:
-    return Worker(store=store, steps=steps, settings=settings(**changes))
+def make_worker(queue: FakeQueue, steps: FakeSteps, **changes: Any) -> Worker:
+    return Worker(queue=queue, steps=steps, settings=settings(**changes))
 
 
 async def drain(worker: Worker) -> None:
@@ -66,36 +76,36 @@ async def drain(worker: Worker) -> None:
 def assert_clean(worker: Worker) -> None:
     """No slot, job context or renewal task outlives the run."""
     assert worker.running_jobs == 0
-    assert worker._slots is not None
-    assert worker._slots.borrowed_tokens == 0
+    assert worker._run is not None
+    assert worker._run.slots.borrowed_tokens == 0
 
 
 # --- polling ---------------------------------------------------------------------------------
 
 
 async def test_polling_skipped_until_worker_registered(autojump_clock: trio.abc.Clock) -> None:
-    store = FakeStore(pending=[U], registered=trio.Event())
-    worker = make_worker(store, FakeSteps(store))
+    queue = FakeQueue(pending=[U], registered=trio.Event())
+    worker = make_worker(queue, FakeSteps(queue))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(drain, worker)
         await trio.sleep(100)
-        assert store.names() == []  # no claim, no heartbeat while registration is pending
-        assert store.registered is not None
-        store.registered.set()
-    assert store.names().index("register") < store.names().index("claim")
+        assert queue.names() == []  # no claim, no heartbeat while registration is pending
+        assert queue.registered is not None
+        queue.registered.set()
+    assert queue.names().index("register") < queue.names().index("claim")
 
 
 async def test_empty_queue_is_a_normal_result_without_info_logs(
     autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = FakeStore()
-    worker = make_worker(store, FakeSteps(store))
+    queue = FakeQueue()
+    worker = make_worker(queue, FakeSteps(queue))
     with caplog.at_level(logging.INFO):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(worker.serve)
             await trio.sleep(10.5)
             worker.request_stop()
-    claims = store.of("claim")
+    claims = queue.of("claim")
     assert len(claims) == 11  # one poll per polling interval, no busy loop
     assert all(result == (2, 0) for _, result in claims)
     assert worker.counters.empty_polls == 11
@@ -105,48 +115,48 @@ async def test_empty_queue_is_a_normal_result_without_info_logs(
 
 
 async def test_claims_ask_for_exactly_the_free_slots(autojump_clock: trio.abc.Clock) -> None:
-    store = FakeStore(pending=[U] * 5)
-    worker = make_worker(store, FakeSteps(store, duration=10), max_concurrency=3)
+    queue = FakeQueue(pending=[U] * 5)
+    worker = make_worker(queue, FakeSteps(queue, duration=10), max_concurrency=3)
     await drain(worker)
-    asked = [k for _, (k, _) in store.of("claim")]  # type: ignore[misc]
+    asked = [k for _, (k, _) in queue.of("claim")]  # type: ignore[misc]
     assert asked[0] == 3
     assert all(1 <= k <= 3 for k in asked)
-    assert len(store.of("complete")) == 5
+    assert len(queue.of("complete")) == 5
     assert_clean(worker)
 
 
 async def test_never_more_than_max_concurrency_jobs_run(autojump_clock: trio.abc.Clock) -> None:
-    store = FakeStore(pending=[U] * 25)
-    steps = FakeSteps(store, duration=3)
-    worker = make_worker(store, steps, max_concurrency=4)
+    queue = FakeQueue(pending=[U] * 25)
+    steps = FakeSteps(queue, duration=3)
+    worker = make_worker(queue, steps, max_concurrency=4)
     await drain(worker)
     assert steps.max_active == 4
-    assert len(store.of("complete")) == 25
+    assert len(queue.of("complete")) == 25
     assert_clean(worker)
 
 
 async def test_busy_drain_claims_again_at_once_while_jobs_keep_coming(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    store = FakeStore(pending=[U] * 6)
+    queue = FakeQueue(pending=[U] * 6)
     worker = make_worker(
-        store, FakeSteps(store, duration=0), max_concurrency=2, polling_interval=100.0
+        queue, FakeSteps(queue, duration=0), max_concurrency=2, polling_interval=100.0
     )
     start = trio.current_time()
     await drain(worker)
     # six jobs through two slots never waited a polling interval
     assert trio.current_time() - start < 100
-    assert len(store.of("complete")) == 6
+    assert len(queue.of("complete")) == 6
 
 
 async def test_claim_error_is_logged_and_polling_continues(autojump_clock: trio.abc.Clock) -> None:
-    store = FakeStore(pending=[U], claim_error=RuntimeError("db down"))
-    worker = make_worker(store, FakeSteps(store))
+    queue = FakeQueue(pending=[U], claim_error=RuntimeError("db down"))
+    worker = make_worker(queue, FakeSteps(queue))
     await drain(worker)
-    assert store.names().count("claim-error") == 1
-    assert len(store.of("complete")) == 1
+    assert queue.names().count("claim-error") == 1
+    assert len(queue.of("complete")) == 1
     # a failure before any attempt exists reports nothing
-    assert store.of("fail") == []
+    assert queue.of("fail") == []
     assert_clean(worker)
 
 
@@ -165,9 +175,9 @@ async def test_claim_error_is_logged_and_polling_continues(autojump_clock: trio.
 async def test_version_status_selects_the_steps(
     autojump_clock: trio.abc.Clock, status: VersionStatus, expected: list[str]
 ) -> None:
-    store = FakeStore(pending=[status])
-    await drain(make_worker(store, FakeSteps(store)))
-    run = [n for n in store.names() if n in ("parse", "embed", "complete")]
+    queue = FakeQueue(pending=[status])
+    await drain(make_worker(queue, FakeSteps(queue)))
+    run = [n for n in queue.names() if n in ("parse", "embed", "complete")]
     assert run == expected
 
 
@@ -182,10 +192,10 @@ async def test_idempotent_replay_of_a_half_done_job_after_recovery(
 ) -> None:
     # first claim: parse done, embedding fails transiently; the re-claim sees EMBEDDING and
     # resumes there (the steps' own replay makes the repeated embed converge)
-    store = FakeStore(pending=[U, E])
-    steps = FakeSteps(store, behaviour={"embed": _fail_once(ProviderUnavailable("503"))})
-    await drain(make_worker(store, steps, max_concurrency=1))
-    assert [n for n in store.names() if n in ("parse", "embed", "complete", "fail")] == [
+    queue = FakeQueue(pending=[U, E])
+    steps = FakeSteps(queue, behaviour={"embed": _fail_once(ProviderUnavailable("503"))})
+    await drain(make_worker(queue, steps, max_concurrency=1))
+    assert [n for n in queue.names() if n in ("parse", "embed", "complete", "fail")] == [
         "parse",
         "embed",
         "fail",
@@ -211,17 +221,17 @@ def _fail_once(error: Exception) -> Any:
 async def test_renewal_runs_on_absolute_deadlines_and_stops_with_the_job(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    store = FakeStore(pending=[U])
-    worker = make_worker(store, FakeSteps(store, duration=125))  # parse 125s, embed 125s
+    queue = FakeQueue(pending=[U])
+    worker = make_worker(queue, FakeSteps(queue, duration=125))  # parse 125s, embed 125s
     start = trio.current_time()
     await drain(worker)
-    renew_times = [t - start for t, _ in store.of("renew")]
+    renew_times = [t - start for t, _ in queue.of("renew")]
     assert renew_times == pytest.approx([60, 120, 180, 240], abs=0.5)
-    complete_at = store.of("complete")[0][0]
-    assert all(t < complete_at for t, _ in store.of("renew"))
+    complete_at = queue.of("complete")[0][0]
+    assert all(t < complete_at for t, _ in queue.of("renew"))
     async with trio.open_nursery() as nursery:  # nothing renews after the job is done
         nursery.start_soon(trio.sleep, 1000)
-    assert len(store.of("renew")) == 4
+    assert len(queue.of("renew")) == 4
     assert_clean(worker)
 
 
@@ -232,12 +242,12 @@ async def test_lost_lease_cancels_the_job_and_blocks_later_writes(
         if count >= 2:
             raise OwnershipLost("recovered by another worker")
 
-    store = FakeStore(pending=[U], renew_behaviour=refuse_second)
-    worker = make_worker(store, FakeSteps(store, duration=1000))
+    queue = FakeQueue(pending=[U], renew_behaviour=refuse_second)
+    worker = make_worker(queue, FakeSteps(queue, duration=1000))
     await drain(worker)
-    assert store.of("complete") == []
-    assert store.of("fail") == []
-    assert "embed" not in store.names()  # cancelled inside parse, nothing later ran
+    assert queue.of("complete") == []
+    assert queue.of("fail") == []
+    assert "embed" not in queue.names()  # cancelled inside parse, nothing later ran
     assert worker.counters.lost == 1
     assert_clean(worker)
 
@@ -248,15 +258,15 @@ async def test_transient_renewal_errors_are_retried_until_the_lease_would_expire
     async def always_error(claim: Claim, count: int) -> None:
         raise RuntimeError("connection reset")
 
-    store = FakeStore(pending=[U], renew_behaviour=always_error)
-    worker = make_worker(store, FakeSteps(store, duration=10_000))
+    queue = FakeQueue(pending=[U], renew_behaviour=always_error)
+    worker = make_worker(queue, FakeSteps(queue, duration=10_000))
     start = trio.current_time()
     await drain(worker)
-    renew_times = [t - start for t, _ in store.of("renew")]
+    renew_times = [t - start for t, _ in queue.of("renew")]
     assert len(renew_times) > 200  # retried about once a second
     assert renew_times[-1] == pytest.approx(300, abs=1.5)  # gave up when the lease ran out
-    assert store.of("complete") == []
-    assert store.of("fail") == []
+    assert queue.of("complete") == []
+    assert queue.of("fail") == []
     assert worker.counters.lost == 1
 
 
@@ -270,11 +280,11 @@ async def test_each_successful_renewal_extends_how_long_renewal_errors_are_retri
         if count > 5:
             raise RuntimeError("connection reset")
 
-    store = FakeStore(pending=[U], renew_behaviour=ok_then_errors)
-    worker = make_worker(store, FakeSteps(store, duration=10_000))
+    queue = FakeQueue(pending=[U], renew_behaviour=ok_then_errors)
+    worker = make_worker(queue, FakeSteps(queue, duration=10_000))
     start = trio.current_time()
     await drain(worker)
-    renew_times = [t - start for t, _ in store.of("renew")]
+    renew_times = [t - start for t, _ in queue.of("renew")]
     assert renew_times[:5] == pytest.approx([60, 120, 180, 240, 300], abs=0.5)
     assert renew_times[-1] == pytest.approx(600, abs=1.5)
     assert worker.counters.lost == 1
@@ -287,10 +297,10 @@ async def test_transient_renewal_error_then_success_keeps_the_job(
         if count <= 3:
             raise RuntimeError("blip")
 
-    store = FakeStore(pending=[U], renew_behaviour=flaky)
-    worker = make_worker(store, FakeSteps(store, duration=100))
+    queue = FakeQueue(pending=[U], renew_behaviour=flaky)
+    worker = make_worker(queue, FakeSteps(queue, duration=100))
     await drain(worker)
-    assert len(store.of("complete")) == 1
+    assert len(queue.of("complete")) == 1
     assert worker.counters.renewal_errors == 3
 
 
@@ -316,12 +326,12 @@ async def test_each_failure_cause_maps_to_its_type(
     async def raise_it(claim: Claim) -> None:
         raise error
 
-    store = FakeStore(pending=[U])
-    await drain(make_worker(store, FakeSteps(store, behaviour={"parse": raise_it})))
-    ((_, (_, reported, message)),) = store.of("fail")  # type: ignore[misc]
+    queue = FakeQueue(pending=[U])
+    await drain(make_worker(queue, FakeSteps(queue, behaviour={"parse": raise_it})))
+    ((_, (_, reported, message)),) = queue.of("fail")  # type: ignore[misc]
     assert reported is failure_type
     assert "chunk text here" not in message  # unknown errors are reported by class only
-    assert store.of("complete") == []
+    assert queue.of("complete") == []
 
 
 async def test_refused_fail_report_is_left_to_lease_recovery(
@@ -330,11 +340,11 @@ async def test_refused_fail_report_is_left_to_lease_recovery(
     async def raise_it(claim: Claim) -> None:
         raise ProviderUnavailable("timeout")
 
-    store = FakeStore(pending=[U], fail_behaviour=refuse)
-    worker = make_worker(store, FakeSteps(store, behaviour={"embed": raise_it}))
+    queue = FakeQueue(pending=[U], fail_behaviour=refuse)
+    worker = make_worker(queue, FakeSteps(queue, behaviour={"embed": raise_it}))
     await drain(worker)
-    assert len(store.of("fail")) == 1  # reported once, not "corrected" or retried
-    assert store.of("complete") == []
+    assert len(queue.of("fail")) == 1  # reported once, not "corrected" or retried
+    assert queue.of("complete") == []
     assert worker.counters.report_refused == 1
     assert_clean(worker)
 
@@ -347,12 +357,12 @@ async def test_one_job_failure_does_not_stop_another_slot(autojump_clock: trio.a
             failing.add(claim.job_id)
             raise ContentInvalid("empty document")
 
-    store = FakeStore(pending=[U, U, U])
-    steps = FakeSteps(store, duration=5, behaviour={"parse": fail_first})
-    worker = make_worker(store, steps, max_concurrency=2)
+    queue = FakeQueue(pending=[U, U, U])
+    steps = FakeSteps(queue, duration=5, behaviour={"parse": fail_first})
+    worker = make_worker(queue, steps, max_concurrency=2)
     await drain(worker)
-    assert len(store.of("fail")) == 1
-    completed = {job for _, job in store.of("complete")}
+    assert len(queue.of("fail")) == 1
+    completed = {job for _, job in queue.of("complete")}
     assert len(completed) == 2
     assert not completed & failing
     assert_clean(worker)
@@ -368,12 +378,12 @@ async def test_non_exception_errors_are_never_reported_as_retryable(
     async def die(claim: Claim) -> None:
         raise Fatal
 
-    store = FakeStore(pending=[U])
-    worker = make_worker(store, FakeSteps(store, behaviour={"parse": die}))
+    queue = FakeQueue(pending=[U])
+    worker = make_worker(queue, FakeSteps(queue, behaviour={"parse": die}))
     with pytest.RaisesGroup(Fatal, flatten_subgroups=True):
         await drain(worker)
-    assert store.of("fail") == []
-    assert store.names()[-1] == "status:STOPPED"
+    assert queue.of("fail") == []
+    assert queue.names()[-1] == "status:STOPPED"
     assert_clean(worker)
 
 
@@ -383,46 +393,46 @@ async def test_non_exception_errors_are_never_reported_as_retryable(
 async def test_shutdown_stops_claims_first_and_waits_for_running_jobs(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    store = FakeStore(pending=[U, U, U, U])
-    worker = make_worker(store, FakeSteps(store, duration=5), max_concurrency=2)
+    queue = FakeQueue(pending=[U, U, U, U])
+    worker = make_worker(queue, FakeSteps(queue, duration=5), max_concurrency=2)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(worker.serve)
         await trio.sleep(1)  # two jobs running, two waiting in the queue
         worker.request_stop()
-    names = store.names()
+    names = queue.names()
     stopping = names.index("status:STOPPING")
     assert "claim" not in names[stopping:]  # no claim after intake stopped
     assert names[-1] == "status:STOPPED"
-    assert len(store.of("complete")) == 2  # finished within the grace period
-    assert len(store.pending) == 2  # never claimed
-    assert store.of("fail") == []
+    assert len(queue.of("complete")) == 2  # finished within the grace period
+    assert len(queue.pending) == 2  # never claimed
+    assert queue.of("fail") == []
     assert_clean(worker)
 
 
 async def test_jobs_past_the_grace_period_are_cancelled_not_failed(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    store = FakeStore(pending=[U, U])
-    worker = make_worker(store, FakeSteps(store, duration=1000), shutdown_grace_period=30.0)
+    queue = FakeQueue(pending=[U, U])
+    worker = make_worker(queue, FakeSteps(queue, duration=1000), shutdown_grace_period=30.0)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(worker.serve)
         await trio.sleep(1)
         worker.request_stop()
         stop_requested_at = trio.current_time()
     assert trio.current_time() - stop_requested_at == pytest.approx(30, abs=0.5)
-    assert store.of("fail") == []
-    assert store.of("complete") == []
+    assert queue.of("fail") == []
+    assert queue.of("complete") == []
     assert worker.counters.cancelled == 2
-    assert store.names()[-1] == "status:STOPPED"
-    renewals_at_stop = len(store.of("renew"))
+    assert queue.names()[-1] == "status:STOPPED"
+    renewals_at_stop = len(queue.of("renew"))
     await trio.sleep(500)
-    assert len(store.of("renew")) == renewals_at_stop  # renewal cancelled with its job
+    assert len(queue.of("renew")) == renewals_at_stop  # renewal cancelled with its job
     assert_clean(worker)
 
 
 async def test_shutdown_with_zero_grace_cancels_at_once(autojump_clock: trio.abc.Clock) -> None:
-    store = FakeStore(pending=[U])
-    worker = make_worker(store, FakeSteps(store, duration=1000), shutdown_grace_period=0.0)
+    queue = FakeQueue(pending=[U])
+    worker = make_worker(queue, FakeSteps(queue, duration=1000), shutdown_grace_period=0.0)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(worker.serve)
         await trio.sleep(1)
@@ -434,43 +444,43 @@ async def test_shutdown_with_zero_grace_cancels_at_once(autojump_clock: trio.abc
 
 
 async def test_stop_requested_before_start_claims_nothing(autojump_clock: trio.abc.Clock) -> None:
-    store = FakeStore(pending=[U])
-    worker = make_worker(store, FakeSteps(store))
+    queue = FakeQueue(pending=[U])
+    worker = make_worker(queue, FakeSteps(queue))
     worker.request_stop()
     await worker.serve()
-    assert "claim" not in store.names()
-    assert store.names()[-1] == "status:STOPPED"
+    assert "claim" not in queue.names()
+    assert queue.names()[-1] == "status:STOPPED"
 
 
 async def test_heartbeats_follow_the_interval(autojump_clock: trio.abc.Clock) -> None:
-    store = FakeStore()
-    worker = make_worker(store, FakeSteps(store), heartbeat_interval=10.0)
+    queue = FakeQueue()
+    worker = make_worker(queue, FakeSteps(queue), heartbeat_interval=10.0)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(worker.serve)
         await trio.sleep(35)
         worker.request_stop()
-    assert len(store.of("heartbeat")) == 3
-    assert len(store.of("recover")) == 2  # at start and at 30s
+    assert len(queue.of("heartbeat")) == 3
+    assert len(queue.of("recover")) == 2  # at start and at 30s
 
 
 async def test_a_notify_wakes_the_poller_before_the_interval(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    store = FakeStore()
-    worker = make_worker(store, FakeSteps(store, duration=0), polling_interval=60.0)
+    queue = FakeQueue()
+    worker = make_worker(queue, FakeSteps(queue, duration=0), polling_interval=60.0)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(worker.serve)
         await trio.sleep(5)
-        store.pending.append(U)
+        queue.pending.append(U)
         worker.wake()
         await trio.testing.wait_all_tasks_blocked()
         await trio.sleep(1)
-        assert len(store.of("complete")) == 1  # did not wait for the 60s poll
+        assert len(queue.of("complete")) == 1  # did not wait for the 60s poll
         worker.request_stop()
 
 
 @attrs.define(eq=False)
-class RowLockStore(FakeStore):
+class RowLockQueue(FakeQueue):
     """Models the job row lock the final write holds: a renewal that reaches the database while
     the completion runs waits for it, like the real UPDATE, and is then refused because the job
     is SUCCEEDED. Neither call can be abandoned (both run in threads), so both are shielded."""
@@ -508,15 +518,15 @@ async def test_a_renewal_refused_because_the_final_write_finished_the_job_is_not
 ) -> None:
     """The renewal is sent first (at 60 s, while embed still runs); the completion starts at
     60.5 s and holds the row; the renewal waits for it and is refused once the job is done."""
-    store = RowLockStore(pending=[U])
-    worker = make_worker(store, FakeSteps(store, duration=30.25), lease_renewal_interval=60.0)
+    queue = RowLockQueue(pending=[U])
+    worker = make_worker(queue, FakeSteps(queue, duration=30.25), lease_renewal_interval=60.0)
     lost_before = leases_lost()
-    with caplog.at_level(logging.WARNING, logger="trioindex.worker.runtime"):
+    with caplog.at_level(logging.WARNING, logger="trioindex.worker.job"):
         await drain(worker)
-    (sent_at, _), *_ = store.of("renew-sent")
-    (completed_at, _), *_ = store.of("complete")
+    (sent_at, _), *_ = queue.of("renew-sent")
+    (completed_at, _), *_ = queue.of("complete")
     assert sent_at < completed_at  # in flight before the final write began, and across it
-    assert [t for t, _ in store.of("renew-refused")] == [pytest.approx(completed_at)]
+    assert [t for t, _ in queue.of("renew-refused")] == [pytest.approx(completed_at)]
     assert worker.counters.succeeded == 1
     assert worker.counters.lost == 0
     assert leases_lost() == lost_before
@@ -529,11 +539,11 @@ async def test_no_renewal_is_sent_while_the_final_write_runs(
 ) -> None:
     """The final write re-validates ownership itself: a renewal due while it runs (at 60 s,
     inside 59.5-64.5 s) is not sent to wait on the row lock."""
-    store = RowLockStore(pending=[U])
+    queue = RowLockQueue(pending=[U])
     # parse + embed take 59.5 s, so the 60 s renewal falls due while complete holds the lock
-    worker = make_worker(store, FakeSteps(store, duration=29.75), lease_renewal_interval=60.0)
+    worker = make_worker(queue, FakeSteps(queue, duration=29.75), lease_renewal_interval=60.0)
     await drain(worker)
-    assert store.of("renew-sent") == []
+    assert queue.of("renew-sent") == []
     assert worker.counters.succeeded == 1
     assert worker.counters.lost == 0
     assert_clean(worker)
@@ -545,38 +555,38 @@ async def test_no_renewal_is_sent_while_the_final_write_runs(
 async def test_jobs_cancelled_at_shutdown_are_handed_back_before_stopped(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    store = FakeStore(pending=[U, U])
-    outcomes: list[str] = []
-    worker = make_worker(store, FakeSteps(store, duration=1000), shutdown_grace_period=5.0)
+    queue = FakeQueue(pending=[U, U])
+    outcomes: list[JobOutcome] = []
+    worker = make_worker(queue, FakeSteps(queue, duration=1000), shutdown_grace_period=5.0)
     worker.on_job_done = lambda claim, outcome: outcomes.append(outcome)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(worker.serve)
         await trio.sleep(1)
         worker.request_stop()
-    names = store.names()
+    names = queue.names()
     released = [i for i, name in enumerate(names) if name == "release"]
     assert len(released) == 2
     assert max(released) < names.index("status:STOPPED")
     # handed back only after the grace period, never failed
-    assert all(t >= 6.0 for t, _ in store.of("release"))
-    assert store.of("fail") == []
-    assert outcomes == ["released", "released"]
+    assert all(t >= 6.0 for t, _ in queue.of("release"))
+    assert queue.of("fail") == []
+    assert outcomes == [RELEASED, RELEASED]
     assert_clean(worker)
 
 
 async def test_a_hand_back_that_cannot_be_written_leaves_the_job_to_recovery(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    store = FakeStore(pending=[U], release_error=ConnectionError("database down"))
-    outcomes: list[str] = []
-    worker = make_worker(store, FakeSteps(store, duration=1000), shutdown_grace_period=1.0)
+    queue = FakeQueue(pending=[U], release_error=ConnectionError("database down"))
+    outcomes: list[JobOutcome] = []
+    worker = make_worker(queue, FakeSteps(queue, duration=1000), shutdown_grace_period=1.0)
     worker.on_job_done = lambda claim, outcome: outcomes.append(outcome)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(worker.serve)
         await trio.sleep(1)
         worker.request_stop()
-    assert outcomes == ["cancelled"]
-    assert store.names()[-1] == "status:STOPPED"
+    assert outcomes == [CANCELLED]
+    assert queue.names()[-1] == "status:STOPPED"
     assert_clean(worker)
 
 
@@ -584,8 +594,8 @@ async def test_a_hung_hand_back_is_bounded(autojump_clock: trio.abc.Clock) -> No
     async def hang(claim: Claim) -> None:
         await trio.sleep(50_000)  # virtual time: a hand-back that does not come back
 
-    store = FakeStore(pending=[U], release_behaviour=hang)
-    worker = make_worker(store, FakeSteps(store, duration=1000), shutdown_grace_period=1.0)
+    queue = FakeQueue(pending=[U], release_behaviour=hang)
+    worker = make_worker(queue, FakeSteps(queue, duration=1000), shutdown_grace_period=1.0)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(worker.serve)
         await trio.sleep(1)
@@ -593,7 +603,7 @@ async def test_a_hung_hand_back_is_bounded(autojump_clock: trio.abc.Clock) -> No
         requested = trio.current_time()
     # grace period, then at most the cleanup bound for the hand-back
     assert trio.current_time() - requested == pytest.approx(1.0 + 10.0, abs=0.5)
-    assert store.names()[-1] == "status:STOPPED"
+    assert queue.names()[-1] == "status:STOPPED"
 
 
 async def test_a_hung_failure_report_is_bounded(autojump_clock: trio.abc.Clock) -> None:
@@ -603,19 +613,19 @@ async def test_a_hung_failure_report_is_bounded(autojump_clock: trio.abc.Clock) 
     async def hang(claim: Claim) -> None:
         await trio.sleep(50_000)  # virtual time: a report that does not come back
 
-    store = FakeStore(pending=[U], fail_behaviour=hang)
-    outcomes: list[str] = []
-    worker = make_worker(store, FakeSteps(store, duration=1, behaviour={"parse": invalid}))
+    queue = FakeQueue(pending=[U], fail_behaviour=hang)
+    outcomes: list[JobOutcome] = []
+    worker = make_worker(queue, FakeSteps(queue, duration=1, behaviour={"parse": invalid}))
     worker.on_job_done = lambda claim, outcome: outcomes.append(outcome)
     await drain(worker)
-    (reported_at, _), *_ = store.of("fail")
+    (reported_at, _), *_ = queue.of("fail")
     assert trio.current_time() - reported_at == pytest.approx(10.0, abs=0.5)  # CLEANUP_TIMEOUT
-    assert outcomes == ["report-failed"]
+    assert outcomes == [REPORT_FAILED]
     assert worker.counters.report_refused == 1
 
 
 @attrs.define(eq=False)
-class SlowStatusStore(FakeStore):
+class SlowStatusQueue(FakeQueue):
     """Status writes take time like the real ones (a thread: at least one checkpoint); the one
     named by ``hang`` never comes back."""
 
@@ -632,32 +642,32 @@ async def test_stopped_is_written_when_the_worker_is_cancelled_from_outside(
     autojump_clock: trio.abc.Clock,
 ) -> None:
     """A second signal cancels everything at once; STOPPED is still written."""
-    store = SlowStatusStore(pending=[U])
-    worker = make_worker(store, FakeSteps(store, duration=1000))
+    queue = SlowStatusQueue(pending=[U])
+    worker = make_worker(queue, FakeSteps(queue, duration=1000))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(worker.serve)
         await trio.sleep(1)
         nursery.cancel_scope.cancel()
-    assert store.names()[-1] == "status:STOPPED"
+    assert queue.names()[-1] == "status:STOPPED"
 
 
 @pytest.mark.parametrize("hang", ["STOPPING", "STOPPED"])
 async def test_a_hung_status_write_is_bounded(autojump_clock: trio.abc.Clock, hang: str) -> None:
-    store = SlowStatusStore(hang=hang)
-    worker = make_worker(store, FakeSteps(store))
+    queue = SlowStatusQueue(hang=hang)
+    worker = make_worker(queue, FakeSteps(queue))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(worker.serve)
         await trio.sleep(1)
         worker.request_stop()
         requested = trio.current_time()
     assert trio.current_time() - requested == pytest.approx(10.0, abs=0.5)  # CLEANUP_TIMEOUT
-    assert store.names()[-1] == "status:STOPPED"
+    assert queue.names()[-1] == "status:STOPPED"
 
 
 async def test_a_failure_found_as_the_job_is_cancelled_is_still_reported(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    store = FakeStore(pending=[U])
+    queue = FakeQueue(pending=[U])
 
     async def slow_then_fail(claim: Claim) -> None:
         # the failure surfaces after the grace period has already cancelled the job's scope
@@ -665,15 +675,15 @@ async def test_a_failure_found_as_the_job_is_cancelled_is_still_reported(
             await trio.sleep(10)
         raise ContentInvalid("not a document")
 
-    steps = FakeSteps(store, duration=0, behaviour={"parse": slow_then_fail})
-    worker = make_worker(store, steps, shutdown_grace_period=1.0)
+    steps = FakeSteps(queue, duration=0, behaviour={"parse": slow_then_fail})
+    worker = make_worker(queue, steps, shutdown_grace_period=1.0)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(worker.serve)
         await trio.sleep(1)
         worker.request_stop()
-    (report,) = store.of("fail")
+    (report,) = queue.of("fail")
     assert report[1][1] is FailureType.DOCUMENT_CONTENT_INVALID  # type: ignore[index]
-    assert store.of("release") == []  # reported, so not handed back
+    assert queue.of("release") == []  # reported, so not handed back
     assert_clean(worker)
 
 
@@ -681,32 +691,94 @@ async def test_a_failure_found_as_the_job_is_cancelled_is_still_reported(
 
 
 async def test_drain_waits_for_a_scheduled_retry(autojump_clock: trio.abc.Clock) -> None:
-    store = FakeStore(later=[(40.0, U)])
-    await drain(make_worker(store, FakeSteps(store)))
-    (completed_at, _) = store.of("complete")[0]
+    queue = FakeQueue(later=[(40.0, U)])
+    await drain(make_worker(queue, FakeSteps(queue)))
+    (completed_at, _) = queue.of("complete")[0]
     assert completed_at >= 40.0
-    assert store.later == []
-    assert store.pending == []
+    assert queue.later == []
+    assert queue.pending == []
 
 
 async def test_drain_recovers_a_dead_workers_job_when_its_lease_expires(
     autojump_clock: trio.abc.Clock,
 ) -> None:
     # recovery-interval is far away: drain recovers the expired lease itself
-    store = FakeStore(orphans=[(100.0, E)])
-    await drain(make_worker(store, FakeSteps(store), recovery_interval=10_000.0))
-    assert [t for t, n in store.of("recover") if n] == [pytest.approx(100.0, abs=1.5)]
-    assert len(store.of("complete")) == 1
-    assert store.orphans == []
+    queue = FakeQueue(orphans=[(100.0, E)])
+    await drain(make_worker(queue, FakeSteps(queue), recovery_interval=10_000.0))
+    assert [t for t, n in queue.of("recover") if n] == [pytest.approx(100.0, abs=1.5)]
+    assert len(queue.of("complete")) == 1
+    assert queue.orphans == []
 
 
 async def test_drain_says_what_it_waits_for_without_logging_every_poll(
     autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = FakeStore(later=[(60.0, U)])
+    queue = FakeQueue(later=[(60.0, U)])
     with caplog.at_level(logging.INFO, logger="trioindex.worker.runtime"):
-        await drain(make_worker(store, FakeSteps(store), polling_interval=1.0))
+        await drain(make_worker(queue, FakeSteps(queue), polling_interval=1.0))
     waiting = [r.getMessage() for r in caplog.records if "drain waiting" in r.getMessage()]
     assert 1 <= len(waiting) <= 5  # about 60 polls, a few lines
     assert "1 pending job(s)" in waiting[0]
-    assert len(store.of("drain-state")) >= 30
+    assert len(queue.of("drain-state")) >= 30
+
+
+# --- one worker, several runs; outcomes as values -------------------------------------------
+
+
+async def test_a_worker_can_be_served_again_after_it_stopped(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    queue = FakeQueue(pending=[U])
+    worker = make_worker(queue, FakeSteps(queue))
+    await drain(worker)
+    first = worker.worker_id
+    queue.pending.append(U)
+    queue.worker_id = uuid.uuid4()  # the second registration gets its own id
+    await drain(worker)
+    assert first is not None
+    assert worker.worker_id == queue.worker_id != first
+    assert len(queue.of("complete")) == 2
+    assert queue.names().count("status:STOPPED") == 2
+    assert_clean(worker)
+
+
+async def test_a_stop_request_ends_one_run_only(autojump_clock: trio.abc.Clock) -> None:
+    queue = FakeQueue()
+    worker = make_worker(queue, FakeSteps(queue))
+    worker.request_stop()
+    await worker.serve()
+    queue.pending.append(U)
+    await drain(worker)
+    assert len(queue.of("complete")) == 1
+
+
+def test_outcomes_read_as_logs_have_always_shown_them() -> None:
+    assert str(SUCCEEDED) == "succeeded"
+    assert str(REPORT_FAILED) == "report-failed"
+    retry = JobOutcome(OutcomeKind.RETRY, FailureType.STORAGE_UNAVAILABLE)
+    assert str(retry) == "retry:STORAGE_UNAVAILABLE"
+    with pytest.raises(ValueError):
+        JobOutcome(OutcomeKind.FAILED)  # a failure always names its type
+    with pytest.raises(ValueError):
+        JobOutcome(OutcomeKind.LOST, FailureType.STORAGE_UNAVAILABLE)
+
+
+def jobs_total(outcome: str, failure_type: str = "") -> float:
+    labels = {"outcome": outcome, "failure_type": failure_type}
+    return metrics.REGISTRY.get_sample_value("trioindex_jobs_total", labels) or 0.0
+
+
+async def test_job_metrics_keep_their_outcome_and_failure_type_labels(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    queue = FakeQueue(pending=[U, U])
+    steps = FakeSteps(queue, behaviour={"parse": _fail_once(ContentInvalid("not a document"))})
+    outcomes: list[JobOutcome] = []
+    worker = make_worker(queue, steps)
+    worker.on_job_done = lambda claim, outcome: outcomes.append(outcome)
+    failed_before = jobs_total("failed", "DOCUMENT_CONTENT_INVALID")
+    succeeded_before = jobs_total("succeeded")
+    await drain(worker)
+    assert sorted(map(str, outcomes)) == ["failed:DOCUMENT_CONTENT_INVALID", "succeeded"]
+    assert jobs_total("failed", "DOCUMENT_CONTENT_INVALID") == failed_before + 1
+    assert jobs_total("succeeded") == succeeded_before + 1

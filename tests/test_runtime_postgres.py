@@ -25,7 +25,8 @@ from trioindex.db import jobs as lifecycle
 from trioindex.db.pool import Database
 from trioindex.errors import FailureType, ProviderUnavailable
 from trioindex.values import BackoffPolicy, Claim, WorkerStatus
-from trioindex.worker.queue import JobStore
+from trioindex.worker.job import JobOutcome, OutcomeKind
+from trioindex.worker.queue import JobQueue
 from trioindex.worker.runtime import Worker
 
 FAST = BackoffPolicy(initial=0.05, maximum=0.2, jitter=0.0)
@@ -72,8 +73,8 @@ def _fenced_stage(conn: Any, claim: Claim) -> None:
 
 def make_worker(db: Database, steps: StagedSteps, **changes: Any) -> Worker:
     lease = changes.pop("lease", 30.0)
-    store = JobStore(db, lease_seconds=lease, backoff=FAST)
-    return Worker(store=store, steps=steps, settings=settings(lease_duration=lease, **changes))
+    queue = JobQueue(db, lease_seconds=lease, backoff=FAST)
+    return Worker(queue=queue, steps=steps, settings=settings(lease_duration=lease, **changes))
 
 
 def enqueue(db: Database, n: int, **kwargs: Any) -> list[UUID]:
@@ -82,12 +83,12 @@ def enqueue(db: Database, n: int, **kwargs: Any) -> list[UUID]:
         return [helpers.enqueue(conn, model.id, **kwargs).job_id for _ in range(n)]  # type: ignore[misc]
 
 
-def done_event(worker: Worker, outcome_prefix: str = "") -> trio.Event:
-    """An event set when one of ``worker``'s jobs ends with an outcome starting so."""
+def done_event(worker: Worker, kind: OutcomeKind | None = None) -> trio.Event:
+    """An event set when one of ``worker``'s jobs ends with an outcome of that kind (any)."""
     event = trio.Event()
 
-    def on_done(claim: Claim, outcome: str) -> None:
-        if outcome.startswith(outcome_prefix):
+    def on_done(claim: Claim, outcome: JobOutcome) -> None:
+        if kind is None or outcome.kind is kind:
             event.set()
 
     worker.on_job_done = on_done
@@ -147,7 +148,7 @@ async def test_a_retryable_failure_returns_to_the_queue_and_exhausted_retries_en
 
     steps = StagedSteps(db, during=unavailable)
     worker = make_worker(db, steps)
-    failed = done_event(worker, "failed:")
+    failed = done_event(worker, OutcomeKind.FAILED)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(worker.serve)
@@ -179,7 +180,7 @@ async def test_a_worker_that_lost_its_lease_cannot_store_its_late_result(db: Dat
     # one slot: while stuck, A cannot claim the job again after a recovery
     worker_a = make_worker(db, steps_a, lease_renewal_interval=60.0, max_concurrency=1)
     worker_b = make_worker(db, StagedSteps(db))
-    a_done, b_done = done_event(worker_a), done_event(worker_b, "succeeded")
+    a_done, b_done = done_event(worker_a), done_event(worker_b, OutcomeKind.SUCCEEDED)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(worker_a.serve)
@@ -254,8 +255,8 @@ async def test_shutdown_stops_new_claims_on_real_postgres(db: Database) -> None:
     assert row == {"status": "STOPPED"}
 
 
-class BeatWatchingStore(JobStore):
-    """The real store. A heartbeat that begins while ``watch`` is set sets it when its write is
+class BeatWatchingQueue(JobQueue):
+    """The real queue. A heartbeat that begins while ``watch`` is set sets it when its write is
     done: the test's wake-up, for a beat that certainly started after the test's own write."""
 
     def __init__(self, db: Database) -> None:
@@ -272,8 +273,8 @@ class BeatWatchingStore(JobStore):
 
 async def test_a_running_worker_moves_its_heartbeat_forward(db: Database) -> None:
     """Registration sets last_heartbeat_at; the heartbeat loop must keep moving it."""
-    store = BeatWatchingStore(db)
-    worker = Worker(store=store, steps=StagedSteps(db), settings=settings(heartbeat_interval=0.2))
+    queue = BeatWatchingQueue(db)
+    worker = Worker(queue=queue, steps=StagedSteps(db), settings=settings(heartbeat_interval=0.2))
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             worker_id = await nursery.start(worker.serve)
@@ -282,7 +283,7 @@ async def test_a_running_worker_moves_its_heartbeat_forward(db: Database) -> Non
                     "UPDATE indexing_workers SET last_heartbeat_at = now() - interval '1 hour' WHERE id = %s",
                     (worker_id,),
                 )
-            store.watch = beat = trio.Event()
+            queue.watch = beat = trio.Event()
             await beat.wait()
             with db.connection() as conn:
                 row = conn.execute(
@@ -301,7 +302,7 @@ async def test_heartbeat_and_recovery_loops_write_to_the_database(db: Database) 
         (claim,) = lifecycle.claim_jobs(conn, ghost, 1, 300)
         helpers.expire_lease(conn, claim.job_id)
     worker = make_worker(db, StagedSteps(db))
-    done = done_event(worker, "succeeded")
+    done = done_event(worker, OutcomeKind.SUCCEEDED)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(worker.serve)
@@ -354,16 +355,16 @@ async def test_a_cleanup_write_gives_up_on_a_row_lock_that_is_never_released(
     with db.connection() as conn:
         worker_id = helpers.worker(conn)
         (claim,) = lifecycle.claim_jobs(conn, worker_id, 1, 300)
-    store = JobStore(db, lease_seconds=30, backoff=FAST, cleanup_timeout=0.3)
+    queue = JobQueue(db, lease_seconds=30, backoff=FAST, cleanup_timeout=0.3)
     held, cleanup = {
         "worker status": (
             ("indexing_workers", worker_id),
-            lambda: store.set_worker_status(worker_id, WorkerStatus.STOPPING),
+            lambda: queue.set_worker_status(worker_id, WorkerStatus.STOPPING),
         ),
-        "hand-back": (("embedding_jobs", job), lambda: store.release(claim)),
+        "hand-back": (("embedding_jobs", job), lambda: queue.release(claim)),
         "failure report": (
             ("embedding_jobs", job),
-            lambda: store.fail(claim, FailureType.STORAGE_UNAVAILABLE, "down"),
+            lambda: queue.fail(claim, FailureType.STORAGE_UNAVAILABLE, "down"),
         ),
     }[write]
     holder_ready, stop_holding = threading.Event(), threading.Event()
@@ -396,11 +397,11 @@ async def test_a_cleanup_write_gives_up_when_no_connection_can_be_had(
     try:
         with db.connection() as conn:
             worker_id = helpers.worker(conn)
-            store = JobStore(db, lease_seconds=30, backoff=FAST, cleanup_timeout=0.3)
+            queue = JobQueue(db, lease_seconds=30, backoff=FAST, cleanup_timeout=0.3)
             # the pool's only connection is taken (as by a stuck statement)
             started = trio.current_time()
             with trio.fail_after(5), pytest.raises(psycopg_pool.PoolTimeout):
-                await store.set_worker_status(worker_id, WorkerStatus.STOPPED)
+                await queue.set_worker_status(worker_id, WorkerStatus.STOPPED)
             # not the pool's default 30 s wait
             assert trio.current_time() - started < 3
     finally:

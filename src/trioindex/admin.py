@@ -12,7 +12,7 @@ from uuid import UUID
 
 import attrs
 
-from trioindex.db.jobs import record_event
+from trioindex.db.jobs import retry_failed
 from trioindex.db.pool import Connection
 from trioindex.errors import NotFound
 from trioindex.values import AttemptView, JobStatus, JobView
@@ -132,43 +132,13 @@ def show_job(conn: Connection, job_id: UUID) -> JobView:
 
 
 def retry_failed_job(conn: Connection, job_id: UUID, *, extra_attempts: int) -> JobView:
-    """FAILED → PENDING with a fresh budget of ``extra_attempts`` attempts.
+    """FAILED → PENDING with a fresh budget of ``extra_attempts`` attempts (the transition is
+    :func:`trioindex.db.jobs.retry_failed`); the job as it is now.
 
     The version goes back to UPLOADED so the whole pipeline runs again (the parse step replaces
     the chunks atomically; attempt numbers continue where they stopped).
     """
-    with conn.transaction():
-        row = conn.execute(
-            "SELECT id, status, document_version_id FROM embedding_jobs WHERE id = %s FOR UPDATE",
-            (job_id,),
-        ).fetchone()
-        if row is None:
-            raise NotFound(f"no job with id {job_id}")
-        if row["status"] != "FAILED":
-            raise NotFound(f"job {job_id} is {row['status']}; only FAILED jobs can be retried")
-        conn.execute(
-            "SELECT id FROM document_versions WHERE id = %s FOR UPDATE",
-            (row["document_version_id"],),
-        )
-        conn.execute(
-            """UPDATE embedding_jobs
-               SET status = 'PENDING', available_at = now(), finished_at = NULL, progress = 0,
-                   max_attempts = attempt_count + %s
-               WHERE id = %s""",
-            (extra_attempts, job_id),
-        )
-        conn.execute(
-            "UPDATE document_versions SET status = 'UPLOADED' WHERE id = %s",
-            (row["document_version_id"],),
-        )
-        record_event(
-            conn,
-            "JOB_RETRY_REQUESTED",
-            job_id=job_id,
-            version_id=row["document_version_id"],
-            detail={"extra_attempts": extra_attempts},
-        )
-        conn.execute("NOTIFY trioindex_jobs")
+    retry_failed(conn, job_id, extra_attempts=extra_attempts)
     return show_job(conn, job_id)
 
 

@@ -29,7 +29,7 @@ MAX_MESSAGE_LENGTH = 500
 
 
 class FailureType(enum.StrEnum):
-    """The six classified causes a job attempt can fail with (ARCHITECTURE §5)."""
+    """The six classified causes a job attempt can fail with (docs/design/architecture.md)."""
 
     STORAGE_UNAVAILABLE = "STORAGE_UNAVAILABLE"
     DOCUMENT_CONTENT_INVALID = "DOCUMENT_CONTENT_INVALID"
@@ -88,7 +88,7 @@ class OwnershipLost(TrioindexError):
 class StepFailure(TrioindexError):
     """A pipeline step failed for a classified reason.
 
-    ``failure_type`` alone decides the retry policy (ARCHITECTURE §5).
+    ``failure_type`` alone decides the retry policy (docs/design/architecture.md).
     """
 
     failure_type: FailureType = FailureType.WORKER_INTERNAL_ERROR

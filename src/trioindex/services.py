@@ -1,7 +1,10 @@
-"""Wiring: from :class:`Settings` to open services — database, storage, embedder, chunker.
+"""The shared resources a command opens from :class:`Settings`: the database (migrated), the
+object store, the configured embedding model's row, and (when asked) the embedder.
 
-Every command that needs a component gets it here, so "which database / storage / embedder is
-in use" is decided and logged (one line each, never a credential) in one place.
+Every command that needs one gets it here — the worker too (:mod:`trioindex.worker.wiring`
+builds the worker on top) — so "which database / storage / embedder is in use" is decided and
+logged (one line each, never a credential) in one place. Settings flow in only: the opened
+:class:`Services` do not carry them on.
 """
 
 from __future__ import annotations
@@ -9,7 +12,6 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from pathlib import Path
 
 import attrs
 import trio
@@ -18,7 +20,6 @@ from trioindex.config import Settings
 from trioindex.db.models import EmbeddingModel, ensure_model
 from trioindex.db.pool import Database, describe_conninfo, open_database, start_embedded
 from trioindex.embedding import Embedder, open_embedder
-from trioindex.pipeline.chunking import Chunker, ChunkingPolicy
 from trioindex.storage import AsyncObjectStore, open_store, redact_url
 
 logger = logging.getLogger(__name__)
@@ -63,22 +64,10 @@ async def open_configured_embedder(settings: Settings) -> Embedder:
     return embedder
 
 
-def build_chunker(settings: Settings, embedder: Embedder | None) -> Chunker:
-    """Token-aware with the local model's tokenizer, character-based otherwise."""
-    p = settings.parsing
-    model_dir: Path | None = getattr(embedder, "model_dir", None)
-    if embedder is not None and model_dir is not None and (model_dir / "tokenizer.json").exists():
-        limit = embedder.info.max_input_tokens or p.chunk_max_tokens
-        size = min(p.chunk_max_tokens, limit)
-        policy = ChunkingPolicy(max_size=size, overlap=int(size * p.chunk_overlap))
-        return Chunker.for_model_dir(policy, model_dir)
-    size = p.chunk_max_characters
-    return Chunker(ChunkingPolicy(max_size=size, overlap=int(size * p.chunk_overlap)))
-
-
 @attrs.define(eq=False)
 class Services:
-    settings: Settings
+    """What :func:`open_services` opened; ``embedder`` is None unless it was asked for."""
+
     database_url: str = attrs.field(repr=False)  # carries the password
     db: Database
     storage: AsyncObjectStore
@@ -100,4 +89,4 @@ async def open_services(settings: Settings, *, embedder: bool = False) -> AsyncI
         if embedder:
             opened = await open_configured_embedder(settings)
             stack.push_async_callback(opened.aclose)
-        yield Services(settings, url, db, store, model, opened)
+        yield Services(url, db, store, model, opened)

@@ -41,7 +41,7 @@ class WorkerStatus(enum.StrEnum):
 
 @attrs.frozen
 class Claim:
-    """The execution context of one claimed job, fixed at claim time (seed §2).
+    """The execution context of one claimed job, fixed at claim time.
 
     Every write after the claim is fenced by ``(job_id, worker_id, claim_token, attempt_id)``.
     """
@@ -73,16 +73,13 @@ class Claim:
 
 @attrs.frozen
 class BackoffPolicy:
-    """Exponential retry delay: ``initial * 2**(attempt-1)``, capped at ``maximum``, ± jitter."""
+    """The retry delay's settings: ``initial * 2**(attempt-1)``, capped at ``maximum``, ±
+    ``jitter``. The delay itself has one definition, the SQL function ``trioindex_retry_delay``
+    (migration 0004), which both a failure report and lease recovery call."""
 
     initial: float
     maximum: float
     jitter: float
-
-    def delay(self, attempt_no: int, unit_random: float) -> float:
-        """The delay after attempt ``attempt_no`` failed; ``unit_random`` is uniform in [0, 1)."""
-        base = min(self.maximum, self.initial * 2 ** max(0, attempt_no - 1))
-        return float(max(0.0, base * (1 + self.jitter * (2 * unit_random - 1))))
 
 
 class FailOutcome(enum.StrEnum):

@@ -1,4 +1,4 @@
-"""In-memory fakes of the job store and the pipeline steps, for deterministic runtime tests.
+"""In-memory fakes of the job queue and the pipeline steps, for deterministic runtime tests.
 
 They keep a log of every call with the Trio clock's time, so tests assert ordering and
 timing under ``autojump_clock`` without any real I/O (threads and sockets would let virtual time
@@ -43,7 +43,7 @@ def make_claim(status: VersionStatus = VersionStatus.UPLOADED, worker: UUID | No
 
 
 @attrs.define(eq=False)
-class FakeStore:
+class FakeQueue:
     pending: list[VersionStatus] = attrs.field(factory=list)
     # jobs that become claimable at a (virtual) time: scheduled retries, as drain sees them
     later: list[tuple[float, VersionStatus]] = attrs.field(factory=list)
@@ -162,14 +162,14 @@ async def refuse(*_: object) -> None:
 class FakeSteps:
     """Each step sleeps ``duration`` (virtual time) then runs ``behaviour`` if given."""
 
-    store: FakeStore
+    queue: FakeQueue
     duration: float = 1.0
     behaviour: dict[str, Callable[[Claim], Awaitable[None]]] = attrs.field(factory=dict)
     active: int = 0
     max_active: int = 0
 
     async def _step(self, name: str, claim: Claim) -> int:
-        self.store.log(name, claim.job_id)
+        self.queue.log(name, claim.job_id)
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         try:

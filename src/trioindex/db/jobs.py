@@ -1,33 +1,31 @@
-"""The job lifecycle on PostgreSQL: the synchronous core (ARCHITECTURE §4).
+"""The job state machine on PostgreSQL: worker rows, claim, renew, complete, fail, release,
+recover, operator retry and the drain count — every write of ``embedding_jobs.status`` (and of
+the attempts' status) from Python is one function here; the fenced ones are SQL functions of the
+migrations that these call.
 
 Every public function takes a connection in autocommit mode and runs exactly one short
-transaction (STYLE rule 9): a ``with conn.transaction()`` block, or a single statement, which
-autocommit makes its own transaction without the extra BEGIN/COMMIT round trips.
-:class:`trioindex.worker.queue.JobStore` is the async facade that runs them in threads. Lock order
-is always job row, then version row, then document row.
+transaction: a ``with conn.transaction()`` block, or a single statement, which autocommit makes
+its own transaction without the extra BEGIN/COMMIT round trips (see docs/design/architecture.md).
+:class:`trioindex.worker.queue.JobQueue` is the async facade that runs them in threads. Lock order
+is always job row, then version row, then document row. A version's status is written through
+:mod:`trioindex.db.versions`, events through :mod:`trioindex.db.events`.
 
-Every write after the claim goes through :func:`lock_owned_job`, the fencing helper: under the
-job row lock it checks that the job is PROCESSING, held by this worker with this claim token,
-that the lease has not expired (by the database clock, read fresh), and that the attempt is the
-job's current STARTED attempt. Anything else raises :class:`OwnershipLost` and the transaction
-changes nothing.
+Every write after the claim — renew included — goes through the fence
+(:mod:`trioindex.db.fence`): a claim that no longer owns its job raises
+:class:`~trioindex.errors.OwnershipLost` and the transaction changes nothing.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
-import attrs
-import psycopg
-from psycopg.types.json import Jsonb
-
+from trioindex.db.events import record_claim_event, record_event
+from trioindex.db.fence import fenced_errors, lock_owned_job
 from trioindex.db.pool import Connection
-from trioindex.errors import FailureType, OwnershipLost, StateInconsistent, bounded
+from trioindex.db.versions import FAILED_WHERE_ID_IN, lock_version, mark_failed, mark_uploaded
+from trioindex.errors import FailureType, NotFound, bounded
 from trioindex.values import (
     BackoffPolicy,
     Claim,
@@ -40,45 +38,6 @@ from trioindex.values import (
 )
 
 _system_random = random.SystemRandom()
-
-
-def record_event(
-    conn: Connection,
-    event_type: str,
-    *,
-    job_id: UUID | None = None,
-    version_id: UUID | None = None,
-    attempt_id: UUID | None = None,
-    worker_id: UUID | None = None,
-    detail: dict[str, Any] | None = None,
-) -> None:
-    """Append one audit event. ``detail`` holds ids, counts and classes only — never a claim
-    token, chunk text, vector, credential or external response."""
-    conn.execute(
-        """INSERT INTO indexing_events
-               (event_type, embedding_job_id, document_version_id, attempt_id, worker_id, detail)
-           VALUES (%s, %s, %s, %s, %s, %s)""",
-        (event_type, job_id, version_id, attempt_id, worker_id, Jsonb(detail or {})),
-    )
-
-
-def record_claim_event(
-    conn: Connection,
-    event_type: str,
-    claim: Claim,
-    version_id: UUID,
-    detail: dict[str, Any] | None = None,
-) -> None:
-    """An event about a claimed job: its ids, never its token."""
-    record_event(
-        conn,
-        event_type,
-        job_id=claim.job_id,
-        version_id=version_id,
-        attempt_id=claim.attempt_id,
-        worker_id=claim.worker_id,
-        detail=detail,
-    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,71 +162,7 @@ def claim_jobs(
 
 
 # ---------------------------------------------------------------------------------------------
-# fencing
-
-
-@attrs.frozen
-class OwnedJob:
-    """The job row as seen under its lock by a writer that still owns it."""
-
-    job_id: UUID
-    document_version_id: UUID
-    embedding_model_id: UUID
-    attempt_count: int
-    max_attempts: int
-
-
-# SQLSTATEs raised by the fenced functions of migration 0002.
-OWNERSHIP_LOST = "TI001"
-STATE_INCONSISTENT = "TI002"
-
-
-@contextmanager
-def fenced_errors() -> Iterator[None]:
-    """Turn the fenced functions' SQLSTATEs into :class:`OwnershipLost` /
-    :class:`StateInconsistent`; any other database error propagates as itself."""
-    try:
-        yield
-    except psycopg.Error as exc:
-        message = exc.diag.message_primary or "refused"
-        if exc.sqlstate == OWNERSHIP_LOST:
-            raise OwnershipLost(message) from None
-        if exc.sqlstate == STATE_INCONSISTENT:
-            raise StateInconsistent(message) from None
-        raise
-
-
-def lock_owned_job(conn: Connection, claim: Claim) -> OwnedJob:
-    """Lock the job row and prove ``claim`` still owns it; raise :class:`OwnershipLost` if not.
-
-    Must run inside the caller's transaction; it is the first lock that transaction takes. The
-    checks live in one place, the SQL function ``trioindex_lock_owned_job`` (status PROCESSING,
-    worker, claim token, lease unexpired by a fresh clock, current STARTED attempt).
-    """
-    with fenced_errors():
-        row = conn.execute(
-            """SELECT document_version_id, embedding_model_id, attempt_count, max_attempts
-               FROM trioindex_lock_owned_job(%s, %s, %s, %s)""",
-            (claim.job_id, claim.worker_id, claim.claim_token, claim.attempt_id),
-        ).fetchone()
-    assert row is not None
-    return OwnedJob(
-        job_id=claim.job_id,
-        document_version_id=row["document_version_id"],
-        embedding_model_id=row["embedding_model_id"],
-        attempt_count=row["attempt_count"],
-        max_attempts=row["max_attempts"],
-    )
-
-
-def lock_version(conn: Connection, version_id: UUID) -> dict[str, Any]:
-    """Lock the version row (always after the job row)."""
-    row = conn.execute(
-        "SELECT * FROM document_versions WHERE id = %s FOR UPDATE", (version_id,)
-    ).fetchone()
-    if row is None:
-        raise StateInconsistent("the job's document version does not exist")
-    return row
+# progress
 
 
 def set_progress(conn: Connection, job_id: UUID, progress: int) -> None:
@@ -283,31 +178,20 @@ def set_progress(conn: Connection, job_id: UUID, progress: int) -> None:
 
 
 def renew_lease(conn: Connection, claim: Claim, lease_seconds: float) -> datetime:
-    """Extend the lease while worker, token, attempt, PROCESSING and an unexpired lease match.
+    """Extend the lease of a claim that still owns its job; return the new expiry.
 
-    Never changes the worker, the token or ``locked_at``. Returns the new expiry; raises
-    :class:`OwnershipLost` when nothing matched (a database error propagates as itself).
+    One statement, ``trioindex_renew_lease`` (migration 0004): the ownership check is
+    ``trioindex_lock_owned_job``'s, the one every fenced write uses; the lease is counted from
+    the database's fresh clock. Never changes the worker, the token or ``locked_at``. Raises
+    :class:`OwnershipLost` when the claim no longer owns the job (a database error propagates
+    as itself).
     """
-    row = conn.execute(
-        """UPDATE embedding_jobs
-           SET lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s)
-           WHERE id = %(job)s AND worker_id = %(worker)s AND claim_token = %(token)s
-             AND status = 'PROCESSING' AND lease_expires_at > clock_timestamp()
-             AND attempt_count = (
-                 SELECT attempt_no FROM embedding_job_attempts
-                 WHERE id = %(attempt)s AND embedding_job_id = %(job)s
-                   AND status = 'STARTED' AND worker_id = %(worker)s)
-           RETURNING lease_expires_at""",
-        {
-            "lease": lease_seconds,
-            "attempt": claim.attempt_id,
-            "job": claim.job_id,
-            "worker": claim.worker_id,
-            "token": claim.claim_token,
-        },
-    ).fetchone()
-    if row is None:
-        raise OwnershipLost("lease renewal refused: the claim is no longer held")
+    with fenced_errors():
+        row = conn.execute(
+            "SELECT trioindex_renew_lease(%s, %s, %s, %s, %s) AS lease_expires_at",
+            (claim.job_id, claim.worker_id, claim.claim_token, claim.attempt_id, lease_seconds),
+        ).fetchone()
+    assert row is not None
     expires: datetime = row["lease_expires_at"]
     return expires
 
@@ -414,6 +298,9 @@ def fail_job(
     Retryable with attempts left → PENDING with ``available_at = now() + backoff``; otherwise
     the job and its version end FAILED. A report from a worker that no longer owns the job
     raises :class:`OwnershipLost` and changes nothing: lease recovery owns the job then.
+
+    The delay is ``trioindex_retry_delay`` (migration 0004), the definition recovery uses too;
+    the jitter draw is made here (``unit_random``, else ``SystemRandom``) so a test can fix it.
     """
     safe_message = bounded(message)
     draw = _system_random.random() if unit_random is None else unit_random
@@ -427,15 +314,24 @@ def fail_job(
         )
         retry = failure_type.retryable and owned.attempt_count < owned.max_attempts
         if retry:
-            delay = backoff.delay(owned.attempt_count, draw)
             row = conn.execute(
                 """UPDATE embedding_jobs
-                   SET status = 'PENDING', available_at = now() + make_interval(secs => %s),
+                   SET status = 'PENDING',
+                       available_at = now() + make_interval(secs => trioindex_retry_delay(
+                           attempt_count, %s, %s, %s, %s)),
                        worker_id = NULL, claim_token = NULL, locked_at = NULL,
                        lease_expires_at = NULL,
                        last_failure_type = %s, last_failure_message = %s
                    WHERE id = %s RETURNING available_at""",
-                (delay, failure_type.value, safe_message, claim.job_id),
+                (
+                    backoff.initial,
+                    backoff.maximum,
+                    backoff.jitter,
+                    draw,
+                    failure_type.value,
+                    safe_message,
+                    claim.job_id,
+                ),
             ).fetchone()
             assert row is not None
             available_at: datetime | None = row["available_at"]
@@ -451,10 +347,7 @@ def fail_job(
                    WHERE id = %s""",
                 (failure_type.value, safe_message, claim.job_id),
             )
-            conn.execute(
-                "UPDATE document_versions SET status = 'FAILED' WHERE id = %s",
-                (owned.document_version_id,),
-            )
+            mark_failed(conn, owned.document_version_id)
             available_at = None
             event, outcome = "JOB_FAILED", FailOutcome.FAILED
         record_claim_event(
@@ -468,8 +361,49 @@ def fail_job(
 
 
 # ---------------------------------------------------------------------------------------------
+# operator retry
+
+
+def retry_failed(conn: Connection, job_id: UUID, *, extra_attempts: int) -> None:
+    """FAILED → PENDING with a fresh budget of ``extra_attempts`` attempts, claimable at once.
+
+    The version goes back to UPLOADED so the whole pipeline runs again; attempt numbers continue
+    where they stopped. Raises :class:`NotFound` (changing nothing) when there is no such job or
+    it is not FAILED.
+    """
+    with conn.transaction():
+        row = conn.execute(
+            "SELECT id, status, document_version_id FROM embedding_jobs WHERE id = %s FOR UPDATE",
+            (job_id,),
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"no job with id {job_id}")
+        if row["status"] != "FAILED":
+            raise NotFound(f"job {job_id} is {row['status']}; only FAILED jobs can be retried")
+        lock_version(conn, row["document_version_id"])
+        conn.execute(
+            """UPDATE embedding_jobs
+               SET status = 'PENDING', available_at = now(), finished_at = NULL, progress = 0,
+                   max_attempts = attempt_count + %s
+               WHERE id = %s""",
+            (extra_attempts, job_id),
+        )
+        mark_uploaded(conn, row["document_version_id"])
+        record_event(
+            conn,
+            "JOB_RETRY_REQUESTED",
+            job_id=job_id,
+            version_id=row["document_version_id"],
+            detail={"extra_attempts": extra_attempts},
+        )
+        conn.execute("NOTIFY trioindex_jobs")
+
+
+# ---------------------------------------------------------------------------------------------
 # recover
 
+# The version's FAILED transition is versions.FAILED_WHERE_ID_IN, embedded as the "version" CTE
+# so that recovery stays one statement (one round trip, atomic without BEGIN/COMMIT).
 _RECOVER_SQL = """
 WITH expired AS (
     SELECT id FROM embedding_jobs
@@ -487,9 +421,8 @@ WITH expired AS (
     UPDATE embedding_jobs j
     SET status = CASE WHEN j.attempt_count < j.max_attempts THEN 'PENDING' ELSE 'FAILED' END,
         available_at = CASE WHEN j.attempt_count < j.max_attempts
-            THEN now() + make_interval(secs =>
-                 least(%(max)s, %(initial)s * power(2, greatest(j.attempt_count - 1, 0)))
-                 * (1 + %(jitter)s * (2 * random() - 1)))
+            THEN now() + make_interval(secs => trioindex_retry_delay(
+                 j.attempt_count, %(initial)s, %(max)s, %(jitter)s, random()))
             ELSE j.available_at END,
         finished_at = CASE WHEN j.attempt_count < j.max_attempts THEN NULL ELSE now() END,
         last_failure_type = CASE WHEN j.attempt_count < j.max_attempts
@@ -502,8 +435,7 @@ WITH expired AS (
     WHERE j.id = e.id
     RETURNING j.id, j.status, j.document_version_id, j.attempt_count
 ), version AS (
-    UPDATE document_versions v SET status = 'FAILED'
-    FROM job WHERE v.id = job.document_version_id AND job.status = 'FAILED'
+    {fail_versions}
 ), event AS (
     INSERT INTO indexing_events
         (event_type, embedding_job_id, document_version_id, attempt_id, detail)
@@ -514,7 +446,11 @@ WITH expired AS (
     FROM job LEFT JOIN attempt ON attempt.embedding_job_id = job.id
 )
 SELECT id, status, attempt_count FROM job
-"""
+""".format(
+    fail_versions=FAILED_WHERE_ID_IN.format(
+        ids="SELECT document_version_id FROM job WHERE status = 'FAILED'"
+    )
+)
 
 
 def recover_expired(
@@ -522,9 +458,10 @@ def recover_expired(
 ) -> list[RecoveredJob]:
     """Return PROCESSING jobs whose lease has expired to the queue, in one atomic statement.
 
-    The attempt becomes EXPIRED; the job goes back to PENDING with backoff, or to FAILED (and
-    its version too) when its attempts are spent. Rows another transaction holds — a renewal
-    or a completion in flight — are skipped, so recovery and the owner never both win.
+    The attempt becomes EXPIRED; the job goes back to PENDING with backoff
+    (``trioindex_retry_delay``, as for a failure report), or to FAILED (and its version too)
+    when its attempts are spent. Rows another transaction holds — a renewal or a completion in
+    flight — are skipped, so recovery and the owner never both win.
     """
     rows = conn.execute(
         _RECOVER_SQL,

@@ -9,7 +9,7 @@ Owns three things:
   connection and ``dict_row`` rows;
 * :meth:`Database.run`, the only place database work crosses into a thread. One call runs one
   synchronous function on one pooled connection, and the functions it runs open exactly one
-  transaction each (STYLE rule 9), so no transaction ever spans an ``await``.
+  transaction each, so no transaction ever spans an ``await``.
 """
 
 from __future__ import annotations
@@ -168,7 +168,8 @@ class Database:
     """The blocking connection pool and the one thread facade in front of it.
 
     ``limiter`` bounds the threads doing database work to the pool size, so a thread never
-    waits inside the pool for a connection while holding a Trio thread token (STYLE rule 8).
+    waits inside the pool for a connection while holding a Trio thread token (it would block
+    every other thread's work while it waits).
     """
 
     def __init__(self, conninfo: str, *, pool_size: int) -> None:

@@ -15,11 +15,13 @@ import attrs
 import httpx
 import trio
 
+from trioindex.config import EMBEDDING_APIS, URL_APIS, redact_url, value_problem
 from trioindex.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-APIS = ("tei", "openai", "local")
+#: Every ``embedding.api`` value; the registry in :mod:`trioindex.config.keys` owns the list.
+APIS = EMBEDDING_APIS
 
 
 @attrs.frozen
@@ -139,28 +141,28 @@ def _check_config(
     max_in_flight: int,
     request_timeout: float,
 ) -> None:
-    if api not in APIS:
-        raise ConfigError(f"embedding.api: unknown value {api!r} (expected tei, openai or local)")
-    if not model.strip():
-        raise ConfigError("embedding.model: must not be empty")
-    if dimension < 1:
-        raise ConfigError(f"embedding.dimension: {dimension} (expected >= 1)")
-    if batch_size < 1:
-        raise ConfigError(f"embedding.batch-size: {batch_size} (expected >= 1)")
-    if max_in_flight < 1:
-        raise ConfigError(f"embedding.max-in-flight: {max_in_flight} (expected >= 1)")
-    if not request_timeout > 0:
-        raise ConfigError(f"embedding.request-timeout: {request_timeout} (expected > 0)")
-    if api == "local":
+    """The ``embedding.*`` rules of the configuration registry, for values given directly.
+
+    Loaded settings have passed these already; a direct caller (tests, bench) meets the same
+    rules, phrased the same way. The local model takes no URL, so none is checked for it.
+    """
+    given: dict[str, object] = {
+        "embedding.api": api,
+        "embedding.model": model,
+        "embedding.dimension": dimension,
+        "embedding.batch-size": batch_size,
+        "embedding.max-in-flight": max_in_flight,
+        "embedding.request-timeout": request_timeout,
+    }
+    for key, value in given.items():
+        problem = value_problem(key, value)
+        if problem is not None:
+            raise ConfigError(f"{key}: {problem}, got {value!r}")
+    if api not in URL_APIS:
         return
     if not url:
         raise ConfigError(f"embedding.url: required when embedding.api is {api!r}")
-    try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL:
-        raise ConfigError("embedding.url: not a valid URL") from None
-    # The URL may carry credentials, so only its scheme is ever echoed back.
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ConfigError(
-            f"embedding.url: expected an http:// or https:// URL (scheme {parsed.scheme!r})"
-        )
+    problem = value_problem("embedding.url", url)
+    if problem is not None:
+        # The URL may carry credentials: it is only ever shown redacted.
+        raise ConfigError(f"embedding.url: {problem}, got {redact_url(url)!r}")

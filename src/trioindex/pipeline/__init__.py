@@ -1,4 +1,4 @@
-"""The pipeline steps a claimed job runs: parse + chunk, then embed (ARCHITECTURE §4.5-4.6).
+"""The pipeline steps a claimed job runs: parse + chunk, then embed (docs/design/architecture.md).
 
 Each step is prepare (one fenced transaction) → external work outside any transaction →
 commit (one fenced transaction that re-validates ownership and the prepared snapshot). Every

@@ -1,6 +1,6 @@
 """Chunking: extracted text in, ordered chunk drafts with offsets, token counts and hashes out.
 
-Owns the pure second half of the parse step (ARCHITECTURE §4.5). Splitting is delegated to
+Owns the pure second half of the parse step. Splitting is delegated to
 ``semantic-text-splitter`` (Rust, Unicode-aware): it cuts at the largest semantic unit that
 fits — runs of newlines (paragraphs) first, then sentences, words, grapheme clusters and only
 then single characters — so Korean syllables stay whole and ``다.`` / ``?`` / ``!`` end

@@ -1,4 +1,5 @@
-"""Embedding step: the version's chunks → validated vectors stored atomically (ARCHITECTURE §4.6).
+"""Embedding step: the version's chunks → validated vectors stored atomically
+(docs/design/architecture.md, "Embed").
 
 prepare: under job then version lock, ``CHUNKED → EMBEDDING`` (with ``EMBEDDING_STARTED``, first
 call only) or resume ``EMBEDDING``; read the chunks in ``chunk_index`` order and the job's
@@ -25,8 +26,11 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from trioindex.db.jobs import lock_owned_job, lock_version, record_claim_event, set_progress
+from trioindex.db.events import record_claim_event
+from trioindex.db.fence import lock_owned_job
+from trioindex.db.jobs import set_progress
 from trioindex.db.pool import Connection, Database
+from trioindex.db.versions import lock_version, mark_embedding
 from trioindex.embedding import Embedder
 from trioindex.embedding.vectors import validate_vectors
 from trioindex.errors import StateInconsistent
@@ -118,9 +122,7 @@ def prepare_embedding(conn: Connection, claim: Claim) -> EmbedSnapshot:
         if status is VersionStatus.CHUNKED:
             if existing:
                 raise StateInconsistent("embeddings exist for a version that is only CHUNKED")
-            conn.execute(
-                "UPDATE document_versions SET status = 'EMBEDDING' WHERE id = %s", (version["id"],)
-            )
+            mark_embedding(conn, version["id"])
             set_progress(conn, claim.job_id, PROGRESS_EMBEDDING)
             record_claim_event(
                 conn,

@@ -1,6 +1,7 @@
 """The parse step's CPU-bound half, run in a worker process that can be killed.
 
-Owns the process boundary of ARCHITECTURE §4.5: the stored bytes go in, the chunks come out
+Owns the process boundary of the parse step (docs/design/architecture.md, "Parse + chunk"): the
+stored bytes go in, the chunks come out
 (:class:`ParsedDocument`), and nothing else crosses — no database, storage or lock. Extraction
 and chunking are synchronous library code (pypdf, lxml, python-docx, a Rust splitter) that a
 thread cannot interrupt; a hostile file could hold a job slot for hours and keep the worker

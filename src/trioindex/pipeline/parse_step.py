@@ -1,4 +1,6 @@
-"""Parse and chunk step: storage object → text → chunks stored atomically (ARCHITECTURE §4.5).
+"""Parse and chunk step: storage object → text → chunks stored atomically.
+
+See docs/design/architecture.md, "Parse + chunk".
 
 prepare: under job then version lock, ``UPLOADED → PARSING`` (or resume ``PARSING``) and a
 snapshot of storage key, content type, size and sha256. A version already ``CHUNKED`` or later
@@ -24,8 +26,11 @@ from uuid import UUID
 import attrs
 import trio
 
-from trioindex.db.jobs import lock_owned_job, lock_version, record_claim_event, set_progress
+from trioindex.db.events import record_claim_event
+from trioindex.db.fence import lock_owned_job
+from trioindex.db.jobs import set_progress
 from trioindex.db.pool import Connection, Database
+from trioindex.db.versions import lock_version, mark_chunked, mark_parsing
 from trioindex.errors import ContentInvalid, StateInconsistent
 from trioindex.pipeline.chunking import ChunkDraft, Chunker
 from trioindex.pipeline.parse_process import (
@@ -73,9 +78,7 @@ def prepare_parse(conn: Connection, claim: Claim) -> ParseSnapshot:
             raise StateInconsistent("the version is FAILED; retry the job to parse it again")
         chunk_count = version["chunk_count"]
         if status is VersionStatus.UPLOADED:
-            conn.execute(
-                "UPDATE document_versions SET status = 'PARSING' WHERE id = %s", (version["id"],)
-            )
+            mark_parsing(conn, version["id"])
             set_progress(conn, claim.job_id, PROGRESS_PARSING)
             record_claim_event(conn, "PARSING_STARTED", claim, version["id"])
             status = VersionStatus.PARSING
@@ -154,10 +157,7 @@ def commit_chunks(
                         chunk.content_sha256,
                     )
                 )
-        conn.execute(
-            "UPDATE document_versions SET status = 'CHUNKED', chunk_count = %s WHERE id = %s",
-            (len(chunks), version["id"]),
-        )
+        mark_chunked(conn, version["id"], len(chunks))
         set_progress(conn, claim.job_id, PROGRESS_CHUNKED)
         detail = {"chunks": len(chunks), "characters": chunks[-1].end}
         if replaced:

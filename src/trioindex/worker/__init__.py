@@ -1,2 +1,3 @@
-"""The worker: its runtime (the only long-lived nurseries), the job queue it calls, how it is
-wired from settings, and the NOTIFY listener that wakes it."""
+"""The worker: ``runtime`` (the only long-lived nurseries) and ``job`` (one claimed job, to its
+outcome), the job ``queue`` they call, ``wiring`` (a worker built from settings), ``listen``
+(the NOTIFY listener that wakes it), and its ``counters`` and ``metrics``."""

@@ -4,6 +4,22 @@ psycopg's async API speaks asyncio only, so the listener opens a trio-asyncio lo
 and iterates the connection's notifications as a Trio async iterator. It is an optimisation:
 polling alone keeps the worker correct, so a dropped connection is logged and reopened after a
 pause, and nothing else waits on it.
+
+Why this module patches ``psycopg.waiting.get_running_loop`` when it is imported: psycopg's
+async wait functions find their loop with ``get_running_loop``, a name ``psycopg.waiting``
+binds once, at its own import (``from asyncio import get_running_loop``). trio-asyncio keeps
+its loop in a context variable, not in asyncio's running-loop slot, and makes
+``asyncio.get_running_loop`` find it by replacing that function when ``trio_asyncio`` is
+imported. psycopg is imported first here (the database pool module imports it), so its
+binding is still the original function, which sees no loop inside ``aio_as_trio`` and fails
+with "no running event loop". Neither library offers a supported way around it: psycopg has
+no setting to choose its wait function or loop lookup, and trio-asyncio's only mechanism is its
+own replacement of ``asyncio.get_running_loop``, which reaches just the code that looks the
+name up when it runs. The only other route is importing trio_asyncio before anything imports
+psycopg, which would make every command import trio-asyncio first and break silently the day
+an import moves. So the binding is pointed at trio-asyncio's function. It is safe everywhere
+else: outside a Trio task, and in Trio tasks with no trio-asyncio loop, that function answers
+exactly as the original does.
 """
 
 from __future__ import annotations
@@ -22,9 +38,8 @@ from trioindex.ingest import NOTIFY_CHANNEL
 
 logger = logging.getLogger(__name__)
 
-# psycopg binds ``asyncio.get_running_loop`` at import time; when psycopg was imported before
-# trio_asyncio (the database module does), that binding misses trio-asyncio's loop. Point it at
-# the patched function so psycopg finds the loop this module opens.
+# The patch the module docstring explains: psycopg's import-time binding of
+# ``get_running_loop`` must see the loop trio-asyncio keeps in a context variable.
 psycopg.waiting.get_running_loop = asyncio.get_running_loop  # type: ignore[attr-defined]
 
 

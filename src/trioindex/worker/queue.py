@@ -1,4 +1,4 @@
-"""The async facade over the job lifecycle: what the worker runtime calls.
+"""The job queue: the async facade over the job lifecycle that the worker runtime calls.
 
 Each method runs one synchronous lifecycle function (one transaction) through
 :meth:`Database.run`, the only place database work enters a thread. Policy values that never
@@ -27,16 +27,19 @@ from trioindex.values import (
     RecoveredJob,
     WorkerStatus,
 )
+from trioindex.worker.job import CLEANUP_TIMEOUT
 
 
-class JobStore:
+class JobQueue:
+    """The queue a worker claims jobs from and reports them to (see the module docstring)."""
+
     def __init__(
         self,
         db: Database,
         *,
         lease_seconds: float,
         backoff: BackoffPolicy,
-        cleanup_timeout: float = 10.0,
+        cleanup_timeout: float = CLEANUP_TIMEOUT,
     ) -> None:
         self.db = db
         self.lease_seconds = lease_seconds

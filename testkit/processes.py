@@ -1,13 +1,15 @@
-"""Helpers for tests that run `trioindex` as real processes: the environment, the command,
-a spawned worker, a query on the test database, and a wait for a state with a deadline.
+"""Helpers for running `trioindex` and its dependencies as real processes: the environment,
+the command, a spawned worker, a query on the database, a wait for a state with a deadline, a
+free port and a wait for it to listen, and stopping a child.
 
-Shared by tests/test_process.py, tests/test_cli.py and the other process-level tests, so that
-no test module imports another.
+Shared by the process-level tests, the chaos run and the benchmarks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +19,8 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -33,6 +37,14 @@ def query(url: str, sql: str, *params: object) -> list[dict[str, Any]]:
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
         cursor = conn.execute(sql, params)
         return cursor.fetchall() if cursor.description else []
+
+
+def try_query(url: str, sql: str, *params: object) -> list[dict[str, Any]] | None:
+    """:func:`query`, or None while the database is down (during a restart)."""
+    try:
+        return query(url, sql, *params)
+    except psycopg.OperationalError:
+        return None
 
 
 def cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -70,3 +82,32 @@ def base_env(**extra: str) -> dict[str, str]:
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
     env.update(extra)
     return env
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float, what: str) -> None:
+    """Wait until something listens on ``port``; raise if ``process`` exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {process.returncode} at start")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{what} did not listen on port {port} within {timeout:.0f}s")
+
+
+def stop_process(popen: subprocess.Popen[bytes]) -> None:
+    """SIGTERM our own child, then SIGKILL (by handle) if it is still there after 10 s."""
+    if popen.poll() is None:
+        popen.terminate()
+        try:
+            popen.wait(10)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait()

@@ -1,5 +1,7 @@
 """A fault-injecting embedding server on 127.0.0.1, for tests, benchmarks and the chaos run.
 
+(The pytest fixture ``embed_server`` that starts one per test is in tests/fixtures/embed.py.)
+
 It speaks the three endpoints the clients use: ``GET /info`` and ``POST /embed`` (TEI) and
 ``POST /v1/embeddings`` (OpenAI-compatible, ``data`` shuffled by default so clients must order by
 ``index``). Vectors are deterministic unit vectors seeded by a hash of the text
@@ -33,7 +35,7 @@ Every request is counted (:meth:`FakeEmbedServer.stats`), so a test can assert t
 
 Standalone::
 
-    python -m tests.fakes.embed_server --port 8089 --dimension 1024 --latency-ms 20 \\
+    python -m testkit.embed_server --port 8089 --dimension 1024 --latency-ms 20 \\
         --fault-rate status_503=0.02 --fault-rate nan=0.005 --seed 7
 
 prints ``embed_server listening on http://127.0.0.1:PORT``, serves until SIGINT/SIGTERM, then
@@ -55,14 +57,13 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType, TracebackType
 from typing import Any
 
 import attrs
 import numpy as np
-import pytest
 
 VECTOR_FAULTS = ("null_vector", "wrong_count", "wrong_dimension", "nan", "infinity")
 TRANSPORT_FAULTS = ("slow", "hang", "malformed", "disconnect")
@@ -560,13 +561,6 @@ def _stats_json(stats: ServerStats) -> dict[str, Any]:
     return result
 
 
-@pytest.fixture
-def embed_server() -> Iterator[FakeEmbedServer]:
-    """A fresh fake embedding server (1024 dims, no latency, mode normal) for one test."""
-    with FakeEmbedServer() as server:
-        yield server
-
-
 def _parse_rates(values: list[str]) -> dict[str, float]:
     rates: dict[str, float] = {}
     for value in values:
@@ -580,7 +574,7 @@ def _parse_rates(values: list[str]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tests.fakes.embed_server", description=__doc__.split("\n\n")[0]
+        prog="python -m testkit.embed_server", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--dimension", type=int, default=1024)

@@ -1,7 +1,8 @@
 """Real documents of every supported format, made by the libraries that write them.
 
-Shared by the process tests, the benchmarks and the chaos run. Each document's text carries a
-distinctive marker word, so a test can search for it and a log scan can look for chunk text.
+Shared by the process tests, the benchmarks and the chaos run (its corpus is in
+testkit/chaos/corpus.py). Each document's text carries a distinctive marker word, so a test can
+search for it and a log scan can look for chunk text.
 """
 
 from __future__ import annotations
@@ -46,6 +47,32 @@ def pdf_bytes(paragraphs: list[str]) -> bytes:
     return bytes(pdf.output())
 
 
+FORMATS = ("txt", "md", "html", "docx", "pdf")
+
+
+def document_bytes(kind: str, title: str, paragraphs: list[str], *, html_head: str = "") -> bytes:
+    """One document of format ``kind`` (a :data:`FORMATS` entry) holding ``paragraphs``."""
+    if kind == "txt":
+        return "\n\n".join(paragraphs).encode("utf-8")
+    if kind == "md":
+        return ("# " + title + "\n\n" + "\n\n".join(paragraphs)).encode("utf-8")
+    if kind == "html":
+        return (
+            "<html><head><meta charset='utf-8'>"
+            + html_head
+            + "</head><body>"
+            + "".join(f"<p>{p}</p>" for p in paragraphs)
+            + "</body></html>"
+        ).encode("utf-8")
+    if kind == "docx":
+        return docx_bytes(title, paragraphs)
+    return pdf_bytes(paragraphs)
+
+
+# Style and script whose text must never reach a chunk.
+_HIDDEN_HEAD = "<style>p{color:red}</style><script>var hidden = 'script-text';</script>"
+
+
 def write_corpus(folder: Path, *, copies: int = 1, sentences: int = 6) -> list[Path]:
     """One document per (topic, format) — txt, md, html, docx, pdf — ``copies`` times over."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -53,30 +80,19 @@ def write_corpus(folder: Path, *, copies: int = 1, sentences: int = 6) -> list[P
     for copy in range(copies):
         for topic, sentence in TOPICS:
             body = [paragraph(topic, sentence, sentences) for _ in range(3)]
-            stem = f"{topic}-{copy}"
-            files = {
-                f"{stem}.txt": "\n\n".join(body).encode("utf-8"),
-                f"{stem}.md": ("# " + topic + "\n\n" + "\n\n".join(body)).encode("utf-8"),
-                f"{stem}.html": (
-                    "<html><head><meta charset='utf-8'><style>p{color:red}</style>"
-                    "<script>var hidden = 'script-text';</script></head><body>"
-                    + "".join(f"<p>{p}</p>" for p in body)
-                    + "</body></html>"
-                ).encode("utf-8"),
-                f"{stem}.docx": docx_bytes(topic, body),
-            }
-            if topic != "korean":  # the core PDF fonts cannot draw Hangul
-                files[f"{stem}.pdf"] = pdf_bytes(body)
-            for name, data in files.items():
-                path = folder / name
-                path.write_bytes(data)
+            for kind in FORMATS:
+                if kind == "pdf" and topic == "korean":
+                    continue  # the core PDF fonts cannot draw Hangul
+                path = folder / f"{topic}-{copy}.{kind}"
+                path.write_bytes(document_bytes(kind, topic, body, html_head=_HIDDEN_HEAD))
                 written.append(path)
     return written
 
 
 # -- small builders for parser tests (shared by tests/test_parsing.py and the property tests) --
 
-DATA = Path(__file__).parent / "data"
+# the checked-in parser test files
+DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 
 
 def make_pdf(*pages: str, compress: bool = True) -> bytes:

@@ -1,0 +1,419 @@
+"""The registry of keys: every setting named once, with its rule and its meaning.
+
+One tuple, :data:`KEYS`, names every setting: its key, environment variable, default, kind,
+rule and meaning. Loading, validation and the reference table (:mod:`trioindex.config.reference`)
+are all driven by it, so a key cannot exist in one place and be missing from another.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable, Mapping
+from typing import Final
+
+import attrs
+
+from trioindex.config.settings import LOCAL_MODEL, SERVER_MODEL
+from trioindex.config.units import format_number
+from trioindex.storage.urls import storage_url_problem
+
+ENV_PREFIX: Final = "TRIOINDEX_"
+
+#: The embedding protocols; the HTTP ones need ``embedding.url``, ``local`` takes none.
+EMBEDDING_APIS: Final = ("tei", "openai", "local")
+URL_APIS: Final = ("tei", "openai")
+
+
+class Kind(enum.StrEnum):
+    """How a key's text is parsed."""
+
+    PATH = "path"
+    URL = "URL"
+    CHOICE = "choice"
+    TEXT = "text"
+    SECRET = "secret"
+    INT = "integer"
+    DURATION = "duration"
+    SIZE = "size"
+    FRACTION = "number"
+
+
+@attrs.frozen
+class Derived:
+    """A default computed from other keys; ``text`` is how the reference table describes it."""
+
+    text: str
+
+
+@attrs.frozen
+class Bound:
+    """A numeric range; ``None`` leaves that side open."""
+
+    low: float | None = None
+    low_inclusive: bool = True
+    high: float | None = None
+    high_inclusive: bool = True
+
+    def violation(self, value: float) -> str | None:
+        """The rule ``value`` breaks, phrased for an error message, or None."""
+        too_low = self.low is not None and (
+            value < self.low if self.low_inclusive else value <= self.low
+        )
+        too_high = self.high is not None and (
+            value > self.high if self.high_inclusive else value >= self.high
+        )
+        if not (too_low or too_high):
+            return None
+        parts = []
+        if self.low is not None:
+            parts.append(f"{'>=' if self.low_inclusive else '>'} {format_number(self.low)}")
+        if self.high is not None:
+            parts.append(f"{'<=' if self.high_inclusive else '<'} {format_number(self.high)}")
+        return "must be " + " and ".join(parts)
+
+
+Default = str | int | float | Derived | None
+
+
+@attrs.frozen
+class KeySpec:
+    """One configuration key.
+
+    ``default`` is written as it would be in the TOML file (``"5m"``, ``4``), None for "unset",
+    or :class:`Derived` when it follows from other keys. ``field`` is the dotted attribute path
+    in :class:`Settings`. ``bound``/``choices``/``schemes`` are the single-key rules that
+    ``rule`` describes; ``grammar``, when set, is a URL key's whole rule, owned by the module
+    that reads such URLs (it returns the problem, or None). Rules between keys live in
+    :func:`trioindex.config.checks.cross_checks`.
+    """
+
+    key: str
+    env: str
+    default: Default
+    kind: Kind
+    rule: str
+    doc: str
+    field: str
+    bound: Bound | None = None
+    choices: tuple[str, ...] = ()
+    schemes: tuple[str, ...] = ()
+    grammar: Callable[[str], str | None] | None = None
+    secret: bool = False
+
+
+def env_name(key: str) -> str:
+    """``indexing.worker.polling-interval`` → ``TRIOINDEX_WORKER_POLLING_INTERVAL``."""
+    bare = key.removeprefix("indexing.")
+    return ENV_PREFIX + re.sub(r"[.-]", "_", bare).upper()
+
+
+def _key(
+    key: str,
+    default: Default,
+    kind: Kind,
+    rule: str,
+    doc: str,
+    *,
+    field: str,
+    bound: Bound | None = None,
+    choices: tuple[str, ...] = (),
+    schemes: tuple[str, ...] = (),
+    grammar: Callable[[str], str | None] | None = None,
+    secret: bool = False,
+) -> KeySpec:
+    return KeySpec(
+        key=key,
+        env=env_name(key),
+        default=default,
+        kind=kind,
+        rule=rule,
+        doc=doc,
+        field=field,
+        bound=bound,
+        choices=choices,
+        schemes=schemes,
+        grammar=grammar,
+        secret=secret,
+    )
+
+
+_POSITIVE = Bound(low=0, low_inclusive=False)
+_NON_NEGATIVE = Bound(low=0)
+_AT_LEAST_ONE = Bound(low=1)
+
+KEYS: Final[tuple[KeySpec, ...]] = (
+    _key(
+        "home",
+        "./.trioindex",
+        Kind.PATH,
+        "a directory; relative paths start at the working directory",
+        "embedded database and folder store live here",
+        field="home",
+    ),
+    _key(
+        "database.url",
+        None,
+        Kind.URL,
+        "postgresql:// URL; (none) = embedded PostgreSQL under home",
+        "PostgreSQL to use (password is a secret)",
+        field="database.url",
+        schemes=("postgresql", "postgres"),
+        secret=True,
+    ),
+    _key(
+        "database.pool-size",
+        4,
+        Kind.INT,
+        ">= 1",
+        "connections in the pool",
+        field="database.pool_size",
+        bound=_AT_LEAST_ONE,
+    ),
+    _key(
+        "storage.url",
+        None,
+        Kind.URL,
+        "s3://KEY:SECRET@host:port/bucket?secure=false or file:///path; "
+        "(none) = folder under home/blobs",
+        "object storage for uploaded documents (SECRET is a secret)",
+        field="storage.url",
+        grammar=storage_url_problem,
+        secret=True,
+    ),
+    _key(
+        "embedding.api",
+        Derived("local if embedding.url is unset, else tei"),
+        Kind.CHOICE,
+        "one of tei|openai|local",
+        "embedding protocol: TEI /embed, OpenAI-compatible /v1/embeddings, or in-process",
+        field="embedding.api",
+        choices=EMBEDDING_APIS,
+    ),
+    _key(
+        "embedding.url",
+        None,
+        Kind.URL,
+        "http(s) URL; required for tei and openai, unset for local",
+        "base URL of the embedding server",
+        field="embedding.url",
+        schemes=("http", "https"),
+    ),
+    _key(
+        "embedding.model",
+        Derived(f"{LOCAL_MODEL} for local, {SERVER_MODEL} otherwise"),
+        Kind.TEXT,
+        "model name",
+        "embedding model; a job is pinned to it when created",
+        field="embedding.model",
+    ),
+    _key(
+        "embedding.dimension",
+        Derived(f"384 for {LOCAL_MODEL}, 1024 for {SERVER_MODEL}"),
+        Kind.INT,
+        ">= 1; required for other models, must match for these two",
+        "vector size the model produces",
+        field="embedding.dimension",
+        bound=_AT_LEAST_ONE,
+    ),
+    _key(
+        "embedding.api-key",
+        None,
+        Kind.SECRET,
+        "secret",
+        "bearer token for the embedding server",
+        field="embedding.api_key",
+        secret=True,
+    ),
+    _key(
+        "embedding.batch-size",
+        32,
+        Kind.INT,
+        ">= 1",
+        "chunks per embedding request",
+        field="embedding.batch_size",
+        bound=_AT_LEAST_ONE,
+    ),
+    _key(
+        "embedding.max-in-flight",
+        4,
+        Kind.INT,
+        ">= 1",
+        "embedding requests in flight per worker",
+        field="embedding.max_in_flight",
+        bound=_AT_LEAST_ONE,
+    ),
+    _key(
+        "embedding.request-timeout",
+        "60s",
+        Kind.DURATION,
+        "> 0",
+        "per-request HTTP timeout of the embedding client",
+        field="embedding.request_timeout",
+        bound=_POSITIVE,
+    ),
+    _key(
+        "indexing.worker.polling-interval",
+        "1s",
+        Kind.DURATION,
+        "> 0",
+        "how often the poller looks for PENDING jobs when not woken by NOTIFY",
+        field="worker.polling_interval",
+        bound=_POSITIVE,
+    ),
+    _key(
+        "indexing.worker.max-concurrency",
+        2,
+        Kind.INT,
+        ">= 1",
+        "jobs one worker runs at once",
+        field="worker.max_concurrency",
+        bound=_AT_LEAST_ONE,
+    ),
+    _key(
+        "indexing.worker.lease-duration",
+        "5m",
+        Kind.DURATION,
+        "> lease-renewal-interval",
+        "how long a claim is held without renewal",
+        field="worker.lease_duration",
+        bound=_POSITIVE,
+    ),
+    _key(
+        "indexing.worker.lease-renewal-interval",
+        "1m",
+        Kind.DURATION,
+        "> 0 and < lease-duration",
+        "how often a running job renews its lease",
+        field="worker.lease_renewal_interval",
+        bound=_POSITIVE,
+    ),
+    _key(
+        "indexing.worker.shutdown-grace-period",
+        "30s",
+        Kind.DURATION,
+        ">= 0",
+        "how long running jobs may finish after a stop signal",
+        field="worker.shutdown_grace_period",
+        bound=_NON_NEGATIVE,
+    ),
+    _key(
+        "indexing.worker.heartbeat-interval",
+        "10s",
+        Kind.DURATION,
+        "> 0",
+        "how often the worker row is touched",
+        field="worker.heartbeat_interval",
+        bound=_POSITIVE,
+    ),
+    _key(
+        "indexing.worker.heartbeat-timeout",
+        "60s",
+        Kind.DURATION,
+        "> heartbeat-interval",
+        'a worker silent this long is "lost"',
+        field="worker.heartbeat_timeout",
+        bound=_POSITIVE,
+    ),
+    _key(
+        "indexing.worker.recovery-interval",
+        "30s",
+        Kind.DURATION,
+        "> 0",
+        "how often expired leases are recovered",
+        field="worker.recovery_interval",
+        bound=_POSITIVE,
+    ),
+    _key(
+        "indexing.worker.max-attempts",
+        5,
+        Kind.INT,
+        ">= 1",
+        "attempts before a job is FAILED",
+        field="worker.max_attempts",
+        bound=_AT_LEAST_ONE,
+    ),
+    _key(
+        "indexing.worker.retry-backoff-initial",
+        "10s",
+        Kind.DURATION,
+        "> 0",
+        "delay before the first retry",
+        field="worker.retry_backoff_initial",
+        bound=_POSITIVE,
+    ),
+    _key(
+        "indexing.worker.retry-backoff-max",
+        "10m",
+        Kind.DURATION,
+        ">= retry-backoff-initial",
+        "longest retry delay",
+        field="worker.retry_backoff_max",
+        bound=_POSITIVE,
+    ),
+    _key(
+        "indexing.worker.retry-jitter",
+        0.2,
+        Kind.FRACTION,
+        "0 <= x <= 1 (fraction)",
+        "random spread applied to each retry delay",
+        field="worker.retry_jitter",
+        bound=Bound(low=0, high=1),
+    ),
+    _key(
+        "indexing.parsing.max-document-size",
+        "50MB",
+        Kind.SIZE,
+        ">= 1",
+        "larger documents fail as DOCUMENT_CONTENT_INVALID",
+        field="parsing.max_document_bytes",
+        bound=_AT_LEAST_ONE,
+    ),
+    _key(
+        "indexing.parsing.timeout",
+        "5m",
+        Kind.DURATION,
+        "> 0",
+        "longest parse + chunk of one document; longer fails as DOCUMENT_CONTENT_INVALID",
+        field="parsing.timeout",
+        bound=_POSITIVE,
+    ),
+    _key(
+        "indexing.chunking.max-tokens",
+        256,
+        Kind.INT,
+        ">= 8",
+        "chunk size when the model tokenizer is known; clamped to the model limit",
+        field="parsing.chunk_max_tokens",
+        bound=Bound(low=8),
+    ),
+    _key(
+        "indexing.chunking.max-characters",
+        1500,
+        Kind.INT,
+        ">= 50",
+        "chunk size without a tokenizer",
+        field="parsing.chunk_max_characters",
+        bound=Bound(low=50),
+    ),
+    _key(
+        "indexing.chunking.overlap",
+        0.1,
+        Kind.FRACTION,
+        "0 <= x < 0.5 (fraction of the chunk size)",
+        "text shared by neighbouring chunks",
+        field="parsing.chunk_overlap",
+        bound=Bound(low=0, high=0.5, high_inclusive=False),
+    ),
+    _key(
+        "log.format",
+        "text",
+        Kind.CHOICE,
+        "one of text|json",
+        "log line format",
+        field="log_format",
+        choices=("text", "json"),
+    ),
+)
+
+BY_KEY: Final[Mapping[str, KeySpec]] = {spec.key: spec for spec in KEYS}

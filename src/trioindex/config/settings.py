@@ -1,0 +1,102 @@
+"""The settings values: what loading produces and every other module reads.
+
+The attrs classes here are plain validated values; which key fills which field, and the rules a
+value must meet, are in :mod:`trioindex.config.keys`. The embedding model constants live here
+because both the registry's derived defaults and the loader's derivation use them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+
+LOCAL_MODEL: Final = "sentence-transformers/all-MiniLM-L6-v2"
+SERVER_MODEL: Final = "BAAI/bge-m3"
+#: Models whose vector size is known, so ``embedding.dimension`` may be left out.
+KNOWN_DIMENSIONS: Final[Mapping[str, int]] = {LOCAL_MODEL: 384, SERVER_MODEL: 1024}
+
+
+@attrs.frozen
+class WorkerSettings:
+    """``indexing.worker.*``; every duration is in seconds."""
+
+    polling_interval: float
+    max_concurrency: int
+    lease_duration: float
+    lease_renewal_interval: float
+    shutdown_grace_period: float
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    recovery_interval: float
+    max_attempts: int
+    retry_backoff_initial: float
+    retry_backoff_max: float
+    retry_jitter: float
+
+
+@attrs.frozen
+class EmbeddingSettings:
+    """``embedding.*``; ``request_timeout`` is in seconds."""
+
+    api: str
+    url: str | None
+    model: str
+    dimension: int
+    api_key: str | None = attrs.field(repr=False)
+    batch_size: int
+    max_in_flight: int
+    request_timeout: float
+
+
+@attrs.frozen
+class DatabaseSettings:
+    """``database.*``; ``url`` None means the embedded PostgreSQL under ``home``."""
+
+    url: str | None = attrs.field(repr=False)
+    pool_size: int
+
+
+@attrs.frozen
+class StorageSettings:
+    """``storage.*``; ``url`` None means the folder store under ``home/blobs``."""
+
+    url: str | None = attrs.field(repr=False)
+
+
+@attrs.frozen
+class ParsingSettings:
+    """``indexing.parsing.*`` and ``indexing.chunking.*``; ``timeout`` is in seconds."""
+
+    max_document_bytes: int
+    timeout: float
+    chunk_max_tokens: int
+    chunk_max_characters: int
+    chunk_overlap: float
+
+
+@attrs.frozen
+class Settings:
+    """Everything configurable, validated. ``home`` is absolute."""
+
+    home: Path
+    database: DatabaseSettings
+    storage: StorageSettings
+    embedding: EmbeddingSettings
+    worker: WorkerSettings
+    parsing: ParsingSettings
+    log_format: str
+
+    def with_overrides(self, **changes: Any) -> Settings:
+        """A validated copy with ``changes`` applied.
+
+        Keywords are the fields of :class:`Settings`; a section may be given whole or as a
+        mapping of the fields to change, e.g. ``with_overrides(worker={"max_concurrency": 4})``.
+        Raises :class:`ConfigError` when the result breaks a rule (source "override").
+        """
+        # Imported here: validation needs the registry, which needs these classes.
+        from trioindex.config.loading import apply_overrides
+
+        return apply_overrides(self, changes)

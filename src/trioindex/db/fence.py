@@ -1,0 +1,77 @@
+"""The fence: the Python side of "this claim still owns its job".
+
+The checks themselves live in one place, the SQL function ``trioindex_lock_owned_job``
+(migration 0002): under the job row lock, the job is PROCESSING, held by this worker with this
+claim token, its lease has not expired by a fresh database clock, and the attempt is the job's
+current STARTED attempt. Every write after the claim runs it first — the steps' commits through
+:func:`lock_owned_job`, and the SQL functions for renew, complete and release by calling it
+themselves. A refusal is SQLSTATE ``TI001``, which :func:`fenced_errors` turns into
+:class:`OwnershipLost`; the refused transaction changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from uuid import UUID
+
+import attrs
+import psycopg
+
+from trioindex.db.pool import Connection
+from trioindex.errors import OwnershipLost, StateInconsistent
+from trioindex.values import Claim
+
+
+@attrs.frozen
+class OwnedJob:
+    """The job row as seen under its lock by a writer that still owns it."""
+
+    job_id: UUID
+    document_version_id: UUID
+    embedding_model_id: UUID
+    attempt_count: int
+    max_attempts: int
+
+
+# SQLSTATEs raised by the fenced SQL functions (migrations 0002 onwards).
+OWNERSHIP_LOST = "TI001"
+STATE_INCONSISTENT = "TI002"
+
+
+@contextmanager
+def fenced_errors() -> Iterator[None]:
+    """Turn the fenced functions' SQLSTATEs into :class:`OwnershipLost` /
+    :class:`StateInconsistent`; any other database error propagates as itself."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        message = exc.diag.message_primary or "refused"
+        if exc.sqlstate == OWNERSHIP_LOST:
+            raise OwnershipLost(message) from None
+        if exc.sqlstate == STATE_INCONSISTENT:
+            raise StateInconsistent(message) from None
+        raise
+
+
+def lock_owned_job(conn: Connection, claim: Claim) -> OwnedJob:
+    """Lock the job row and prove ``claim`` still owns it; raise :class:`OwnershipLost` if not.
+
+    Must run inside the caller's transaction; it is the first lock that transaction takes. The
+    checks live in one place, the SQL function ``trioindex_lock_owned_job`` (status PROCESSING,
+    worker, claim token, lease unexpired by a fresh clock, current STARTED attempt).
+    """
+    with fenced_errors():
+        row = conn.execute(
+            """SELECT document_version_id, embedding_model_id, attempt_count, max_attempts
+               FROM trioindex_lock_owned_job(%s, %s, %s, %s)""",
+            (claim.job_id, claim.worker_id, claim.claim_token, claim.attempt_id),
+        ).fetchone()
+    assert row is not None
+    return OwnedJob(
+        job_id=claim.job_id,
+        document_version_id=row["document_version_id"],
+        embedding_model_id=row["embedding_model_id"],
+        attempt_count=row["attempt_count"],
+        max_attempts=row["max_attempts"],
+    )

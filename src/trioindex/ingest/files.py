@@ -1,0 +1,199 @@
+"""One file: read and hash it once, upload it (or restore a lost blob), then enqueue it.
+
+Objects are content-addressed (:func:`storage_key_for`), so uploading the same bytes twice
+stores them once, and every upload is verified against the hash it is stored under: a file
+that changes while it is read is never stored under the wrong hash (it is read again once,
+then reported). When the bytes are already the latest version but the store lost their blob,
+the blob is uploaded again and the version's failed job requeued (``repaired``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import mimetypes
+import os
+import stat
+from pathlib import Path
+from typing import BinaryIO, Final
+from uuid import UUID
+
+import attrs
+import trio
+
+from trioindex.db.pool import Database
+from trioindex.errors import ObjectNotFound
+from trioindex.ingest.discover import SourceFile
+from trioindex.ingest.enqueue import enqueue_version, latest_version, requeue_failed_job
+from trioindex.ingest.results import FileChanged, FileNotIngested, IngestResult, printable
+from trioindex.storage import AsyncObjectStore
+
+__all__ = ["digest", "ingest_file", "open_source", "storage_key_for"]
+
+# The package's logger: a run's lines keep the one name they had when ingest was one module.
+logger = logging.getLogger(__package__)
+
+_READ_CHUNK = 1 << 20
+# O_NOFOLLOW: the path was resolved just before, so a link in its place now is a swap.
+# O_NONBLOCK: a FIFO swapped in for the file must not hang the run (no effect on regular files).
+_OPEN_FLAGS: Final = (
+    os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | os.O_CLOEXEC
+)
+
+
+def storage_key_for(sha256: str) -> str:
+    return f"sha256/{sha256[:2]}/{sha256}"
+
+
+def open_source(source: SourceFile) -> BinaryIO:
+    """Open the file for reading, re-checking what discovery checked (it may have changed)."""
+    real = Path(os.path.realpath(source.path))
+    if source.inside is not None and not real.is_relative_to(source.inside):
+        raise FileNotIngested("symbolic link now leads outside the folder; not ingested")
+    try:
+        fd = os.open(real, _OPEN_FLAGS)
+    except OSError as exc:
+        raise FileNotIngested(f"cannot open: {exc.strerror}") from None
+    handle = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        handle.close()
+        raise FileNotIngested("no longer a regular file; not ingested")
+    return handle
+
+
+def digest(handle: BinaryIO) -> tuple[str, int]:
+    """SHA-256 (hex) and size of what ``handle`` reads from its start, in 1 MiB pieces."""
+    sha = hashlib.sha256()
+    size = 0
+    handle.seek(0)
+    try:
+        while block := handle.read(_READ_CHUNK):
+            sha.update(block)
+            size += len(block)
+    except OSError as exc:
+        raise FileNotIngested(f"cannot read: {exc.strerror}") from None
+    return sha.hexdigest(), size
+
+
+async def ingest_file(
+    source: SourceFile,
+    *,
+    db: Database,
+    store: AsyncObjectStore,
+    model_id: UUID,
+    max_attempts: int,
+    priority: int = 0,
+) -> IngestResult:
+    """Upload one file (unless its bytes are already the latest version) and enqueue it.
+
+    A file that changes between hashing and upload is read again from the start once; a second
+    change, or a file that cannot be read, raises :class:`FileNotIngested`. Storage and database
+    errors propagate (they are not about this file).
+    """
+    ingest = functools.partial(
+        _ingest_once,
+        source,
+        db=db,
+        store=store,
+        model_id=model_id,
+        max_attempts=max_attempts,
+        priority=priority,
+    )
+    try:
+        result = await ingest()
+    except FileChanged:
+        logger.info("ingest %s: changed while being read; reading it again", source.document_key)
+        try:
+            result = await ingest()
+        except FileChanged:
+            raise FileNotIngested(
+                "the file changed while it was being read, twice; not ingested "
+                "(ingest it again once it stops changing)"
+            ) from None
+    logger.info(
+        "ingest %s: %s (document %s, version %d)",
+        source.document_key,
+        result.status,
+        result.document_id,
+        result.version_no,
+    )
+    return result
+
+
+async def _ingest_once(
+    source: SourceFile,
+    *,
+    db: Database,
+    store: AsyncObjectStore,
+    model_id: UUID,
+    max_attempts: int,
+    priority: int,
+) -> IngestResult:
+    # One open file for hashing and upload: the bytes uploaded are those of the same inode, and
+    # the store checks them against the hash before anything becomes visible.
+    handle = await trio.to_thread.run_sync(open_source, source)
+    with handle:
+        sha256, size = await trio.to_thread.run_sync(digest, handle)
+        content_type = mimetypes.guess_type(source.path.name)[0]
+        upload = functools.partial(
+            _upload, store, handle, size=size, sha256=sha256, content_type=content_type
+        )
+        latest = await db.run(latest_version, source.document_key)
+        restored = False
+        if latest is None or latest["sha256"] != sha256:
+            await upload(storage_key_for(sha256))
+        elif not await _blob_intact(store, str(latest["storage_key"]), sha256, size):
+            logger.warning(
+                "ingest %s: version %s lost its stored copy in %s; uploading it again",
+                source.document_key,
+                latest["version_no"],
+                store.description,
+            )
+            await upload(str(latest["storage_key"]))
+            restored = True
+    result = await db.run(
+        enqueue_version,
+        document_key=source.document_key,
+        storage_key=storage_key_for(sha256),
+        original_name=source.path.name,
+        content_type=content_type,
+        byte_size=size,
+        sha256=sha256,
+        model_id=model_id,
+        max_attempts=max_attempts,
+        priority=priority,
+        path=printable(source.path),
+    )
+    if restored and result.status == "unchanged":
+        requeued = result.job_id is not None and await db.run(
+            requeue_failed_job, result.job_id, extra_attempts=max_attempts
+        )
+        result = attrs.evolve(result, status="repaired", requeued=requeued)
+    return result
+
+
+async def _upload(
+    store: AsyncObjectStore,
+    handle: BinaryIO,
+    key: str,
+    *,
+    size: int,
+    sha256: str,
+    content_type: str | None,
+) -> None:
+    await trio.to_thread.run_sync(handle.seek, 0)
+    try:
+        await store.put(key, handle, size=size, sha256=sha256, content_type=content_type)
+    except ValueError:
+        # the store read other bytes (or fewer) than were hashed: nothing was stored
+        raise FileChanged() from None
+
+
+async def _blob_intact(store: AsyncObjectStore, key: str, sha256: str, size: int) -> bool:
+    """One stat: is the version's blob in the store, with its size and (when known) hash?"""
+    try:
+        info = await store.stat(key)
+    except ObjectNotFound:
+        return False
+    return info.size == size and info.sha256 in (None, sha256)

@@ -1,0 +1,104 @@
+"""What a run reports for each file: an :class:`IngestResult` or a :class:`SkippedFile`.
+
+Also the two reasons one file is not ingested (:class:`FileNotIngested`, :class:`FileChanged`),
+which the run turns into ``error`` entries, and :func:`printable`, how a path is shown.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from uuid import UUID
+
+import attrs
+
+from trioindex.errors import TrioindexError
+
+__all__ = [
+    "FileChanged",
+    "FileNotIngested",
+    "IngestEntry",
+    "IngestResult",
+    "SkippedFile",
+    "printable",
+]
+
+
+@attrs.frozen
+class IngestResult:
+    """What happened to one file: ``created``, ``unchanged`` or ``repaired``.
+
+    ``repaired``: the bytes were already the latest version, but the store had lost its blob;
+    the blob was uploaded again, and ``requeued`` says whether the version's FAILED job went
+    back to the queue.
+    """
+
+    path: str
+    document_key: str
+    status: str
+    document_id: UUID
+    version_id: UUID
+    version_no: int
+    job_id: UUID | None
+    requeued: bool = False
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "path": self.path,
+            "document_key": self.document_key,
+            "status": self.status,
+            "document_id": str(self.document_id),
+            "version_id": str(self.version_id),
+            "version_no": self.version_no,
+            "job_id": str(self.job_id) if self.job_id else None,
+            "requeued": self.requeued,
+        }
+
+
+@attrs.frozen
+class SkippedFile:
+    """A file (or folder) the run did not ingest, and why.
+
+    ``status`` is ``skipped`` when a rule left it out (a symbolic link leading outside the
+    folder, a folder already walked, something that is not a regular file) and ``error`` when
+    it could not be ingested (a name that is not UTF-8, unreadable, changed while being read);
+    the CLI exits non-zero when any entry is an ``error``. ``path`` is printable (bytes that
+    are not UTF-8 are shown as ``\\xff``); ``document_key`` is None when the name is no valid
+    key. Never carries file contents.
+    """
+
+    path: str
+    document_key: str | None
+    status: str
+    reason: str
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "path": self.path,
+            "document_key": self.document_key,
+            "status": self.status,
+            "reason": self.reason,
+        }
+
+
+IngestEntry = IngestResult | SkippedFile
+
+
+class FileNotIngested(TrioindexError):
+    """One file could not be ingested; ``ingest_paths`` reports it and goes on."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class FileChanged(FileNotIngested):
+    """The bytes read for the upload are not the bytes that were hashed."""
+
+    def __init__(self) -> None:
+        super().__init__("the file changed while it was being read")
+
+
+def printable(path: Path | str) -> str:
+    """``path`` as text that can always be printed: undecodable bytes become ``\\xNN``."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")

@@ -1,0 +1,76 @@
+"""The entry point: :func:`extract_text`, uploaded bytes in, normalised text out.
+
+Checks the size, detects the format (:mod:`.detect`), hands the bytes to that format's reader
+(:mod:`.text`, :mod:`.html`, :mod:`.pdf`, :mod:`.docx`) and normalises what comes back. This is
+the layer boundary: every problem with the bytes is a :class:`ContentInvalid`, and nothing else
+escapes for any input (the readers translate their parsers' exceptions).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+
+from trioindex.errors import ContentInvalid
+from trioindex.pipeline.formats.detect import DocumentFormat, detect_format
+from trioindex.pipeline.formats.docx import docx_text
+from trioindex.pipeline.formats.html import html_text
+from trioindex.pipeline.formats.limits import TEXT_EXPANSION_LIMIT
+from trioindex.pipeline.formats.pdf import pdf_text
+from trioindex.pipeline.formats.text import decode, normalise
+
+__all__ = ["ExtractedText", "extract_text"]
+
+# The package's logger: the parser modules log under one name, as when they were one module.
+logger = logging.getLogger(__package__)
+
+
+@attrs.frozen
+class ExtractedText:
+    """The text of one document, normalised (:func:`.text.normalise`), and what it was."""
+
+    text: str = attrs.field(repr=False)
+    format: DocumentFormat
+    page_count: int | None = None  # PDF pages, else None
+    replaced: int = 0  # invalid byte sequences replaced by U+FFFD while decoding (text formats)
+
+
+def extract_text(
+    data: bytes, name: str, content_type: str | None = None, *, max_bytes: int
+) -> ExtractedText:
+    """Detect the format of ``data`` and return its normalised text.
+
+    Synchronous and CPU-bound (run it in a worker thread). Raises :class:`ContentInvalid` for
+    every content problem and nothing else for any input bytes — except ``MemoryError``,
+    which is a resource failure rather than a verdict on the document.
+    """
+    if max_bytes <= 0:
+        raise ValueError("max_bytes must be positive")
+    size = len(data)
+    if size > max_bytes:
+        raise ContentInvalid(f"file over the maximum size: {size} bytes > {max_bytes} bytes")
+    if size == 0:
+        raise ContentInvalid("empty file")
+
+    fmt = detect_format(data, name, content_type)
+    max_chars = TEXT_EXPANSION_LIMIT * max_bytes
+    page_count: int | None = None
+    replaced = 0
+    if fmt is DocumentFormat.PDF:
+        raw, page_count = pdf_text(data, max_chars)
+    elif fmt is DocumentFormat.DOCX:
+        raw = docx_text(data, max_bytes, max_chars)
+    elif fmt is DocumentFormat.HTML:
+        decoded, replaced = decode(data, fmt, content_type)
+        # Decoded text may carry NULs or lone surrogates that libxml2 would choke on.
+        raw = html_text(normalise(decoded))
+    else:
+        raw, replaced = decode(data, fmt, content_type)
+
+    text = normalise(raw)
+    if not text.strip():
+        raise ContentInvalid(f"empty document: the {fmt.value} file has no text")
+    if replaced:
+        logger.debug("%d invalid byte sequence(s) replaced by U+FFFD", replaced)
+    return ExtractedText(text=text, format=fmt, page_count=page_count, replaced=replaced)

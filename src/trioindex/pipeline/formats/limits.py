@@ -1,0 +1,59 @@
+"""Every bound on the work one document can cause, in one place.
+
+Each limit applies before a single byte of the document is inflated or interpreted; the parse
+step's timeout (``indexing.parsing.timeout``) is the backstop for the rest. README "Limits on one
+document" lists them for users, with the message each refusal gives.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DOCX_EXPANSION_LIMIT",
+    "DOCX_EXPANSION_RATIO",
+    "DOCX_MAX_ENTRIES",
+    "DOCX_MAX_XML_BYTES",
+    "DOCX_MIN_UNCOMPRESSED_CAP",
+    "DOCX_READ_BLOCK",
+    "PDF_CONTENT_EXPANSION",
+    "PDF_MAX_PAGES",
+    "PDF_MAX_PAGE_CONTENT",
+    "PDF_MIN_CONTENT_BUDGET",
+    "TEXT_EXPANSION_LIMIT",
+    "UTF8_EVIDENCE_PER_REPAIR",
+    "UTF8_MIN_REPAIRS",
+    "UTF8_REPAIR_BYTES",
+    "MiB",
+]
+
+MiB = 1024 * 1024
+
+# A DOCX is a ZIP of XML. Real ones inflate 8-30x (a table of identical empty cells ~100x); the
+# bomb in the issue inflated 680x. Total uncompressed size: at most DOCX_EXPANSION_RATIO x the
+# file (floor DOCX_MIN_UNCOMPRESSED_CAP: an empty Word file already carries ~0.8 MB of styles),
+# and never over DOCX_EXPANSION_LIMIT x the configured maximum size. The XML parts python-docx
+# parses into a tree (~20x their size in memory) are capped absolutely.
+DOCX_EXPANSION_RATIO = 200
+DOCX_EXPANSION_LIMIT = 8
+DOCX_MIN_UNCOMPRESSED_CAP = 8 * MiB
+DOCX_MAX_XML_BYTES = 32 * MiB
+DOCX_MAX_ENTRIES = 10_000
+DOCX_READ_BLOCK = 256 * 1024  # inflation is counted one block at a time, never kept
+# Extracted text beyond this multiple of the file size means a crafted file (PDF content streams
+# are compressed too); refuse it instead of handing the chunker gigabytes.
+TEXT_EXPANSION_LIMIT = 8
+# pypdf interprets page content at ~1 MB/s and a 10 KiB PDF can point every page at one 3.5 MiB
+# stream, so content is budgeted before it is interpreted: per page (its content streams and
+# the form XObjects it uses) at most the total budget and PDF_MAX_PAGE_CONTENT; all pages
+# together at most PDF_CONTENT_EXPANSION x the file size (floor PDF_MIN_CONTENT_BUDGET, and
+# never over TEXT_EXPANSION_LIMIT x the configured maximum). Real PDFs stay under ~10x.
+PDF_MAX_PAGES = 10_000
+PDF_CONTENT_EXPANSION = 32
+PDF_MIN_CONTENT_BUDGET = 1 * MiB
+PDF_MAX_PAGE_CONTENT = 16 * MiB
+# Almost-UTF-8 text: UTF8_MIN_REPAIRS invalid sequences tolerated (one stray byte inside a
+# character leaves up to three), plus one per UTF8_REPAIR_BYTES; and at least
+# UTF8_EVIDENCE_PER_REPAIR bytes of valid multi-byte characters (the bytes beyond the first of
+# each: 16 = 8 Hangul syllables) per replaced sequence as evidence that the file is UTF-8.
+UTF8_MIN_REPAIRS = 4
+UTF8_REPAIR_BYTES = 256 * 1024
+UTF8_EVIDENCE_PER_REPAIR = 16

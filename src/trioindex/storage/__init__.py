@@ -1,0 +1,56 @@
+"""Object storage: one blocking contract, two stores, the URL grammar, and one Trio facade.
+
+Modules:
+
+* ``contract`` — :class:`ObjectInfo`, the synchronous :class:`ObjectStore` protocol (put / get /
+  stat / ensure_ready), the object-key rule and the checks both stores share;
+* ``folder`` — :class:`FolderStore`, objects as files under a local folder (the embedded default);
+* ``s3`` — :class:`S3Store`, MinIO / any S3 through the ``minio`` client;
+* ``urls`` — the ``storage.url`` grammar (configuration validates with it, :func:`open_store`
+  builds from it) and :func:`redact_url`, the one way a URL is shown;
+* ``facade`` — :func:`open_store` and :class:`AsyncObjectStore`, the one place storage calls go
+  through ``trio.to_thread``.
+
+No message, repr or log line carries a credential: stores describe themselves through
+``description`` and URLs are shown through :func:`redact_url`.
+"""
+
+from __future__ import annotations
+
+from trioindex.storage.contract import (
+    DEFAULT_CONTENT_TYPE,
+    SHA256_METADATA,
+    ObjectInfo,
+    ObjectStore,
+    check_key,
+)
+from trioindex.storage.facade import AsyncObjectStore, open_store
+from trioindex.storage.folder import FolderStore
+from trioindex.storage.s3 import S3Store, default_http_client
+from trioindex.storage.urls import (
+    FolderLocation,
+    S3Location,
+    StorageUrlError,
+    parse_storage_url,
+    redact_url,
+    storage_url_problem,
+)
+
+__all__ = [
+    "DEFAULT_CONTENT_TYPE",
+    "SHA256_METADATA",
+    "AsyncObjectStore",
+    "FolderLocation",
+    "FolderStore",
+    "ObjectInfo",
+    "ObjectStore",
+    "S3Location",
+    "S3Store",
+    "StorageUrlError",
+    "check_key",
+    "default_http_client",
+    "open_store",
+    "parse_storage_url",
+    "redact_url",
+    "storage_url_problem",
+]

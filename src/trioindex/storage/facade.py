@@ -1,0 +1,90 @@
+"""The Trio side of storage: the only place storage calls go through ``trio.to_thread``, and
+:func:`open_store`, which turns a ``storage.url`` into a store.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import BinaryIO
+
+import attrs
+import trio
+
+from trioindex.errors import ConfigError
+from trioindex.storage.contract import ObjectInfo, ObjectStore
+from trioindex.storage.folder import FolderStore
+from trioindex.storage.s3 import S3Store
+from trioindex.storage.urls import FolderLocation, StorageUrlError, parse_storage_url, redact_url
+
+
+def open_store(url: str) -> ObjectStore:
+    """A store for a ``storage.url`` (grammar: :mod:`trioindex.storage.urls`).
+
+    ``ConfigError`` naming the key and the broken rule, with the URL redacted, if it is bad. A
+    relative ``file://.trioindex/blobs`` is resolved against the working directory now.
+    """
+
+    def bad(reason: str) -> ConfigError:
+        return ConfigError(f"storage.url: {reason} (got {redact_url(url)!r})")
+
+    try:
+        location = parse_storage_url(url)
+    except StorageUrlError as exc:
+        raise bad(str(exc)) from None
+    if isinstance(location, FolderLocation):
+        return FolderStore(Path(os.path.normpath(Path.cwd() / location.root)))
+    try:
+        return S3Store(
+            endpoint=location.endpoint,
+            bucket=location.bucket,
+            access_key=location.access_key,
+            secret_key=location.secret_key,
+            secure=location.secure,
+            region=location.region,
+        )
+    except ValueError:
+        # minio validates the endpoint; its message is not needed to fix the URL.
+        raise bad("invalid S3 endpoint") from None
+
+
+@attrs.define(eq=False)
+class AsyncObjectStore:
+    """Runs an :class:`ObjectStore` in worker threads, bounded by ``limiter``.
+
+    Cancellation handling: calls use ``trio.to_thread.run_sync`` with the default
+    ``abandon_on_cancel=False``, so a cancelled caller waits for the blocking call to end
+    (bounded by the store's own connect/read timeouts) and no thread outlives its caller.
+    """
+
+    store: ObjectStore
+    limiter: trio.CapacityLimiter = attrs.field(repr=False)
+
+    @property
+    def description(self) -> str:
+        return self.store.description
+
+    async def put(
+        self,
+        key: str,
+        data: bytes | BinaryIO,
+        *,
+        size: int,
+        sha256: str,
+        content_type: str | None,
+    ) -> ObjectInfo:
+        call = functools.partial(
+            self.store.put, key, data, size=size, sha256=sha256, content_type=content_type
+        )
+        return await trio.to_thread.run_sync(call, limiter=self.limiter)
+
+    async def get(self, key: str, *, max_bytes: int) -> bytes:
+        call = functools.partial(self.store.get, key, max_bytes=max_bytes)
+        return await trio.to_thread.run_sync(call, limiter=self.limiter)
+
+    async def stat(self, key: str) -> ObjectInfo:
+        return await trio.to_thread.run_sync(self.store.stat, key, limiter=self.limiter)
+
+    async def ensure_ready(self) -> None:
+        await trio.to_thread.run_sync(self.store.ensure_ready, limiter=self.limiter)

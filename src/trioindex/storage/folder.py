@@ -1,0 +1,224 @@
+"""The folder store: objects as files under a local folder (the embedded default).
+
+Writes are atomic (temp file, fsync, rename) and the SHA-256 and content type live in a hidden
+sidecar next to each file; see :class:`FolderStore` for how a crash between the two is noticed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import BinaryIO
+
+import attrs
+
+from trioindex.errors import ObjectNotFound, StorageUnavailable
+from trioindex.storage.contract import (
+    DEFAULT_CONTENT_TYPE,
+    ObjectInfo,
+    VerifyingReader,
+    as_stream,
+    check_key,
+    check_max_bytes,
+    check_put_args,
+    too_large,
+)
+
+logger = logging.getLogger(__name__)
+
+_CHUNK = 1024 * 1024
+
+
+@attrs.define(eq=False)
+class FolderStore:
+    """Objects as plain files under ``root`` (the embedded default ``file://`` store).
+
+    ``put`` writes a hidden temp file in the target directory, fsyncs it and
+    ``os.replace``-s it over the key, so readers see the old or the new object, never a
+    part. The SHA-256 and content type live in a hidden sidecar ``.<name>.meta.json`` next
+    to the file, written (atomically) before the rename and stamped with the new file's
+    size, inode and mtime. If a crash leaves the sidecar out of step with the file, ``stat``
+    notices the stamp mismatch and recomputes the SHA-256 from the file (content type then
+    reads as None): the reported hash is always that of the bytes on disk.
+
+    A missing root, a root that is not a directory, and any other OS error are
+    ``StorageUnavailable`` (the "server is down" of a folder).
+    """
+
+    root: Path = attrs.field(converter=Path)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.root.is_absolute():
+            raise ValueError(f"folder store root must be absolute, got {str(self.root)!r}")
+
+    @property
+    def description(self) -> str:
+        return f"folder {self.root}"
+
+    # paths
+
+    def _path(self, key: str) -> Path:
+        return self.root.joinpath(*check_key(key).split("/"))
+
+    @staticmethod
+    def _sidecar(path: Path) -> Path:
+        return path.with_name(f".{path.name}.meta.json")
+
+    def _unavailable(self, action: str, key: str | None, exc: OSError) -> StorageUnavailable:
+        what = f" {key!r}" if key is not None else ""
+        return StorageUnavailable(
+            f"{self.description}: cannot {action}{what}: {type(exc).__name__}"
+            + (f" ({exc.strerror})" if exc.strerror else "")
+        )
+
+    def _missing(self, key: str, exc: OSError) -> StorageUnavailable:
+        # "Not found" only counts when the root itself is there; a vanished or replaced root
+        # is the folder equivalent of a server that is down.
+        if not self.root.is_dir():
+            return StorageUnavailable(f"{self.description}: root folder is missing")
+        if isinstance(exc, FileNotFoundError | NotADirectoryError | IsADirectoryError):
+            return ObjectNotFound(f"{self.description}: no object {key!r}")
+        return self._unavailable("read", key, exc)
+
+    # contract
+
+    def ensure_ready(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise self._unavailable("create root folder", None, exc) from exc
+        if not os.access(self.root, os.R_OK | os.W_OK | os.X_OK):
+            raise StorageUnavailable(f"{self.description}: root folder is not writable")
+
+    def put(
+        self,
+        key: str,
+        data: bytes | BinaryIO,
+        *,
+        size: int,
+        sha256: str,
+        content_type: str | None,
+    ) -> ObjectInfo:
+        path = self._path(key)
+        check_put_args(size, sha256)
+        content_type = content_type or DEFAULT_CONTENT_TYPE
+        reader = VerifyingReader(as_stream(data), size, sha256)
+        if not self.root.is_dir():
+            raise StorageUnavailable(f"{self.description}: root folder is missing")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        except OSError as exc:
+            raise self._unavailable("write", key, exc) from exc
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                while chunk := reader.read(_CHUNK):
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+                st = os.fstat(out.fileno())
+            meta = {
+                "sha256": sha256,
+                "content_type": content_type,
+                "size": st.st_size,
+                "ino": st.st_ino,
+                "mtime_ns": st.st_mtime_ns,
+            }
+            self._write_atomic(self._sidecar(path), json.dumps(meta).encode())
+            os.replace(tmp, path)
+            self._fsync_dir(path.parent)
+        except OSError as exc:
+            raise self._unavailable("write", key, exc) from exc
+        finally:
+            tmp.unlink(missing_ok=True)
+        logger.debug("stored %r (%d bytes) in %s", key, size, self.description)
+        return ObjectInfo(key=key, size=size, sha256=sha256, content_type=content_type)
+
+    def get(self, key: str, *, max_bytes: int) -> bytes:
+        check_max_bytes(max_bytes)
+        path = self._path(key)
+        try:
+            with path.open("rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size > max_bytes:
+                    raise too_large(key, size, max_bytes)
+                body = f.read(max_bytes + 1)
+        except OSError as exc:
+            raise self._missing(key, exc) from exc
+        if len(body) > max_bytes:  # the file grew after fstat
+            raise too_large(key, len(body), max_bytes)
+        return body
+
+    def stat(self, key: str) -> ObjectInfo:
+        path = self._path(key)
+        try:
+            st = path.stat()
+        except OSError as exc:
+            raise self._missing(key, exc) from exc
+        if not path.is_file():
+            raise ObjectNotFound(f"{self.description}: no object {key!r}")
+        meta = self._read_sidecar(path)
+        stamp_ok = meta is not None and (
+            meta.get("size"),
+            meta.get("ino"),
+            meta.get("mtime_ns"),
+        ) == (st.st_size, st.st_ino, st.st_mtime_ns)
+        if meta is not None and stamp_ok:
+            sha256 = meta.get("sha256")
+            content_type = meta.get("content_type")
+            return ObjectInfo(
+                key=key,
+                size=st.st_size,
+                sha256=sha256 if isinstance(sha256, str) else None,
+                content_type=content_type if isinstance(content_type, str) else None,
+            )
+        logger.warning(
+            "%s: sidecar of %r missing or stale; recomputing sha256", self.description, key
+        )
+        try:
+            with path.open("rb") as f:
+                digest = hashlib.file_digest(f, "sha256").hexdigest()
+        except OSError as exc:
+            raise self._missing(key, exc) from exc
+        return ObjectInfo(key=key, size=st.st_size, sha256=digest, content_type=None)
+
+    # helpers
+
+    @staticmethod
+    def _read_sidecar(path: Path) -> dict[str, object] | None:
+        try:
+            meta = json.loads(FolderStore._sidecar(path).read_bytes())
+        except (OSError, ValueError):
+            return None
+        return meta if isinstance(meta, dict) else None
+
+    @staticmethod
+    def _write_atomic(path: Path, payload: bytes) -> None:
+        fd, tmp_name = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(payload)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp_name, path)
+        finally:
+            Path(tmp_name).unlink(missing_ok=True)
+
+    @staticmethod
+    def _fsync_dir(directory: Path) -> None:
+        # Makes the rename itself durable; not every platform can open a directory.
+        try:
+            fd = os.open(directory, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)

@@ -1,0 +1,343 @@
+"""One claimed job, from its first step to its outcome: the per-job part of the worker runtime.
+
+The runtime (:mod:`trioindex.worker.runtime`) owns the slots and the nurseries; for each claim
+it starts :meth:`JobRunner.run` in the jobs nursery. That runs, inside the job's own cancel
+scope, the pipeline steps beside a lease renewal loop, writes the final completion or a
+classified failure, hands the claim back when the job was cancelled, and says how the attempt
+ended as a :class:`JobOutcome` value.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+from datetime import datetime
+from typing import Protocol
+
+import attrs
+import trio
+
+from trioindex.config import WorkerSettings
+from trioindex.errors import FailureType, OwnershipLost, StateInconsistent, StepFailure
+from trioindex.values import Claim, CompleteResult, FailOutcome, FailResult, VersionStatus
+from trioindex.worker import metrics
+from trioindex.worker.counters import WorkerCounters
+
+logger = logging.getLogger(__name__)
+
+# How long a bounded cleanup write (STOPPING/STOPPED, a hand-back, a final report) may take.
+CLEANUP_TIMEOUT = 10.0
+# Pause before retrying a renewal that failed for a reason other than lost ownership.
+RENEWAL_RETRY_PAUSE = 1.0
+
+
+class JobWrites(Protocol):
+    """The writes one claimed job makes (:class:`trioindex.worker.queue.JobQueue`)."""
+
+    async def renew(self, claim: Claim) -> datetime: ...
+    async def complete(self, claim: Claim) -> CompleteResult: ...
+    async def fail(self, claim: Claim, failure_type: FailureType, message: str) -> FailResult: ...
+    async def release(self, claim: Claim) -> None: ...
+
+
+class Steps(Protocol):
+    """The pipeline steps (:class:`trioindex.worker.wiring.PipelineSteps`)."""
+
+    async def parse(self, claim: Claim) -> int: ...
+    async def embed(self, claim: Claim) -> int: ...
+
+
+class OutcomeKind(enum.StrEnum):
+    """How an attempt ended on this worker; the value is the ``outcome`` metrics label."""
+
+    SUCCEEDED = "succeeded"
+    RETRY = "retry"  # failed, retry scheduled
+    FAILED = "failed"  # failed for good
+    LOST = "lost"  # ownership lost: no further writes, lease recovery owns the job
+    RELEASED = "released"  # cancelled and handed back: PENDING again at once
+    CANCELLED = "cancelled"  # cancelled, hand-back refused or impossible: left to recovery
+    REPORT_REFUSED = "report-refused"  # the failure report was refused (ownership lost)
+    REPORT_FAILED = "report-failed"  # the failure report could not be written (or timed out)
+
+
+_WITH_FAILURE_TYPE = frozenset({OutcomeKind.RETRY, OutcomeKind.FAILED})
+
+
+@attrs.frozen
+class JobOutcome:
+    """How one attempt ended. ``failure_type`` is set exactly for RETRY and FAILED."""
+
+    kind: OutcomeKind
+    failure_type: FailureType | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if (self.failure_type is not None) != (self.kind in _WITH_FAILURE_TYPE):
+            raise ValueError(f"outcome {self.kind} with failure type {self.failure_type}")
+
+    def __str__(self) -> str:
+        """As logs show it: ``succeeded``, ``released``, ``retry:STORAGE_UNAVAILABLE``."""
+        if self.failure_type is None:
+            return self.kind.value
+        return f"{self.kind.value}:{self.failure_type.value}"
+
+
+SUCCEEDED = JobOutcome(OutcomeKind.SUCCEEDED)
+LOST = JobOutcome(OutcomeKind.LOST)
+RELEASED = JobOutcome(OutcomeKind.RELEASED)
+CANCELLED = JobOutcome(OutcomeKind.CANCELLED)
+REPORT_REFUSED = JobOutcome(OutcomeKind.REPORT_REFUSED)
+REPORT_FAILED = JobOutcome(OutcomeKind.REPORT_FAILED)
+
+_PARSE_FIRST = frozenset({VersionStatus.UPLOADED, VersionStatus.PARSING})
+_EMBEDDABLE = _PARSE_FIRST | {VersionStatus.CHUNKED, VersionStatus.EMBEDDING}
+
+
+def steps_for(status: VersionStatus) -> tuple[str, ...]:
+    """Which steps a claim runs, chosen by its version's status at claim time."""
+    if status in _PARSE_FIRST:
+        return ("parse", "embed", "complete")
+    if status in _EMBEDDABLE:
+        return ("embed", "complete")
+    raise StateInconsistent(f"a claimed job's version is {status}; nothing can run")
+
+
+@attrs.define(eq=False)
+class JobContext:
+    """One claim in flight. ``lease_deadline`` is a local, conservative estimate (Trio clock)."""
+
+    claim: Claim
+    lease_deadline: float
+    scope: trio.CancelScope
+    lost: bool = False
+    step: str = "claim"
+    # Set just before the final write (complete or fail). A renewal racing that write waits on
+    # the job row lock and then finds the job finished: that is not a lost lease.
+    finishing: bool = False
+    # How the job ended so far; final once JobRunner.run returns or raises.
+    outcome: JobOutcome = CANCELLED
+
+
+@attrs.define(eq=False)
+class JobRunner:
+    """Runs claimed jobs for one :meth:`~trioindex.worker.runtime.Worker.serve` call."""
+
+    queue: JobWrites
+    steps: Steps
+    settings: WorkerSettings
+    counters: WorkerCounters
+
+    async def run(self, context: JobContext) -> None:
+        """Run the job inside ``context.scope`` and set ``context.outcome``.
+
+        The outcome is set even when a ``BaseException`` (a fatal error, a cancellation from
+        outside) ends the job: the caller reads it in its own ``finally``.
+        """
+        started = trio.current_time()
+        try:
+            with context.scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._renew_loop, context)
+                    context.outcome = await self._execute(context)
+                    nursery.cancel_scope.cancel()  # the final write is done: renewal stops last
+            if context.lost and context.outcome == CANCELLED:
+                context.outcome = LOST
+                self.counters.lost += 1
+        finally:
+            if context.outcome == CANCELLED and not context.lost:
+                context.outcome = await self._hand_back(context)
+            self._record(context, trio.current_time() - started)
+
+    def _record(self, context: JobContext, seconds: float) -> None:
+        claim, outcome = context.claim, context.outcome
+        if outcome.kind in (OutcomeKind.CANCELLED, OutcomeKind.RELEASED):
+            self.counters.cancelled += 1
+        failure_type = "" if outcome.failure_type is None else outcome.failure_type.value
+        metrics.record_job(outcome.kind.value, failure_type)
+        logger.info(
+            "worker %s job %s attempt %s: %s after %.2fs (step %s)",
+            claim.worker_id,
+            claim.job_id,
+            claim.attempt_id,
+            outcome,
+            seconds,
+            context.step,
+        )
+
+    async def _execute(self, context: JobContext) -> JobOutcome:
+        """Run the steps; classify and report a failure."""
+        claim = context.claim
+        try:
+            for step in steps_for(claim.version_status):
+                context.step = step
+                began = trio.current_time()
+                if step == "parse":
+                    await self.steps.parse(claim)
+                elif step == "embed":
+                    await self._embed(claim)
+                else:
+                    context.finishing = True
+                    # shielded: the call is never abandoned anyway, and a completion that
+                    # committed must be reported as such, not as a cancelled job
+                    with trio.CancelScope(shield=True):
+                        await self.queue.complete(claim)
+                metrics.record_step(step, trio.current_time() - began)
+        except OwnershipLost as exc:
+            context.lost = True
+            self.counters.lost += 1
+            logger.warning(
+                "worker %s job %s: ownership lost during %s (%s); no further writes",
+                claim.worker_id,
+                claim.job_id,
+                context.step,
+                exc,
+            )
+            return LOST
+        except StepFailure as failure:
+            return await self._report(context, failure.failure_type, failure.message)
+        except Exception as exc:
+            # Unknown errors are classified by type name only: their text may carry data.
+            return await self._report(
+                context,
+                FailureType.WORKER_INTERNAL_ERROR,
+                f"unexpected {type(exc).__name__} during {context.step}",
+            )
+        self.counters.succeeded += 1
+        return SUCCEEDED
+
+    async def _embed(self, claim: Claim) -> None:
+        began = trio.current_time()
+        try:
+            await self.steps.embed(claim)
+        except Exception as exc:
+            metrics.record_embedding_call(type(exc).__name__, trio.current_time() - began)
+            raise
+        metrics.record_embedding_call("ok", trio.current_time() - began)
+
+    async def _hand_back(self, context: JobContext) -> JobOutcome:
+        """Return a cancelled job's claim to the queue at once (shielded, bounded).
+
+        RELEASED when the job is PENDING again; CANCELLED when the write was refused (the
+        claim no longer owns the job) or could not be made — lease recovery owns it then.
+        """
+        claim = context.claim
+        context.finishing = True  # a renewal racing the hand-back is not a lost lease
+        with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):
+            try:
+                await self.queue.release(claim)
+            except OwnershipLost:
+                logger.info(
+                    "worker %s job %s: hand-back refused (the claim no longer owns the job)",
+                    claim.worker_id,
+                    claim.job_id,
+                )
+                return CANCELLED
+            except Exception as exc:
+                logger.warning(
+                    "worker %s job %s: could not hand the job back (%s); lease recovery will",
+                    claim.worker_id,
+                    claim.job_id,
+                    type(exc).__name__,
+                )
+                return CANCELLED
+            return RELEASED
+        logger.warning(
+            "worker %s job %s: handing the job back timed out after %.0fs; lease recovery will",
+            claim.worker_id,
+            claim.job_id,
+            CLEANUP_TIMEOUT,
+        )
+        return CANCELLED
+
+    async def _report(
+        self, context: JobContext, failure_type: FailureType, message: str
+    ) -> JobOutcome:
+        """Write a classified failure. Shielded and bounded: a failure found just as the job is
+        cancelled (shutdown, a lost lease) is still reported, within ``CLEANUP_TIMEOUT``."""
+        claim = context.claim
+        context.finishing = True
+        with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):
+            return await self._fail(claim, failure_type, message)
+        self.counters.report_refused += 1
+        logger.warning(
+            "worker %s job %s: reporting %s timed out after %.0fs; lease recovery will retry it",
+            claim.worker_id,
+            claim.job_id,
+            failure_type,
+            CLEANUP_TIMEOUT,
+        )
+        return REPORT_FAILED
+
+    async def _fail(self, claim: Claim, failure_type: FailureType, message: str) -> JobOutcome:
+        try:
+            result = await self.queue.fail(claim, failure_type, message)
+        except OwnershipLost:
+            self.counters.report_refused += 1
+            logger.warning(
+                "worker %s job %s: %s report refused (ownership lost); lease recovery owns it",
+                claim.worker_id,
+                claim.job_id,
+                failure_type,
+            )
+            return REPORT_REFUSED
+        except Exception as exc:
+            self.counters.report_refused += 1
+            logger.warning(
+                "worker %s job %s: could not report %s (%s); lease recovery will retry it",
+                claim.worker_id,
+                claim.job_id,
+                failure_type,
+                type(exc).__name__,
+            )
+            return REPORT_FAILED
+        if result.outcome is FailOutcome.RETRY_SCHEDULED:
+            self.counters.retried += 1
+            return JobOutcome(OutcomeKind.RETRY, failure_type)
+        self.counters.failed += 1
+        return JobOutcome(OutcomeKind.FAILED, failure_type)
+
+    async def _renew_loop(self, context: JobContext) -> None:
+        """Renew on absolute deadlines; a refused renewal cancels this job's scope only."""
+        interval = self.settings.lease_renewal_interval
+        next_at = trio.current_time() + interval
+        while True:
+            await trio.sleep_until(next_at)
+            if context.finishing:
+                return  # the final write is under way; it re-validates ownership itself
+            try:
+                await self.queue.renew(context.claim)
+            except OwnershipLost:
+                if context.finishing:
+                    return  # raced the final write, which finished the job: not a loss
+                context.lost = True
+                metrics.record_renewal("refused")
+                metrics.record_lease_lost()
+                logger.warning(
+                    "worker %s job %s: lease renewal refused; cancelling the job",
+                    context.claim.worker_id,
+                    context.claim.job_id,
+                )
+                context.scope.cancel()
+                return
+            except Exception as exc:
+                self.counters.renewal_errors += 1
+                metrics.record_renewal("error")
+                now = trio.current_time()
+                if now >= context.lease_deadline:
+                    context.lost = True
+                    metrics.record_lease_lost()
+                    logger.warning(
+                        "worker %s job %s: lease expired while renewal kept failing (%s)",
+                        context.claim.worker_id,
+                        context.claim.job_id,
+                        type(exc).__name__,
+                    )
+                    context.scope.cancel()
+                    return
+                next_at = min(now + RENEWAL_RETRY_PAUSE, context.lease_deadline)
+                continue
+            self.counters.renewals += 1
+            metrics.record_renewal("ok")
+            # the database extended the lease from "now"; our estimate follows conservatively
+            context.lease_deadline = trio.current_time() + self.settings.lease_duration
+            next_at += interval * max(1, math.ceil((trio.current_time() - next_at) / interval))
