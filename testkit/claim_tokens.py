@@ -1,5 +1,5 @@
 """The claim-token trap: a trigger recording every claim token the database hands out, so that
-a scan of the logs can prove none of them was printed (tests/test_process.py, the chaos run)."""
+a scan of the logs can prove none of them was printed (tests/worker/test_process.py, the chaos run)."""
 
 from __future__ import annotations
 

@@ -89,7 +89,7 @@ def write_corpus(folder: Path, *, copies: int = 1, sentences: int = 6) -> list[P
     return written
 
 
-# -- small builders for parser tests (shared by tests/test_parsing.py and the property tests) --
+# -- small builders for parser tests (shared by tests/pipeline/test_formats.py and the property tests) --
 
 # the checked-in parser test files
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"

@@ -1,4 +1,4 @@
-"""What every chunking must satisfy, shared by tests/test_chunking.py and the property tests."""
+"""What every chunking must satisfy, shared by tests/pipeline/test_chunking.py and the property tests."""
 
 from __future__ import annotations
 

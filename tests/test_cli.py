@@ -1,7 +1,7 @@
 """The command line as people use it: subprocesses, their output and exit codes.
 
 Runs against an S3 server on loopback and an HTTP (TEI) embedding server, on a fresh database;
-the embedded-defaults path is covered by tests/test_process.py.
+the embedded-defaults path is covered by tests/worker/test_process.py.
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ async def test_several_workers_draining_one_queue_run_each_job_once_within_their
 ) -> None:
     """Outcome test: three workers drain 30 jobs. Their claims overlap but nothing forces two
     of them onto one row; that the claim skips a row another claimer holds is forced in
-    ``test_lifecycle.py::test_claim_skips_a_row_another_transaction_holds_and_takes_the_next``."""
+    ``test_jobs.py::test_claim_skips_a_row_another_transaction_holds_and_takes_the_next``."""
     jobs = enqueue(db, 30)
     peak: Counter[UUID] = Counter()
 

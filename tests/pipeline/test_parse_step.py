@@ -1,7 +1,7 @@
 """The parse + chunk step on real PostgreSQL with a real folder store.
 
 The step reads through :class:`AsyncObjectStore`, whichever store is behind it; reads from a
-real S3 server are tested in tests/test_storage.py and, through this step, end to end in
+real S3 server are tested in tests/storage/test_storage.py and, through this step, end to end in
 tests/test_cli.py (whose worker stores its documents on S3).
 """
 

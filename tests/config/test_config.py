@@ -29,7 +29,7 @@ from trioindex.config import (
 )
 from trioindex.errors import ConfigError
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "design" / "configuration.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "design" / "configuration.md"
 
 
 def load(tmp_path: Path, env: dict[str, str] | None = None, toml: str | None = None) -> Settings:
