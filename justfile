@@ -58,8 +58,8 @@ mutants *ARGS: setup
 # Build the image and run compose.yaml's stack for real (docker, else podman, installed with
 # apt-get as root when missing), with test stand-ins for pgvector (when no registry answers),
 # MinIO and TEI; check migrate, registration, ingest, health, SIGTERM hand-back and logs; tear
-# down. The JSON result also goes to ~/.cache/trioindex-deploy/last-check.json. About 3 min
-# from cache; see docs/test-results/deployment.md.
+# down. The JSON result also goes to ~/.cache/trioindex-deploy/last-check.json. About 2 min
+# from cache, 5-6 min the first time; see docs/test-results/deployment.md.
 deploy-test *ARGS: setup
     TRIOINDEX_CONTAINER_TESTS=1 {{bin}}/pytest -m containers tests/test_deploy_containers.py -p no:cacheprovider "$@"
 

@@ -194,9 +194,3 @@ def detect(*, install: bool = True, env: Mapping[str, str] | None = None) -> Eng
     if exe is None:
         raise EngineUnavailable("podman is still not on PATH after apt-get install")
     return Engine("podman", exe, podman_settings(state_dir()))
-
-
-def can_run_containers(engine: Engine, image: str) -> str | None:
-    """None when ``engine`` starts a container of ``image``; otherwise why not."""
-    done = engine.command("run", "--rm", image, "true", timeout=120, check=False)
-    return None if done.returncode == 0 else _tail(done.stderr)
