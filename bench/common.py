@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import platform
+import re
 import resource
 import shlex
 import subprocess
@@ -373,10 +374,17 @@ def machine_lines(machine: dict[str, Any]) -> list[str]:
 
 
 def page_head(
-    title: str, date: str, command: str, elapsed: float, machine: dict[str, Any]
+    title: str,
+    date: str,
+    command: str,
+    elapsed: float,
+    machine: dict[str, Any],
+    *,
+    about: str = "",
 ) -> list[str]:
-    """A report's first lines: title, date, command and the machine block."""
-    return [
+    """A report's first lines: title, date, command, the machine block and, from ``about`` (the
+    benchmark module's docstring, its one description of the method), "What is measured"."""
+    lines = [
         f"# {title}",
         "",
         f"- Date: {date}",
@@ -384,6 +392,15 @@ def page_head(
         *machine_lines(machine),
         "",
     ]
+    if about:
+        text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", about.strip()).replace("``", "`")
+        lines += ["## What is measured", "", *text.splitlines(), ""]
+    return lines
+
+
+def verdict(met: bool) -> str:
+    """How a report names a target's outcome."""
+    return "met" if met else "**not met**"
 
 
 @attrs.frozen

@@ -48,10 +48,10 @@ from bench.common import (
     page_head,
     percentiles,
     plot_panels,
+    verdict,
     warm_pool,
 )
 from bench.harness import (
-    FakeServerProcess,
     RawEncode,
     RawRun,
     chunk_texts,
@@ -61,6 +61,7 @@ from bench.harness import (
     raw_encode,
     vector_costs,
 )
+from testkit.embed_process import EmbedServerProcess
 from trioindex.db import jobs as lifecycle
 from trioindex.db.models import ensure_model
 from trioindex.db.pool import Database, connect
@@ -348,7 +349,7 @@ def run_step(
     chunks_per_job: int,
     *,
     open_: Callable[[], Any],
-    server: FakeServerProcess | None,
+    server: EmbedServerProcess | None,
 ) -> StepRun:
     before: DbCounters = pg.counters(url, settle_seconds=5)
     server0 = server.cpu_seconds() if server is not None else None
@@ -394,7 +395,7 @@ def _batches(texts: Sequence[str], size: int) -> list[list[str]]:
 
 def run_http(
     pg: BenchPostgres,
-    server: FakeServerProcess,
+    server: EmbedServerProcess,
     latency_ms: float,
     batch: int,
     texts: Sequence[str],
@@ -654,22 +655,14 @@ def _markdown(
     named = [*zip(("before the scenarios", "after the scenarios"), ceilings, strict=False)]
     named.append(("diagnostic: the model's HNSW index dropped", no_hnsw))
     lines = [
-        *page_head("Embedding step benchmark", date, command, elapsed, machine),
-        "What is measured: chunks/s through the real embedding step (`prepare_embedding`, the "
-        "embedder, `build_drafts`, `commit_embeddings`) on jobs staged `CHUNKED` and claimed "
-        "with `claim_jobs`, next to the capacity of the embedding backend measured in the same "
-        f"run. The target is a ratio of at least {TARGET_RATIO}.",
+        *page_head(
+            "Embedding step benchmark", date, command, elapsed, machine, about=__doc__ or ""
+        ),
+        f"Target: step / capacity ≥ {TARGET_RATIO}. The step's ceiling (in-process embedder, "
+        f"no HTTP) averaged **{ceiling:,.0f} chunks/s**; loop lag = how late a 5 ms "
+        "`trio.sleep` woke up; other processes = CPU the rest of the machine used meanwhile.",
         "",
         "## HTTP embedder (TEI protocol) against the fake server",
-        "",
-        f"Capacity: a minimal Trio + `httpx` client with {IN_FLIGHT} requests in flight, right "
-        f"before and after the step run (mean). The step: jobs of {CHUNKS_PER_JOB} chunks of "
-        f"about {TEXT_CHARACTERS} characters, {JOB_CONCURRENCY} jobs at once, one `TeiEmbedder` "
-        f"(`max-in-flight` {IN_FLIGHT}), a pool of {POOL_SIZE}; sized to last about "
-        f'{STEP_SECONDS:.0f} s (at most {MAX_STEP_CHUNKS} chunks). "Latency bound" = in-flight '
-        "× batch / latency; loop lag = how late a 5 ms `trio.sleep` woke up; other processes = "
-        "CPU the rest of the machine used meanwhile. The ceiling: the same step with an "
-        f"in-process embedder (no HTTP), mean **{ceiling:,.0f} chunks/s**.",
         "",
         *column_table(_CEILING_COLUMNS, named),
         "",
@@ -681,10 +674,8 @@ def _markdown(
             "",
             "## Local model (all-MiniLM-L6-v2, 384 dimensions)",
             "",
-            f"`open_embedder(api='local')` (`batch-size` {local.batch}) against "
-            "`SentenceTransformer.encode` of the same texts in the same batches, from a thread "
-            f"(torch uses {local.torch_threads} threads), before and after the step run; "
-            f"{local.step.jobs} jobs × {local.step.chunks // local.step.jobs} chunks.",
+            f"batch-size {local.batch}, torch threads {local.torch_threads}, {local.step.jobs} "
+            f"jobs × {local.step.chunks // local.step.jobs} chunks.",
             "",
             *column_table(
                 [
@@ -768,9 +759,8 @@ def _reading(
             f"{', '.join(above) or 'none'}; there step / min(capacity, ceiling) is the figure."
         )
     if local is not None:
-        verdict = "met" if local.ratio >= TARGET_RATIO else "**not met**"
         out.append(
-            f"- **Target, local model:** {verdict}: {local.step.chunks_per_s:.1f} chunks/s "
+            f"- **Target, local model:** {verdict(local.ratio >= TARGET_RATIO)}: {local.step.chunks_per_s:.1f} chunks/s "
             f"against {local.capacity:.1f} for raw `encode` (ratio {local.ratio:.2f}; torch "
             f"runs {local.torch_threads} threads on {cores} cores)."
         )
@@ -823,7 +813,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         no_hnsw = run_ceiling(pg, in_process, texts, max_chunks // CHUNKS_PER_JOB, drop_hnsw=True)
         print(f"{'ceiling, no HNSW':<20} step {no_hnsw.chunks_per_s:8,.0f} chunks/s")
         for latency in latencies:
-            with FakeServerProcess(
+            with EmbedServerProcess(
                 latency_ms=latency, dimension=HTTP_DIMENSION, max_batch_size=max(batches)
             ) as server:
                 for batch in batches:

