@@ -8,8 +8,10 @@ import uuid
 import psycopg
 import pytest
 
+from testkit.postgres import admin, drop_database, with_dbname
 from trioindex.db.migrations import available_migrations, current_version, migrate
 from trioindex.db.pool import Database
+from trioindex.errors import ConfigError
 
 
 def _model(
@@ -199,3 +201,18 @@ def test_concurrent_migrations_from_several_processes(empty_database_url: str) -
 def test_migrate_twice_applies_nothing_the_second_time(empty_database_url: str) -> None:
     assert migrate(empty_database_url) == [m.version for m in available_migrations()]
     assert migrate(empty_database_url) == []
+
+
+def test_migrate_refuses_a_database_that_is_not_utf8(pg_server_url: str) -> None:
+    # Under SQL_ASCII every text column comes back as bytes and claims broke far from the cause;
+    # the refusal names the encoding and creates nothing.
+    name = f"trioindex_ascii_{uuid.uuid4().hex[:8]}"
+    admin(pg_server_url, f"CREATE DATABASE \"{name}\" ENCODING 'SQL_ASCII' TEMPLATE template0")
+    try:
+        url = with_dbname(pg_server_url, name)
+        with pytest.raises(ConfigError, match="encoding SQL_ASCII; trioindex needs UTF8"):
+            migrate(url)
+        with psycopg.connect(url) as conn:
+            assert current_version(conn) == 0
+    finally:
+        drop_database(pg_server_url, name)

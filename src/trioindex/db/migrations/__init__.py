@@ -17,6 +17,8 @@ from typing import Any
 import attrs
 import psycopg
 
+from trioindex.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 # An arbitrary constant shared by every trioindex process ("trioidx" in ASCII).
@@ -41,8 +43,10 @@ def available_migrations() -> list[Migration]:
             found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
-    if versions != list(range(1, len(found) + 1)):
-        raise RuntimeError(f"migration versions must be 1..n without gaps, found {versions}")
+    # Numbers are reserved per change, so one may land before a lower one exists; each is
+    # written to apply on top of the ones before it, whichever of those exist.
+    if len(set(versions)) != len(versions) or versions[:1] != [1]:
+        raise RuntimeError(f"migration versions must be unique and start at 1, found {versions}")
     return found
 
 
@@ -53,6 +57,7 @@ def migrate(conninfo: str) -> list[int]:
     """
     applied_now: list[int] = []
     with psycopg.connect(conninfo, autocommit=True) as conn:
+        _require_utf8(conn)
         conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
         try:
             conn.execute(
@@ -80,6 +85,21 @@ def migrate(conninfo: str) -> list[int]:
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
     return applied_now
+
+
+def _require_utf8(conn: psycopg.Connection[Any]) -> None:
+    """Refuse a database whose encoding is not UTF8 before anything is created in it.
+
+    Under SQL_ASCII the server hands text back undecoded, so every status read as bytes and the
+    first claim failed deep inside the worker; other encodings cannot store every document's
+    text. Either way the fix is a new database, which the message says how to make.
+    """
+    encoding = conn.info.parameter_status("server_encoding") or "unknown"
+    if encoding.upper() not in {"UTF8", "UTF-8"}:
+        raise ConfigError(
+            f"database.url: the database uses encoding {encoding}; trioindex needs UTF8 "
+            "(CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0)"
+        )
 
 
 def current_version(conn: psycopg.Connection[Any]) -> int:
