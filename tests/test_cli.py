@@ -23,6 +23,7 @@ from testkit.documents import write_corpus
 from testkit.embed_server import FakeEmbedServer
 from testkit.processes import FAST_WORKER, base_env, cli, query, spawn, wait_for
 from tests.fixtures.s3 import S3Server
+from trioindex.config import load_settings
 from trioindex.db.pool import with_dbname
 
 pytestmark = pytest.mark.slow
@@ -128,7 +129,7 @@ def test_ingest_wait_shows_progress_and_fails_listing_failed_documents(indexed: 
     assert result.returncode == 1, result.stderr[-2000:]
     assert "FAILED empty.txt: DOCUMENT_CONTENT_INVALID" in result.stderr
     assert "indexing" in result.stdout  # the progress bar's label
-    assert "enqueued" in result.stdout
+    assert "added" in result.stdout  # the summary: added, changed, unchanged
     states = query(
         indexed.database_url, "SELECT status, count(*) AS n FROM embedding_jobs GROUP BY status"
     )
@@ -156,7 +157,9 @@ def test_search_finds_a_stored_chunk_by_its_own_text_first(indexed: Indexed) -> 
             chunk["content"],
         )
     }
-    found = cli(indexed.env, "search", chunk["content"], "--top-k", "3")
+    found = cli(
+        indexed.env, "search", chunk["content"], "--top-k", "3", "--chunks", "--mode", "vector"
+    )
     assert found.returncode == 0, found.stderr
     rank, score, key, index = found.stdout.splitlines()[0].split()
     assert (rank, score) == ("1.", "1.0000")
@@ -165,10 +168,61 @@ def test_search_finds_a_stored_chunk_by_its_own_text_first(indexed: Indexed) -> 
     assert [m.group(1) for m in hit_lines if m] == ["1", "2", "3"]
 
 
-def test_search_json_lists_hits_in_rank_order(indexed: Indexed) -> None:
-    hits = json.loads(cli(indexed.env, "search", "renewable lease", "--json").stdout)
+def test_search_chunks_json_keeps_the_first_release_shape(indexed: Indexed) -> None:
+    hits = json.loads(cli(indexed.env, "search", "renewable lease", "--chunks", "--json").stdout)
     assert [h["rank"] for h in hits] == list(range(1, len(hits) + 1))
-    assert {"score", "document_key", "chunk_index", "text"} <= set(hits[0])
+    assert set(hits[0]) == {
+        "rank", "score", "document_key", "document_id", "version_no", "chunk_index", "text",
+    }  # fmt: skip
+
+
+def test_search_lists_documents_with_their_best_chunks(indexed: Indexed) -> None:
+    """Default: one hit per document. Every topic exists as .txt/.md/.html/.docx/.pdf with the
+    same paragraphs, so the chunk-level top 10 repeats documents; document hits never do."""
+    args = ("search", "worker lease renewal", "--top-k", "4", "--mode", "text")
+    docs = json.loads(cli(indexed.env, *args, "--json").stdout)
+    assert [d["rank"] for d in docs] == [1, 2, 3, 4]
+    assert len({d["document_key"] for d in docs}) == 4
+    assert set(docs[0]) == {
+        "rank", "score", "document_key", "document_id", "version_no", "content_type", "chunks",
+    }  # fmt: skip
+    assert set(docs[0]["chunks"][0]) == {"chunk_index", "score", "snippet"}
+    assert all(1 <= len(d["chunks"]) <= 3 for d in docs)
+    assert all(d["score"] == d["chunks"][0]["score"] for d in docs)
+    text = cli(indexed.env, *args).stdout.splitlines()
+    assert re.match(r"  1\. \d\.\d{4}  \S+  \(v1\)$", text[0])
+    assert re.match(r"       #\d+ +\d\.\d{4}  ", text[1])
+    # filters: a content type family, and a key prefix
+    only_md = json.loads(
+        cli(indexed.env, *args, "--content-type", "text/markdown", "--json").stdout
+    )
+    assert only_md and all(d["document_key"].endswith(".md") for d in only_md)
+    assert all(d["content_type"] == "text/markdown" for d in only_md)
+    lease = json.loads(cli(indexed.env, *args, "--prefix", "lease-", "--json").stdout)
+    assert lease and all(d["document_key"].startswith("lease-") for d in lease)
+
+
+def test_search_queries_reads_json_lines_and_writes_one_line_per_query(
+    indexed: Indexed, tmp_path: Path
+) -> None:
+    queries = [
+        {"id": i, "text": t} for i, t in enumerate(["lease", "claim", "드라이브", "nursery"])
+    ]
+    path = tmp_path / "queries.jsonl"
+    path.write_text("\n".join(json.dumps(q, ensure_ascii=False) for q in queries) + "\n\n")
+    run = cli(indexed.env, "search", "--queries", str(path), "--top-k", "2")
+    assert run.returncode == 0, run.stderr
+    lines = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [line["id"] for line in lines] == [0, 1, 2, 3]
+    assert all(len(line["results"]) <= 2 for line in lines)
+    assert all({"document_key", "chunks"} <= set(r) for line in lines for r in line["results"])
+    # the same query alone gives the same documents
+    alone = json.loads(cli(indexed.env, "search", "claim", "--top-k", "2", "--json").stdout)
+    assert [r["document_key"] for r in lines[1]["results"]] == [r["document_key"] for r in alone]
+    path.write_text('{"id": 1, "text": "ok"}\nnot json\n')
+    bad = cli(indexed.env, "search", "--queries", str(path))
+    assert bad.returncode == 2
+    assert "--queries line 2: not JSON" in bad.stderr
 
 
 def test_status_counts_jobs_failures_and_the_live_worker(indexed: Indexed) -> None:
@@ -304,7 +358,7 @@ def test_ingest_reports_bad_names_and_outside_links_goes_on_and_exits_non_zero(
     out = human.stdout.splitlines()
     assert any(line.startswith("error") and "bad\\xff.txt" in line for line in out), out
     assert any(line.startswith("skipped") and "link.txt" in line for line in out), out
-    assert "0 enqueued, 2 unchanged, 1 skipped, 1 error" in human.stdout
+    assert "0 added, 0 changed, 2 unchanged, 1 skipped, 1 error" in human.stdout
     assert "could not be ingested" in human.stderr
 
     (docs / "bad\udcff.txt").unlink()
@@ -356,7 +410,9 @@ def test_metrics_endpoint_counts_jobs_and_leaks_no_ids_or_text(
         'trioindex_jobs_total{failure_type="DOCUMENT_CONTENT_INVALID",outcome="failed"} 1.0' in text
     )
     assert 'trioindex_step_duration_seconds_count{step="embed"} 1.0' in text
-    assert "trioindex_slots_max 2.0" in text
+    # the configured max-concurrency (derived from the embedder when not set), from the start
+    expected = load_settings(environ=env).worker.max_concurrency
+    assert f"trioindex_slots_max {float(expected)}" in text
     ids = [str(r["id"]) for r in query(database_url, "SELECT id FROM embedding_jobs")]
     assert not [i for i in ids if i in text]
     assert "marker-trio" not in text

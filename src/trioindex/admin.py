@@ -13,6 +13,7 @@ from uuid import UUID
 import attrs
 
 from trioindex.db.jobs import retry_failed
+from trioindex.db.models import ModelView, finish_switch, model_list
 from trioindex.db.pool import Connection
 from trioindex.errors import NotFound
 from trioindex.values import AttemptView, JobStatus, JobView
@@ -36,6 +37,8 @@ class QueueStatus:
     retries_scheduled: int
     failures_by_type: dict[str, int]
     workers: tuple[WorkerView, ...]
+    serving_model: str | None = None
+    switch: ModelView | None = None  # the model being switched to: covered / documents
 
 
 @attrs.frozen
@@ -55,6 +58,7 @@ class WorkerView:
 
 
 def queue_status(conn: Connection, *, heartbeat_timeout: float) -> QueueStatus:
+    finish_switch(conn)  # a model switch whose new model covers everything takes effect here
     with conn.transaction():
         by_status = {
             row["status"]: row["n"]
@@ -95,12 +99,15 @@ def queue_status(conn: Connection, *, heartbeat_timeout: float) -> QueueStatus:
             ).fetchall()
         )
     assert pending is not None
+    models = model_list(conn)
     return QueueStatus(
         jobs_by_status={s.value: by_status.get(s.value, 0) for s in JobStatus},
         oldest_pending_age_seconds=pending["oldest"],
         retries_scheduled=pending["retries"],
         failures_by_type=failures,
         workers=workers,
+        serving_model=next((m.name for m in models if m.serving), None),
+        switch=next((m for m in models if m.activating), None),
     )
 
 
@@ -160,6 +167,16 @@ def fresh_worker_on_host(conn: Connection, hostname: str, max_age_seconds: float
         (hostname, max_age_seconds),
     ).fetchone()
     return row is not None
+
+
+def live_worker_count(conn: Connection, max_age_seconds: float) -> int:
+    """RUNNING workers (any host) that sent a heartbeat within ``max_age_seconds``."""
+    row = conn.execute(
+        """SELECT count(*) AS n FROM indexing_workers
+           WHERE status = 'RUNNING' AND last_heartbeat_at > now() - make_interval(secs => %s)""",
+        (max_age_seconds,),
+    ).fetchone()
+    return int(row["n"]) if row else 0
 
 
 def jobs_progress(conn: Connection, job_ids: list[UUID]) -> list[dict[str, Any]]:

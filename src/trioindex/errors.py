@@ -6,6 +6,7 @@
     ├── ConfigError                  bad configuration value (names key and value)
     ├── DatabaseUnavailable          PostgreSQL cannot be reached
     ├── OwnershipLost                a fenced write from a worker that no longer owns the claim
+    │   └── JobRemoved               the job is gone: document deleted or model removed
     ├── StepFailure                  a pipeline step failed; carries a FailureType + safe message
     │   ├── StorageUnavailable       STORAGE_UNAVAILABLE (retryable)
     │   │   └── ObjectNotFound       the object is missing from the store
@@ -82,6 +83,14 @@ class OwnershipLost(TrioindexError):
     Raised when the job is not PROCESSING, belongs to another worker, carries another claim
     token, its lease has expired, or the attempt is not the current STARTED one. The write
     changed nothing; lease recovery owns the job from here.
+    """
+
+
+class JobRemoved(OwnershipLost):
+    """The job row is gone: its document was deleted, or its model removed, while it ran.
+
+    Not a fault and not a lost lease: the worker stops writing and ends the job quietly;
+    nothing it wrote before survives (the rows went with the document).
     """
 
 

@@ -2,24 +2,41 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 from uuid import UUID
 
 import trio
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from trioindex.admin import jobs_progress
+from trioindex.admin import jobs_progress, live_worker_count
 from trioindex.db.pool import Database
 
 POLL_SECONDS = 0.5
+WORKER_CHECK_POLLS = 10  # look for a live worker every 5 s
+
+NO_WORKER_HINT = (
+    "no live worker is registered (none RUNNING with a heartbeat in the last {timeout:.0f}s), "
+    "so nothing will index these jobs: start one with `trioindex worker` (`just worker` in the "
+    "project) in another terminal; still waiting"
+)
 
 
 async def wait_for_jobs(
-    db: Database, job_ids: list[UUID], *, show: bool = True
+    db: Database,
+    job_ids: list[UUID],
+    *,
+    show: bool = True,
+    heartbeat_timeout: float | None = None,
 ) -> list[dict[str, Any]]:
-    """Wait until every job is SUCCEEDED or FAILED; return their final rows."""
+    """Wait until every job is SUCCEEDED or FAILED; return their final rows.
+
+    With ``heartbeat_timeout``, says once (on stderr) when no live worker is registered, since
+    then the wait would otherwise sit at 0 done with no explanation.
+    """
     if not job_ids:
         return []
+    polls, hinted = 0, False
     columns = (
         TextColumn("[bold]indexing"),
         BarColumn(),
@@ -42,4 +59,11 @@ async def wait_for_jobs(
             )
             if len(done) == len(job_ids):
                 return rows
+            check = heartbeat_timeout is not None and not hinted
+            if check and polls % WORKER_CHECK_POLLS == 0:
+                assert heartbeat_timeout is not None
+                hinted = await db.run(live_worker_count, heartbeat_timeout) == 0
+                if hinted:  # stderr: the live bar redraws below it
+                    print(NO_WORKER_HINT.format(timeout=heartbeat_timeout), file=sys.stderr)
+            polls += 1
             await trio.sleep(POLL_SECONDS)

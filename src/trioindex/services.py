@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
@@ -19,8 +20,10 @@ import trio
 from trioindex.config import Settings
 from trioindex.db.models import EmbeddingModel, ensure_model
 from trioindex.db.pool import Database, describe_conninfo, open_database, start_embedded
-from trioindex.embedding import Embedder, open_embedder
 from trioindex.storage import AsyncObjectStore, open_store, redact_url
+
+if TYPE_CHECKING:  # imported when an embedder is opened: `status` and `jobs` need none of it
+    from trioindex.embedding import Embedder
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +51,8 @@ async def open_storage(settings: Settings) -> AsyncObjectStore:
 
 
 async def open_configured_embedder(settings: Settings) -> Embedder:
+    from trioindex.embedding import open_embedder
+
     e = settings.embedding
     embedder = await open_embedder(
         api=e.api,

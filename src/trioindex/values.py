@@ -55,6 +55,8 @@ class Claim:
     attempt_no: int
     lease_expires_at: datetime
     version_status: VersionStatus
+    # the document's key, for log lines (never in metric labels); the claim statement reads it
+    document_key: str = ""
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Claim:
@@ -68,6 +70,7 @@ class Claim:
             attempt_no=row["attempt_no"],
             lease_expires_at=row["lease_expires_at"],
             version_status=VersionStatus(row["version_status"]),
+            document_key=row["document_key"],
         )
 
 

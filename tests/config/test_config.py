@@ -51,7 +51,7 @@ def test_every_default(tmp_path: Path) -> None:
     settings = load(tmp_path)
     assert settings == Settings(
         home=tmp_path / ".trioindex",
-        database=DatabaseSettings(url=None, pool_size=4),
+        database=DatabaseSettings(url=None, pool_size=8),
         storage=StorageSettings(url=None),
         embedding=EmbeddingSettings(
             api="local",
@@ -60,7 +60,7 @@ def test_every_default(tmp_path: Path) -> None:
             dimension=384,
             api_key=None,
             batch_size=32,
-            max_in_flight=4,
+            max_in_flight=8,
             request_timeout=60.0,
         ),
         worker=WorkerSettings(
@@ -96,8 +96,22 @@ def test_default_settings_ignores_environment_and_files(
     (tmp_path / "trioindex.toml").write_text("[database]\npool-size = 7\n")
     settings = default_settings()
     assert settings.worker.max_concurrency == 2
-    assert settings.database.pool_size == 4
+    assert settings.database.pool_size == 8
     assert settings.home == tmp_path / ".trioindex"
+
+
+def test_concurrency_default_follows_the_embedder(tmp_path: Path) -> None:
+    remote = load(tmp_path, {"TRIOINDEX_EMBEDDING_URL": "http://127.0.0.1:8080"})
+    local = load(tmp_path, {})
+    given = load(
+        tmp_path,
+        {
+            "TRIOINDEX_EMBEDDING_URL": "http://127.0.0.1:8080",
+            "TRIOINDEX_WORKER_MAX_CONCURRENCY": "3",
+        },
+    )
+    assert (remote.worker.max_concurrency, local.worker.max_concurrency) == (256, 2)
+    assert given.worker.max_concurrency == 3
 
 
 def test_server_defaults_follow_embedding_url(tmp_path: Path) -> None:
@@ -165,6 +179,7 @@ def test_every_key_is_settable_from_the_environment(tmp_path: Path) -> None:
         "embedding.api-key": ("sk-1", "sk-1"),
         "embedding.batch-size": ("5", 5),
         "embedding.max-in-flight": ("6", 6),
+        "embedding.index-min-vectors": ("0", 0),
         "embedding.request-timeout": ("1500ms", 1.5),
         "indexing.worker.polling-interval": ("250ms", 0.25),
         "indexing.worker.max-concurrency": ("3", 3),

@@ -29,8 +29,9 @@ from trioindex.values import (
 
 
 def make_claim(status: VersionStatus = VersionStatus.UPLOADED, worker: UUID | None = None) -> Claim:
+    job_id = uuid.uuid4()
     return Claim(
-        job_id=uuid.uuid4(),
+        job_id=job_id,
         worker_id=worker or uuid.uuid4(),
         claim_token=uuid.uuid4(),
         document_version_id=uuid.uuid4(),
@@ -39,6 +40,7 @@ def make_claim(status: VersionStatus = VersionStatus.UPLOADED, worker: UUID | No
         attempt_no=1,
         lease_expires_at=datetime.now(UTC),
         version_status=status,
+        document_key=f"handbook/{job_id.hex[:8]}.md",
     )
 
 
@@ -167,6 +169,7 @@ class FakeSteps:
     behaviour: dict[str, Callable[[Claim], Awaitable[None]]] = attrs.field(factory=dict)
     active: int = 0
     max_active: int = 0
+    forgotten: list[UUID] = attrs.field(factory=list)
 
     async def _step(self, name: str, claim: Claim) -> int:
         self.queue.log(name, claim.job_id)
@@ -185,3 +188,12 @@ class FakeSteps:
 
     async def embed(self, claim: Claim) -> int:
         return await self._step("embed", claim)
+
+    async def complete(self, claim: Claim) -> CompleteResult:
+        return await self.queue.complete(claim)
+
+    def forget(self, claim: Claim) -> None:
+        self.forgotten.append(claim.job_id)
+
+    async def serve(self) -> None:
+        await trio.sleep_forever()

@@ -23,6 +23,7 @@ from trioindex.pipeline.chunking import (
     Chunker,
     ChunkingPolicy,
     estimate_tokens,
+    glue_headings,
     segments,
 )
 
@@ -291,6 +292,82 @@ def test_korean_with_a_token_budget(minilm_tokenizer: Tokenizer) -> None:
     for chunk in small:
         stripped = chunk.text.replace(".", " ").replace("!", " ").replace("?", " ")
         assert set(stripped.split()) <= words
+
+
+# -- chunks that retrieve well (issue 15) ------------------------------------------------------
+
+TITLE = "Structured concurrency for worker fleets"
+SENTENCE = (
+    "Sentence {} explains how the worker claims a job and renews its lease before it expires."
+)
+
+
+def abstract(sentences: int) -> str:
+    return " ".join(SENTENCE.format(i) for i in range(sentences))
+
+
+@pytest.mark.parametrize("sentences", [7, 14])
+def test_a_title_stays_with_the_text_that_follows(
+    minilm_tokenizer: Tokenizer, sentences: int
+) -> None:
+    """The issue's case: "Title\n\nabstract" a little over the limit was cut into the title
+    alone (7 tokens), a full chunk and a small tail."""
+    text = f"{TITLE}\n\n{abstract(sentences)}"
+    chunks = chunk_tokens(minilm_tokenizer, text, 128, overlap=12)
+    assert chunks[0].text.startswith(TITLE + "\n\nSentence 0")
+    assert min(c.token_count for c in chunks) >= 128 // 4
+    # as few chunks as the room for text without the overlap allows
+    assert len(chunks) <= -(-model_count(minilm_tokenizer, text) // (128 - 2 - 12))
+
+
+def test_headings_of_every_section_start_its_first_chunk() -> None:
+    sections = [f"{n}. Section {n}\n\n{abstract(3)}" for n in range(1, 5)]
+    text = "\n\n".join(sections)
+    chunks = chunk_chars(text, 300)
+    for n in range(1, 5):
+        [with_heading] = [c for c in chunks if f"{n}. Section {n}" in c.text]
+        assert with_heading.text.startswith(f"{n}. Section {n}")
+        assert len(with_heading.text) > 100
+
+
+def test_glue_headings_joins_only_headings_to_their_body() -> None:
+    text = "Title\n\nBody text of the section, long enough to be a body line.\n"
+    glued = glue_headings(text, 40)
+    assert glued == "Title  Body text of the section, long enough to be a body line.\n"
+    # a list of short lines is not a heading followed by text; a sentence is not a heading
+    for unchanged in [
+        "Items\none\ntwo\nthree\nfour\n",
+        "A sentence.\n\nAnother one here, long.",
+        "no newline",
+    ]:
+        assert glue_headings(unchanged, 40) is unchanged
+    assert glue_headings("제목\n\n본문은 여기에 있습니다. 충분히 긴 문장입니다.", 10).startswith(
+        "제목  본문"
+    )
+
+
+def test_no_fragment_far_below_the_size_limit() -> None:
+    # 45-character sentences under a 200-character limit: greedy packing left a 1-sentence tail
+    text = " ".join(f"The worker {i:02d} claims a job and renews it." for i in range(9))
+    chunks = chunk_chars(text, 200)
+    assert min(len(c.text) for c in chunks) >= 200 // 4
+    assert len(chunks) == 3
+
+
+def test_overlap_is_whole_words_of_the_previous_chunk_even_with_long_sentences(
+    minilm_tokenizer: Tokenizer,
+) -> None:
+    text = abstract(20)  # ~20-token sentences, overlap 12: the splitter's own overlap was empty
+    chunks = chunk_tokens(minilm_tokenizer, text, 128, overlap=12)
+    for before, after in itertools.pairwise(chunks):
+        shared = text[after.start : before.end]
+        assert shared, "neighbours overlap"
+        assert text[after.start - 1].isspace()  # starts at a word
+        assert model_count(minilm_tokenizer, shared) - 2 <= 12
+    by_chars = chunk_chars(text, 300, overlap=60)
+    for before, after in itertools.pairwise(by_chars):
+        assert 0 < before.end - after.start <= 60
+        assert text[after.start - 1].isspace()
 
 
 def test_overlap_is_clamped_below_the_room_left_by_special_tokens(

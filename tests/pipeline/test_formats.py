@@ -8,6 +8,7 @@ a font that CI machines do not have.
 from __future__ import annotations
 
 import io
+import logging
 import random
 import time
 import tracemalloc
@@ -194,6 +195,32 @@ def test_truncated_pdf_is_corrupt() -> None:
 def test_pdf_name_on_other_bytes_is_a_corrupt_pdf() -> None:
     assert invalid(b"just some text", "fake.pdf") == "corrupt PDF: no PDF header"
     assert "corrupt PDF" in invalid(b"plain", "fake", "application/pdf")
+
+
+def test_pypdf_repair_warnings_go_to_debug_not_the_worker_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The worker's log is a handler on the root logger (trioindex.logs): a pypdf WARNING
+    about a repair ("EOF marker not found", ...) must reach it only as a DEBUG line."""
+    data = make_pdf("A page whose cross-reference pointer is wrong.")
+    data = data[: data.rindex(b"startxref")] + b"startxref\n1\n%%EOF\n"  # pypdf repairs it
+    worker_log: list[logging.LogRecord] = []
+
+    class WorkerLog(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            worker_log.append(record)
+
+    handler = WorkerLog()
+    logging.getLogger().addHandler(handler)
+    try:
+        with caplog.at_level(logging.DEBUG):
+            result = extract(data, "repaired.pdf")
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert result.text == "A page whose cross-reference pointer is wrong."
+    assert [r.getMessage() for r in worker_log if r.levelno >= logging.WARNING] == []
+    debug = [r.getMessage() for r in worker_log if r.name == "trioindex.pipeline.formats"]
+    assert any("incorrect startxref pointer" in m for m in debug), debug
 
 
 def test_password_protected_pdf() -> None:

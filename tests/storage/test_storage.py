@@ -136,6 +136,16 @@ def test_put_replaces_an_existing_object(store: ObjectStore) -> None:
     assert store.stat("k") == ObjectInfo("k", 3, sha(b"new"), "text/markdown")
 
 
+def test_delete_removes_the_object_and_is_idempotent(store: ObjectStore) -> None:
+    put_bytes(store, "sha256/ab/gone", b"bytes")
+    put_bytes(store, "sha256/ab/kept", b"other")
+    store.delete("sha256/ab/gone")
+    with pytest.raises(ObjectNotFound):
+        store.stat("sha256/ab/gone")
+    store.delete("sha256/ab/gone")  # already gone: not an error
+    assert store.get("sha256/ab/kept", max_bytes=10) == b"other"
+
+
 def test_empty_object(store: ObjectStore) -> None:
     put_bytes(store, "empty", b"")
     assert store.get("empty", max_bytes=0) == b""
@@ -210,6 +220,7 @@ def all_operations(store: ObjectStore) -> Iterator[Callable[[], object]]:
     yield lambda: store.stat("k")
     yield lambda: store.get("k", max_bytes=10)
     yield lambda: put_bytes(store, "k", b"v")
+    yield lambda: store.delete("k")
 
 
 def test_s3_server_down_is_storage_unavailable_within_seconds() -> None:

@@ -244,3 +244,34 @@ def test_a_database_error_while_the_worker_registers_is_one_line(
     assert "SECRET" not in result.stderr + result.stdout
     errors = [line for line in result.stderr.splitlines() if line.startswith("trioindex:")]
     assert len(errors) == 1 and expected in errors[0], result.stderr[-2000:]
+
+
+def test_a_drained_bulk_load_ends_with_its_hnsw_index_once_it_has_vectors_enough(
+    fake_tei_env: dict[str, str], database_url: str, tmp_path: Path
+) -> None:
+    """Below `embedding.index-min-vectors` the model has no HNSW index (exact search); a worker
+    that stores vectors past it builds the index, at the latest when its drain ends."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(6):
+        (docs / f"doc-{i}.txt").write_text(f"document {i} about vector indexes. " * 4)
+    assert cli(fake_tei_env, "ingest", str(docs)).returncode == 0
+    first = cli(fake_tei_env, "worker", "--drain", timeout=120)  # default threshold: 10,000
+    assert first.returncode == 0, first.stderr[-3000:]
+
+    def hnsw_indexes() -> list[dict[str, Any]]:
+        return query(
+            database_url,
+            """SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c
+                 ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam
+               WHERE a.amname = 'hnsw'""",
+        )
+
+    assert hnsw_indexes() == []
+    (docs / "doc-6.txt").write_text("one more document about vector indexes. " * 4)
+    assert cli(fake_tei_env, "ingest", str(docs)).returncode == 0
+    env = {**fake_tei_env, "TRIOINDEX_EMBEDDING_INDEX_MIN_VECTORS": "7"}
+    second = cli(env, "worker", "--drain", timeout=120)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert [row["indisvalid"] for row in hnsw_indexes()] == [True]
+    assert "HNSW index built" in second.stderr

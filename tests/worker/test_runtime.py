@@ -170,6 +170,8 @@ async def test_claim_error_is_logged_and_polling_continues(autojump_clock: trio.
         (P, ["parse", "embed", "complete"]),
         (C, ["embed", "complete"]),
         (E, ["embed", "complete"]),
+        # another model indexed it: a model switch's job embeds the stored chunks
+        (VersionStatus.INDEXED, ["embed", "complete"]),
     ],
 )
 async def test_version_status_selects_the_steps(
@@ -181,10 +183,9 @@ async def test_version_status_selects_the_steps(
     assert run == expected
 
 
-@pytest.mark.parametrize("status", [VersionStatus.INDEXED, VersionStatus.FAILED])
-def test_a_finished_version_has_no_steps(status: VersionStatus) -> None:
+def test_a_failed_version_has_no_steps() -> None:
     with pytest.raises(StateInconsistent):
-        steps_for(status)
+        steps_for(VersionStatus.FAILED)
 
 
 async def test_idempotent_replay_of_a_half_done_job_after_recovery(
@@ -782,3 +783,104 @@ async def test_job_metrics_keep_their_outcome_and_failure_type_labels(
     assert sorted(map(str, outcomes)) == ["failed:DOCUMENT_CONTENT_INVALID", "succeeded"]
     assert jobs_total("failed", "DOCUMENT_CONTENT_INVALID") == failed_before + 1
     assert jobs_total("succeeded") == succeeded_before + 1
+
+
+# --- what the worker's log and metrics say --------------------------------------------------
+
+
+def outcome_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if " after " in r.getMessage()]
+
+
+async def test_outcome_lines_name_the_document_key_and_the_failure_message(
+    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = FakeQueue(pending=[U, U, U])
+    failures = iter([ContentInvalid("corrupt PDF (PdfStreamError)"), KeyError("chunk text here")])
+    claims: list[Claim] = []
+
+    async def parse(claim: Claim) -> None:
+        claims.append(claim)
+        if len(claims) <= 2:
+            raise next(failures)
+
+    worker = make_worker(queue, FakeSteps(queue, behaviour={"parse": parse}), max_concurrency=1)
+    with caplog.at_level(logging.INFO, logger="trioindex.worker.job"):
+        await drain(worker)
+    lines = outcome_lines(caplog)
+    assert len(lines) == 3 and len(claims) == 3
+    for claim, line in zip(claims, lines, strict=True):
+        assert f"job {claim.job_id} " in line and f"key '{claim.document_key}'" in line
+        assert str(claim.claim_token) not in caplog.text
+    assert lines[0].endswith("(step parse): corrupt PDF (PdfStreamError)")
+    assert "failed:DOCUMENT_CONTENT_INVALID" in lines[0]
+    # an unknown error shows the class-only message the job row stores, never its text
+    assert lines[1].endswith("(step parse): unexpected KeyError during parse")
+    assert "chunk text here" not in caplog.text
+    assert lines[2].endswith("(step complete)")  # succeeded: no message
+
+
+async def test_an_outcome_line_shows_a_long_or_multi_line_key_on_one_bounded_line(
+    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = "reports/q3\nERROR forged line " + "x" * 900
+
+    class LongKeyQueue(FakeQueue):
+        async def claim(self, worker_id: uuid.UUID, k: int, model_id: Any = None) -> list[Claim]:
+            return [attrs.evolve(c, document_key=key) for c in await super().claim(worker_id, k)]
+
+    queue = LongKeyQueue(pending=[U])
+    with caplog.at_level(logging.INFO, logger="trioindex.worker.job"):
+        await drain(make_worker(queue, FakeSteps(queue)))
+    (line,) = outcome_lines(caplog)
+    assert "\n" not in line and "key 'reports/q3 ERROR forged line xxx" in line
+    assert "x" * 150 in line and "x" * 200 not in line  # cut to 200 characters
+
+
+async def test_the_worker_says_once_when_it_is_ready_for_jobs(
+    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = FakeQueue()
+    worker = make_worker(queue, FakeSteps(queue), max_concurrency=3, polling_interval=1.0)
+    with caplog.at_level(logging.INFO, logger="trioindex.worker.runtime"):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.serve)
+            await trio.sleep(10)  # ten empty polls
+            worker.request_stop()
+    messages = [r.getMessage() for r in caplog.records]
+    ready = [i for i, m in enumerate(messages) if "ready: waiting for jobs" in m]
+    registered = [i for i, m in enumerate(messages) if " registered " in m]
+    assert len(ready) == 1 and registered and registered[0] < ready[0]
+    assert messages[ready[0]] == (
+        f"worker {queue.worker_id} ready: waiting for jobs"
+        " (max-concurrency 3; claims on every 1.0s)"
+    )
+
+
+async def test_a_worker_stopped_before_it_started_never_says_it_is_ready(
+    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = FakeQueue()
+    worker = make_worker(queue, FakeSteps(queue))
+    worker.request_stop()
+    with caplog.at_level(logging.INFO, logger="trioindex.worker.runtime"):
+        await worker.serve()
+    assert not [r for r in caplog.records if "ready" in r.getMessage()]
+
+
+def slots_max() -> float | None:
+    return metrics.REGISTRY.get_sample_value("trioindex_slots_max")
+
+
+async def test_slots_max_is_the_max_concurrency_from_the_start_not_after_a_first_job(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    metrics.SLOTS_MAX.set(0)  # the registry is process-wide: other tests' workers set it
+    queue = FakeQueue()
+    worker = make_worker(queue, FakeSteps(queue), max_concurrency=7)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.serve)
+        assert slots_max() == 7
+        await trio.sleep(5)  # idle: no job has run
+        assert slots_max() == 7 and queue.of("parse") == []
+        worker.request_stop()

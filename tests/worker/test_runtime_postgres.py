@@ -6,6 +6,7 @@ runtime's contract with the database: claims, slots, renewal, fencing, retry and
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections import Counter
@@ -24,7 +25,7 @@ from trioindex.config import WorkerSettings, default_settings
 from trioindex.db import jobs as lifecycle
 from trioindex.db.pool import Database
 from trioindex.errors import FailureType, ProviderUnavailable
-from trioindex.values import BackoffPolicy, Claim, WorkerStatus
+from trioindex.values import BackoffPolicy, Claim, CompleteResult, WorkerStatus
 from trioindex.worker.job import JobOutcome, OutcomeKind
 from trioindex.worker.queue import JobQueue
 from trioindex.worker.runtime import Worker
@@ -62,6 +63,15 @@ class StagedSteps:
             await self.during(claim)
         await self.db.run(_fenced_stage, claim)
         return 2
+
+    async def complete(self, claim: Claim) -> CompleteResult:
+        return await self.db.run(lifecycle.complete_job, claim)
+
+    def forget(self, claim: Claim) -> None:
+        pass
+
+    async def serve(self) -> None:
+        await trio.sleep_forever()
 
 
 def _fenced_stage(conn: Any, claim: Claim) -> None:
@@ -437,3 +447,35 @@ async def test_drain_waits_for_retries_and_for_a_stopped_workers_lease(db: Datab
         await worker.serve(drain=True)
     assert statuses(db) == Counter({"SUCCEEDED": 3})
     assert worker.counters.recovered == 1
+
+
+async def test_the_outcome_line_names_the_claimed_documents_key_and_its_failure(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The claim statement reads the document's key: no query per job to log it."""
+    with db.connection() as conn:
+        model = helpers.model(conn)
+        job = helpers.enqueue(conn, model.id, "handbook/intro.md", max_attempts=1).job_id
+
+    claims: list[Claim] = []
+
+    async def unavailable(claim: Claim) -> None:
+        claims.append(claim)
+        raise ProviderUnavailable("embedding server answered HTTP 503")
+
+    worker = make_worker(db, StagedSteps(db, during=unavailable))
+    failed = done_event(worker, OutcomeKind.FAILED)
+    with caplog.at_level(logging.INFO, logger="trioindex.worker"):
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(worker.serve)
+                await failed.wait()
+                worker.request_stop()
+    (claim,) = claims
+    assert claim.job_id == job and claim.document_key == "handbook/intro.md"
+    (line,) = [r.getMessage() for r in caplog.records if f"job {job} attempt" in r.getMessage()]
+    assert line.startswith(f"worker {worker.worker_id} job {job} attempt {claim.attempt_id}")
+    assert "key 'handbook/intro.md': failed:EMBEDDING_PROVIDER_UNAVAILABLE" in line
+    assert line.endswith("(step embed): embedding server answered HTTP 503")
+    assert str(claim.claim_token) not in caplog.text
+    assert len([r for r in caplog.records if "ready: waiting for jobs" in r.getMessage()]) == 1

@@ -14,7 +14,12 @@ from typing import Final
 
 import attrs
 
-from trioindex.config.settings import LOCAL_MODEL, SERVER_MODEL
+from trioindex.config.settings import (
+    LOCAL_CONCURRENCY,
+    LOCAL_MODEL,
+    REMOTE_CONCURRENCY,
+    SERVER_MODEL,
+)
 from trioindex.config.units import format_number
 from trioindex.storage.urls import storage_url_problem
 
@@ -163,7 +168,7 @@ KEYS: Final[tuple[KeySpec, ...]] = (
     ),
     _key(
         "database.pool-size",
-        4,
+        8,
         Kind.INT,
         ">= 1",
         "connections in the pool",
@@ -236,12 +241,21 @@ KEYS: Final[tuple[KeySpec, ...]] = (
     ),
     _key(
         "embedding.max-in-flight",
-        4,
+        8,
         Kind.INT,
         ">= 1",
         "embedding requests in flight per worker",
         field="embedding.max_in_flight",
         bound=_AT_LEAST_ONE,
+    ),
+    _key(
+        "embedding.index-min-vectors",
+        10000,
+        Kind.INT,
+        ">= 0",
+        "vectors of a model before a worker builds its HNSW index (exact search below)",
+        field="embedding.index_min_vectors",
+        bound=_NON_NEGATIVE,
     ),
     _key(
         "embedding.request-timeout",
@@ -263,10 +277,10 @@ KEYS: Final[tuple[KeySpec, ...]] = (
     ),
     _key(
         "indexing.worker.max-concurrency",
-        2,
+        Derived(f"{LOCAL_CONCURRENCY} for local, {REMOTE_CONCURRENCY} for tei and openai"),
         Kind.INT,
         ">= 1",
-        "jobs one worker runs at once",
+        "jobs one worker runs at once (their chunks share embedding requests)",
         field="worker.max_concurrency",
         bound=_AT_LEAST_ONE,
     ),

@@ -29,7 +29,9 @@ from trioindex.config.keys import BY_KEY, ENV_PREFIX, KEYS, Derived, KeySpec, Ki
 from trioindex.config.messages import Origin, join, line, where
 from trioindex.config.settings import (
     KNOWN_DIMENSIONS,
+    LOCAL_CONCURRENCY,
     LOCAL_MODEL,
+    REMOTE_CONCURRENCY,
     SERVER_MODEL,
     DatabaseSettings,
     EmbeddingSettings,
@@ -215,7 +217,8 @@ def _fraction(raw: object) -> float:
 def _derive_embedding(
     values: dict[str, Any], shown: dict[str, Origin], failed: set[str], errors: list[str]
 ) -> None:
-    """Fill embedding.api, .model and .dimension when they were not given."""
+    """Fill embedding.api, .model and .dimension, and indexing.worker.max-concurrency, when
+    they were not given."""
 
     def fill(key: str, value: object) -> None:
         values[key] = value
@@ -227,6 +230,11 @@ def _derive_embedding(
     if pending("embedding.api") and "embedding.url" not in failed:
         fill("embedding.api", "local" if values["embedding.url"] is None else "tei")
     api = values.get("embedding.api")
+    if pending("indexing.worker.max-concurrency") and api is not None:
+        fill(
+            "indexing.worker.max-concurrency",
+            LOCAL_CONCURRENCY if api == "local" else REMOTE_CONCURRENCY,
+        )
     if pending("embedding.model") and api is not None:
         fill("embedding.model", LOCAL_MODEL if api == "local" else SERVER_MODEL)
     model = values.get("embedding.model")

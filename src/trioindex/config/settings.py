@@ -17,6 +17,10 @@ LOCAL_MODEL: Final = "sentence-transformers/all-MiniLM-L6-v2"
 SERVER_MODEL: Final = "BAAI/bge-m3"
 #: Models whose vector size is known, so ``embedding.dimension`` may be left out.
 KNOWN_DIMENSIONS: Final[Mapping[str, int]] = {LOCAL_MODEL: 384, SERVER_MODEL: 1024}
+# indexing.worker.max-concurrency by embedder: the local model embeds in this process, while a
+# remote server is waited on, and the chunks of dozens of jobs share its requests.
+LOCAL_CONCURRENCY: Final = 2
+REMOTE_CONCURRENCY: Final = 256
 
 
 @attrs.frozen
@@ -49,6 +53,7 @@ class EmbeddingSettings:
     batch_size: int
     max_in_flight: int
     request_timeout: float
+    index_min_vectors: int = 10_000
 
 
 @attrs.frozen

@@ -8,6 +8,7 @@ response. Call these inside the transaction whose change the event records.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
@@ -34,6 +35,28 @@ def record_event(
                (event_type, embedding_job_id, document_version_id, attempt_id, worker_id, detail)
            VALUES (%s, %s, %s, %s, %s, %s)""",
         (event_type, job_id, version_id, attempt_id, worker_id, Jsonb(detail or {})),
+    )
+
+
+def record_events(
+    conn: Connection,
+    event_type: str,
+    events: Sequence[tuple[UUID | None, UUID | None, dict[str, Any]]],
+) -> None:
+    """:func:`record_event` for many events of one type, in one statement: each is
+    ``(job_id, version_id, detail)``, under the same rule for ``detail``."""
+    if not events:
+        return
+    conn.execute(
+        """INSERT INTO indexing_events (event_type, embedding_job_id, document_version_id, detail)
+           SELECT %s, e.job, e.version, e.detail
+           FROM unnest(%s::uuid[], %s::uuid[], %s::jsonb[]) AS e(job, version, detail)""",
+        (
+            event_type,
+            [job for job, _, _ in events],
+            [version for _, version, _ in events],
+            [Jsonb(detail) for _, _, detail in events],
+        ),
     )
 
 

@@ -7,11 +7,16 @@ current STARTED attempt. Every write after the claim runs it first — the steps
 :func:`lock_owned_job`, and the SQL functions for renew, complete and release by calling it
 themselves. A refusal is SQLSTATE ``TI001``, which :func:`fenced_errors` turns into
 :class:`OwnershipLost`; the refused transaction changes nothing.
+
+The group-commit functions (migration 0005) fence each job of a group in its own
+subtransaction and report a refusal in that job's result row instead of raising it:
+:func:`refusal_error` turns it into the same exceptions, so a job refused in a group ends
+exactly as a job refused alone, and the other jobs of the group commit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from uuid import UUID
 
@@ -19,7 +24,7 @@ import attrs
 import psycopg
 
 from trioindex.db.pool import Connection
-from trioindex.errors import OwnershipLost, StateInconsistent
+from trioindex.errors import JobRemoved, OwnershipLost, StateInconsistent
 from trioindex.values import Claim
 
 
@@ -37,16 +42,20 @@ class OwnedJob:
 # SQLSTATEs raised by the fenced SQL functions (migrations 0002 onwards).
 OWNERSHIP_LOST = "TI001"
 STATE_INCONSISTENT = "TI002"
+JOB_REMOVED = "TI003"  # migration 0006: the job row is gone (document deleted, model removed)
 
 
 @contextmanager
 def fenced_errors() -> Iterator[None]:
-    """Turn the fenced functions' SQLSTATEs into :class:`OwnershipLost` /
-    :class:`StateInconsistent`; any other database error propagates as itself."""
+    """Turn the fenced functions' SQLSTATEs into :class:`OwnershipLost` (:class:`JobRemoved`
+    for a job that no longer exists) / :class:`StateInconsistent`; any other database error
+    propagates as itself."""
     try:
         yield
     except psycopg.Error as exc:
         message = exc.diag.message_primary or "refused"
+        if exc.sqlstate == JOB_REMOVED:
+            raise JobRemoved(message) from None
         if exc.sqlstate == OWNERSHIP_LOST:
             raise OwnershipLost(message) from None
         if exc.sqlstate == STATE_INCONSISTENT:
@@ -74,4 +83,32 @@ def lock_owned_job(conn: Connection, claim: Claim) -> OwnedJob:
         embedding_model_id=row["embedding_model_id"],
         attempt_count=row["attempt_count"],
         max_attempts=row["max_attempts"],
+    )
+
+
+def refusal_error(code: str | None, message: str | None) -> Exception | None:
+    """The error one job's result row of a fenced array function stands for (migration 0005:
+    each job is fenced in its own subtransaction and a refusal is reported, not raised).
+
+    ``TI001`` → :class:`OwnershipLost`, ``TI003`` → :class:`JobRemoved`, ``TI002`` →
+    :class:`StateInconsistent`, no code → None.
+    """
+    if code is None:
+        return None
+    if code == JOB_REMOVED:
+        return JobRemoved(message or "refused")
+    if code == OWNERSHIP_LOST:
+        return OwnershipLost(message or "refused")
+    if code == STATE_INCONSISTENT:
+        return StateInconsistent(message or "refused")
+    raise ValueError(f"unknown refusal code {code!r}")
+
+
+def claim_arrays(claims: Sequence[Claim]) -> tuple[list[UUID], list[UUID], list[UUID], list[UUID]]:
+    """The fence's four columns for a group of claims, as the array functions take them."""
+    return (
+        [c.job_id for c in claims],
+        [c.worker_id for c in claims],
+        [c.claim_token for c in claims],
+        [c.attempt_id for c in claims],
     )

@@ -129,10 +129,12 @@ WITH worker AS (
     FROM claimed c JOIN attempt a ON a.embedding_job_id = c.id
 )
 SELECT c.id AS job_id, c.worker_id, c.claim_token, c.document_version_id, c.embedding_model_id,
-       c.lease_expires_at, a.id AS attempt_id, a.attempt_no, v.status AS version_status
+       c.lease_expires_at, a.id AS attempt_id, a.attempt_no, v.status AS version_status,
+       d.external_key AS document_key
 FROM claimed c
 JOIN attempt a ON a.embedding_job_id = c.id
 JOIN document_versions v ON v.id = c.document_version_id
+JOIN documents d ON d.id = v.document_id
 """
 
 

@@ -1,8 +1,18 @@
-"""Embedding model registry: one row per model, pinned to jobs, with its own HNSW index.
+"""Embedding model registry: one row per model, pinned to jobs; and the model switch (which
+model serves search, activating another, removing one).
 
 The ``embeddings.vector`` column has no fixed dimension so that several models can live side by
 side; each model gets a partial HNSW cosine index over ``vector::vector(dim)`` restricted to its
-rows, which is what lets ``ORDER BY vector::vector(dim) <=> query`` use the index.
+rows, which is what lets ``ORDER BY vector::vector(dim) <=> query`` use the index — built by a
+worker once the model has enough vectors (:mod:`trioindex.db.vector_index`), not at registration.
+
+One model *serves* search (``is_active``): :func:`serving_model` is the one answer to "which
+model ranks a query now". :func:`activate_model` starts a switch: the new model is marked
+``activating`` and gets one job per document's current (or newer, still indexing) version;
+search keeps the serving model until the new one covers every current version, and then
+``trioindex_finish_switch`` (migration 0006) moves ``is_active`` over in one transaction — at
+the first read of the serving model after that (every search makes one), a ``models list``,
+``status``, delete or activation.
 """
 
 from __future__ import annotations
@@ -11,9 +21,10 @@ from typing import Any
 from uuid import UUID
 
 import attrs
+import psycopg
 
 from trioindex.db.pool import Connection
-from trioindex.errors import ConfigError, NotFound
+from trioindex.errors import ConfigError, NotFound, TrioindexError
 
 
 @attrs.frozen
@@ -33,7 +44,7 @@ class EmbeddingModel:
 
 
 # Serialises registrations so that two processes starting at once do not race on the
-# "at most one active model" index or on creating the same HNSW index.
+# "at most one active model" index.
 _REGISTRY_LOCK = 0x74_72_69_6F_6D_64_6C
 
 
@@ -61,14 +72,8 @@ def ensure_model(conn: Connection, name: str, dimension: int) -> EmbeddingModel:
             (name, dimension),
         ).fetchone()
         assert row is not None
-        model = EmbeddingModel.from_row(row)
-        if dimension <= 2000:  # pgvector's HNSW limit for the vector type
-            conn.execute(
-                f"""CREATE INDEX {model.index_name} ON embeddings
-                    USING hnsw ((vector::vector({int(dimension)})) vector_cosine_ops)
-                    WHERE embedding_model_id = '{model.id}'"""
-            )
-    return model
+        # no HNSW index yet: a worker builds it once the model has enough vectors
+        return EmbeddingModel.from_row(row)
 
 
 def get_model(conn: Connection, model_id: UUID) -> EmbeddingModel:
@@ -81,3 +86,211 @@ def get_model(conn: Connection, model_id: UUID) -> EmbeddingModel:
 def find_model(conn: Connection, name: str) -> EmbeddingModel | None:
     row = conn.execute("SELECT * FROM embedding_models WHERE name = %s", (name,)).fetchone()
     return EmbeddingModel.from_row(row) if row else None
+
+
+class ModelNotServing(TrioindexError):
+    """A query embedded with a model that is not the one serving search: its vectors could
+    not be compared with the stored ones."""
+
+
+def finish_switch(conn: Connection) -> bool:
+    """End a model switch whose new model covers every current version (one transaction, and
+    one cheap indexed read while its jobs still run); True when it switched now."""
+    row = conn.execute("SELECT trioindex_finish_switch() AS done").fetchone()
+    return bool(row and row["done"])
+
+
+def serving_model(conn: Connection) -> EmbeddingModel | None:
+    """The model search ranks with now (None before any model is registered).
+
+    Every document's current version has this model's full vector set (migration 0006), so a
+    search over it never meets a document it cannot rank. Ends a switch that is complete
+    first, so the switch takes effect at the first search after it. Call it outside a
+    transaction (the switch is its own transaction) or accept that it only reads.
+    """
+    if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        finish_switch(conn)
+    row = conn.execute("SELECT * FROM embedding_models WHERE is_active").fetchone()
+    return EmbeddingModel.from_row(row) if row else None
+
+
+def check_serving(conn: Connection, model: EmbeddingModel) -> EmbeddingModel:
+    """``model`` if it serves search, else :class:`ModelNotServing` naming the one that does."""
+    serving = serving_model(conn)
+    if serving is not None and serving.id != model.id:
+        raise ModelNotServing(
+            f"search is served by model {serving.name!r}, not the configured {model.name!r}:"
+            f" query with embedding.model = {serving.name!r}"
+            + (
+                " (a switch to the configured model is in progress, see `trioindex models list`)"
+                if _activating_id(conn) == model.id
+                else f" or switch with `trioindex models activate {model.name}`"
+            )
+        )
+    return serving or model
+
+
+def _activating_id(conn: Connection) -> UUID | None:
+    row = conn.execute("SELECT id FROM embedding_models WHERE activating").fetchone()
+    return row["id"] if row else None
+
+
+@attrs.frozen
+class ModelView:
+    """One model as ``models list`` shows it: covered = documents whose current version has
+    this model's full vector set, of ``documents`` that have a current version."""
+
+    name: str
+    dimension: int
+    serving: bool
+    activating: bool
+    covered: int
+    documents: int
+    pending_jobs: int
+    failed_jobs: int
+
+
+def model_list(conn: Connection) -> list[ModelView]:
+    """Every registered model with its coverage; ends a switch that is complete."""
+    finish_switch(conn)
+    with conn.transaction():
+        rows = conn.execute(
+            """SELECT m.name, m.dimension, m.is_active, m.activating,
+                      (SELECT count(*) FROM documents d JOIN embedding_jobs j
+                         ON j.document_version_id = d.current_version_id
+                        AND j.embedding_model_id = m.id AND j.status = 'SUCCEEDED') AS covered,
+                      (SELECT count(*) FROM documents d
+                        WHERE d.current_version_id IS NOT NULL) AS documents,
+                      (SELECT count(*) FROM embedding_jobs j WHERE j.embedding_model_id = m.id
+                          AND j.status IN ('PENDING', 'PROCESSING')) AS pending,
+                      (SELECT count(*) FROM embedding_jobs j WHERE j.embedding_model_id = m.id
+                          AND j.status = 'FAILED') AS failed
+               FROM embedding_models m ORDER BY m.is_active DESC, m.activating DESC, m.name"""
+        ).fetchall()
+    return [
+        ModelView(
+            name=r["name"],
+            dimension=r["dimension"],
+            serving=r["is_active"],
+            activating=r["activating"],
+            covered=r["covered"],
+            documents=r["documents"],
+            pending_jobs=r["pending"],
+            failed_jobs=r["failed"],
+        )
+        for r in rows
+    ]
+
+
+@attrs.frozen
+class Activation:
+    """What ``models activate`` did: ``jobs`` enqueued for the model; ``switched`` when it
+    serves already (it covered every document at once, e.g. an empty index)."""
+
+    model: EmbeddingModel
+    jobs: int
+    switched: bool
+
+
+def activate_model(
+    conn: Connection, name: str, dimension: int, *, max_attempts: int, priority: int = 0
+) -> Activation:
+    """Start switching search to ``name`` (registered now if new, with ``dimension``).
+
+    One transaction: the model becomes ``activating`` and gets one PENDING job per document's
+    current version and per newer version still being indexed (a job it already has is kept).
+    Refused while a switch to another model runs. Workers configured for ``name`` do the
+    jobs; until they cover every current version, search keeps the serving model.
+    """
+    model = ensure_model(conn, name, dimension)
+    with conn.transaction():
+        # No version may be inserted meanwhile: an ingest that committed before this lock is
+        # seen by the backfill below, one after it sees the model activating (its trigger
+        # adds the job).
+        conn.execute("LOCK TABLE document_versions IN SHARE MODE")
+        row = conn.execute(
+            "SELECT * FROM embedding_models WHERE id = %s FOR UPDATE", (model.id,)
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"model {name!r} was removed meanwhile")
+        if row["is_active"]:
+            return Activation(EmbeddingModel.from_row(row), 0, True)
+        other = conn.execute(
+            "SELECT name FROM embedding_models WHERE activating AND id <> %s", (model.id,)
+        ).fetchone()
+        if other is not None:
+            raise TrioindexError(
+                f"a switch to model {other['name']!r} is in progress; wait for it to end or"
+                f" `trioindex models remove {other['name']}` to cancel it"
+            )
+        conn.execute("UPDATE embedding_models SET activating = true WHERE id = %s", (model.id,))
+        jobs = conn.execute(
+            """INSERT INTO embedding_jobs
+                   (document_version_id, embedding_model_id, max_attempts, priority)
+               SELECT v.id, %(model)s, %(attempts)s, %(priority)s
+               FROM documents d
+               JOIN document_versions v ON v.document_id = d.id
+               LEFT JOIN document_versions cur ON cur.id = d.current_version_id
+               WHERE v.id = d.current_version_id
+                  OR (v.status <> 'FAILED' AND v.version_no > coalesce(cur.version_no, 0))
+               ON CONFLICT (document_version_id, embedding_model_id) DO NOTHING""",
+            {"model": model.id, "attempts": max_attempts, "priority": priority},
+        ).rowcount
+        conn.execute(
+            """INSERT INTO indexing_events (event_type, detail)
+               VALUES ('MODEL_SWITCH_STARTED', jsonb_build_object('model', %s::text,
+                       'jobs', %s::int))""",
+            (name, jobs),
+        )
+        conn.execute("NOTIFY trioindex_jobs")
+    switched = finish_switch(conn)  # an empty index is covered at once
+    return Activation(get_model(conn, model.id), jobs, switched)
+
+
+@attrs.frozen
+class Removal:
+    name: str
+    embeddings: int
+    jobs: int
+
+
+def remove_model(conn: Connection, name: str) -> Removal:
+    """Drop a model that does not serve search: its jobs, its embeddings, its HNSW index and
+    its row, in one transaction. Removing the model being switched to cancels the switch.
+    A worker still running one of its jobs finds the job gone and stops quietly."""
+    with conn.transaction():
+        # Locks in the order a completion takes them (its job row, then the embeddings it
+        # reads), so removing never deadlocks with one.
+        conn.execute(
+            """SELECT j.id FROM embedding_jobs j JOIN embedding_models m
+                 ON m.id = j.embedding_model_id
+               WHERE m.name = %s ORDER BY j.id FOR UPDATE OF j""",
+            (name,),
+        )
+        conn.execute("LOCK TABLE embeddings IN ACCESS EXCLUSIVE MODE")  # DROP INDEX takes it
+        row = conn.execute(
+            "SELECT * FROM embedding_models WHERE name = %s FOR UPDATE", (name,)
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"no embedding model named {name!r}")
+        model = EmbeddingModel.from_row(row)
+        if model.is_active:
+            raise TrioindexError(
+                f"model {name!r} serves search; activate another model first"
+                " (`trioindex models activate NAME`), then remove this one"
+            )
+        jobs = conn.execute(
+            "DELETE FROM embedding_jobs WHERE embedding_model_id = %s", (model.id,)
+        ).rowcount
+        embeddings = conn.execute(
+            "DELETE FROM embeddings WHERE embedding_model_id = %s", (model.id,)
+        ).rowcount
+        conn.execute(f"DROP INDEX IF EXISTS {model.index_name}")
+        conn.execute("DELETE FROM embedding_models WHERE id = %s", (model.id,))
+        conn.execute(
+            """INSERT INTO indexing_events (event_type, detail)
+               VALUES ('MODEL_REMOVED', jsonb_build_object('model', %s::text,
+                       'embeddings', %s::int))""",
+            (name, embeddings),
+        )
+    return Removal(name, embeddings, jobs)

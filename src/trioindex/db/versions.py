@@ -5,11 +5,16 @@ A version moves through the pipeline like this; the writer of each step is named
 change to one transition has exactly one place to go::
 
     (ingest inserts it)  UPLOADED
-    UPLOADED  → PARSING    mark_parsing     parse step, prepare
-    PARSING   → CHUNKED    mark_chunked     parse step, commit
-    CHUNKED   → EMBEDDING  mark_embedding   embed step, prepare
-    EMBEDDING → INDEXED    trioindex_complete_job (SQL, migration 0003: fenced with the job)
-    any       → FAILED     mark_failed      a failure report with no retry left (db/jobs.py)
+    UPLOADED  → PARSING    mark_parsing     parse step, prepare (SQL trioindex_mark_parsing,
+                                            also called by the group prepare, migration 0005)
+    PARSING   → CHUNKED    mark_chunked     parse step, one job's commit
+    CHUNKED   → EMBEDDING  mark_embedding   embed step, prepare (SQL trioindex_mark_embedding)
+    PARSING   → EMBEDDING  trioindex_mark_embedding, from the group chunk commit (migration
+                                            0005: chunks stored and embedding begun at once)
+    EMBEDDING → INDEXED    trioindex_complete_job (SQL, migrations 0003 and 0006: fenced with
+                                            the job)
+    any       → FAILED     mark_failed      a failure report with no retry left (db/jobs.py);
+                                            not an INDEXED version (another model's job)
                            FAILED_WHERE_ID_IN  lease recovery on the last attempt, as part of
                                             its one statement (db/jobs.py)
     FAILED    → UPLOADED   mark_uploaded    an operator retry (db/jobs.py ``retry_failed``)
@@ -30,7 +35,11 @@ from trioindex.errors import StateInconsistent
 # The FAILED transition over the versions whose ids the ``{ids}`` subquery yields. Lease
 # recovery embeds it in its one statement (a CTE over the jobs it failed); mark_failed passes
 # one id. Both use this text, so the transition is written once.
-FAILED_WHERE_ID_IN = "UPDATE document_versions SET status = 'FAILED' WHERE id IN ({ids})"
+# A version another model already INDEXED stays INDEXED: a model switch's failed job must not
+# take away what the serving model indexed.
+FAILED_WHERE_ID_IN = (
+    "UPDATE document_versions SET status = 'FAILED' WHERE id IN ({ids}) AND status <> 'INDEXED'"
+)
 
 
 def lock_version(conn: Connection, version_id: UUID) -> dict[str, Any]:
@@ -44,8 +53,9 @@ def lock_version(conn: Connection, version_id: UUID) -> dict[str, Any]:
 
 
 def mark_parsing(conn: Connection, version_id: UUID) -> None:
-    """UPLOADED → PARSING: the parse step has started."""
-    conn.execute("UPDATE document_versions SET status = 'PARSING' WHERE id = %s", (version_id,))
+    """UPLOADED → PARSING: the parse step has started (the SQL function the group prepare of
+    migration 0005 calls too)."""
+    conn.execute("SELECT trioindex_mark_parsing(%s)", (version_id,))
 
 
 def mark_chunked(conn: Connection, version_id: UUID, chunk_count: int) -> None:
@@ -57,8 +67,9 @@ def mark_chunked(conn: Connection, version_id: UUID, chunk_count: int) -> None:
 
 
 def mark_embedding(conn: Connection, version_id: UUID) -> None:
-    """CHUNKED → EMBEDDING: the embed step has started."""
-    conn.execute("UPDATE document_versions SET status = 'EMBEDDING' WHERE id = %s", (version_id,))
+    """CHUNKED → EMBEDDING: the embed step has started (the SQL function that the group chunk
+    commit of migration 0005 calls for PARSING → EMBEDDING)."""
+    conn.execute("SELECT trioindex_mark_embedding(%s, NULL)", (version_id,))
 
 
 def mark_failed(conn: Connection, version_id: UUID) -> None:
@@ -68,5 +79,9 @@ def mark_failed(conn: Connection, version_id: UUID) -> None:
 
 def mark_uploaded(conn: Connection, version_id: UUID) -> None:
     """FAILED → UPLOADED: an operator retry runs the whole pipeline again (the parse step
-    replaces the chunks atomically)."""
-    conn.execute("UPDATE document_versions SET status = 'UPLOADED' WHERE id = %s", (version_id,))
+    replaces the chunks atomically). An INDEXED version (a model switch's job failed on it)
+    keeps its chunks and status: the retried job only embeds them."""
+    conn.execute(
+        "UPDATE document_versions SET status = 'UPLOADED' WHERE id = %s AND status = 'FAILED'",
+        (version_id,),
+    )

@@ -39,6 +39,13 @@ class EmbedderInfo:
     max_batch_tokens: int | None
     max_input_tokens: int | None
 
+    @classmethod
+    def configured(
+        cls, model: str, dimension: int, batch_size: int, *, max_input_tokens: int | None = None
+    ) -> EmbedderInfo:
+        """What configuration alone says (a server's ``/info`` may tighten it later)."""
+        return cls(model, dimension, batch_size, None, max_input_tokens)
+
 
 class Embedder(Protocol):
     """An open embedding client, shared by every job of a worker (and by search)."""

@@ -4,15 +4,28 @@ Batches are contiguous, in order, never empty, at most ``max_batch_size`` texts 
 server has a token budget per request, at most ``max_batch_tokens`` estimated tokens (a single text
 over the budget still goes, alone: the server decides whether it is too long). Results are put back
 in the order of the texts whatever order the batches finish in.
+
+:class:`EmbeddingCoalescer` is the worker-wide side: it gathers the texts of many jobs into
+full requests (by count and tokens, a short linger, the in-flight cap) and hands each job
+exactly its vectors.
 """
 
 from __future__ import annotations
 
+import collections
+import math
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
+import attrs
+import numpy as np
+import numpy.typing as npt
 import trio
 
-from trioindex.errors import StepFailure
+from trioindex.errors import ResultInvalid, StepFailure
+
+if TYPE_CHECKING:
+    from trioindex.embedding.base import EmbedderInfo
 
 EmbedBatch = Callable[[Sequence[str]], Awaitable[list[list[float]]]]
 
@@ -53,6 +66,22 @@ def plan_batches(
     if start < len(texts):
         batches.append(range(start, len(texts)))
     return batches
+
+
+async def embed_in_batches(
+    texts: Sequence[str],
+    info: EmbedderInfo,
+    embed_batch: EmbedBatch,
+    limiter: trio.CapacityLimiter,
+) -> list[list[float]]:
+    """A provider's ``Embedder.embed``: batches planned by ``info``'s limits, run under
+    ``limiter``, one vector per text in order."""
+    if not texts:
+        return []
+    batches = plan_batches(
+        texts, max_batch_size=info.max_batch_size, max_batch_tokens=info.max_batch_tokens
+    )
+    return await run_batches(texts, batches, embed_batch, limiter)
 
 
 async def run_batches(
@@ -100,3 +129,221 @@ async def run_batches(
     if failure is not None:
         raise failure
     return [vector for batch in results for vector in batch]
+
+
+# ---------------------------------------------------------------------------------------------
+# the worker-wide coalescer
+
+EmbedOne = Callable[[Sequence[str]], Awaitable[list[list[float]]]]
+
+# How long a request that is not full waits for more texts once a request slot is free.
+DEFAULT_LINGER = 0.005
+
+
+@attrs.define(eq=False)
+class _Request:
+    """One caller's texts: which spans are still to send, and the rows received so far."""
+
+    texts: Sequence[str] = attrs.field(repr=False)
+    dimension: int
+    matrix: npt.NDArray[np.float32] = attrs.field(repr=False)
+    todo: collections.deque[tuple[int, int]]
+    remaining: int
+    arrived: float
+    done: trio.Event = attrs.field(factory=trio.Event)
+    error: BaseException | None = None
+    # after a shared request failed, this caller's texts go alone, so its fate is its own
+    isolated: bool = False
+    withdrawn: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.done.is_set() or self.withdrawn
+
+
+Piece = tuple[_Request, int, int]
+
+
+@attrs.define(eq=False)
+class EmbeddingCoalescer:
+    """Gathers the texts of many jobs into full embedding requests; hands each job exactly its
+    vectors.
+
+    A job calls :meth:`embed` with its texts and waits. :meth:`serve` (a task in the worker's
+    background nursery) first takes one of ``max_in_flight`` request slots — while every slot
+    is busy, texts keep gathering, so requests fill up under load — then waits until a full
+    request's worth is pending (``max_batch_size`` texts, and at most ``max_batch_tokens``
+    estimated tokens when the server has a budget) or until the oldest pending text has waited
+    ``linger``, and sends one request of texts taken from the callers in turn (a caller with
+    more texts left goes to the back of the line, so a long document does not hold up short
+    ones). Each answer is checked (count, dimension, finite) and kept as float32 at once.
+
+    A failed request shared by several callers does not decide for them: each caller's texts
+    are sent again alone, and only a request of one caller's texts fails that caller (with the
+    provider's :class:`~trioindex.errors.StepFailure`). A cancelled caller's texts that are
+    not sent yet are withdrawn.
+    """
+
+    embed_one: EmbedOne
+    max_batch_size: int
+    max_in_flight: int
+    max_batch_tokens: int | None = None
+    linger: float = DEFAULT_LINGER
+    estimate: Callable[[str], int] = estimate_tokens
+    requests: int = 0  # requests sent (tests, logs)
+    _queue: collections.deque[_Request] = attrs.field(factory=collections.deque)
+    _queued: int = 0
+    _changed: trio.Event = attrs.field(factory=trio.Event)
+
+    async def embed(self, texts: Sequence[str], dimension: int) -> npt.NDArray[np.float32]:
+        """One float32 row per text, in order; raises the :class:`StepFailure` of a request
+        that held this caller's texts alone."""
+        request = _Request(
+            texts=texts,
+            dimension=dimension,
+            matrix=np.empty((len(texts), dimension), dtype=np.float32),
+            todo=collections.deque([(0, len(texts))] if texts else []),
+            remaining=len(texts),
+            arrived=trio.current_time(),
+        )
+        if not texts:
+            return request.matrix
+        self._queue.append(request)
+        self._queued += len(texts)
+        self._changed.set()
+        try:
+            await request.done.wait()
+        finally:
+            if not request.done.is_set():
+                request.withdrawn = True
+                self._withdraw(request)
+        if request.error is not None:
+            raise request.error
+        return request.matrix
+
+    async def serve(self) -> None:
+        """Send requests until cancelled (cancelling it cancels the requests in flight)."""
+        slots = trio.CapacityLimiter(self.max_in_flight)
+        async with trio.open_nursery() as nursery:
+            while True:
+                slot = object()
+                await slots.acquire_on_behalf_of(slot)
+                try:
+                    await self._wait_for_batch()
+                    pieces = self._take()
+                except BaseException:
+                    slots.release_on_behalf_of(slot)
+                    raise
+                nursery.start_soon(self._send, pieces, slots, slot)
+
+    async def _wait_for_batch(self) -> None:
+        while True:
+            while not self._queue:
+                await self._wait_changed(None)
+            if self._queued >= self.max_batch_size:
+                return
+            deadline = min(r.arrived for r in self._queue) + self.linger
+            if trio.current_time() >= deadline:
+                return
+            await self._wait_changed(deadline)
+
+    async def _wait_changed(self, deadline: float | None) -> None:
+        self._changed = trio.Event()
+        with trio.move_on_at(math.inf if deadline is None else deadline):
+            await self._changed.wait()
+
+    def _take(self) -> list[Piece]:
+        """Texts for one request, taken from the callers in turn."""
+        pieces: list[Piece] = []
+        count = tokens = 0
+        while self._queue and count < self.max_batch_size:
+            request = self._queue[0]
+            if request.isolated and pieces:
+                break  # an isolated caller's texts go alone
+            start, stop = request.todo.popleft()
+            end = start
+            while end < stop and count < self.max_batch_size:
+                cost = self.estimate(request.texts[end]) if self.max_batch_tokens else 0
+                if self.max_batch_tokens and count and tokens + cost > self.max_batch_tokens:
+                    break
+                tokens += cost
+                count += 1
+                end += 1
+            if end > start:
+                pieces.append((request, start, end))
+                self._queued -= end - start
+            if end < stop:
+                request.todo.appendleft((end, stop))
+            self._queue.popleft()
+            if request.todo:
+                self._queue.append(request)  # more to send: to the back of the line
+            if request.isolated or end < stop:
+                break  # the request is full (by count or tokens), or isolated
+        return pieces
+
+    async def _send(self, pieces: list[Piece], slots: trio.CapacityLimiter, slot: object) -> None:
+        try:
+            live = [p for p in pieces if not p[0].finished]
+            if not live:
+                return
+            texts = [r.texts[i] for r, start, stop in live for i in range(start, stop)]
+            self.requests += 1
+            try:
+                answer = await self.embed_one(texts)
+                matrix = np.asarray(answer, dtype=np.float32)
+                del answer
+                if matrix.ndim != 2 or matrix.shape[0] != len(texts):
+                    raise ResultInvalid(
+                        f"embedding response has {len(matrix)} vectors for {len(texts)} inputs"
+                    )
+                if not np.isfinite(matrix).all():
+                    raise ResultInvalid("embedding response has a non-finite value")
+            except Exception as exc:
+                self._failed(live, exc)
+                return
+            row = 0
+            for request, start, stop in live:
+                rows = matrix[row : row + stop - start]
+                row += stop - start
+                if request.finished:
+                    continue
+                if rows.shape[1] != request.dimension:
+                    request.error = ResultInvalid(
+                        f"embedding has dimension {rows.shape[1]}, expected {request.dimension}"
+                    )
+                    self._finish(request)
+                    continue
+                request.matrix[start:stop] = rows
+                request.remaining -= stop - start
+                if request.remaining == 0:
+                    self._finish(request)
+        finally:
+            slots.release_on_behalf_of(slot)
+
+    def _failed(self, pieces: list[Piece], error: Exception) -> None:
+        callers = {id(p[0]): p[0] for p in pieces}
+        if len(callers) == 1:
+            request = pieces[0][0]
+            request.error = error
+            self._finish(request)
+            return
+        # shared: send each caller's texts again, alone, ahead of everything else
+        for request, start, stop in reversed(pieces):
+            request.isolated = True
+            request.todo.appendleft((start, stop))
+            self._queued += stop - start
+            if request in self._queue:
+                self._queue.remove(request)
+            self._queue.appendleft(request)
+        self._changed.set()
+
+    def _finish(self, request: _Request) -> None:
+        request.done.set()
+        self._withdraw(request)
+
+    def _withdraw(self, request: _Request) -> None:
+        """Drop whatever of ``request`` is not sent yet."""
+        self._queued -= sum(stop - start for start, stop in request.todo)
+        request.todo.clear()
+        if request in self._queue:
+            self._queue.remove(request)

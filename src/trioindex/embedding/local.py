@@ -19,7 +19,7 @@ import attrs
 import trio
 
 from trioindex.embedding.base import EmbedderInfo
-from trioindex.embedding.batching import plan_batches, run_batches
+from trioindex.embedding.batching import embed_in_batches
 from trioindex.embedding.vectors import validate_vectors
 from trioindex.errors import ConfigError
 
@@ -89,12 +89,8 @@ class LocalEmbedder:
             batch_size,
             loaded.seconds,
         )
-        info = EmbedderInfo(
-            model=model,
-            dimension=dimension,
-            max_batch_size=batch_size,
-            max_batch_tokens=None,
-            max_input_tokens=loaded.max_seq_length,
+        info = EmbedderInfo.configured(
+            model, dimension, batch_size, max_input_tokens=loaded.max_seq_length
         )
         return cls(loaded.model, limiter, thread_limiter, info, loaded.model_dir)
 
@@ -108,10 +104,7 @@ class LocalEmbedder:
         return self._model.tokenizer
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        if not texts:
-            return []
-        batches = plan_batches(texts, max_batch_size=self._info.max_batch_size)
-        return await run_batches(texts, batches, self._embed_batch, self._limiter)
+        return await embed_in_batches(texts, self._info, self._embed_batch, self._limiter)
 
     async def aclose(self) -> None:
         # Nothing to release but memory, which goes with the object.

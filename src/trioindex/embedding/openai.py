@@ -16,7 +16,7 @@ import attrs
 import trio
 
 from trioindex.embedding.base import EmbedderInfo
-from trioindex.embedding.batching import plan_batches, run_batches
+from trioindex.embedding.batching import embed_in_batches
 from trioindex.embedding.transport import HttpTransport
 from trioindex.embedding.vectors import validate_vectors
 from trioindex.errors import ResultInvalid
@@ -46,13 +46,7 @@ class OpenAIEmbedder:
         limiter: trio.CapacityLimiter,
     ) -> OpenAIEmbedder:
         # No limits endpoint in this API: the configured batch size is the limit.
-        info = EmbedderInfo(
-            model=model,
-            dimension=dimension,
-            max_batch_size=batch_size,
-            max_batch_tokens=None,
-            max_input_tokens=None,
-        )
+        info = EmbedderInfo.configured(model, dimension, batch_size)
         path = "/embeddings" if http.base_path.rstrip("/").endswith("/v1") else "/v1/embeddings"
         logger.info(
             "embedder ready: api=openai url=%s model=%s dimension=%d batch=%d max_in_flight=%s",
@@ -69,10 +63,7 @@ class OpenAIEmbedder:
         return self._info
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        if not texts:
-            return []
-        batches = plan_batches(texts, max_batch_size=self._info.max_batch_size)
-        return await run_batches(texts, batches, self._embed_batch, self._limiter)
+        return await embed_in_batches(texts, self._info, self._embed_batch, self._limiter)
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -15,7 +15,7 @@ import attrs
 import trio
 
 from trioindex.embedding.base import EmbedderInfo
-from trioindex.embedding.batching import plan_batches, run_batches
+from trioindex.embedding.batching import embed_in_batches
 from trioindex.embedding.transport import HttpTransport, parse_json
 from trioindex.embedding.vectors import validate_vectors
 from trioindex.errors import StepFailure
@@ -49,13 +49,7 @@ class TeiEmbedder:
         limiter: trio.CapacityLimiter,
     ) -> TeiEmbedder:
         """Read the server's ``/info`` (a warning, not an error, if it cannot be read)."""
-        info = EmbedderInfo(
-            model=model,
-            dimension=dimension,
-            max_batch_size=batch_size,
-            max_batch_tokens=None,
-            max_input_tokens=None,
-        )
+        info = EmbedderInfo.configured(model, dimension, batch_size)
         self = cls(http, model, dimension, batch_size, limiter, info)
         await self._probe_info()
         logger.info(
@@ -80,11 +74,7 @@ class TeiEmbedder:
         # Only one caller re-asks; the others go on with the configured limits meanwhile.
         if not self._limits_known and not self._probe_lock.locked():
             await self._probe_info()
-        info = self._info
-        batches = plan_batches(
-            texts, max_batch_size=info.max_batch_size, max_batch_tokens=info.max_batch_tokens
-        )
-        return await run_batches(texts, batches, self._embed_batch, self._limiter)
+        return await embed_in_batches(texts, self._info, self._embed_batch, self._limiter)
 
     async def aclose(self) -> None:
         await self._http.aclose()

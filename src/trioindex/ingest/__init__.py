@@ -6,10 +6,12 @@ One module per stage of a run:
   visible file under the folders named, without leaving them through a symbolic link unless
   asked to;
 * :mod:`.files` — one file (:func:`ingest_file`): read + hash once, upload (or restore a lost
-  blob), enqueue;
-* :mod:`.enqueue` — :func:`enqueue_version`: document + version + job + ``NOTIFY`` in one
-  transaction;
-* :mod:`.results` — what is reported per file (:class:`IngestResult`, :class:`SkippedFile`);
+  blob) (:func:`prepare_file`), enqueue (:func:`enqueue_files`, many files at once);
+* :mod:`.enqueue` — :func:`enqueue_versions`: document + version + job per file + one
+  ``NOTIFY``, many files in one transaction;
+* :mod:`.results` — what is reported per file (:class:`IngestResult`, :class:`SkippedFile`,
+  :class:`DeletedDocument`);
+* :mod:`.sync` — ``sync``: which documents under the folders' key prefixes lost their files;
 * here — :func:`ingest_paths`, a whole run: one entry per file, and a file that cannot be
   ingested is reported (:class:`SkippedFile`) instead of ending the run.
 """
@@ -18,8 +20,9 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Final
 from uuid import UUID
 
 import trio
@@ -28,12 +31,24 @@ from trioindex.db.pool import Database
 from trioindex.ingest.discover import MAX_KEY_CHARS, Discovery, SourceFile, discover
 from trioindex.ingest.enqueue import (
     NOTIFY_CHANNEL,
+    NewVersion,
     enqueue_version,
+    enqueue_versions,
     latest_version,
+    latest_versions,
     requeue_failed_job,
 )
-from trioindex.ingest.files import digest, ingest_file, open_source, storage_key_for
+from trioindex.ingest.files import (
+    PreparedFile,
+    digest,
+    enqueue_files,
+    ingest_file,
+    open_source,
+    prepare_file,
+    storage_key_for,
+)
 from trioindex.ingest.results import (
+    DeletedDocument,
     FileChanged,
     FileNotIngested,
     IngestEntry,
@@ -41,24 +56,30 @@ from trioindex.ingest.results import (
     SkippedFile,
     printable,
 )
+from trioindex.ingest.sync import SyncRefused, delete_missing, plan_sync
 from trioindex.storage import AsyncObjectStore
 
 __all__ = [
     "MAX_KEY_CHARS",
     "NOTIFY_CHANNEL",
+    "DeletedDocument",
     "Discovery",
     "FileChanged",
     "FileNotIngested",
     "IngestEntry",
     "IngestResult",
+    "NewVersion",
     "SkippedFile",
     "SourceFile",
+    "SyncRefused",
     "digest",
     "discover",
     "enqueue_version",
+    "enqueue_versions",
     "ingest_file",
     "ingest_paths",
     "latest_version",
+    "latest_versions",
     "open_source",
     "printable",
     "requeue_failed_job",
@@ -66,6 +87,13 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+# Files per enqueue transaction: one WAL flush and one NOTIFY for the group, not one per file
+# (a run of small files was bound by those), while a transaction stays well under a second.
+FILES_PER_TRANSACTION: Final = 256
+# Files being read, hashed and uploaded at once: overlaps the store's writes (a folder store
+# syncs each file to disk) and round trips; the store's own limiter bounds its threads.
+FILES_AT_ONCE: Final = 16
 
 
 async def ingest_paths(
@@ -77,41 +105,112 @@ async def ingest_paths(
     max_attempts: int,
     priority: int = 0,
     follow_symlinks: bool = False,
+    key_as: str | None = None,
+    sync: bool = False,
 ) -> list[IngestEntry]:
-    """Ingest every file under ``paths``, one after another; one entry per file, in a stable order.
+    """Ingest every file under ``paths``; one entry per file, in a stable order.
+
+    Files are read and uploaded :data:`FILES_AT_ONCE` at a time and enqueued
+    :data:`FILES_PER_TRANSACTION` to a transaction (:func:`_ingest_files`); each file's entry is
+    what ingesting it alone would have given.
 
     A file that cannot be ingested becomes an ``error`` :class:`SkippedFile` and the run goes
     on; entries left out by a rule are ``skipped``. A storage or database outage still ends
-    the run (every later file would fail the same way, and a re-run is safe).
+    the run (every later file would fail the same way, and a re-run is safe). Document keys:
+    :func:`~trioindex.ingest.discover.argument_key` (``key_as`` is ``--as``).
+
+    ``sync``: after every file, the documents under each folder argument's key prefix whose
+    file the walk did not find are deleted, one :class:`DeletedDocument` entry each, at the
+    end (:mod:`trioindex.ingest.sync`; :class:`SyncRefused` before anything is ingested).
     """
     found = await trio.to_thread.run_sync(
-        functools.partial(discover, list(paths), follow_symlinks=follow_symlinks)
+        functools.partial(discover, list(paths), follow_symlinks=follow_symlinks, key_as=key_as)
     )
-    one_file = functools.partial(
-        ingest_file,
+    plan = plan_sync(paths, found, key_as=key_as) if sync else None
+    entries = await _ingest_files(
+        found.entries,
         db=db,
         store=store,
         model_id=model_id,
         max_attempts=max_attempts,
         priority=priority,
     )
-    entries: list[IngestEntry] = []
-    for item in found.entries:
-        entry: IngestEntry = (
-            item if isinstance(item, SkippedFile) else await _ingest_or_report(one_file, item)
-        )
+    for entry in entries:
         if isinstance(entry, SkippedFile):
             logger.info(
                 "ingest %s: %s (%s)", entry.document_key or entry.path, entry.status, entry.reason
             )
-        entries.append(entry)
+    if plan is not None:
+        if plan.blocked is not None:
+            logger.warning("ingest %s: %s", plan.blocked.path, plan.blocked.reason)
+            entries.append(plan.blocked)
+        entries.extend(await delete_missing(db, store, plan))
     return entries
 
 
-async def _ingest_or_report(
-    one_file: Callable[[SourceFile], Awaitable[IngestResult]], source: SourceFile
-) -> IngestEntry:
-    try:
-        return await one_file(source)
-    except FileNotIngested as exc:
-        return SkippedFile(printable(source.path), source.document_key, "error", exc.reason)
+async def _ingest_files(
+    found: Sequence[SourceFile | SkippedFile],
+    *,
+    db: Database,
+    store: AsyncObjectStore,
+    model_id: UUID,
+    max_attempts: int,
+    priority: int,
+) -> list[IngestEntry]:
+    """Every file of ``found`` in groups of :data:`FILES_PER_TRANSACTION`: one query for the
+    group's latest versions, its files read and uploaded :data:`FILES_AT_ONCE` at a time, then
+    one enqueue transaction; the entries in ``found``'s order."""
+    entries: dict[int, IngestEntry] = {
+        i: item for i, item in enumerate(found) if isinstance(item, SkippedFile)
+    }
+    sources = [(i, item) for i, item in enumerate(found) if isinstance(item, SourceFile)]
+    limiter = trio.CapacityLimiter(FILES_AT_ONCE)
+    for start in range(0, len(sources), FILES_PER_TRANSACTION):
+        group = sources[start : start + FILES_PER_TRANSACTION]
+        latest = await db.run(latest_versions, [source.document_key for _, source in group])
+        prepared = await _prepare_group(group, latest, store, limiter)
+        entries.update((i, p) for i, p in prepared.items() if isinstance(p, SkippedFile))
+        ready = [(i, p) for i, p in sorted(prepared.items()) if isinstance(p, PreparedFile)]
+        results = await enqueue_files(
+            [p for _, p in ready],
+            db=db,
+            model_id=model_id,
+            max_attempts=max_attempts,
+            priority=priority,
+        )
+        entries.update((i, result) for (i, _), result in zip(ready, results, strict=True))
+    return [entries[i] for i in range(len(found))]
+
+
+async def _prepare_group(
+    group: Sequence[tuple[int, SourceFile]],
+    latest: Mapping[str, Mapping[str, object]],
+    store: AsyncObjectStore,
+    limiter: trio.CapacityLimiter,
+) -> dict[int, PreparedFile | SkippedFile]:
+    """:func:`prepare_file` for each file of ``group`` at once (``limiter`` bounding them); a
+    file that cannot be ingested becomes its ``error`` entry, and the first storage or database
+    error cancels the rest and is raised (as itself, not in an exception group)."""
+    done: dict[int, PreparedFile | SkippedFile] = {}
+    outage: list[Exception] = []
+
+    async def one(i: int, source: SourceFile) -> None:
+        async with limiter:
+            try:
+                done[i] = await prepare_file(
+                    source, store=store, latest=latest.get(source.document_key)
+                )
+            except FileNotIngested as exc:
+                done[i] = SkippedFile(
+                    printable(source.path), source.document_key, "error", exc.reason
+                )
+            except Exception as exc:  # not about this file (an outage): ends the run below
+                outage.append(exc)
+                nursery.cancel_scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        for i, source in group:
+            nursery.start_soon(one, i, source)
+    if outage:
+        raise outage[0]
+    return done

@@ -1,6 +1,8 @@
 """What a run covers: files named directly, and every visible file under the folders named.
 
-Owns the document key (the path relative to the argument), the rules for what is left out
+Owns the document key rule (:func:`argument_key`: relative to the current directory, so
+``ingest a/`` and ``ingest b/`` can never make one file a version of the other), the rules for
+what is left out
 (hidden names, names that are not UTF-8, anything not a regular file) and the symbolic link
 rules: a link inside a folder is followed only when it stays inside that folder (unless
 ``follow_symlinks``), and every folder is walked at most once, so links cannot make the walk
@@ -18,9 +20,18 @@ from typing import Final
 
 import attrs
 
+from trioindex.errors import TrioindexError
 from trioindex.ingest.results import SkippedFile, printable
 
-__all__ = ["MAX_KEY_CHARS", "Discovery", "SourceFile", "discover"]
+__all__ = [
+    "MAX_KEY_CHARS",
+    "Discovery",
+    "KeyCollision",
+    "SourceFile",
+    "argument_key",
+    "discover",
+    "keyed_by_itself",
+]
 
 MAX_KEY_CHARS: Final = 1024  # the CHECK on documents.external_key
 
@@ -60,25 +71,91 @@ class Discovery:
         return [e for e in self.entries if isinstance(e, SkippedFile)]
 
 
-def discover(paths: Sequence[Path], *, follow_symlinks: bool = False) -> Discovery:
+class KeyCollision(TrioindexError):
+    """Two different files of one run would get the same document key (nothing was ingested)."""
+
+
+def argument_key(argument: Path, *, cwd: Path | None = None, key_as: str | None = None) -> str:
+    """The document key of an ``ingest`` argument itself; a folder's files get
+    ``KEY/path/below/it`` (just ``path/below/it`` when KEY is ``""``). The one key rule:
+
+    * ``key_as`` (``--as``) given: that key, slashes at either end removed;
+    * an argument inside the current directory ``cwd``: its path relative to ``cwd``, made
+      absolute lexically (``..`` folded, links kept as named), so ``ingest a/`` keys
+      ``a/README.md`` and ``ingest b/`` keys ``b/README.md`` (``ingest .``: ``README.md``);
+    * an argument outside ``cwd``: keyed by itself, as its own root: a folder's files by their
+      path below it, a file by its name (:func:`keyed_by_itself` says which arguments those
+      are, so the command can say that another folder's files of the same names would be
+      versions of the same documents).
+    """
+    if key_as is not None:
+        key = key_as.strip().strip("/")
+        if not key:
+            raise ValueError("--as needs a non-empty key")
+        return key
+    base = Path(os.path.abspath(Path.cwd() if cwd is None else cwd))
+    path = Path(os.path.abspath(base / argument))
+    if path.is_relative_to(base):
+        return path.relative_to(base).as_posix() if path != base else ""
+    return "" if path.is_dir() else path.name
+
+
+def keyed_by_itself(paths: Sequence[Path], *, cwd: Path | None = None) -> list[Path]:
+    """The folder arguments outside ``cwd`` (without ``--as`` their keys start below them)."""
+    base = Path(os.path.abspath(Path.cwd() if cwd is None else cwd))
+    return [
+        p for p in paths if p.is_dir() and not Path(os.path.abspath(base / p)).is_relative_to(base)
+    ]
+
+
+def discover(
+    paths: Sequence[Path],
+    *,
+    follow_symlinks: bool = False,
+    cwd: Path | None = None,
+    key_as: str | None = None,
+) -> Discovery:
     """Files named directly, and every regular file under folders (recursively, sorted by key).
 
-    The document key is the path relative to the argument (for a file: its name). Hidden files
+    Keys follow :func:`argument_key` (``cwd``: default the working directory). Hidden files
     and folders (``.git``, ``.DS_Store``) are left out. A symbolic link inside a folder is
     followed only when its target is inside that folder, unless ``follow_symlinks``; every
     folder is walked at most once, so links cannot make the walk loop. Paths named directly are
-    always followed. A missing argument raises ``FileNotFoundError``; anything wrong with one
-    entry of a folder becomes a :class:`SkippedFile`.
+    always followed. A missing argument raises ``FileNotFoundError``; two different files with
+    one key (``--as`` over several arguments, say) raise :class:`KeyCollision` before anything
+    is read; anything wrong with one entry of a folder becomes a :class:`SkippedFile`.
     """
     entries: list[SourceFile | SkippedFile] = []
     for root in paths:
+        key = argument_key(root, cwd=cwd, key_as=key_as)
         if root.is_dir():
-            entries.extend(_FolderWalk(root, follow_symlinks).run())
+            entries.extend(_FolderWalk(root, follow_symlinks, f"{key}/" if key else "").run())
         elif root.is_file():
-            entries.append(_file_entry(root, root.name, None))
+            entries.append(_file_entry(root, key or root.name, None))
         else:
             raise FileNotFoundError(f"no such file or folder: {printable(root)}")
-    return Discovery(entries)
+    return Discovery(_one_file_per_key(entries))
+
+
+def _one_file_per_key(entries: list[SourceFile | SkippedFile]) -> list[SourceFile | SkippedFile]:
+    """The same file reached twice (``ingest a a/x``) is kept once; two files, one key: refused."""
+    seen: dict[str, Path] = {}
+    kept: list[SourceFile | SkippedFile] = []
+    for entry in entries:
+        if isinstance(entry, SourceFile):
+            real = Path(os.path.realpath(entry.path))
+            first = seen.get(entry.document_key)
+            if first is None:
+                seen[entry.document_key] = real
+            elif first != real:
+                raise KeyCollision(
+                    f"{printable(first)} and {printable(real)} would both be document "
+                    f"{entry.document_key!r}; ingest them separately or with --as"
+                )
+            else:
+                continue  # the same file, named twice
+        kept.append(entry)
+    return kept
 
 
 def _file_entry(path: Path, key: str, inside: Path | None) -> SourceFile | SkippedFile:
@@ -120,6 +197,7 @@ class _FolderWalk:
 
     root: Path
     follow_symlinks: bool
+    prefix: str = ""  # the root's key with a slash, or "": the start of every key under it
     real_root: Path = attrs.field(init=False)
     found: list[tuple[list[str], SourceFile | SkippedFile]] = attrs.Factory(list)
     walked: dict[tuple[int, int], str] = attrs.Factory(dict)  # folder identity → key shown
@@ -131,7 +209,7 @@ class _FolderWalk:
 
     def run(self) -> list[SourceFile | SkippedFile]:
         self.walked[_identity(self.real_root)] = ""
-        self.folders.append(_Folder(self.root, "", self.real_root))
+        self.folders.append(_Folder(self.root, self.prefix, self.real_root))
         while self.folders or self.linked:
             if self.folders:
                 self._scan(self.folders.popleft())

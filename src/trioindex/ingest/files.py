@@ -1,5 +1,8 @@
 """One file: read and hash it once, upload it (or restore a lost blob), then enqueue it.
 
+A run prepares many files at once (:func:`prepare_file`: read, hash, upload) and enqueues them
+in groups (:func:`enqueue_files`); :func:`ingest_file` is both for one file.
+
 Objects are content-addressed (:func:`storage_key_for`), so uploading the same bytes twice
 stores them once, and every upload is verified against the hash it is stored under: a file
 that changes while it is read is never stored under the wrong hash (it is read again once,
@@ -15,21 +18,36 @@ import logging
 import mimetypes
 import os
 import stat
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO, Final
 from uuid import UUID
 
 import attrs
+import psycopg
 import trio
 
 from trioindex.db.pool import Database
 from trioindex.errors import ObjectNotFound
 from trioindex.ingest.discover import SourceFile
-from trioindex.ingest.enqueue import enqueue_version, latest_version, requeue_failed_job
+from trioindex.ingest.enqueue import (
+    NewVersion,
+    enqueue_versions,
+    latest_version,
+    requeue_failed_job,
+)
 from trioindex.ingest.results import FileChanged, FileNotIngested, IngestResult, printable
 from trioindex.storage import AsyncObjectStore
 
-__all__ = ["digest", "ingest_file", "open_source", "storage_key_for"]
+__all__ = [
+    "PreparedFile",
+    "digest",
+    "enqueue_files",
+    "ingest_file",
+    "open_source",
+    "prepare_file",
+    "storage_key_for",
+]
 
 # The package's logger: a run's lines keep the one name they had when ingest was one module.
 logger = logging.getLogger(__package__)
@@ -40,6 +58,7 @@ _READ_CHUNK = 1 << 20
 _OPEN_FLAGS: Final = (
     os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | os.O_CLOEXEC
 )
+_DEADLOCK_RETRIES: Final = 3
 
 
 def storage_key_for(sha256: str) -> str:
@@ -76,6 +95,15 @@ def digest(handle: BinaryIO) -> tuple[str, int]:
     return sha.hexdigest(), size
 
 
+@attrs.frozen
+class PreparedFile:
+    """A file read, hashed and in the store, ready to enqueue; ``restored``: its bytes were the
+    latest version's, whose lost blob was uploaded again."""
+
+    version: NewVersion
+    restored: bool = False
+
+
 async def ingest_file(
     source: SourceFile,
     *,
@@ -87,59 +115,92 @@ async def ingest_file(
 ) -> IngestResult:
     """Upload one file (unless its bytes are already the latest version) and enqueue it.
 
-    A file that changes between hashing and upload is read again from the start once; a second
-    change, or a file that cannot be read, raises :class:`FileNotIngested`. Storage and database
+    :func:`prepare_file`, then :func:`enqueue_files` for this one file. Storage and database
     errors propagate (they are not about this file).
     """
-    ingest = functools.partial(
-        _ingest_once,
-        source,
-        db=db,
-        store=store,
-        model_id=model_id,
-        max_attempts=max_attempts,
-        priority=priority,
+    latest = await db.run(latest_version, source.document_key)
+    prepared = await prepare_file(source, store=store, latest=latest)
+    (result,) = await enqueue_files(
+        [prepared], db=db, model_id=model_id, max_attempts=max_attempts, priority=priority
     )
+    return result
+
+
+async def prepare_file(
+    source: SourceFile, *, store: AsyncObjectStore, latest: Mapping[str, object] | None
+) -> PreparedFile:
+    """Read and hash the file, and upload it unless ``latest`` (its document's newest version,
+    looked up just before) has the same bytes; restore that version's blob if the store lost it.
+
+    A file that changes between hashing and upload is read again from the start once; a second
+    change, or a file that cannot be read, raises :class:`FileNotIngested`.
+    """
     try:
-        result = await ingest()
+        return await _prepare_once(source, store, latest)
     except FileChanged:
         logger.info("ingest %s: changed while being read; reading it again", source.document_key)
         try:
-            result = await ingest()
+            return await _prepare_once(source, store, latest)
         except FileChanged:
             raise FileNotIngested(
                 "the file changed while it was being read, twice; not ingested "
                 "(ingest it again once it stops changing)"
             ) from None
-    logger.info(
-        "ingest %s: %s (document %s, version %d)",
-        source.document_key,
-        result.status,
-        result.document_id,
-        result.version_no,
-    )
-    return result
 
 
-async def _ingest_once(
-    source: SourceFile,
+async def enqueue_files(
+    prepared: Sequence[PreparedFile],
     *,
     db: Database,
-    store: AsyncObjectStore,
     model_id: UUID,
     max_attempts: int,
-    priority: int,
-) -> IngestResult:
+    priority: int = 0,
+) -> list[IngestResult]:
+    """Enqueue prepared files in one transaction (:func:`enqueue_versions`), then requeue the
+    FAILED job of each restored version (``repaired``); one result per file, in order."""
+    versions = [p.version for p in prepared]
+    enqueue = functools.partial(
+        enqueue_versions, model_id=model_id, max_attempts=max_attempts, priority=priority
+    )
+    for attempt in range(_DEADLOCK_RETRIES):
+        try:
+            results = await db.run(enqueue, versions)
+            break
+        except psycopg.errors.DeadlockDetected:
+            # another transaction locked some of these documents in another order (a delete
+            # locks by id): ours was rolled back whole, so running it again is safe
+            if attempt == _DEADLOCK_RETRIES - 1:
+                raise
+    finished: list[IngestResult] = []
+    for file, enqueued in zip(prepared, results, strict=True):
+        result = enqueued
+        if file.restored and result.status == "unchanged":
+            requeued = result.job_id is not None and await db.run(
+                requeue_failed_job, result.job_id, extra_attempts=max_attempts
+            )
+            result = attrs.evolve(result, status="repaired", requeued=requeued)
+        logger.info(
+            "ingest %s: %s (document %s, version %d)",
+            result.document_key,
+            result.status,
+            result.document_id,
+            result.version_no,
+        )
+        finished.append(result)
+    return finished
+
+
+async def _prepare_once(
+    source: SourceFile, store: AsyncObjectStore, latest: Mapping[str, object] | None
+) -> PreparedFile:
     # One open file for hashing and upload: the bytes uploaded are those of the same inode, and
     # the store checks them against the hash before anything becomes visible.
-    handle = await trio.to_thread.run_sync(open_source, source)
+    handle, sha256, size = await trio.to_thread.run_sync(_open_and_digest, source)
     with handle:
-        sha256, size = await trio.to_thread.run_sync(digest, handle)
         content_type = mimetypes.guess_type(source.path.name)[0]
         upload = functools.partial(
             _upload, store, handle, size=size, sha256=sha256, content_type=content_type
         )
-        latest = await db.run(latest_version, source.document_key)
         restored = False
         if latest is None or latest["sha256"] != sha256:
             await upload(storage_key_for(sha256))
@@ -152,25 +213,16 @@ async def _ingest_once(
             )
             await upload(str(latest["storage_key"]))
             restored = True
-    result = await db.run(
-        enqueue_version,
+    version = NewVersion(
         document_key=source.document_key,
         storage_key=storage_key_for(sha256),
         original_name=source.path.name,
         content_type=content_type,
         byte_size=size,
         sha256=sha256,
-        model_id=model_id,
-        max_attempts=max_attempts,
-        priority=priority,
         path=printable(source.path),
     )
-    if restored and result.status == "unchanged":
-        requeued = result.job_id is not None and await db.run(
-            requeue_failed_job, result.job_id, extra_attempts=max_attempts
-        )
-        result = attrs.evolve(result, status="repaired", requeued=requeued)
-    return result
+    return PreparedFile(version, restored)
 
 
 async def _upload(
@@ -182,12 +234,24 @@ async def _upload(
     sha256: str,
     content_type: str | None,
 ) -> None:
-    await trio.to_thread.run_sync(handle.seek, 0)
     try:
         await store.put(key, handle, size=size, sha256=sha256, content_type=content_type)
     except ValueError:
         # the store read other bytes (or fewer) than were hashed: nothing was stored
         raise FileChanged() from None
+
+
+def _open_and_digest(source: SourceFile) -> tuple[BinaryIO, str, int]:
+    """:func:`open_source` and :func:`digest` in one thread hop; the handle is left at its start,
+    for the upload."""
+    handle = open_source(source)
+    try:
+        sha256, size = digest(handle)
+        handle.seek(0)
+    except BaseException:
+        handle.close()
+        raise
+    return handle, sha256, size
 
 
 async def _blob_intact(store: AsyncObjectStore, key: str, sha256: str, size: int) -> bool:

@@ -1,4 +1,5 @@
-"""What a run reports for each file: an :class:`IngestResult` or a :class:`SkippedFile`.
+"""What a run reports for each file: an :class:`IngestResult` or a :class:`SkippedFile`; and,
+with ``sync``, a :class:`DeletedDocument` for each document whose file is gone.
 
 Also the two reasons one file is not ingested (:class:`FileNotIngested`, :class:`FileChanged`),
 which the run turns into ``error`` entries, and :func:`printable`, how a path is shown.
@@ -15,6 +16,7 @@ import attrs
 from trioindex.errors import TrioindexError
 
 __all__ = [
+    "DeletedDocument",
     "FileChanged",
     "FileNotIngested",
     "IngestEntry",
@@ -42,11 +44,19 @@ class IngestResult:
     job_id: UUID | None
     requeued: bool = False
 
+    @property
+    def change(self) -> str:
+        """``added`` (a new document), ``changed`` (a new version), else the status."""
+        if self.status != "created":
+            return self.status
+        return "added" if self.version_no == 1 else "changed"
+
     def as_json(self) -> dict[str, object]:
         return {
             "path": self.path,
             "document_key": self.document_key,
             "status": self.status,
+            "change": self.change,
             "document_id": str(self.document_id),
             "version_id": str(self.version_id),
             "version_no": self.version_no,
@@ -81,7 +91,30 @@ class SkippedFile:
         }
 
 
-IngestEntry = IngestResult | SkippedFile
+@attrs.frozen
+class DeletedDocument:
+    """A document ``ingest --sync`` deleted: it was under a folder's key prefix and the walk of
+    the folder found no file with its key."""
+
+    document_key: str
+    path: None = None
+    status: str = "deleted"
+    reason: str = "its file is gone"
+
+    @property
+    def change(self) -> str:
+        return self.status
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "path": None,
+            "document_key": self.document_key,
+            "status": self.status,
+            "change": self.status,
+        }
+
+
+IngestEntry = IngestResult | SkippedFile | DeletedDocument
 
 
 class FileNotIngested(TrioindexError):

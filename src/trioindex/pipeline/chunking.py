@@ -21,10 +21,31 @@ Two bounds keep any text cheap and every chunk meaningful:
   is first cut into segments of at most :data:`SEGMENT_CHUNKS` chunks' worth of characters, at
   the best boundary in the segment's second half — a blank line, a line break, a sentence end,
   whitespace, or (only if there is none) a hard cut that keeps grapheme clusters whole. Each
-  segment is split on its own, so the cost is linear in the text; chunks never span a cut.
+  segment is split on its own, so the cost is linear in the text; only the passes below (a
+  fragment merged with its neighbour, an overlap) may reach across a cut.
 * **characters**, also for token-aware chunks: an unknown "word" is one ``[UNK]`` token
   however long it is, so token-aware chunks are capped at :data:`CHARS_PER_TOKEN` characters
   per token of the budget, and longer ones are split again by characters.
+
+Three passes keep every chunk useful for retrieval (issue 15: tiny chunks rank badly, and a
+title cut off from its text takes its words out of the text's vector):
+
+* **headings stay with their text**: a block of at most :data:`HEADING_LINES` short lines
+  (at most :data:`HEADING_CHARS` characters, a quarter of the chunk size for small ones, and
+  not ending a sentence) that starts the text or follows a blank line, and is followed by a
+  line of body text, is given to the splitter joined to that text by spaces (a same-length
+  copy of the text, so offsets hold): the title becomes the start of the first sentence of
+  its section, and the first chunk of the section starts with it;
+* **no fragments**: a chunk under :data:`FRAGMENT_FRACTION` of the size limit is merged with
+  its smaller neighbour when the two fit in one chunk, else the two are cut again at the
+  sentence (else word) boundary that balances them best;
+* **overlap at word boundaries**: chunks are first cut without overlap (at the size limit
+  minus the overlap), then each one after the first is extended backwards into its
+  predecessor by at most ``policy.overlap`` units, starting at a sentence start when one
+  lies in reach, else at a word start — whole words of context rather than a fragment, and
+  an overlap that exists even when sentences are longer than the overlap (the splitter's own
+  overlap works at its current level only and was empty for such text). The overlap is at
+  most half of the room for text.
 
 Offsets are Python string indexes into the text given to :meth:`Chunker.chunk`:
 ``text[start:end] == chunk.text``. semantic-text-splitter 0.33 reports character offsets (not
@@ -53,11 +74,15 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "CHARS_PER_TOKEN",
+    "FRAGMENT_FRACTION",
+    "HEADING_CHARS",
+    "HEADING_LINES",
     "SEGMENT_CHUNKS",
     "ChunkDraft",
     "Chunker",
     "ChunkingPolicy",
     "estimate_tokens",
+    "glue_headings",
     "segments",
 ]
 
@@ -80,6 +105,18 @@ _SEGMENT_BOUNDARIES = (
 )
 # How far a hard cut may step back to avoid splitting a grapheme cluster.
 _MAX_CLUSTER = 32
+# A heading: at most this many lines of at most this many characters (and a quarter of the
+# chunk's character size), none ending a sentence.
+HEADING_LINES = 3
+HEADING_CHARS = 150
+# A chunk under this fraction of the size limit is a fragment (merged or rebalanced).
+FRAGMENT_FRACTION = 0.25
+# Rebalancing measures at most this many candidate cuts (the nearest to the middle).
+_MAX_CUT_CANDIDATES = 48
+_SENTENCE_END = re.compile(r"[.!?。！？…][\"')\]」』”’]*$")
+# Where a sentence ends (its end) or a line breaks, for overlaps and rebalancing.
+_SENTENCE_CUT = re.compile(r"[.!?。！？…][\"')\]」』”’]*\s+|[。！？]|\n\s*")
+_WORD_CUT = re.compile(r"\s+")
 
 
 @attrs.frozen
@@ -154,10 +191,12 @@ class Chunker:
         self._smaller: dict[int, TextSplitter] = {}  # re-split budgets, see _resplit
         if tokenizer is None:
             self._capacity = policy.max_size
-            self._overlap = policy.overlap
+            self._overlap = min(policy.overlap, policy.max_size // 2)
             self._max_chars = policy.max_size
-            self._splitter = TextSplitter(policy.max_size, overlap=policy.overlap, trim=True)
+            self._special = 0
+            self._splitter = TextSplitter(policy.max_size - self._overlap, trim=True)
             self._segment = max(_MIN_SEGMENT, SEGMENT_CHUNKS * self._max_chars)
+            self._heading_chars = min(HEADING_CHARS, self._max_chars // 4)
             return
         # Work on a copy: padding would make every text count as the padded length and
         # truncation would hide overlong chunks; the caller's tokenizer stays as it was.
@@ -173,14 +212,17 @@ class Chunker:
             )
         self._tokenizer = own
         self._capacity = capacity
-        # The splitter refuses overlap >= capacity; the budget shrank by the special tokens.
-        self._overlap = min(policy.overlap, capacity - 1)
+        self._special = special
+        # The overlap is added after splitting, so the splitter leaves room for it; at most
+        # half of the room for text (the budget shrank by the special tokens).
+        self._overlap = min(policy.overlap, capacity // 2)
         self._splitter = TextSplitter.from_huggingface_tokenizer(
-            own, capacity, overlap=self._overlap, trim=True
+            own, capacity - self._overlap, trim=True
         )
         self._max_chars = CHARS_PER_TOKEN * policy.max_size
         self._char_splitter = TextSplitter(self._max_chars, trim=True)
         self._segment = max(_MIN_SEGMENT, SEGMENT_CHUNKS * self._max_chars)
+        self._heading_chars = min(HEADING_CHARS, self._max_chars // 4)
 
     @classmethod
     def for_model_dir(cls, policy: ChunkingPolicy, model_dir: Path) -> Chunker:
@@ -208,17 +250,22 @@ class Chunker:
         """Chunks of ``text`` in order, indexes 0..n-1; ``[]`` only when ``text`` is blank."""
         if not text.strip():
             return []
+        shadow = glue_headings(text, self._heading_chars)
         spans = [
             span
-            for lo, hi in segments(text, self._segment)
-            for span in self._split(self._splitter, text, lo, hi)
+            for lo, hi in segments(shadow, self._segment)
+            for span in self._split(self._splitter, text, lo, hi, shadow)
         ]
+        del shadow
         if self._tokenizer is None:
-            counted = [(start, piece, estimate_tokens(piece)) for start, piece in spans]
+            counted = [(start, piece, len(piece)) for start, piece in spans]
         else:
             spans = self._cap_characters(text, spans)
             counted = self._fit_tokens(self._tokenizer, text, spans)
         del spans
+        counted = self._with_overlap(text, self._merge_fragments(text, counted))
+        if self._tokenizer is None:
+            counted = [(start, piece, estimate_tokens(piece)) for start, piece, _ in counted]
         drafts: list[ChunkDraft] = []
         for start, piece, count in counted:
             # The splitter trims Unicode White_Space; Python also counts the C0 separators
@@ -250,9 +297,16 @@ class Chunker:
         return capped
 
     @staticmethod
-    def _split(splitter: TextSplitter, text: str, lo: int, hi: int) -> list[tuple[int, str]]:
-        """``(start, piece)`` for each cut of ``text[lo:hi]``, ``start`` an offset into ``text``."""
-        segment = text if (lo, hi) == (0, len(text)) else text[lo:hi]
+    def _split(
+        splitter: TextSplitter, text: str, lo: int, hi: int, shadow: str | None = None
+    ) -> list[tuple[int, str]]:
+        """``(start, piece)`` for each cut of ``text[lo:hi]``, ``start`` an offset into ``text``.
+
+        ``shadow`` (same length as ``text``, whitespace changed only) is what the splitter sees
+        instead (see :func:`glue_headings`); the pieces are cut from ``text``.
+        """
+        seen = text if shadow is None else shadow
+        segment = seen if (lo, hi) == (0, len(seen)) else seen[lo:hi]
         spans: list[tuple[int, str]] = []
         search_from = 0
         for reported, piece in splitter.chunk_indices(segment):
@@ -263,7 +317,8 @@ class Chunker:
                 offset = segment.find(piece, search_from)
                 if offset < 0:
                     raise RuntimeError("text splitter returned a chunk not found in the text")
-            spans.append((lo + offset, piece))
+            at = lo + offset
+            spans.append((at, piece if shadow is None else text[at : at + len(piece)]))
             search_from = offset + 1
         return spans
 
@@ -306,10 +361,199 @@ class Chunker:
                     "text cannot be split to fit the embedding model's input limit"
                 )
 
+    # -- fragments and overlap -------------------------------------------------------------------
+
+    @property
+    def _limit(self) -> int:
+        """The size no chunk may exceed: model tokens (special included), else characters."""
+        return self.policy.max_size
+
+    def _fits(self, piece: str, size: int) -> bool:
+        """Within the size limit and the character cap (module docstring)."""
+        return size <= self._limit and len(piece) <= self._max_chars
+
+    def _measure(self, pieces: list[str]) -> list[int]:
+        """Sizes as :attr:`_limit` counts them."""
+        if self._tokenizer is None:
+            return [len(p) for p in pieces]
+        return _count_tokens(self._tokenizer, pieces)
+
+    def _merge_fragments(
+        self, text: str, counted: list[tuple[int, str, int]]
+    ) -> list[tuple[int, str, int]]:
+        """Merge each fragment into its smaller neighbour when both fit in one chunk, else
+        rebalance it with a neighbour (module docstring). ``counted`` holds disjoint spans."""
+        fragment = max(1, int(self._limit * FRAGMENT_FRACTION))
+        out = list(counted)
+        i = 0
+        while len(out) > 1 and i < len(out):
+            if out[i][2] >= fragment:
+                i += 1
+                continue
+            neighbours = sorted(
+                (j for j in (i - 1, i + 1) if 0 <= j < len(out)), key=lambda j: out[j][2]
+            )
+            for j in neighbours:
+                a, b = min(i, j), max(i, j)
+                start, piece = _trimmed(text, out[a][0], out[b][0] + len(out[b][1]))
+                [size] = self._measure([piece])
+                if self._fits(piece, size):
+                    out[a : b + 1] = [(start, piece, size)]
+                    i = a
+                    break
+            else:
+                j = i - 1 if i > 0 else i + 1
+                a, b = min(i, j), max(i, j)
+                halves = self._rebalance(text, out[a][0], out[b][0] + len(out[b][1]))
+                if halves is not None and min(h[2] for h in halves) > out[i][2]:
+                    out[a : b + 1] = halves
+                i = b + 1
+        return out
+
+    def _rebalance(self, text: str, lo: int, hi: int) -> list[tuple[int, str, int]] | None:
+        """``text[lo:hi]`` cut in two that fit, at the sentence end or line break (else the
+        whitespace) that makes the larger half smallest; None if there is no such cut."""
+        for boundary in (_SENTENCE_CUT, _WORD_CUT):
+            cuts = [
+                m.end() for m in boundary.finditer(text, lo, hi) if lo < m.start() and m.end() < hi
+            ]
+            if cuts:
+                break
+        else:
+            return None
+        middle = (lo + hi) / 2
+        cuts = sorted(sorted(cuts, key=lambda c: abs(c - middle))[:_MAX_CUT_CANDIDATES])
+        halves = [(_trimmed(text, lo, c), _trimmed(text, c, hi)) for c in cuts]
+        sizes = self._measure([piece for pair in halves for _, piece in pair])
+        best: list[tuple[int, str, int]] | None = None
+        for n, (left, right) in enumerate(halves):
+            pair = [(*left, sizes[2 * n]), (*right, sizes[2 * n + 1])]
+            if not (left[1] and right[1] and all(self._fits(half, size) for _, half, size in pair)):
+                continue
+            if best is None or max(p[2] for p in pair) < max(p[2] for p in best):
+                best = pair
+        return best
+
+    def _with_overlap(
+        self, text: str, counted: list[tuple[int, str, int]]
+    ) -> list[tuple[int, str, int]]:
+        """Extend each chunk after the first backwards into its predecessor by at most the
+        overlap, from a sentence start in reach, else a word start (module docstring)."""
+        if self._overlap == 0 or len(counted) < 2:
+            return counted
+        reach = self._overlap_reach(counted[:-1])
+        starts: list[int | None] = [None]
+        for (prev_start, prev, _), earliest, (start, _piece, _size) in zip(
+            counted, reach, counted[1:], strict=False
+        ):
+            within = max(earliest, prev_start + 1)  # never the whole predecessor
+            starts.append(_overlap_start(text, within, min(start, prev_start + len(prev))))
+        extended = [
+            text[s : start + len(piece)] if s is not None else piece
+            for s, (start, piece, _size) in zip(starts, counted, strict=True)
+        ]
+        todo = [n for n, s in enumerate(starts) if s is not None]
+        sizes = self._measure([extended[n] for n in todo])
+        out = list(counted)
+        for n, size in zip(todo, sizes, strict=True):
+            s = starts[n]
+            assert s is not None
+            if self._fits(extended[n], size):
+                out[n] = (s, extended[n], size)
+        return out
+
+    def _overlap_reach(self, counted: list[tuple[int, str, int]]) -> list[int]:
+        """For each chunk, the earliest offset an overlap taken from its end may start at."""
+        if self._tokenizer is None:
+            return [start + len(piece) - self._overlap for start, piece, _ in counted]
+        reach: list[int] = []
+        for batch_start in range(0, len(counted), _COUNT_BATCH):
+            batch = counted[batch_start : batch_start + _COUNT_BATCH]
+            encodings = self._tokenizer.encode_batch(
+                [piece for _, piece, _ in batch], add_special_tokens=False
+            )
+            for (start, _piece, _), encoding in zip(batch, encodings, strict=True):
+                offsets = encoding.offsets
+                first = len(offsets) - self._overlap
+                reach.append(start + (offsets[first][0] if first > 0 else 0))
+        return reach
+
 
 def _count_tokens(tokenizer: Tokenizer, pieces: list[str]) -> list[int]:
     """Token counts as the model sees each piece: special tokens included."""
     return [len(e.ids) for e in tokenizer.encode_batch(pieces, add_special_tokens=True)]
+
+
+def _trimmed(text: str, lo: int, hi: int) -> tuple[int, str]:
+    """``text[lo:hi]`` without surrounding whitespace, and where it starts."""
+    piece = text[lo:hi]
+    stripped = piece.lstrip()
+    start = lo + len(piece) - len(stripped)
+    return start, stripped.rstrip()
+
+
+def _overlap_start(text: str, earliest: int, end: int) -> int | None:
+    """Where an overlap ending at ``end`` starts: the first sentence start in
+    ``[earliest, end)``, else the first word start; None when there is neither."""
+    if earliest >= end:
+        return None
+    for boundary in (_SENTENCE_CUT, _WORD_CUT):
+        # a start is the end of a boundary match: step back one so a cut right at `earliest` counts
+        for match in boundary.finditer(text, max(0, earliest - 1), end):
+            if earliest <= match.end() < end and not text[match.end()].isspace():
+                return match.end()
+    return None
+
+
+# -- headings -----------------------------------------------------------------------------------
+
+
+def glue_headings(text: str, max_chars: int) -> str:
+    """``text`` with the whitespace after each heading block turned into spaces (same length,
+    so offsets hold); ``text`` itself when it has none. See the module docstring."""
+    if max_chars < 1 or "\n" not in text:
+        return text
+    lines: list[tuple[int, int]] = []  # (start, end) of each line, without its newline
+    start = 0
+    while True:
+        newline = text.find("\n", start)
+        lines.append((start, len(text) if newline < 0 else newline))
+        if newline < 0:
+            break
+        start = newline + 1
+    blank = [not text[a:b].strip() for a, b in lines]
+
+    def heading(n: int) -> bool:
+        line = text[lines[n][0] : lines[n][1]].strip()
+        return 0 < len(line) <= max_chars and not _SENTENCE_END.search(line)
+
+    spaces: list[tuple[int, int]] = []
+    n = 0
+    while n < len(lines):
+        if not (heading(n) and (n == 0 or blank[n - 1])):
+            n += 1
+            continue
+        last = n
+        while last + 1 < len(lines) and last + 1 - n < HEADING_LINES and heading(last + 1):
+            last += 1
+        body = last + 1
+        while body < len(lines) and blank[body]:
+            body += 1
+        if body < len(lines) and not heading(body):
+            # from the end of the heading's first line to the start of the body
+            spaces.append((lines[n][1], lines[body][0]))
+        n = body
+    if not spaces:
+        return text
+    parts: list[str] = []
+    at = 0
+    for lo, hi in spaces:
+        parts.append(text[at:lo])
+        gap = text[lo:hi]
+        parts.append("".join(" " if ch.isspace() else ch for ch in gap))
+        at = hi
+    parts.append(text[at:])
+    return "".join(parts)
 
 
 # -- segments -----------------------------------------------------------------------------------

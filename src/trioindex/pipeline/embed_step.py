@@ -13,6 +13,11 @@ commit: lock again in the same order, re-validate ownership with a fresh clock, 
 set and model still match the snapshot, then insert every embedding in one COPY — all or
 nothing. A late concurrent caller finds the finished set and replays it. The version stays
 ``EMBEDDING``: completion belongs to the lifecycle's complete step.
+
+Grouped (the worker's path): the commit and the job's completion are one subtransaction of
+``trioindex_store_embeddings_many`` (migration 0005), which the worker's group committer runs
+for many jobs at once (:func:`store_embeddings_many`); the vectors come from the worker-wide
+embedding coalescer (:class:`~trioindex.embedding.batching.EmbeddingCoalescer`).
 """
 
 from __future__ import annotations
@@ -27,14 +32,14 @@ import numpy as np
 import numpy.typing as npt
 
 from trioindex.db.events import record_claim_event
-from trioindex.db.fence import lock_owned_job
+from trioindex.db.fence import claim_arrays, lock_owned_job, refusal_error
 from trioindex.db.jobs import set_progress
 from trioindex.db.pool import Connection, Database
 from trioindex.db.versions import lock_version, mark_embedding
 from trioindex.embedding import Embedder
 from trioindex.embedding.vectors import validate_vectors
 from trioindex.errors import StateInconsistent
-from trioindex.values import Claim, VersionStatus
+from trioindex.values import Claim, CompleteResult, VersionStatus
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +47,9 @@ logger = logging.getLogger(__name__)
 SLICE_BATCHES = 8
 
 PROGRESS_EMBEDDING = 50
+# INDEXED: another model's job indexed the version; this job embeds the same stored chunks
+# for its own model (a model switch), without touching what the other model serves.
+_EMBEDDABLE = frozenset({VersionStatus.CHUNKED, VersionStatus.EMBEDDING, VersionStatus.INDEXED})
 PROGRESS_EMBEDDED = 90
 
 
@@ -103,9 +111,9 @@ def prepare_embedding(conn: Connection, claim: Claim) -> EmbedSnapshot:
         owned = lock_owned_job(conn, claim)
         version = lock_version(conn, owned.document_version_id)
         status = VersionStatus(version["status"])
-        if status not in (VersionStatus.CHUNKED, VersionStatus.EMBEDDING):
+        if status not in _EMBEDDABLE:
             raise StateInconsistent(
-                f"cannot embed: version is {status}, expected CHUNKED or EMBEDDING"
+                f"cannot embed: version is {status}, expected CHUNKED, EMBEDDING or INDEXED"
             )
         model = conn.execute(
             "SELECT id, name, dimension FROM embedding_models WHERE id = %s",
@@ -195,7 +203,7 @@ def commit_embeddings(
             or owned.embedding_model_id != snapshot.model_id
         ):
             raise StateInconsistent("the job's version or model changed since embedding began")
-        if version["status"] != VersionStatus.EMBEDDING:
+        if version["status"] not in (VersionStatus.EMBEDDING, VersionStatus.INDEXED):
             raise StateInconsistent(
                 f"cannot store embeddings: version is {version['status']}, expected EMBEDDING"
             )
@@ -244,6 +252,87 @@ def commit_embeddings(
             {"embeddings": len(drafts), "model": snapshot.model_name},
         )
     return True
+
+
+@attrs.frozen
+class EmbeddingCommit:
+    """One job's validated vectors, ready for :func:`store_embeddings_many`."""
+
+    claim: Claim
+    snapshot: EmbedSnapshot
+    drafts: Sequence[EmbeddingDraft] = attrs.field(repr=False)
+
+    @property
+    def weight(self) -> int:
+        return len(self.drafts)
+
+    def problem(self) -> StateInconsistent | None:
+        """What :func:`commit_embeddings` would refuse before touching the database."""
+        snapshot = self.snapshot
+        if [(d.chunk_id, d.chunk_index) for d in self.drafts] != [
+            (c.id, c.index) for c in snapshot.chunks
+        ]:
+            return StateInconsistent("the drafts do not match the chunk set")
+        if any(
+            d.dimension != snapshot.dimension or len(d.vector) != d.dimension for d in self.drafts
+        ):
+            return StateInconsistent("a draft's dimension differs from the model's")
+        return None
+
+
+def store_embeddings_many(
+    conn: Connection, commits: Sequence[EmbeddingCommit]
+) -> list[CompleteResult | Exception]:
+    """Store every job's vectors and complete the job, for many jobs in one statement
+    (``trioindex_store_embeddings_many``, migration 0005). One result per commit, in order:
+    the completion's result, or the error that refused this job alone (its vectors are then
+    not stored either)."""
+    results: list[CompleteResult | Exception] = [StateInconsistent("no result")] * len(commits)
+    valid: list[int] = []
+    for position, commit in enumerate(commits):
+        problem = commit.problem()
+        if problem is not None:
+            results[position] = problem
+        else:
+            valid.append(position)
+    if not valid:
+        return results
+    valid.sort(key=lambda i: commits[i].claim.document_version_id)
+    ordered = [commits[i] for i in valid]
+    firsts: list[int] = []
+    counts: list[int] = []
+    chunk_ids: list[UUID] = []
+    vectors: list[npt.NDArray[np.float32]] = []
+    hashes: list[str] = []
+    for commit in ordered:
+        firsts.append(len(chunk_ids) + 1)
+        counts.append(len(commit.drafts))
+        for draft in commit.drafts:
+            chunk_ids.append(draft.chunk_id)
+            vectors.append(draft.vector)
+            hashes.append(draft.vector_sha256)
+    with conn.cursor(binary=True) as cursor:
+        rows = cursor.execute(
+            """SELECT * FROM trioindex_store_embeddings_many(
+                   %s::uuid[], %s::uuid[], %s::uuid[], %s::uuid[], %s::uuid[], %s::uuid[],
+                   %s::int[], %s::int[], %s::uuid[], %s::vector[], %s::text[])""",
+            (
+                *claim_arrays([c.claim for c in ordered]),
+                [c.snapshot.version_id for c in ordered],
+                [c.snapshot.model_id for c in ordered],
+                firsts,
+                counts,
+                chunk_ids,
+                vectors,
+                hashes,
+            ),
+        ).fetchall()
+    for position, row in zip(valid, rows, strict=True):
+        refused = refusal_error(row["refusal"], row["message"])
+        results[position] = (
+            refused if refused is not None else CompleteResult(bool(row["became_current"]))
+        )
+    return results
 
 
 async def run_embed_step(claim: Claim, *, db: Database, embedder: Embedder) -> int:

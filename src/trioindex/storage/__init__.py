@@ -12,10 +12,13 @@ Modules:
   through ``trio.to_thread``.
 
 No message, repr or log line carries a credential: stores describe themselves through
-``description`` and URLs are shown through :func:`redact_url`.
+``description`` and URLs are shown through :func:`redact_url`. ``s3`` (and so ``minio``) is
+imported on first use of its names, so commands that never touch S3 start without it.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from trioindex.storage.contract import (
     DEFAULT_CONTENT_TYPE,
@@ -26,7 +29,6 @@ from trioindex.storage.contract import (
 )
 from trioindex.storage.facade import AsyncObjectStore, open_store
 from trioindex.storage.folder import FolderStore
-from trioindex.storage.s3 import S3Store, default_http_client
 from trioindex.storage.urls import (
     FolderLocation,
     S3Location,
@@ -35,6 +37,18 @@ from trioindex.storage.urls import (
     redact_url,
     storage_url_problem,
 )
+
+if TYPE_CHECKING:
+    from trioindex.storage.s3 import S3Store, default_http_client
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("S3Store", "default_http_client"):
+        from trioindex.storage import s3
+
+        return getattr(s3, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_CONTENT_TYPE",

@@ -76,6 +76,10 @@ class ObjectStore(Protocol):
 
     def stat(self, key: str) -> ObjectInfo: ...
 
+    def delete(self, key: str) -> None:
+        """Remove the object; a key with no object is not an error (deleting is idempotent)."""
+        ...
+
     def ensure_ready(self) -> None:
         """Create the bucket / folder if missing; ``StorageUnavailable`` if that fails."""
         ...

@@ -15,7 +15,6 @@ import trio
 from trioindex.errors import ConfigError
 from trioindex.storage.contract import ObjectInfo, ObjectStore
 from trioindex.storage.folder import FolderStore
-from trioindex.storage.s3 import S3Store
 from trioindex.storage.urls import FolderLocation, StorageUrlError, parse_storage_url, redact_url
 
 
@@ -35,6 +34,8 @@ def open_store(url: str) -> ObjectStore:
         raise bad(str(exc)) from None
     if isinstance(location, FolderLocation):
         return FolderStore(Path(os.path.normpath(Path.cwd() / location.root)))
+    from trioindex.storage.s3 import S3Store  # minio: imported only when S3 is configured
+
     try:
         return S3Store(
             endpoint=location.endpoint,
@@ -85,6 +86,9 @@ class AsyncObjectStore:
 
     async def stat(self, key: str) -> ObjectInfo:
         return await trio.to_thread.run_sync(self.store.stat, key, limiter=self.limiter)
+
+    async def delete(self, key: str) -> None:
+        await trio.to_thread.run_sync(self.store.delete, key, limiter=self.limiter)
 
     async def ensure_ready(self) -> None:
         await trio.to_thread.run_sync(self.store.ensure_ready, limiter=self.limiter)

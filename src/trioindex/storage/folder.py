@@ -187,6 +187,17 @@ class FolderStore:
             raise self._missing(key, exc) from exc
         return ObjectInfo(key=key, size=st.st_size, sha256=digest, content_type=None)
 
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        if not self.root.is_dir():
+            raise StorageUnavailable(f"{self.description}: root folder is missing")
+        try:
+            path.unlink(missing_ok=True)
+            self._sidecar(path).unlink(missing_ok=True)
+        except OSError as exc:
+            raise self._unavailable("delete", key, exc) from exc
+        logger.debug("deleted %r from %s", key, self.description)
+
     # helpers
 
     @staticmethod

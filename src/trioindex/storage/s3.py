@@ -173,6 +173,14 @@ class S3Store:
             raise too_large(key, len(body), max_bytes)
         return body
 
+    def delete(self, key: str) -> None:
+        check_key(key)
+        try:
+            self._client.remove_object(self.bucket, key)  # S3 answers 204 for a missing key
+        except (MinioException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise self._error("delete", key, exc) from exc
+        logger.debug("deleted %r from %s", key, self.description)
+
     def stat(self, key: str) -> ObjectInfo:
         check_key(key)
         try:

@@ -19,7 +19,14 @@ import attrs
 import trio
 
 from trioindex.config import WorkerSettings
-from trioindex.errors import FailureType, OwnershipLost, StateInconsistent, StepFailure
+from trioindex.errors import (
+    FailureType,
+    JobRemoved,
+    OwnershipLost,
+    StateInconsistent,
+    StepFailure,
+    bounded,
+)
 from trioindex.values import Claim, CompleteResult, FailOutcome, FailResult, VersionStatus
 from trioindex.worker import metrics
 from trioindex.worker.counters import WorkerCounters
@@ -30,6 +37,8 @@ logger = logging.getLogger(__name__)
 CLEANUP_TIMEOUT = 10.0
 # Pause before retrying a renewal that failed for a reason other than lost ownership.
 RENEWAL_RETRY_PAUSE = 1.0
+# How much of a document key an outcome line shows (keys may be up to 1024 characters).
+LOGGED_KEY_LENGTH = 200
 
 
 class JobWrites(Protocol):
@@ -42,10 +51,20 @@ class JobWrites(Protocol):
 
 
 class Steps(Protocol):
-    """The pipeline steps (:class:`trioindex.worker.wiring.PipelineSteps`)."""
+    """The pipeline steps (:class:`trioindex.worker.wiring.PipelineSteps`).
+
+    ``complete`` is the job's final write (with the grouped steps it also stores the vectors:
+    see :mod:`trioindex.pipeline.embed_step`); ``forget`` drops what the steps kept for a claim
+    once its job has ended, however it ended; ``serve`` runs the steps' worker-wide tasks (the
+    embedding coalescer, the group committers) in the runtime's background nursery until it is
+    cancelled, after the last job.
+    """
 
     async def parse(self, claim: Claim) -> int: ...
     async def embed(self, claim: Claim) -> int: ...
+    async def complete(self, claim: Claim) -> CompleteResult: ...
+    def forget(self, claim: Claim) -> None: ...
+    async def serve(self) -> None: ...
 
 
 class OutcomeKind(enum.StrEnum):
@@ -56,6 +75,7 @@ class OutcomeKind(enum.StrEnum):
     FAILED = "failed"  # failed for good
     LOST = "lost"  # ownership lost: no further writes, lease recovery owns the job
     RELEASED = "released"  # cancelled and handed back: PENDING again at once
+    REMOVED = "removed"  # the job's document was deleted (or its model removed): ended quietly
     CANCELLED = "cancelled"  # cancelled, hand-back refused or impossible: left to recovery
     REPORT_REFUSED = "report-refused"  # the failure report was refused (ownership lost)
     REPORT_FAILED = "report-failed"  # the failure report could not be written (or timed out)
@@ -88,9 +108,11 @@ RELEASED = JobOutcome(OutcomeKind.RELEASED)
 CANCELLED = JobOutcome(OutcomeKind.CANCELLED)
 REPORT_REFUSED = JobOutcome(OutcomeKind.REPORT_REFUSED)
 REPORT_FAILED = JobOutcome(OutcomeKind.REPORT_FAILED)
+REMOVED = JobOutcome(OutcomeKind.REMOVED)
 
 _PARSE_FIRST = frozenset({VersionStatus.UPLOADED, VersionStatus.PARSING})
-_EMBEDDABLE = _PARSE_FIRST | {VersionStatus.CHUNKED, VersionStatus.EMBEDDING}
+# INDEXED: another model's job indexed the version; this job embeds its stored chunks
+_EMBEDDABLE = _PARSE_FIRST | {VersionStatus.CHUNKED, VersionStatus.EMBEDDING, VersionStatus.INDEXED}
 
 
 def steps_for(status: VersionStatus) -> tuple[str, ...]:
@@ -110,12 +132,15 @@ class JobContext:
     lease_deadline: float
     scope: trio.CancelScope
     lost: bool = False
+    removed: bool = False  # lost because the job row is gone (document deleted, model removed)
     step: str = "claim"
     # Set just before the final write (complete or fail). A renewal racing that write waits on
     # the job row lock and then finds the job finished: that is not a lost lease.
     finishing: bool = False
     # How the job ended so far; final once JobRunner.run returns or raises.
     outcome: JobOutcome = CANCELLED
+    # The bounded failure message reported for the job (already safe: see trioindex.errors).
+    message: str = ""
 
 
 @attrs.define(eq=False)
@@ -141,9 +166,11 @@ class JobRunner:
                     context.outcome = await self._execute(context)
                     nursery.cancel_scope.cancel()  # the final write is done: renewal stops last
             if context.lost and context.outcome == CANCELLED:
-                context.outcome = LOST
-                self.counters.lost += 1
+                context.outcome = REMOVED if context.removed else LOST
+                if not context.removed:
+                    self.counters.lost += 1
         finally:
+            self.steps.forget(context.claim)
             if context.outcome == CANCELLED and not context.lost:
                 context.outcome = await self._hand_back(context)
             self._record(context, trio.current_time() - started)
@@ -154,14 +181,18 @@ class JobRunner:
             self.counters.cancelled += 1
         failure_type = "" if outcome.failure_type is None else outcome.failure_type.value
         metrics.record_job(outcome.kind.value, failure_type)
+        # the key is the operator's own name for the document, one line and bounded; the
+        # message is the bounded one the job row stores, never text, vectors or a token
         logger.info(
-            "worker %s job %s attempt %s: %s after %.2fs (step %s)",
+            "worker %s job %s attempt %s key %r: %s after %.2fs (step %s)%s",
             claim.worker_id,
             claim.job_id,
             claim.attempt_id,
+            bounded(claim.document_key, LOGGED_KEY_LENGTH),
             outcome,
             seconds,
             context.step,
+            f": {context.message}" if context.message else "",
         )
 
     async def _execute(self, context: JobContext) -> JobOutcome:
@@ -180,8 +211,12 @@ class JobRunner:
                     # shielded: the call is never abandoned anyway, and a completion that
                     # committed must be reported as such, not as a cancelled job
                     with trio.CancelScope(shield=True):
-                        await self.queue.complete(claim)
+                        await self.steps.complete(claim)
                 metrics.record_step(step, trio.current_time() - began)
+        except JobRemoved:
+            context.lost = True
+            _log_removed(claim, context.step)
+            return REMOVED
         except OwnershipLost as exc:
             context.lost = True
             self.counters.lost += 1
@@ -256,6 +291,7 @@ class JobRunner:
         cancelled (shutdown, a lost lease) is still reported, within ``CLEANUP_TIMEOUT``."""
         claim = context.claim
         context.finishing = True
+        context.message = bounded(message)
         with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):
             return await self._fail(claim, failure_type, message)
         self.counters.report_refused += 1
@@ -271,6 +307,9 @@ class JobRunner:
     async def _fail(self, claim: Claim, failure_type: FailureType, message: str) -> JobOutcome:
         try:
             result = await self.queue.fail(claim, failure_type, message)
+        except JobRemoved:
+            _log_removed(claim, "the failure report")
+            return REMOVED
         except OwnershipLost:
             self.counters.report_refused += 1
             logger.warning(
@@ -306,10 +345,15 @@ class JobRunner:
                 return  # the final write is under way; it re-validates ownership itself
             try:
                 await self.queue.renew(context.claim)
-            except OwnershipLost:
+            except OwnershipLost as exc:
                 if context.finishing:
                     return  # raced the final write, which finished the job: not a loss
                 context.lost = True
+                if isinstance(exc, JobRemoved):
+                    context.removed = True
+                    _log_removed(context.claim, "renewal")
+                    context.scope.cancel()
+                    return
                 metrics.record_renewal("refused")
                 metrics.record_lease_lost()
                 logger.warning(
@@ -341,3 +385,14 @@ class JobRunner:
             # the database extended the lease from "now"; our estimate follows conservatively
             context.lease_deadline = trio.current_time() + self.settings.lease_duration
             next_at += interval * max(1, math.ceil((trio.current_time() - next_at) / interval))
+
+
+def _log_removed(claim: Claim, during: str) -> None:
+    """A removed job is no fault: one INFO line, and nothing else is written."""
+    logger.info(
+        "worker %s job %s: the job was removed during %s (document deleted or model removed);"
+        " stopping without writes",
+        claim.worker_id,
+        claim.job_id,
+        during,
+    )

@@ -6,6 +6,7 @@
     ├── background nursery
     │   ├── heartbeat loop            absolute deadlines, every heartbeat-interval
     │   ├── lease recovery loop       every recovery-interval
+    │   ├── steps' worker-wide tasks  embedding coalescer, group committers (worker/wiring.py)
     │   └── NOTIFY listener           (optional) wakes the poller
     └── jobs nursery                  outlives intake; its deadline is set at shutdown
         ├── intake scope
@@ -67,6 +68,9 @@ logger = logging.getLogger(__name__)
 
 # How often a draining worker says what it is still waiting for.
 DRAIN_LOG_INTERVAL = 15.0
+# While every slot is busy, how long the poller waits for a quarter of the slots to free up
+# before claiming fewer (one claim statement for several jobs).
+CLAIM_LINGER = 0.02
 
 
 class Queue(JobWrites, Protocol):
@@ -167,14 +171,17 @@ class Worker:
         )
         if self._stop_requested:
             run.intake.cancel()  # asked before registration returned
+        metrics.record_slots(0, settings.max_concurrency)  # read as 0 slots until a first job
         try:
             async with trio.open_nursery() as background:
                 background.start_soon(self._heartbeat_loop, run)
                 background.start_soon(self._recovery_loop, run)
+                background.start_soon(self.steps.serve)
                 if self.listener is not None:
                     background.start_soon(self.listener, self.wake)
                 async with trio.open_nursery() as jobs:
                     task_status.started(worker_id)
+                    self._log_ready(run, drain=drain)
                     with run.intake:
                         await self._poll(run, jobs, drain=drain)
                     # intake has stopped: nothing new is claimed from here on
@@ -197,6 +204,20 @@ class Worker:
             self._stop_requested = False  # it was this run's; a later serve() starts afresh
             logger.info("worker %s stopped; counters %s", worker_id, self.counters.snapshot())
 
+    def _log_ready(self, run: _Run, *, drain: bool) -> None:
+        """Once per run, when the background tasks are started and the first poll is next."""
+        if run.intake.cancel_called:
+            return  # stopped before it started: it claims nothing
+        settings = self.settings
+        logger.info(
+            "worker %s ready: waiting for jobs (max-concurrency %d; claims on %severy %.1fs%s)",
+            run.worker_id,
+            settings.max_concurrency,
+            "NOTIFY or " if self.listener is not None else "",
+            settings.polling_interval,
+            "; exits once the queue is drained" if drain else "",
+        )
+
     async def _set_status(self, run: _Run, status: WorkerStatus) -> None:
         try:
             await self.queue.set_worker_status(run.worker_id, status)
@@ -209,7 +230,10 @@ class Worker:
 
     async def _poll(self, run: _Run, jobs: trio.Nursery, *, drain: bool) -> None:
         slots = run.slots
+        busy = False
         while True:
+            if busy:
+                await self._gather_slots(run)
             first = object()
             await slots.acquire_on_behalf_of(first)  # a free slot before any claim
             reserved = [first]
@@ -234,7 +258,8 @@ class Worker:
                 for token in reserved[len(claims) :]:
                     slots.release_on_behalf_of(token)
             self.counters.polls += 1
-            if claims and len(claims) == len(reserved):
+            busy = bool(claims) and len(claims) == len(reserved)
+            if busy:
                 continue  # busy drain: every slot asked for was filled, claim again at once
             if not claims and not claim_failed:
                 self.counters.empty_polls += 1
@@ -247,6 +272,16 @@ class Worker:
                     await self._idle(run, pause)
                     continue
             await self._idle(run)
+
+    async def _gather_slots(self, run: _Run) -> None:
+        """While busy, let a few slots free up (at most ``CLAIM_LINGER``) so one claim fills
+        several: jobs finishing in the same group commit free their slots together. Nothing is
+        reserved while waiting, so a stop request finds nothing to release."""
+        wanted = self.settings.max_concurrency // 4
+        with trio.move_on_after(CLAIM_LINGER):
+            while run.slots.available_tokens < wanted:
+                run.wakeup = trio.Event()
+                await run.wakeup.wait()
 
     def _start_job(self, run: _Run, jobs: trio.Nursery, claim: Claim, slot: object) -> None:
         self.counters.claimed += 1

@@ -12,26 +12,52 @@ from __future__ import annotations
 import functools
 import logging
 from pathlib import Path
+from uuid import UUID
 
 import attrs
 import trio
 
 from trioindex import __version__
 from trioindex.config import Settings
+from trioindex.db.jobs import complete_job
 from trioindex.db.pool import Database
 from trioindex.embedding import Embedder
+from trioindex.embedding.batching import EmbeddingCoalescer
 from trioindex.pipeline.chunking import Chunker, ChunkingPolicy
-from trioindex.pipeline.embed_step import run_embed_step
+from trioindex.pipeline.embed_step import (
+    EmbeddingCommit,
+    EmbedSnapshot,
+    commit_embeddings,
+    drafts_from_matrix,
+    prepare_embedding,
+    store_embeddings_many,
+)
 from trioindex.pipeline.parse_process import DEFAULT_TIMEOUT
-from trioindex.pipeline.parse_step import run_parse_step
+from trioindex.pipeline.parse_step import (
+    ChunkCommit,
+    ParseSnapshot,
+    begin_parse_many,
+    parse_and_store,
+    store_chunks_many,
+)
 from trioindex.services import Services, open_services
 from trioindex.storage import AsyncObjectStore
-from trioindex.values import BackoffPolicy, Claim
+from trioindex.values import BackoffPolicy, Claim, CompleteResult
+from trioindex.worker.committer import GroupCommitter
+from trioindex.worker.index_keeper import VectorIndexKeeper
 from trioindex.worker.listen import listen_for_jobs
 from trioindex.worker.queue import JobQueue
 from trioindex.worker.runtime import Worker, serve_until_signalled
 
 logger = logging.getLogger(__name__)
+
+
+# Documents larger than this hold one of LARGE_DOCUMENT_SLOTS from before their bytes are read
+# until their job ends: dozens of small documents may be in flight, only a few big ones.
+LARGE_DOCUMENT_BYTES = 1024 * 1024
+LARGE_DOCUMENT_SLOTS = 2
+# Embedding sets larger than this are stored with their own binary COPY, not in a group.
+GROUP_MAX_ROWS = 4096
 
 
 @attrs.define(eq=False)
@@ -41,6 +67,13 @@ class PipelineSteps:
     ``cpu_limiter`` bounds concurrent parse/chunk worker processes (CPU-bound) separately from
     the database and storage limiters, so parsing cannot starve either of threads;
     ``parse_timeout`` is ``indexing.parsing.timeout``, the most one document's parse may take.
+
+    Worker-wide (run by :meth:`serve`): the :class:`EmbeddingCoalescer` that gathers the chunks
+    of many jobs into full embedding requests, and three group committers (parse prepare;
+    chunks + embed prepare; vectors + completion), each writing the steps of many jobs in one
+    transaction. What a job's steps hand on to its next step (the embed snapshot, the vectors)
+    is kept per claim until :meth:`forget`. ``index_keeper`` (when given) is told how many
+    vectors each completion stored; :func:`run_worker` runs it.
     """
 
     db: Database
@@ -50,20 +83,98 @@ class PipelineSteps:
     max_document_bytes: int
     parse_timeout: float = DEFAULT_TIMEOUT
     cpu_limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))
+    max_in_flight: int = 4
+    large_documents: trio.CapacityLimiter = attrs.field(
+        factory=lambda: trio.CapacityLimiter(LARGE_DOCUMENT_SLOTS)
+    )
+    index_keeper: VectorIndexKeeper | None = None
+    coalescer: EmbeddingCoalescer = attrs.field(init=False)
+    begin_parse: GroupCommitter[Claim, ParseSnapshot] = attrs.field(init=False)
+    store_chunks: GroupCommitter[ChunkCommit, EmbedSnapshot | int] = attrs.field(init=False)
+    store_embeddings: GroupCommitter[EmbeddingCommit, CompleteResult] = attrs.field(init=False)
+    _embed_from: dict[UUID, EmbedSnapshot] = attrs.field(init=False, factory=dict)
+    _to_store: dict[UUID, EmbeddingCommit] = attrs.field(init=False, factory=dict)
+    _holding: set[UUID] = attrs.field(init=False, factory=set)
+
+    def __attrs_post_init__(self) -> None:
+        info = self.embedder.info
+        self.coalescer = EmbeddingCoalescer(
+            embed_one=self.embedder.embed,
+            max_batch_size=max(1, info.max_batch_size),
+            max_batch_tokens=info.max_batch_tokens,
+            max_in_flight=self.max_in_flight,
+        )
+        self.begin_parse = GroupCommitter("parse-prepare", self.db, begin_parse_many)
+        self.store_chunks = GroupCommitter(
+            "chunks", self.db, store_chunks_many, weight=lambda c: c.weight
+        )
+        self.store_embeddings = GroupCommitter(
+            "embeddings", self.db, store_embeddings_many, weight=lambda c: c.weight
+        )
+
+    async def serve(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.coalescer.serve)
+            nursery.start_soon(self.begin_parse.serve)
+            nursery.start_soon(self.store_chunks.serve)
+            nursery.start_soon(self.store_embeddings.serve)
 
     async def parse(self, claim: Claim) -> int:
-        return await run_parse_step(
+        async def admit(snapshot: ParseSnapshot) -> None:
+            if snapshot.byte_size > LARGE_DOCUMENT_BYTES and claim.job_id not in self._holding:
+                await self.large_documents.acquire_on_behalf_of(claim.job_id)
+                self._holding.add(claim.job_id)
+
+        result = await parse_and_store(
             claim,
-            db=self.db,
+            begin=self.begin_parse.submit,
+            commit=self.store_chunks.submit,
+            admit=admit,
             store=self.store,
             chunker=self.chunker,
             max_bytes=self.max_document_bytes,
             parse_timeout=self.parse_timeout,
             cpu_limiter=self.cpu_limiter,
         )
+        if isinstance(result, int):
+            return result
+        self._embed_from[claim.job_id] = result
+        return len(result.chunks)
 
     async def embed(self, claim: Claim) -> int:
-        return await run_embed_step(claim, db=self.db, embedder=self.embedder)
+        snapshot = self._embed_from.pop(claim.job_id, None)
+        if snapshot is None:  # the claim started at embed, or the parse was a replay
+            snapshot = await self.db.run(prepare_embedding, claim)
+        if snapshot.complete:
+            logger.debug("job %s: embedding set already complete, step replayed", claim.job_id)
+            return len(snapshot.chunks)
+        matrix = await self.coalescer.embed(
+            [chunk.text for chunk in snapshot.chunks], snapshot.dimension
+        )
+        drafts = drafts_from_matrix(snapshot, matrix)
+        self._to_store[claim.job_id] = EmbeddingCommit(claim, snapshot, drafts)
+        return len(drafts)
+
+    async def complete(self, claim: Claim) -> CompleteResult:
+        commit = self._to_store.pop(claim.job_id, None)
+        if commit is None:  # a replayed embed step: only the completion is left
+            return await self.db.run(complete_job, claim)
+        if commit.weight > GROUP_MAX_ROWS:
+            # a big set goes by binary COPY (a group's array would hold it twice in memory)
+            await self.db.run(commit_embeddings, claim, commit.snapshot, commit.drafts)
+            result = await self.db.run(complete_job, claim)
+        else:
+            result = await self.store_embeddings.submit(commit)
+        if self.index_keeper is not None:
+            self.index_keeper.note_stored(len(commit.drafts))
+        return result
+
+    def forget(self, claim: Claim) -> None:
+        self._embed_from.pop(claim.job_id, None)
+        self._to_store.pop(claim.job_id, None)
+        if claim.job_id in self._holding:
+            self._holding.discard(claim.job_id)
+            self.large_documents.release_on_behalf_of(claim.job_id)
 
 
 def build_chunker(settings: Settings, embedder: Embedder) -> Chunker:
@@ -86,8 +197,15 @@ def backoff_policy(settings: Settings) -> BackoffPolicy:
     )
 
 
-def build_worker(settings: Settings, services: Services, *, listen: bool = True) -> Worker:
-    """A worker over ``services`` (opened with ``embedder=True``), configured by ``settings``."""
+def build_worker(
+    settings: Settings,
+    services: Services,
+    *,
+    listen: bool = True,
+    index_keeper: VectorIndexKeeper | None = None,
+) -> Worker:
+    """A worker over ``services`` (opened with ``embedder=True``), configured by ``settings``;
+    it tells ``index_keeper`` (run by the caller) how many vectors it stores."""
     embedder = services.embedder
     if embedder is None:
         raise ValueError("a worker needs an embedder: open the services with embedder=True")
@@ -98,6 +216,8 @@ def build_worker(settings: Settings, services: Services, *, listen: bool = True)
         embedder=embedder,
         max_document_bytes=settings.parsing.max_document_bytes,
         parse_timeout=settings.parsing.timeout,
+        max_in_flight=settings.embedding.max_in_flight,
+        index_keeper=index_keeper,
     )
     queue = JobQueue(
         services.db,
@@ -117,6 +237,16 @@ def build_worker(settings: Settings, services: Services, *, listen: bool = True)
 async def run_worker(settings: Settings, *, drain: bool = False, listen: bool = True) -> Worker:
     """Run one worker to the end; return it (its counters say what happened)."""
     async with open_services(settings, embedder=True) as services:
-        worker = build_worker(settings, services, listen=listen)
-        await serve_until_signalled(worker, drain=drain)
+        keeper = VectorIndexKeeper(
+            services.database_url, services.model, settings.embedding.index_min_vectors
+        )
+        worker = build_worker(settings, services, listen=listen, index_keeper=keeper)
+        async with trio.open_nursery() as nursery:
+            # beside the worker, not in it: a build under way when a drain ends is finished,
+            # not cancelled and started again
+            nursery.start_soon(keeper.serve)
+            await serve_until_signalled(worker, drain=drain)
+            if drain:
+                await keeper.check()  # a bulk load ends with its index, if it is due
+            nursery.cancel_scope.cancel()
         return worker

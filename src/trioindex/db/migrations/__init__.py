@@ -43,10 +43,8 @@ def available_migrations() -> list[Migration]:
             found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
-    # Numbers are reserved per change, so one may land before a lower one exists; each is
-    # written to apply on top of the ones before it, whichever of those exist.
-    if len(set(versions)) != len(versions) or versions[:1] != [1]:
-        raise RuntimeError(f"migration versions must be unique and start at 1, found {versions}")
+    if versions != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"migration versions must be 1..n without gaps, found {versions}")
     return found
 
 

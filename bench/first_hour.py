@@ -1,0 +1,163 @@
+"""How long the commands of a user's first hour take: ``just`` recipes and the CLI's own start-up.
+
+Each command runs ``--runs`` times as a subprocess (as a person types it, from the repository
+root, with a throwaway ``TRIOINDEX_HOME``); the table gives the median and the range of wall
+time and the median CPU time of the child processes. ``status`` is measured twice: *cold*
+(nothing else uses the embedded PostgreSQL, so the command starts it and the last user stops
+it again) and *warm* (another process holds the server, as a running worker does). ``search``
+talks to the tests' fake TEI server (a server model: nothing from torch is imported). The local
+model's import and load time is one more subprocess that loads it and says how long each part
+took. ``--baseline FILE.json`` adds the medians of an earlier run (e.g. before a change).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    REPO_ROOT,
+    Session,
+    add_out,
+    bench_parser,
+    machine_info,
+    markdown_table,
+    page_head,
+    utc_now,
+    write_json,
+)
+from bench.harness import PYTHON, tei_settings, worker_env
+from testkit.embed_process import EmbedServerProcess
+
+CLI = str(REPO_ROOT / ".venv" / "bin" / "trioindex")
+
+_LOAD_MODEL = """
+import json, time
+t0 = time.perf_counter()
+from sentence_transformers import SentenceTransformer
+from trioindex.embedding.local import DEFAULT_MODEL, packaged_model_path
+t1 = time.perf_counter()
+SentenceTransformer(str(packaged_model_path(DEFAULT_MODEL)), local_files_only=True)
+print(json.dumps({"import_s": t1 - t0, "load_s": time.perf_counter() - t1}))
+"""
+
+
+def _time(args: list[str], env: dict[str, str], runs: int) -> dict[str, Any]:
+    walls, cpus, code = [], [], 0
+    for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        began = time.perf_counter()
+        done = subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, check=False)
+        walls.append(time.perf_counter() - began)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+        code = code or done.returncode
+    return {
+        "median_s": round(statistics.median(walls), 3),
+        "min_s": round(min(walls), 3),
+        "max_s": round(max(walls), 3),
+        "cpu_median_s": round(statistics.median(cpus), 3),
+        "exit": code,
+    }
+
+
+def measure(runs: int) -> dict[str, dict[str, Any]]:
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="trioindex-first-hour-") as tmp:
+        Path(tmp).chmod(0o711)  # the embedded server's system user must reach the home in it
+        env = worker_env(HOME=str(Path(tmp) / "home"))
+        commands = {
+            "just setup (already set up)": ["just", "setup"],
+            "just cli --help": ["just", "cli", "--help"],
+            "trioindex --help": [CLI, "--help"],
+            "trioindex --version": [CLI, "--version"],
+            "trioindex status (cold: starts the embedded PostgreSQL)": [CLI, "status"],
+        }
+        _time([CLI, "migrate"], env, 1)  # the first start creates the database
+        for name, args in commands.items():
+            results[name] = _time(args, env, runs)
+        # another process holds the embedded server, as a running worker does
+        hold = "import sys; from pathlib import Path; from trioindex.db.pool import start_embedded"
+        hold += "; start_embedded(Path(sys.argv[1])); print('up', flush=True); sys.stdin.read()"
+        holder = subprocess.Popen(
+            [PYTHON, "-c", hold, env["TRIOINDEX_HOME"]],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "up"
+            warm = {
+                "just cli status (warm)": ["just", "cli", "status"],
+                "trioindex status (warm)": [CLI, "status"],
+                "trioindex jobs list (warm)": [CLI, "jobs", "list"],
+            }
+            for name, args in warm.items():
+                results[name] = _time(args, env, runs)
+            with EmbedServerProcess(latency_ms=1, dimension=1024) as server:
+                tei = worker_env(HOME=env["TRIOINDEX_HOME"], **tei_settings(server, 1024))
+                search = [CLI, "search", "how do workers share a queue"]
+                results["trioindex search, TEI model (warm)"] = _time(search, tei, runs)
+        finally:
+            assert holder.stdin is not None
+            holder.stdin.close()
+            holder.wait(timeout=60)
+    out = subprocess.run(
+        [PYTHON, "-c", _LOAD_MODEL], env=env, capture_output=True, text=True, check=True
+    )
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    results["local model: import sentence-transformers + torch"] = {
+        "median_s": round(loaded["import_s"], 3)
+    }
+    results["local model: load all-MiniLM-L6-v2"] = {"median_s": round(loaded["load_s"], 3)}
+    return results
+
+
+def _row(name: str, r: dict[str, Any], before: dict[str, Any]) -> list[str]:
+    was = before.get(name, {}).get("median_s")
+    spread = f"{r['min_s']:.2f}–{r['max_s']:.2f}" if "min_s" in r else ""
+    cpu = f"{r['cpu_median_s']:.2f}" if "cpu_median_s" in r else ""
+    failed = " (exit {})".format(r["exit"]) if r.get("exit") else ""
+    return [
+        name,
+        f"{r['median_s']:.2f}{failed}",
+        spread,
+        cpu,
+        f"{was:.2f}" if was is not None else "",
+    ]
+
+
+def main() -> int:
+    parser = bench_parser("first_hour", __doc__ or "", "2 runs per command instead of 5")
+    parser.add_argument("--runs", type=int, default=None, help="runs per command (default 5)")
+    parser.add_argument("--baseline", type=Path, default=None, help="an earlier first-hour.json")
+    add_out(parser, "first-hour")
+    args = parser.parse_args()
+    session = Session.start("first-hour", args)
+    runs = args.runs or (2 if args.quick else 5)
+    results = measure(runs)
+    before = json.loads(args.baseline.read_text())["results"] if args.baseline else {}
+    machine = machine_info()
+    date, elapsed = utc_now(), time.monotonic() - session.began
+    write_json(session.out / "first-hour.json", {"date": date, "machine": machine,
+                                                 "runs": runs, "results": results})  # fmt: skip
+    head = ["command", "median s", "range s", "CPU s (median)", "before (median s)"]
+    lines = page_head("First hour: command times", date, session.command, elapsed, machine,
+                      about=__doc__ or "")  # fmt: skip
+    lines += ["## Results", "", f"{runs} runs per command.", ""]
+    lines += markdown_table(head, [_row(n, r, before) for n, r in results.items()], "lrrrr")
+    (session.out / "first-hour.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[-len(results) - 2 :]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

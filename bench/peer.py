@@ -1,0 +1,532 @@
+"""Peer benchmark: trioindex next to pgai's vectorizer worker on pgai's own workload.
+
+Both systems index the same texts (``N`` documents of 600 characters, one chunk each, 768
+dimensions) against the same OpenAI-compatible mock (``testkit.embed_server`` in its own
+process, answering every request after a fixed 50 ms), each in a fresh database of the same
+embedded PostgreSQL + pgvector. Runs are interleaved in one invocation (trioindex, pgai ``-c 8``,
+pgai ``-c 4``, then again), so machine noise falls on both.
+
+* **trioindex**: the texts are written as ``.txt`` files and enqueued with ``ingest`` (its rate
+  is reported on its own, not counted), then ``trioindex worker --drain`` runs with default
+  settings — only the embedder (``openai``, the mock's URL, model and dimension), the database
+  and a folder store are configured.
+* **trioindex, index-min-vectors 0**: the same, with the model's HNSW index built before the
+  first vector and maintained row by row (what every model had before the threshold; the
+  default, 10,000, leaves these 2,000 vectors to exact search). Both rows report recall@10 of
+  the vector ranking against exact cosine top 10 (50 queries: stored vectors plus noise).
+* **pgai** 0.12.1 (installed into its own virtual environment under ``~/.cache``: the worker
+  needs only its OpenAI embedder, not the 6 GB of parsers of its ``vectorizer-worker`` extra):
+  ``pgai install``, a table with the texts, ``ai.create_vectorizer`` (column loading, the
+  default recursive splitter, ``ai.embedding_openai`` pointed at the mock, batch size 50, no
+  index, no scheduling), then ``pgai vectorizer worker --once -c C``.
+
+Figures: chunks/s *steady* (the middle 80 % of rows by write time: both destination tables get
+the same extra column, ``DEFAULT clock_timestamp()``) and *wall* (worker process start to exit); CPU ms per chunk of the worker process (and
+its children) and of PostgreSQL (the postmaster and every backend it reaped); transactions per
+chunk (``pg_stat_database.xact_commit``); requests per chunk and the mean request batch, counted
+at the mock.
+
+Run ``.venv/bin/python -m bench.peer`` (``just bench-peer``); ``--quick`` runs 500 documents once
+each and writes to a temporary folder.
+
+``--ingest N`` measures ``ingest`` alone instead: ``N`` small files (600 characters) into a fresh
+database, then the same folder again (every file unchanged); files/s, CPU ms per file of the
+ingesting process and of PostgreSQL, transactions per file. It rewrites the page's "Ingest"
+section only (a full run keeps that section).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import psutil  # type: ignore[import-untyped]
+import psycopg
+
+from bench.common import (
+    BenchPostgres,
+    Session,
+    add_out,
+    bench_parser,
+    column_table,
+    cpu_seconds,
+    figure,
+    machine_info,
+    page_head,
+    save_figure,
+    utc_now,
+)
+from bench.harness import chunk_texts, ingest_folder, log_tail, worker_env
+from testkit.embed_process import EmbedServerProcess
+
+DIMENSION = 768
+LATENCY_MS = 50.0
+CHARACTERS = 600
+MODEL = "text-embedding-3-small"
+PGAI = "pgai==0.12.1"
+# What pgai's OpenAI embedder and column loading import (see pgai/vectorizer/embedders/openai.py).
+PGAI_NEEDS = (
+    PGAI,
+    "openai>=1.44,<2",
+    "tiktoken>=0.7,<1",
+    "pgvector>=0.3,<1",
+    "langchain-text-splitters>=0.2,<1",
+    "exceptiongroup>=1,<2",
+    "ijson>=3.3",
+    "filetype==1.2.0",
+    "tokenizers",  # imported by its voyageai embedder at import time
+    "numpy",
+)
+PGAI_HOME = Path.home() / ".cache" / "trioindex-bench" / "pgai-0.12.1"
+
+
+@attrs.frozen
+class Run:
+    system: str
+    label: str
+    chunks: int
+    wall_s: float
+    steady_per_s: float
+    worker_cpu_s: float
+    db_cpu_s: float
+    xacts: int
+    requests: int
+    inputs: int
+    ingest_per_s: float | None = None
+    recall_at_10: float | None = None
+
+    @property
+    def wall_per_s(self) -> float:
+        return self.chunks / self.wall_s
+
+    def per_chunk(self, value: float) -> float:
+        return value / max(self.chunks, 1)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            **attrs.asdict(self),
+            "wall_per_s": round(self.wall_per_s, 1),
+            "cpu_ms_per_chunk": round(self.per_chunk(self.worker_cpu_s + self.db_cpu_s) * 1e3, 3),
+            "mean_batch": round(self.inputs / max(self.requests, 1), 1),
+        }
+
+
+WRITTEN_AT = "bench_written_at"
+
+
+def watch_writes(url: str, table: str) -> None:
+    """Give ``table`` a column stamped with the clock at each row's insert (both systems' tables
+    get the same one), so the steady rate comes from the rows themselves."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            f"ALTER TABLE {table} ADD COLUMN {WRITTEN_AT} timestamptz DEFAULT clock_timestamp()"
+        )
+
+
+def steady_rate(url: str, table: str) -> float:
+    """Rows per second over the middle 80 % of the rows, by write time."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            f"SELECT extract(epoch FROM {WRITTEN_AT})::float8 FROM {table} ORDER BY 1"
+        ).fetchall()
+    times = [row[0] for row in rows]
+    low, high = int(len(times) * 0.1), int(len(times) * 0.9) - 1
+    if high <= low or times[high] <= times[low]:
+        return float("nan")
+    return float((high - low) / (times[high] - times[low]))
+
+
+def process_tree_cpu(process: psutil.Process) -> float:
+    """CPU seconds of a live process and its live children."""
+    total = 0.0
+    for p in [process, *process.children(recursive=True)]:
+        try:
+            times = p.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
+        except psutil.Error:
+            pass
+    return total
+
+
+def run_measured(
+    args: Sequence[str], env: dict[str, str], log: Path, limit_s: float
+) -> tuple[float, float]:
+    """Run a worker command to its end; (wall seconds, CPU seconds of it and its children)."""
+    began = time.monotonic()
+    with log.open("ab") as out:
+        process = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
+    watched = psutil.Process(process.pid)
+    cpu = 0.0
+    while process.poll() is None:
+        cpu = max(cpu, process_tree_cpu(watched))
+        time.sleep(0.05)
+    wall = time.monotonic() - began
+    if process.returncode != 0:
+        raise RuntimeError(f"{args[0]} exited {process.returncode}:\n{log_tail(log)}")
+    # the last sample misses at most 50 ms of the process itself; children reaped by it count
+    return wall, cpu
+
+
+def measure(
+    pg: BenchPostgres, url: str, server: EmbedServerProcess, work: Any
+) -> tuple[float, float, float, int, int, int]:
+    """Run ``work()`` → (wall, worker CPU); returns those plus DB CPU, transactions, requests
+    and inputs counted around it."""
+    server.reset_stats()
+    before = pg.counters(url)
+    wall, cpu = work()
+    after = pg.counters(url)
+    stats = server.stats()
+    return (
+        wall,
+        cpu,
+        after.server_cpu_s - before.server_cpu_s,
+        after.xact_commit - before.xact_commit,
+        stats["embed_requests"],
+        stats["inputs"],
+    )
+
+
+def recall_at_10(url: str, queries: int = 50) -> float:
+    """Mean recall@10 of ``ORDER BY vector::vector(dim) <=> q`` (the shape search ranks with:
+    the model's HNSW index once it has one, an exact scan before) against exact cosine top 10;
+    the queries are stored vectors with a little noise, as in bench/search.py."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        model = conn.execute("SELECT id FROM embedding_models").fetchone()
+        rows = conn.execute("SELECT chunk_id, vector::real[] FROM embeddings").fetchall()
+        assert model is not None
+        ids = [row[0] for row in rows]
+        stored = np.array([row[1] for row in rows], dtype=np.float32)
+        stored /= np.linalg.norm(stored, axis=1, keepdims=True)
+        rng = np.random.default_rng(7)
+        found = []
+        for i in rng.choice(len(ids), size=min(queries, len(ids)), replace=False):
+            q = stored[i] + 0.02 * rng.standard_normal(DIMENSION).astype(np.float32)
+            exact = {ids[j] for j in np.argsort(-(stored @ q))[:10]}
+            ranked = conn.execute(
+                f"""SELECT chunk_id FROM embeddings WHERE embedding_model_id = '{model[0]}'
+                    ORDER BY vector::vector({DIMENSION}) <=> %s::vector({DIMENSION}) LIMIT 10""",
+                (str(q.tolist()),),
+            ).fetchall()
+            found.append(len(exact & {row[0] for row in ranked}) / 10)
+    return float(np.mean(found))
+
+
+def run_trioindex(
+    pg: BenchPostgres,
+    server: EmbedServerProcess,
+    texts: Sequence[str],
+    work: Path,
+    index_min_vectors: int | None = None,
+) -> Run:
+    """``ingest`` + ``worker --drain`` with defaults; ``index_min_vectors`` 0 builds the model's
+    HNSW index before the first vector (the behaviour before the threshold existed)."""
+    root = work / f"trioindex-{time.monotonic_ns()}"
+    corpus = root / "corpus"
+    corpus.mkdir(parents=True)
+    for i, text in enumerate(texts):
+        (corpus / f"doc-{i:05d}.txt").write_text(text)
+    with pg.fresh_database("peer_trio") as url:
+        env = worker_env(
+            HOME=str(root / "home"),
+            DATABASE_URL=url,
+            STORAGE_URL=(root / "blobs").as_uri(),
+            EMBEDDING_API="openai",
+            EMBEDDING_URL=server.url,
+            EMBEDDING_MODEL=MODEL,
+            EMBEDDING_DIMENSION=str(DIMENSION),
+        )
+        if index_min_vectors is not None:
+            env["TRIOINDEX_EMBEDDING_INDEX_MIN_VECTORS"] = str(index_min_vectors)
+        began = time.monotonic()
+        created = ingest_folder(env, corpus)
+        ingest_rate = created / (time.monotonic() - began)
+        pg.quiesce(url)
+        command = [sys.executable, "-m", "trioindex.cli"]
+        watch_writes(url, "embeddings")
+        figures = measure(
+            pg,
+            url,
+            server,
+            lambda: run_measured([*command, "worker", "--drain"], env, root / "worker.log", 900),
+        )
+        label = "worker --drain (defaults)"
+        if index_min_vectors is not None:
+            label = f"worker --drain, index-min-vectors {index_min_vectors}"
+        run = _run("trioindex", label, url, "embeddings", figures, ingest_rate)
+        return attrs.evolve(run, recall_at_10=recall_at_10(url))
+
+
+def _run(  # noqa: PLR0917 - one row of the table
+    system: str,
+    label: str,
+    url: str,
+    table: str,
+    figures: tuple[float, float, float, int, int, int],
+    ingest_rate: float | None = None,
+) -> Run:
+    wall, cpu, db_cpu, xacts, requests, inputs = figures
+    with psycopg.connect(url, autocommit=True) as conn:
+        done = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
+    assert done is not None
+    return Run(
+        system=system,
+        label=label,
+        chunks=int(done[0]),
+        wall_s=wall,
+        steady_per_s=steady_rate(url, table),
+        worker_cpu_s=cpu,
+        db_cpu_s=db_cpu,
+        xacts=xacts,
+        requests=requests,
+        inputs=inputs,
+        ingest_per_s=ingest_rate,
+    )
+
+
+def pgai_bin() -> Path:
+    """pgai's command in its own virtual environment, made with uv on first use."""
+    binary = PGAI_HOME / "bin" / "pgai"
+    if not binary.exists():
+        subprocess.run(["uv", "venv", "-q", "-p", sys.executable, str(PGAI_HOME)], check=True)
+        env = {**os.environ, "VIRTUAL_ENV": str(PGAI_HOME)}
+        subprocess.run(["uv", "pip", "install", "-q", *PGAI_NEEDS], check=True, env=env)
+    return binary
+
+
+def run_pgai(
+    pg: BenchPostgres,
+    server: EmbedServerProcess,
+    texts: Sequence[str],
+    work: Path,
+    concurrency: int,
+) -> Run:
+    binary = pgai_bin()
+    with pg.fresh_database("peer_pgai") as url:
+        subprocess.run([str(binary), "install", "-d", url], check=True, capture_output=True)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE docs (id bigint PRIMARY KEY, body text NOT NULL)")
+            with conn.cursor().copy("COPY docs (id, body) FROM STDIN") as copy:
+                for i, text in enumerate(texts):
+                    copy.write_row((i, text))
+            conn.execute(
+                """SELECT ai.create_vectorizer('public.docs'::regclass,
+                       loading => ai.loading_column('body'),
+                       embedding => ai.embedding_openai(%s, %s, base_url => %s),
+                       processing => ai.processing_default(batch_size => 50),
+                       indexing => ai.indexing_none(),
+                       scheduling => ai.scheduling_none())""",
+                (MODEL, DIMENSION, f"{server.url}/v1"),
+            )
+        watch_writes(url, "docs_embedding_store")
+        pg.quiesce(url)
+        # pgai ships the tokenizer files; without this tiktoken would download them
+        cache = next(PGAI_HOME.glob("lib/python*/site-packages/pgai/vectorizer/tiktoken_cache"))
+        env = {**os.environ, "OPENAI_API_KEY": "bench", "TIKTOKEN_CACHE_DIR": str(cache)}
+        args = [str(binary), "vectorizer", "worker", "-d", url, "--once", "-c", str(concurrency)]
+        figures = measure(
+            pg, url, server, lambda: run_measured(args, env, work / f"pgai-c{concurrency}.log", 900)
+        )
+        label = f"vectorizer worker -c {concurrency}, batch 50"
+        return _run("pgai", label, url, "docs_embedding_store", figures)
+
+
+def run_ingest(
+    pg: BenchPostgres,
+    server: EmbedServerProcess,
+    count: int,
+    work: Path,
+    *,
+    blobs: Path,
+    store: str,
+) -> list[dict[str, Any]]:
+    """``ingest`` of ``count`` new small files into a folder store at ``blobs``, then of the same
+    files again (unchanged)."""
+    corpus = work / f"ingest-{time.monotonic_ns()}" / "corpus"
+    corpus.mkdir(parents=True)
+    for i, text in enumerate(chunk_texts(count, characters=CHARACTERS, salt="ingest")):
+        (corpus / f"doc-{i:05d}.txt").write_text(text)
+    rows: list[dict[str, Any]] = []
+    with pg.fresh_database("peer_ingest") as url:
+        env = worker_env(
+            HOME=str(corpus.parent / "home"),
+            DATABASE_URL=url,
+            STORAGE_URL=blobs.as_uri(),
+            EMBEDDING_API="openai",
+            EMBEDDING_URL=server.url,
+            EMBEDDING_MODEL=MODEL,
+            EMBEDDING_DIMENSION=str(DIMENSION),
+        )
+        for files in ("new", "unchanged"):
+            before, cpu, began = pg.counters(url), cpu_seconds(), time.monotonic()
+            ingest_folder(env, corpus)
+            wall, cpu = time.monotonic() - began, cpu_seconds() - cpu
+            after = pg.counters(url)
+            rows.append(
+                {
+                    "files": f"{count} {files}",
+                    "folder store on": store,
+                    "files/s": round(count / wall, 1),
+                    "CPU ms/file ingest + PG": f"{cpu / count * 1e3:.2f} + "
+                    f"{(after.server_cpu_s - before.server_cpu_s) / count * 1e3:.2f}",
+                    "xacts/file": round((after.xact_commit - before.xact_commit) / count, 3),
+                }
+            )
+            print(rows[-1], flush=True)
+    return rows
+
+
+INGEST_HEADING = "## Ingest"
+
+
+def ingest_section(rows: Sequence[dict[str, Any]], date: str, command: str, load: float) -> str:
+    table = column_table([(name, lambda r, n=name: str(r[n])) for name in rows[0]], rows)
+    return "\n".join(
+        [
+            INGEST_HEADING,
+            "",
+            f"`{command}` ({date}; the machine above, 1-minute load average {load:.2f} at start):",
+            "",
+            *table,
+            "",
+        ]
+    )
+
+
+def kept_ingest_section(page: Path) -> str:
+    """The page's current "Ingest" section (a full run writes the rest of the page)."""
+    text = page.read_text() if page.exists() else ""
+    return text[text.index(INGEST_HEADING) :] if INGEST_HEADING in text else ""
+
+
+def _f(value: float, digits: int = 1) -> str:
+    return f"{value:,.{digits}f}"
+
+
+def markdown(runs: Sequence[Run], head: list[str]) -> str:
+    best = {
+        "steady": max((r.steady_per_s for r in runs if r.system == "pgai"), default=float("nan")),
+        "wall": max((r.wall_per_s for r in runs if r.system == "pgai"), default=float("nan")),
+    }
+    table = column_table(
+        [
+            ("system", lambda r: f"{r.system}: {r.label}"),
+            ("chunks", lambda r: str(r.chunks)),
+            ("chunks/s steady", lambda r: _f(r.steady_per_s)),
+            ("chunks/s wall", lambda r: _f(r.wall_per_s)),
+            (
+                "× pgai best (steady / wall)",
+                lambda r: (
+                    f"{r.steady_per_s / best['steady']:.2f} / {r.wall_per_s / best['wall']:.2f}"
+                ),
+            ),
+            (
+                "CPU ms/chunk worker + PG",
+                lambda r: (
+                    f"{_f(r.per_chunk(r.worker_cpu_s) * 1e3, 2)} + "
+                    f"{_f(r.per_chunk(r.db_cpu_s) * 1e3, 2)}"
+                ),
+            ),
+            ("xacts/chunk", lambda r: _f(r.per_chunk(r.xacts), 2)),
+            ("requests/chunk", lambda r: _f(r.per_chunk(r.requests), 3)),
+            ("mean batch", lambda r: _f(r.inputs / max(r.requests, 1))),
+            ("ingest files/s", lambda r: "" if r.ingest_per_s is None else _f(r.ingest_per_s, 0)),
+            ("recall@10", lambda r: "" if r.recall_at_10 is None else _f(r.recall_at_10, 3)),
+        ],
+        runs,
+    )
+    return "\n".join([*head, "## Results", "", *table, ""])
+
+
+def plot(path: Path, runs: Sequence[Run]) -> Path:
+    with figure(1, 1, (8, 3.5)) as (fig, ax):
+        labels = [f"{r.system}\n{r.label.split(',')[0]}" for r in runs]
+        xs = range(len(runs))
+        ax.bar([x - 0.2 for x in xs], [r.steady_per_s for r in runs], 0.4, label="steady")
+        ax.bar([x + 0.2 for x in xs], [r.wall_per_s for r in runs], 0.4, label="wall")
+        ax.set_xticks(list(xs), labels, fontsize=7)
+        ax.set_ylabel("chunks/s")
+        ax.legend()
+        return save_figure(fig, path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = bench_parser("peer", "trioindex next to pgai's vectorizer worker", "500 docs, once")
+    parser.add_argument("--docs", type=int, default=None, help="documents (default 2000)")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (2)")
+    parser.add_argument("--ingest", type=int, default=None, metavar="N", help="ingest N files")
+    add_out(parser, "peer")
+    args = parser.parse_args(argv)
+    session = Session.start("peer", args)
+    if args.ingest:
+        return ingest_only(session, args.ingest)
+    docs = args.docs or (500 if args.quick else 2000)
+    rounds = args.rounds or (1 if args.quick else 2)
+    texts = chunk_texts(docs, characters=CHARACTERS, salt="peer")
+    runs: list[Run] = []
+    work = Path(os.environ.get("TMPDIR", "/tmp")) / f"trioindex-peer-{os.getpid()}"
+    work.mkdir(parents=True, exist_ok=True)
+    with BenchPostgres() as pg, EmbedServerProcess(LATENCY_MS, DIMENSION) as server:
+        machine = machine_info(pg.admin_url)
+        for _ in range(rounds):
+            for index_min_vectors in (None, 0):
+                runs.append(run_trioindex(pg, server, texts, work, index_min_vectors))
+                print(runs[-1].as_json(), flush=True)
+            for concurrency in (8, 4):
+                runs.append(run_pgai(pg, server, texts, work, concurrency))
+                print(runs[-1].as_json(), flush=True)
+    return session.publish(
+        machine,
+        {"docs": docs, "rounds": rounds, "runs": [r.as_json() for r in runs]},
+        lambda path: plot(path, runs),
+        lambda date, elapsed, png: (
+            markdown(
+                runs,
+                [
+                    *page_head(
+                        "trioindex next to pgai",
+                        date,
+                        session.command,
+                        elapsed,
+                        machine,
+                        about=__doc__,
+                    ),
+                    f"![chunks/s]({png})",
+                    "",
+                ],
+            )
+            + "\n"
+            + kept_ingest_section(session.out / "peer.md")
+        ),
+    )
+
+
+def ingest_only(session: Session, count: int) -> int:
+    work = Path(os.environ.get("TMPDIR", "/tmp")) / f"trioindex-peer-{os.getpid()}"
+    load = os.getloadavg()[0]
+    with BenchPostgres() as pg, EmbedServerProcess(LATENCY_MS, DIMENSION) as server:
+        rows = run_ingest(pg, server, count, work, blobs=work / "blobs", store="disk")
+        # the same run with blobs in memory: what ingest itself costs, the store's fsyncs aside
+        with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+            rows += run_ingest(pg, server, count, work, blobs=Path(shm), store="tmpfs")
+    shutil.rmtree(work, ignore_errors=True)
+    page = session.out / "peer.md"
+    text = page.read_text() if page.exists() else ""
+    kept = (text[: text.index(INGEST_HEADING)] if INGEST_HEADING in text else text).rstrip("\n")
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(f"{kept}\n\n{ingest_section(rows, utc_now(), session.command, load)}")
+    print(f"wrote the ingest section of {page}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,465 @@
+"""The Python API applications build on: :class:`Index` (Trio) and :class:`SyncIndex` (plain
+synchronous code), over the same database, object store and embedding model as the CLI.
+
+``Index.open(settings)`` opens the shared resources (:func:`trioindex.services.open_services`;
+the schema is migrated and the configured model registered, as every command does). The
+embedding model is opened on the first search that needs it, so a text-only search or an
+ingest never loads it. ``SyncIndex`` runs one Trio event loop in a background thread for its
+whole life and sends each call to it, so a synchronous program pays the start-up (database,
+model) once, not per call.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import TypeVar
+
+import attrs
+import trio
+
+from trioindex.config import Settings, load_settings
+from trioindex.db.models import EmbeddingModel, check_serving, serving_model
+from trioindex.embedding import Embedder
+from trioindex.ingest import IngestEntry, IngestResult, ingest_paths
+from trioindex.removal import DeleteReport, delete_documents
+from trioindex.search import (
+    DEFAULT_HNSW,
+    DEFAULT_MODE,
+    SEARCH_MODES,
+    ChunkHit,
+    DocumentHit,
+    Filters,
+    HnswSettings,
+    RankedChunk,
+    SearchMode,
+    chunk_hits,
+    document_hits,
+    embed_queries,
+    fuse,
+    text_ranking,
+    vector_ranking,
+)
+from trioindex.services import Services, open_configured_embedder, open_services
+
+__all__ = ["Index", "IngestReport", "SyncIndex", "connect"]
+
+T = TypeVar("T")
+
+#: Ranked chunks fetched per requested document (a document's chunks are grouped from them).
+CANDIDATES_PER_DOCUMENT = 4
+#: The least depth of each ranking that hybrid fuses, and of per-document grouping.
+MIN_CANDIDATES = 50
+MAX_CANDIDATES = 1000
+
+
+@attrs.frozen
+class IngestReport:
+    """What :meth:`Index.ingest` did: one entry per file (``created``, ``unchanged``,
+    ``repaired``, ``skipped``, ``error``) and, when it waited, the documents whose job ended
+    ``FAILED`` with the failure type (``(document_key, failure_type)``)."""
+
+    entries: tuple[IngestEntry, ...]
+    failed: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def errors(self) -> tuple[IngestEntry, ...]:
+        return tuple(e for e in self.entries if e.status == "error")
+
+
+class Index:
+    """An open trioindex: search it, ingest into it, delete from it.
+
+    Use from Trio::
+
+        async with Index.open(settings) as index:
+            hits = await index.search("how do workers share a queue")
+
+    Every method may be called from several tasks at once (database calls share the pool).
+    """
+
+    def __init__(self, settings: Settings, services: Services) -> None:
+        self._settings = settings
+        self._services = services
+        self._embedder: Embedder | None = None
+        self._embedder_lock = trio.Lock()
+
+    @classmethod
+    def open(cls, settings: Settings | None = None) -> AbstractAsyncContextManager[Index]:
+        """Open the index configured by ``settings`` (default: :func:`load_settings`, i.e.
+        ``trioindex.toml`` and ``TRIOINDEX_*`` as the CLI reads them)."""
+        return _open_index(cls, settings if settings is not None else load_settings())
+
+    @classmethod
+    def open_sync(cls, settings: Settings | None = None) -> SyncIndex:
+        """A :class:`SyncIndex` (use it as a ``with`` block) for code that is not async."""
+        return SyncIndex(settings)
+
+    @property
+    def model(self) -> EmbeddingModel:
+        """The configured embedding model: queries are embedded with it, and new documents
+        are indexed with it. Vector and hybrid searches need it to be the model serving search
+        (``trioindex models``); otherwise they raise ``ModelNotServing`` naming that model."""
+        return self._services.model
+
+    async def search(
+        self,
+        query: str,
+        *,
+        top_k: int = 5,
+        mode: SearchMode = DEFAULT_MODE,
+        key_prefix: str | None = None,
+        content_types: Sequence[str] = (),
+        chunks_per_document: int = 3,
+    ) -> list[DocumentHit]:
+        """The ``top_k`` documents that best answer ``query``, best first, each with its best
+        ``chunks_per_document`` chunks. ``key_prefix`` keeps documents whose key starts with it
+        (a folder: ``"papers/"``); ``content_types`` keeps documents of those types
+        (``"text/markdown"``, or a family: ``"text"``)."""
+        (hits,) = await self.search_many(
+            [query],
+            top_k=top_k,
+            mode=mode,
+            key_prefix=key_prefix,
+            content_types=content_types,
+            chunks_per_document=chunks_per_document,
+        )
+        return hits
+
+    async def search_chunks(
+        self,
+        query: str,
+        *,
+        top_k: int = 5,
+        mode: SearchMode = DEFAULT_MODE,
+        key_prefix: str | None = None,
+        content_types: Sequence[str] = (),
+    ) -> list[ChunkHit]:
+        """The ``top_k`` best chunks, best first, however many come from one document."""
+        (hits,) = await self.search_chunks_many(
+            [query], top_k=top_k, mode=mode, key_prefix=key_prefix, content_types=content_types
+        )
+        return hits
+
+    async def search_many(
+        self,
+        queries: Sequence[str],
+        *,
+        top_k: int = 5,
+        mode: SearchMode = DEFAULT_MODE,
+        key_prefix: str | None = None,
+        content_types: Sequence[str] = (),
+        chunks_per_document: int = 3,
+        hnsw: HnswSettings = DEFAULT_HNSW,
+    ) -> list[list[DocumentHit]]:
+        """One list of document hits (as :meth:`search`) per query, in order: the queries are
+        embedded together (in the embedder's batches) and ranked concurrently on the pool."""
+        if top_k < 1 or chunks_per_document < 1:
+            raise ValueError("top_k and chunks_per_document must be at least 1")
+        depth = max(MIN_CANDIDATES, top_k * chunks_per_document * CANDIDATES_PER_DOCUMENT)
+        filters = Filters(key_prefix or None, tuple(content_types))
+        ranked = await self._rank_many(queries, min(depth, MAX_CANDIDATES), mode, filters, hnsw)
+        return [document_hits(r, top_k, chunks_per_document) for r in ranked]
+
+    async def search_chunks_many(
+        self,
+        queries: Sequence[str],
+        *,
+        top_k: int = 5,
+        mode: SearchMode = DEFAULT_MODE,
+        key_prefix: str | None = None,
+        content_types: Sequence[str] = (),
+        hnsw: HnswSettings = DEFAULT_HNSW,
+    ) -> list[list[ChunkHit]]:
+        """One list of chunk hits (as :meth:`search_chunks`) per query, in order, as
+        :meth:`search_many` ranks them."""
+        if top_k < 1:
+            raise ValueError("top_k must be at least 1")
+        depth = top_k if mode == "vector" else max(top_k, MIN_CANDIDATES)
+        filters = Filters(key_prefix or None, tuple(content_types))
+        ranked = await self._rank_many(queries, min(depth, MAX_CANDIDATES), mode, filters, hnsw)
+        return [chunk_hits(r, top_k) for r in ranked]
+
+    async def _rank_many(
+        self,
+        queries: Sequence[str],
+        depth: int,
+        mode: SearchMode,
+        filters: Filters,
+        hnsw: HnswSettings,
+    ) -> list[list[RankedChunk]]:
+        """The ``depth`` best chunks per query in ``mode``; hybrid fuses both rankings."""
+        if mode not in SEARCH_MODES:
+            raise ValueError(f"unknown search mode {mode!r}")
+        db = self._services.db
+        if mode == "text":
+            model = await db.run(serving_model) or self.model
+        else:
+            # the query is embedded with the configured model: it must be the serving one
+            model = await db.run(check_serving, self.model)
+        by_text: list[list[RankedChunk]] = [[] for _ in queries]
+        by_vector: list[list[RankedChunk]] = [[] for _ in queries]
+
+        async def rank_text(i: int) -> None:
+            by_text[i] = await db.run(text_ranking, queries[i], depth, filters=filters)
+
+        async def rank_vector(i: int, vector: list[float]) -> None:
+            by_vector[i] = await db.run(
+                vector_ranking, model, vector, depth, filters=filters, hnsw=hnsw
+            )
+
+        async def embed_then_rank(nursery: trio.Nursery) -> None:
+            vectors = await embed_queries(await self._query_embedder(), model, queries)
+            for i, vector in enumerate(vectors):
+                nursery.start_soon(rank_vector, i, vector)
+
+        # hybrid: the text rankings run while the queries are embedded and ranked by vector
+        async with trio.open_nursery() as nursery:
+            if mode != "vector":
+                for i in range(len(queries)):
+                    nursery.start_soon(rank_text, i)
+            if mode != "text" and queries:
+                nursery.start_soon(embed_then_rank, nursery)
+        if mode == "hybrid":
+            return [fuse(pair)[:depth] for pair in zip(by_vector, by_text, strict=True)]
+        return by_text if mode == "text" else by_vector
+
+    async def _query_embedder(self) -> Embedder:
+        async with self._embedder_lock:
+            if self._embedder is None:
+                self._embedder = await open_configured_embedder(self._settings)
+            return self._embedder
+
+    async def ingest(
+        self,
+        paths: Sequence[str | Path],
+        *,
+        wait: bool = False,
+        priority: int = 0,
+        follow_symlinks: bool = False,
+    ) -> IngestReport:
+        """Upload files and folders and enqueue a job per new or changed document, as
+        ``trioindex ingest`` does. ``wait=True`` returns once every job it queued has ended
+        (a worker must be running), and lists the documents that failed."""
+        services = self._services
+        entries = await ingest_paths(
+            [Path(p) for p in paths],
+            db=services.db,
+            store=services.storage,
+            model_id=services.model.id,
+            max_attempts=self._settings.worker.max_attempts,
+            priority=priority,
+            follow_symlinks=follow_symlinks,
+        )
+        failed: tuple[tuple[str, str], ...] = ()
+        if wait:
+            from trioindex.progress import wait_for_jobs
+
+            queued = [
+                e.job_id
+                for e in entries
+                if isinstance(e, IngestResult)
+                and e.job_id
+                and (e.status == "created" or e.requeued)
+            ]
+            finals = await wait_for_jobs(services.db, queued, show=False)
+            failed = tuple(
+                (f["external_key"], f["last_failure_type"])
+                for f in finals
+                if f["status"] == "FAILED"
+            )
+        return IngestReport(tuple(entries), failed)
+
+    async def delete(self, keys: Sequence[str] = (), *, prefix: str | None = None) -> DeleteReport:
+        """Delete documents by key and/or key prefix, as ``trioindex delete`` does: they leave
+        search when one transaction commits; then the blobs no version names any more are
+        removed from the store."""
+        return await delete_documents(
+            self._services.db, self._services.storage, keys, prefix=prefix
+        )
+
+    async def aclose(self) -> None:
+        if self._embedder is not None:
+            embedder, self._embedder = self._embedder, None
+            await embedder.aclose()
+
+
+@asynccontextmanager
+async def _open_index(cls: type[Index], settings: Settings) -> AsyncIterator[Index]:
+    async with open_services(settings) as services:
+        index = cls(settings, services)
+        try:
+            yield index
+        finally:
+            with trio.CancelScope(shield=True):
+                await index.aclose()
+
+
+class SyncIndex:
+    """:class:`Index` for synchronous code: the same methods, blocking.
+
+    ::
+
+        with trioindex.connect() as index:
+            for hit in index.search("how do workers share a queue"):
+                print(hit.score, hit.document_key)
+
+    One Trio event loop runs in a background thread from ``open()`` (or entering the ``with``
+    block) to ``close()``; calls from any thread are sent to it.
+    """
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self._settings = settings
+        self._index: Index | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._stop: trio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._failure: list[BaseException] = []
+
+    def open(self) -> SyncIndex:
+        if self._thread is not None:
+            raise RuntimeError("this SyncIndex is already open")
+        settings = self._settings if self._settings is not None else load_settings()
+        ready = threading.Event()
+
+        async def serve() -> None:
+            async with Index.open(settings) as index:
+                self._index, self._stop = index, trio.Event()
+                self._token = trio.lowlevel.current_trio_token()
+                ready.set()
+                await self._stop.wait()
+
+        def run() -> None:
+            try:
+                trio.run(serve)
+            except BaseException as exc:  # handed to the caller's thread
+                self._failure.append(exc)
+            finally:
+                ready.set()
+
+        self._thread = threading.Thread(target=run, name="trioindex-index", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if self._index is None:
+            self._thread.join()
+            raise self._failure[0]
+        return self
+
+    def close(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        if self._stop is not None and thread.is_alive():
+            trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+        thread.join()
+        self._index = None
+        if self._failure:
+            raise self._failure[0]
+
+    def __enter__(self) -> SyncIndex:
+        return self if self._thread is not None else self.open()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _call(self, fn: Callable[[Index], Awaitable[T]]) -> T:
+        index = self._index
+        if index is None:
+            raise RuntimeError("this SyncIndex is not open (use it in a `with` block)")
+        return trio.from_thread.run(functools.partial(fn, index), trio_token=self._token)
+
+    @property
+    def model(self) -> EmbeddingModel:
+        if self._index is None:
+            raise RuntimeError("this SyncIndex is not open (use it in a `with` block)")
+        return self._index.model
+
+    def search(
+        self,
+        query: str,
+        *,
+        top_k: int = 5,
+        mode: SearchMode = DEFAULT_MODE,
+        key_prefix: str | None = None,
+        content_types: Sequence[str] = (),
+        chunks_per_document: int = 3,
+    ) -> list[DocumentHit]:
+        """:meth:`Index.search`, blocking."""
+        return self._call(
+            lambda index: index.search(
+                query,
+                top_k=top_k,
+                mode=mode,
+                key_prefix=key_prefix,
+                content_types=content_types,
+                chunks_per_document=chunks_per_document,
+            )
+        )
+
+    def search_chunks(
+        self,
+        query: str,
+        *,
+        top_k: int = 5,
+        mode: SearchMode = DEFAULT_MODE,
+        key_prefix: str | None = None,
+        content_types: Sequence[str] = (),
+    ) -> list[ChunkHit]:
+        """:meth:`Index.search_chunks`, blocking."""
+        return self._call(
+            lambda index: index.search_chunks(
+                query, top_k=top_k, mode=mode, key_prefix=key_prefix, content_types=content_types
+            )
+        )
+
+    def search_many(
+        self,
+        queries: Sequence[str],
+        *,
+        top_k: int = 5,
+        mode: SearchMode = DEFAULT_MODE,
+        key_prefix: str | None = None,
+        content_types: Sequence[str] = (),
+        chunks_per_document: int = 3,
+    ) -> list[list[DocumentHit]]:
+        """:meth:`Index.search_many` (document hits), blocking."""
+        return self._call(
+            lambda index: index.search_many(
+                queries,
+                top_k=top_k,
+                mode=mode,
+                key_prefix=key_prefix,
+                content_types=content_types,
+                chunks_per_document=chunks_per_document,
+            )
+        )
+
+    def ingest(
+        self,
+        paths: Sequence[str | Path],
+        *,
+        wait: bool = False,
+        priority: int = 0,
+        follow_symlinks: bool = False,
+    ) -> IngestReport:
+        """:meth:`Index.ingest`, blocking."""
+        return self._call(
+            lambda index: index.ingest(
+                paths, wait=wait, priority=priority, follow_symlinks=follow_symlinks
+            )
+        )
+
+    def delete(self, keys: Sequence[str] = (), *, prefix: str | None = None) -> DeleteReport:
+        """:meth:`Index.delete`, blocking."""
+        return self._call(lambda index: index.delete(keys, prefix=prefix))
+
+
+def connect(settings: Settings | None = None) -> SyncIndex:
+    """Open a :class:`SyncIndex` now (``with trioindex.connect() as index: ...``)."""
+    return SyncIndex(settings).open()

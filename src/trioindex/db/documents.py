@@ -1,0 +1,106 @@
+"""Deleting documents: the rows of a document and everything under it, in one transaction.
+
+A document row owns its versions, and through them its chunks, embeddings, jobs and attempts
+(the foreign keys cascade, migration 0001), so deleting the row removes the document from
+search and its data in the same transaction. Locks are taken in the lifecycle's order — job
+rows, then version rows, then document rows — so a worker's fenced write racing the delete
+either commits first (and its rows go with the document) or waits and then finds its job gone
+(``TI003`` → :class:`~trioindex.errors.JobRemoved`: it stops without writing).
+
+Blobs are content-addressed and shared by every version with the same bytes, so a deletion
+only *reports* the storage keys no remaining version names; removing them from the store is
+the caller's next step (:func:`trioindex.removal.delete_documents`). Deleting a document
+ends its history: ingesting the key again starts a new document at version 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from uuid import UUID
+
+import attrs
+
+from trioindex.db.events import record_event
+from trioindex.db.pool import Connection
+
+
+@attrs.frozen
+class DeletedDocuments:
+    """What one deletion removed: ``deleted`` keys (sorted), ``missing`` keys that were asked
+    for by name and did not exist, and ``unreferenced_blobs``: storage keys of the deleted
+    versions that no remaining version names (safe to remove from the store)."""
+
+    deleted: tuple[str, ...]
+    missing: tuple[str, ...]
+    unreferenced_blobs: tuple[str, ...]
+    versions: int
+
+
+def keys_under(conn: Connection, prefix: str) -> list[str]:
+    """Every document key that starts with ``prefix`` (all keys for ""), sorted."""
+    rows = conn.execute(
+        "SELECT external_key FROM documents WHERE starts_with(external_key, %s) ORDER BY 1",
+        (prefix,),
+    ).fetchall()
+    return [row["external_key"] for row in rows]
+
+
+def delete_documents(
+    conn: Connection, keys: Sequence[str] = (), *, prefix: str | None = None
+) -> DeletedDocuments:
+    """Delete the documents named by ``keys`` and those whose key starts with ``prefix``.
+
+    One transaction: the documents leave search, and their versions, chunks, embeddings, jobs
+    and attempts are deleted with them. An empty ``prefix`` is refused (it would be every
+    document); name keys to delete everything. A model switch that was waiting only for the
+    deleted documents ends right after (``trioindex_finish_switch``).
+    """
+    if prefix == "":
+        raise ValueError("an empty prefix would delete every document; name the keys instead")
+    with conn.transaction():
+        rows = conn.execute(
+            """SELECT id, external_key FROM documents
+               WHERE external_key = ANY(%s) OR starts_with(external_key, %s)""",
+            (list(keys), prefix),
+        ).fetchall()
+        ids: list[UUID] = sorted(row["id"] for row in rows)
+        found = {row["external_key"] for row in rows}
+        missing = tuple(sorted(set(keys) - found))
+        if not ids:
+            return DeletedDocuments((), missing, (), 0)
+        # lock order: job rows, then version rows, then document rows (the workers' order)
+        conn.execute(
+            """SELECT j.id FROM embedding_jobs j
+               JOIN document_versions v ON v.id = j.document_version_id
+               WHERE v.document_id = ANY(%s) ORDER BY j.id FOR UPDATE OF j""",
+            (ids,),
+        )
+        versions = conn.execute(
+            """SELECT id, storage_key FROM document_versions
+               WHERE document_id = ANY(%s) ORDER BY id FOR UPDATE""",
+            (ids,),
+        ).fetchall()
+        conn.execute("SELECT id FROM documents WHERE id = ANY(%s) ORDER BY id FOR UPDATE", (ids,))
+        deleted = conn.execute(
+            "DELETE FROM documents WHERE id = ANY(%s) RETURNING external_key", (ids,)
+        ).fetchall()
+        blobs = sorted({row["storage_key"] for row in versions})
+        unreferenced = conn.execute(
+            """SELECT k FROM unnest(%s::text[]) AS k
+               WHERE NOT EXISTS (SELECT 1 FROM document_versions WHERE storage_key = k)
+               ORDER BY k""",
+            (blobs,),
+        ).fetchall()
+        record_event(
+            conn,
+            "DOCUMENTS_DELETED",
+            detail={"documents": len(deleted), "versions": len(versions)},
+        )
+    # its own transaction: ending a switch waits for completions, which may wait for documents
+    conn.execute("SELECT trioindex_finish_switch()")
+    return DeletedDocuments(
+        deleted=tuple(sorted(row["external_key"] for row in deleted)),
+        missing=missing,
+        unreferenced_blobs=tuple(row["k"] for row in unreferenced),
+        versions=len(versions),
+    )

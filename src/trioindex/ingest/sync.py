@@ -1,0 +1,116 @@
+"""``ingest --sync``: delete the documents under a folder's key prefix whose files are gone.
+
+The prefix comes from the one key rule (:func:`~trioindex.ingest.discover.argument_key`): a
+folder keyed ``docs`` covers the keys ``docs/...``; a folder keyed ``""`` (``ingest .``) covers
+every key. A document is kept when the walk found an entry with its key, ingested or not (a
+file that exists is never deleted), or when it lies under an entry the walk could not read
+or left out (a folder link, an unreadable folder with a key). When the walk has an error it
+cannot name a key for (an unreadable folder, a name that is not UTF-8), nothing is deleted:
+which documents still have files is then unknown. A folder outside the current one without
+``--as`` is refused: its keys start below it, so they share one namespace with every other
+such folder, and syncing one would delete the others.
+
+Only folder arguments sync; files named directly are ingested as usual. Deleting is
+:func:`trioindex.removal.delete_documents` (rows, then blobs), after every file was ingested.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+
+from trioindex.db import documents
+from trioindex.db.pool import Database
+from trioindex.errors import TrioindexError
+from trioindex.ingest.discover import Discovery, argument_key, keyed_by_itself
+from trioindex.ingest.results import DeletedDocument, SkippedFile, printable
+from trioindex.removal import delete_documents
+from trioindex.storage import AsyncObjectStore
+
+__all__ = ["SyncPlan", "SyncRefused", "delete_missing", "plan_sync"]
+
+
+class SyncRefused(TrioindexError):
+    """``--sync`` cannot tell which documents belong to the folder (nothing was ingested)."""
+
+
+@attrs.frozen
+class SyncPlan:
+    """What one sync covers: the key ``prefixes`` of its folders, the keys the walk found
+    (``present``), the keys under which nothing is deleted (``kept_under``), and ``blocked``:
+    when set, why nothing is deleted at all."""
+
+    prefixes: tuple[str, ...]
+    present: frozenset[str]
+    kept_under: tuple[str, ...]
+    blocked: SkippedFile | None = None
+
+    def covers(self, key: str) -> bool:
+        """Whether ``key`` is under a prefix and not kept by the walk (deleted if stored)."""
+        return (
+            any(key.startswith(prefix) for prefix in self.prefixes)
+            and key not in self.present
+            and not any(key == kept or key.startswith(kept + "/") for kept in self.kept_under)
+        )
+
+
+def plan_sync(
+    paths: Sequence[Path], found: Discovery, *, cwd: Path | None = None, key_as: str | None = None
+) -> SyncPlan:
+    """The sync of the folder arguments among ``paths``, from the walk ``found``.
+
+    Raises :class:`SyncRefused` for a folder outside ``cwd`` without ``key_as`` (call it
+    before ingesting anything).
+    """
+    folders = [p for p in paths if p.is_dir()]
+    outside = [] if key_as is not None else keyed_by_itself(folders, cwd=cwd)
+    if outside:
+        raise SyncRefused(
+            f"--sync: {printable(outside[0])} is outside the current folder, so its keys start "
+            "below it and could be another folder's; give it a key prefix with --as NAME, or "
+            "run from a folder that contains it"
+        )
+    prefixes = []
+    for folder in folders:
+        key = argument_key(folder, cwd=cwd, key_as=key_as)
+        prefixes.append(f"{key}/" if key else "")
+    present = frozenset(e.document_key for e in found.entries if e.document_key is not None)
+    kept = tuple(
+        e.document_key
+        for e in found.entries
+        if isinstance(e, SkippedFile) and e.document_key is not None
+    )
+    unnamed = [
+        e
+        for e in found.entries
+        if isinstance(e, SkippedFile) and e.document_key is None and e.status == "error"
+    ]
+    blocked = None
+    if unnamed and prefixes:
+        blocked = SkippedFile(
+            printable(folders[0]),
+            None,
+            "skipped",
+            f"--sync deleted nothing: {len(unnamed)} entr{'y' if len(unnamed) == 1 else 'ies'} "
+            "of the walk could not be read or named, so which documents still have files "
+            "is unknown",
+        )
+    return SyncPlan(tuple(prefixes), present, kept, blocked)
+
+
+async def delete_missing(
+    db: Database, store: AsyncObjectStore, plan: SyncPlan
+) -> list[DeletedDocument]:
+    """Delete the stored documents the plan covers; one entry per deleted document, by key."""
+    if plan.blocked is not None or not plan.prefixes:
+        return []
+    stored: set[str] = set()
+    for prefix in set(plan.prefixes):
+        stored.update(await db.run(documents.keys_under, prefix))
+    gone = sorted(key for key in stored if plan.covers(key))
+    if not gone:
+        return []
+    report = await delete_documents(db, store, gone)
+    return [DeletedDocument(key) for key in report.deleted]

@@ -1,0 +1,71 @@
+"""Removing documents for callers with a database and a store open: the rows first, then the
+blobs no version names any more (``trioindex delete``, ``Index.delete``, ``ingest --sync``).
+
+The database work is :mod:`trioindex.db.documents` (one transaction); here the unreferenced
+blobs are removed from the object store after that transaction committed. A blob is shared by
+every version with the same bytes, so each is checked again just before it is removed; an
+ingest of the same bytes racing that last check can still lose its blob, which the next
+ingest of the file restores (``repaired``, docs/design/architecture.md "Repair").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import attrs
+
+from trioindex.db import documents
+from trioindex.db.pool import Connection, Database
+from trioindex.errors import StorageUnavailable
+from trioindex.storage import AsyncObjectStore
+
+__all__ = ["DeleteReport", "delete_documents"]
+
+logger = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class DeleteReport:
+    """``deleted`` / ``missing`` document keys, blobs removed from the store, and blobs that
+    could not be removed (the store failed; they are left behind, harmless but unused)."""
+
+    deleted: tuple[str, ...]
+    missing: tuple[str, ...]
+    blobs_removed: int
+    blobs_left: int
+
+    def as_json(self) -> dict[str, object]:
+        return attrs.asdict(self)
+
+
+def _still_unreferenced(conn: Connection, storage_key: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM document_versions WHERE storage_key = %s LIMIT 1", (storage_key,)
+    ).fetchone()
+    return row is None
+
+
+async def delete_documents(
+    db: Database, store: AsyncObjectStore, keys: Sequence[str] = (), *, prefix: str | None = None
+) -> DeleteReport:
+    """Delete documents by key and/or key prefix; they leave search when the one database
+    transaction commits, then their blobs no version names any more are removed."""
+    result = await db.run(documents.delete_documents, list(keys), prefix=prefix)
+    removed = left = 0
+    for blob in result.unreferenced_blobs:
+        try:
+            if await db.run(_still_unreferenced, blob):
+                await store.delete(blob)
+                removed += 1
+        except StorageUnavailable as exc:
+            left += 1
+            logger.warning("delete: blob %s left in the store (%s)", blob, exc)
+    if result.deleted:
+        logger.info(
+            "deleted %d document(s), %d version(s); %d blob(s) removed",
+            len(result.deleted),
+            result.versions,
+            removed,
+        )
+    return DeleteReport(result.deleted, result.missing, removed, left)

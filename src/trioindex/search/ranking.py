@@ -1,0 +1,208 @@
+"""Ranking queries: chunks of current versions ranked by vector similarity, by full-text
+match, or by both fused with reciprocal rank fusion (RRF).
+
+* **vector**: cosine similarity ``1 - (vector <=> query)`` over the model's own partial HNSW
+  index (``vector::vector(dim)``), with pgvector's iterative scan (``strict_order``) so that
+  the filters (current version, key prefix, content type) still fill the list.
+* **text**: ``document_chunks.search_vector`` (migration 0007: ``simple`` ⊕ ``english``
+  lexemes, GIN index) against the query's English lexemes (stemmed, stop words dropped) OR-ed
+  with its Hangul words as prefixes (``서울:*`` matches ``서울은``, ``서울입니다``: Korean
+  attaches particles to the word) — see :func:`hangul_prefix_query`. Scored by ``ts_rank``
+  normalised by document length (flag 1), so a chunk matching more of the query ranks first.
+* **hybrid**: both lists (each as deep as the requested candidates), fused by
+  ``score = Σ 1 / (RRF_K + rank)`` over the lists a chunk appears in. :func:`hybrid_ranking`
+  runs both on one connection; :class:`trioindex.Index` runs them concurrently and calls
+  :func:`fuse` itself.
+
+Only chunks of each document's current version are ranked. Every current version has the
+serving model's full vector set (migration 0006: a model switch completes only when it covers
+every current version), so text ranking needs no look-up in ``embeddings`` (it cost a fifth of
+its time) and the three modes search the same set when the serving model ranks.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any, Literal, get_args
+
+import attrs
+import numpy as np
+import psycopg
+
+from trioindex.db.models import EmbeddingModel
+from trioindex.db.pool import Connection
+from trioindex.search.results import RankedChunk
+
+SearchMode = Literal["vector", "text", "hybrid"]
+SEARCH_MODES: tuple[SearchMode, ...] = get_args(SearchMode)
+DEFAULT_MODE: SearchMode = "hybrid"
+#: The constant of reciprocal rank fusion (Cormack et al. 2009): large enough that the first
+#: few ranks of one list do not drown the other list.
+RRF_K = 60
+IterativeScan = Literal["strict_order", "relaxed_order", "off"]
+
+
+@attrs.frozen
+class Filters:
+    """Which documents a search may return: a key prefix (a folder: ``"papers/"``) and content
+    types as ingest recorded them (``"text/markdown"``, or a family: ``"text"``)."""
+
+    key_prefix: str | None = None
+    content_types: tuple[str, ...] = ()
+
+    def sql(self) -> tuple[str, dict[str, Any]]:
+        """``AND ...`` conditions over ``d`` (documents) and ``v`` (versions), and their params."""
+        where, params = "", dict[str, Any]()
+        if self.key_prefix:
+            where += " AND starts_with(d.external_key, %(key_prefix)s)"
+            params["key_prefix"] = self.key_prefix
+        if self.content_types:
+            where += (
+                " AND (v.content_type = ANY(%(content_types)s)"
+                " OR split_part(v.content_type, '/', 1) = ANY(%(content_types)s))"
+            )
+            params["content_types"] = list(self.content_types)
+        return where, params
+
+
+@attrs.frozen
+class HnswSettings:
+    """pgvector's query-time HNSW settings (``None`` keeps the server's: ef_search 40)."""
+
+    ef_search: int | None = None
+    iterative_scan: IterativeScan = "strict_order"
+
+
+NO_FILTERS = Filters()
+DEFAULT_HNSW = HnswSettings()
+
+_COLUMNS = """c.id AS chunk_id, d.external_key, d.id AS document_id, v.version_no,
+              v.content_type, c.chunk_index, c.content"""
+
+
+def vector_ranking(
+    conn: Connection,
+    model: EmbeddingModel,
+    vector: Sequence[float],
+    limit: int,
+    *,
+    filters: Filters = NO_FILTERS,
+    hnsw: HnswSettings = DEFAULT_HNSW,
+) -> list[RankedChunk]:
+    """The ``limit`` chunks closest to ``vector`` (cosine), best first."""
+    dim = int(model.dimension)
+    where, params = filters.sql()
+    with conn.transaction():
+        _set_hnsw(conn, hnsw)
+        rows = conn.execute(
+            f"""SELECT {_COLUMNS},
+                       1 - (e.vector::vector({dim}) <=> %(q)s::vector({dim})) AS score
+                FROM embeddings e
+                JOIN documents d ON d.current_version_id = e.document_version_id
+                JOIN document_versions v ON v.id = e.document_version_id
+                JOIN document_chunks c ON c.id = e.chunk_id
+                WHERE e.embedding_model_id = %(model)s{where}
+                ORDER BY e.vector::vector({dim}) <=> %(q)s::vector({dim})
+                LIMIT %(limit)s""",
+            {"q": np.asarray(vector, dtype=np.float32), "model": model.id, "limit": limit} | params,
+        ).fetchall()
+    return [RankedChunk.from_row(row) for row in rows]
+
+
+def _set_hnsw(conn: Connection, hnsw: HnswSettings) -> None:
+    if hnsw.ef_search is not None:
+        conn.execute(f"SET LOCAL hnsw.ef_search = {int(hnsw.ef_search)}")
+    try:
+        with conn.transaction():
+            conn.execute(f"SET LOCAL hnsw.iterative_scan = {hnsw.iterative_scan}")
+    except psycopg.errors.UndefinedObject:
+        pass  # pgvector < 0.8: plain index scan
+
+
+def text_ranking(
+    conn: Connection,
+    text: str,
+    limit: int,
+    *,
+    filters: Filters = NO_FILTERS,
+) -> list[RankedChunk]:
+    """The ``limit`` chunks that best match ``text`` by full-text search, best first."""
+    where, params = filters.sql()
+    with conn.transaction():
+        rows = conn.execute(
+            f"""WITH q AS (
+                    SELECT replace(plainto_tsquery('english', %(text)s)::text, ' & ', ' | ')
+                               ::tsquery || %(hangul)s::tsquery AS query)
+                SELECT {_COLUMNS}, ts_rank(c.search_vector, q.query, 1) AS score
+                FROM q
+                JOIN document_chunks c ON c.search_vector @@ q.query
+                JOIN documents d ON d.current_version_id = c.document_version_id
+                JOIN document_versions v ON v.id = c.document_version_id
+                WHERE true{where}
+                ORDER BY score DESC, c.id
+                LIMIT %(limit)s""",
+            {"text": text, "hangul": hangul_prefix_query(text), "limit": limit} | params,
+        ).fetchall()
+    return [RankedChunk.from_row(row) for row in rows]
+
+
+def hybrid_ranking(
+    conn: Connection,
+    model: EmbeddingModel,
+    text: str,
+    vector: Sequence[float],
+    limit: int,
+    *,
+    filters: Filters = NO_FILTERS,
+    hnsw: HnswSettings = DEFAULT_HNSW,
+) -> list[RankedChunk]:
+    """Vector and text rankings, ``limit`` deep each, fused by RRF; the ``limit`` best."""
+    by_vector = vector_ranking(conn, model, vector, limit, filters=filters, hnsw=hnsw)
+    by_text = text_ranking(conn, text, limit, filters=filters)
+    return fuse([by_vector, by_text])[:limit]
+
+
+def fuse(rankings: Sequence[Sequence[RankedChunk]]) -> list[RankedChunk]:
+    """Reciprocal rank fusion: each chunk scores ``Σ 1/(RRF_K + rank)``; best first (ties:
+    the order of first appearance)."""
+    scores: dict[Any, float] = {}
+    first: dict[Any, RankedChunk] = {}
+    for ranking in rankings:
+        for rank, chunk in enumerate(ranking, start=1):
+            scores[chunk.chunk_id] = scores.get(chunk.chunk_id, 0.0) + 1.0 / (RRF_K + rank)
+            first.setdefault(chunk.chunk_id, chunk)
+    order = sorted(first, key=lambda cid: -scores[cid])
+    return [attrs.evolve(first[cid], score=scores[cid]) for cid in order]
+
+
+# -- Korean -------------------------------------------------------------------------------------
+
+_HANGUL_WORD = re.compile(r"[\uac00-\ud7a3]+")
+# Particles and endings Korean attaches to a word, longest first: a query word is also searched
+# without them ("서울에서" → "서울:*"), as long as two syllables stay.
+_PARTICLES = sorted(
+    ("은", "는", "이", "가", "을", "를", "의", "에", "도", "로", "와", "과", "만", "에서",
+     "으로", "에게", "까지", "부터", "처럼", "보다", "하고", "이다", "입니다", "합니다",
+     "하는", "한다", "했다", "된다", "되는"),
+    key=len,
+    reverse=True,
+)  # fmt: skip
+
+
+def hangul_prefix_query(text: str) -> str:
+    """A ``tsquery`` text OR-ing every Hangul word of ``text`` as a prefix, with and without a
+    trailing particle; ``""`` (the empty query) when there is none."""
+    terms: list[str] = []
+    for word in _HANGUL_WORD.findall(text):
+        for term in (word, _without_particle(word)):
+            if term and term not in terms:
+                terms.append(term)
+    return " | ".join(f"'{term}':*" for term in terms)
+
+
+def _without_particle(word: str) -> str | None:
+    for particle in _PARTICLES:
+        if word.endswith(particle) and len(word) - len(particle) >= 2:
+            return word[: -len(particle)]
+    return None

@@ -1,0 +1,145 @@
+"""What a search returns: chunk hits, document hits (a document with its best chunks), and
+their documented JSON shapes.
+
+A :class:`ChunkHit` is one stored chunk of a document's current version; a
+:class:`DocumentHit` groups the chunk hits of one document, scored by its best chunk. What a
+score means depends on the mode (see :mod:`trioindex.search.ranking`): cosine similarity for
+``vector``, PostgreSQL's ``ts_rank`` for ``text``, the reciprocal-rank-fusion sum for
+``hybrid``; within one result list a higher score always ranks first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+import attrs
+
+SNIPPET_WIDTH = 160
+
+
+def snippet(text: str, width: int = SNIPPET_WIDTH) -> str:
+    """``text`` on one line, cut to ``width`` characters (an ellipsis marks the cut)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+@attrs.frozen
+class ChunkHit:
+    """One chunk of a document's current version, ranked among the chunks of one search."""
+
+    rank: int
+    score: float
+    document_key: str
+    document_id: UUID
+    version_no: int
+    chunk_index: int
+    text: str = attrs.field(repr=False)
+
+    def snippet(self, width: int = SNIPPET_WIDTH) -> str:
+        return snippet(self.text, width)
+
+    def as_json(self) -> dict[str, Any]:
+        """The ``search --chunks --json`` element (unchanged since the first release)."""
+        return {
+            "rank": self.rank,
+            "score": self.score,
+            "document_key": self.document_key,
+            "document_id": str(self.document_id),
+            "version_no": self.version_no,
+            "chunk_index": self.chunk_index,
+            "text": self.text,
+        }
+
+
+#: The name the first releases used for a chunk hit.
+SearchHit = ChunkHit
+
+
+@attrs.frozen
+class DocumentHit:
+    """One document: its current version, its score (its best chunk's) and its best chunks."""
+
+    rank: int
+    score: float
+    document_key: str
+    document_id: UUID
+    version_no: int
+    content_type: str | None
+    chunks: tuple[ChunkHit, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        """The ``search --json`` element: chunks carry index, score and snippet."""
+        return {
+            "rank": self.rank,
+            "score": self.score,
+            "document_key": self.document_key,
+            "document_id": str(self.document_id),
+            "version_no": self.version_no,
+            "content_type": self.content_type,
+            "chunks": [
+                {"chunk_index": c.chunk_index, "score": c.score, "snippet": c.snippet()}
+                for c in self.chunks
+            ],
+        }
+
+
+@attrs.frozen
+class RankedChunk:
+    """A chunk as a ranking query returns it, before hits are numbered or grouped."""
+
+    chunk_id: UUID
+    score: float
+    document_key: str
+    document_id: UUID
+    version_no: int
+    content_type: str | None
+    chunk_index: int
+    text: str = attrs.field(repr=False)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> RankedChunk:
+        return cls(
+            row["chunk_id"],
+            float(row["score"]),
+            row["external_key"],
+            row["document_id"],
+            row["version_no"],
+            row["content_type"],
+            row["chunk_index"],
+            row["content"],
+        )
+
+
+def chunk_hits(ranked: Sequence[RankedChunk], top_k: int) -> list[ChunkHit]:
+    """The first ``top_k`` chunks as hits numbered from 1."""
+    return [
+        ChunkHit(i + 1, r.score, r.document_key, r.document_id, r.version_no, r.chunk_index, r.text)
+        for i, r in enumerate(ranked[:top_k])
+    ]
+
+
+def document_hits(
+    ranked: Sequence[RankedChunk], top_k: int, chunks_per_document: int
+) -> list[DocumentHit]:
+    """Group ranked chunks (best first) by document: at most ``top_k`` documents, each scored
+    by its best chunk, with at most ``chunks_per_document`` of its chunks, best first."""
+    grouped: dict[UUID, list[RankedChunk]] = {}
+    for chunk in ranked:
+        grouped.setdefault(chunk.document_id, []).append(chunk)
+    hits: list[DocumentHit] = []
+    for rank, chunks in enumerate(list(grouped.values())[:top_k], start=1):
+        best = chunks[0]
+        hits.append(
+            DocumentHit(
+                rank,
+                best.score,
+                best.document_key,
+                best.document_id,
+                best.version_no,
+                best.content_type,
+                tuple(chunk_hits(chunks, chunks_per_document)),
+            )
+        )
+    return hits

@@ -1,0 +1,112 @@
+"""The worker's watch over its model's HNSW index: built once the model has enough vectors.
+
+A model is searched exactly until it has ``embedding.index-min-vectors`` vectors
+(:mod:`trioindex.db.vector_index` says why). The keeper checks at worker start, then again
+after every ``check_every`` vectors this worker stores, and builds the index concurrently (other
+workers keep committing) when the count is reached. Once a valid index exists it stops checking.
+A draining worker checks once more at the end (:meth:`VectorIndexKeeper.check`, after waiting
+for a build under way), so a bulk load run with ``worker --drain`` ends with its index built.
+
+The build runs on a connection of its own, in a thread; on cancellation the server is asked to
+cancel the statement and the keeper waits (a few seconds at most) for the thread to let its
+connection and lock go: stopping a worker never waits for a build that can take minutes. An
+interrupted build is dropped and started again at the next check.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+
+import attrs
+import psycopg
+import trio
+
+from trioindex.db.models import EmbeddingModel
+from trioindex.db.pool import Connection, connect
+from trioindex.db.vector_index import IndexState, build_vector_index, index_state
+from trioindex.errors import DatabaseUnavailable
+
+logger = logging.getLogger(__name__)
+
+
+def _check_every(keeper: VectorIndexKeeper) -> int:
+    # A fifth of the threshold: the index comes at most 20 % late. The count reads at most
+    # min_vectors of the model's rows (about five per stored vector), but it also scans past
+    # other models' rows (a model switch over a large table: 1M of them cost ~500 row reads,
+    # some tens of microseconds, per stored vector until the index exists).
+    return max(100, keeper.min_vectors // 5)
+
+
+@attrs.define(eq=False)
+class VectorIndexKeeper:
+    """Watches one model's vector count for one worker; see the module docstring."""
+
+    conninfo: str
+    model: EmbeddingModel
+    min_vectors: int
+    check_every: int = attrs.field(default=attrs.Factory(_check_every, takes_self=True))
+    indexed: bool = False  # a valid index exists: no more checks
+    built: int = 0  # builds this keeper ran (for tests and logs)
+    _since_check: int = 0
+    _wake: trio.Event = attrs.field(factory=trio.Event)
+    _one_at_a_time: trio.Lock = attrs.field(factory=trio.Lock)
+
+    def note_stored(self, vectors: int) -> None:
+        """``vectors`` of the model were committed; wakes the keeper every ``check_every``."""
+        if self.indexed:
+            return
+        self._since_check += vectors
+        if self._since_check >= self.check_every:
+            self._wake.set()
+
+    async def serve(self) -> None:
+        """Check now, then at each wake-up, until the index is valid (or cancelled)."""
+        while not await self.check():
+            await self._wake.wait()
+
+    async def check(self) -> bool:
+        """Build the index if it is due; True once a valid index exists. A check already under
+        way (a build) is waited for first."""
+        async with self._one_at_a_time:
+            return await self._check()
+
+    async def _check(self) -> bool:
+        if self.indexed:
+            return True
+        self._since_check = 0
+        self._wake = trio.Event()
+        sessions: list[Connection] = []
+        finished = threading.Event()
+
+        def build() -> tuple[bool, bool]:
+            try:
+                with connect(self.conninfo) as conn:
+                    sessions.append(conn)
+                    built = build_vector_index(conn, self.model, min_vectors=self.min_vectors)
+                    return built, index_state(conn, self.model) is IndexState.VALID
+            finally:
+                finished.set()
+
+        try:
+            built, valid = await trio.to_thread.run_sync(build, abandon_on_cancel=True)
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True):
+                for conn in sessions:
+                    cancel = functools.partial(conn.cancel_safe, timeout=2.0)
+                    await trio.to_thread.run_sync(cancel)
+                await trio.to_thread.run_sync(finished.wait, 5.0)
+            raise
+        except (psycopg.Error, DatabaseUnavailable) as exc:
+            logger.warning(
+                "model %s: cannot check its HNSW index (%s); trying again later",
+                self.model.name,
+                type(exc).__name__,
+            )
+            return False
+        if built:
+            self.built += 1
+            logger.info("model %s: HNSW index built", self.model.name)
+        self.indexed = valid
+        return valid

@@ -1,0 +1,227 @@
+"""The group-commit functions of migration 0005 on real PostgreSQL: many jobs in one
+transaction, each fenced on its own (pipeline/parse_step.py and pipeline/embed_step.py call them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import attrs
+import numpy as np
+import pytest
+
+from tests import helpers
+from trioindex.db import jobs as lifecycle
+from trioindex.db.pool import Connection, Database
+from trioindex.errors import OwnershipLost, StateInconsistent
+from trioindex.pipeline.chunking import ChunkDraft
+from trioindex.pipeline.embed_step import (
+    EmbeddingCommit,
+    EmbedSnapshot,
+    drafts_from_matrix,
+    prepare_embedding,
+    store_embeddings_many,
+)
+from trioindex.pipeline.parse_step import (
+    ChunkCommit,
+    ParseSnapshot,
+    begin_parse_many,
+    store_chunks_many,
+)
+from trioindex.values import Claim, CompleteResult
+
+DIM = 4
+
+
+def claims(conn: Connection, n: int) -> list[Claim]:
+    model = helpers.model(conn, "group-model", DIM)
+    for _ in range(n):
+        helpers.enqueue(conn, model.id)
+    return lifecycle.claim_jobs(conn, helpers.worker(conn), n, 300)
+
+
+def drafts_for(text: str, index: int) -> ChunkDraft:
+    return ChunkDraft(
+        index=index,
+        text=text,
+        start=0,
+        end=len(text),
+        token_count=1,
+        content_sha256=hashlib.sha256(text.encode()).hexdigest(),
+    )
+
+
+def vectors_for(snapshot: EmbedSnapshot, seed: int) -> np.ndarray:
+    rows = np.random.default_rng(seed).standard_normal((len(snapshot.chunks), DIM))
+    return rows.astype(np.float32)
+
+
+def chunk_and_start(conn: Connection, group: list[Claim], per_job: int = 2) -> list[EmbedSnapshot]:
+    """Both parse transactions, grouped, for every claim of ``group``."""
+    snapshots = begin_parse_many(conn, group)
+    assert all(isinstance(s, ParseSnapshot) for s in snapshots)
+    commits = [
+        ChunkCommit(c, s, [drafts_for(f"{c.job_id} {i}", i) for i in range(per_job)])  # type: ignore[arg-type]
+        for c, s in zip(group, snapshots, strict=True)
+    ]
+    started = store_chunks_many(conn, commits)
+    assert all(isinstance(s, EmbedSnapshot) for s in started)
+    return started  # type: ignore[return-value]
+
+
+def stored_vectors(conn: Connection, claim: Claim) -> list[list[float]]:
+    rows = conn.execute(
+        """SELECT e.vector FROM embeddings e JOIN document_chunks c ON c.id = e.chunk_id
+           WHERE e.document_version_id = %s ORDER BY c.chunk_index""",
+        (claim.document_version_id,),
+    ).fetchall()
+    return [row["vector"].to_list() for row in rows]
+
+
+def test_each_job_of_a_group_gets_exactly_its_own_vectors(db: Database) -> None:
+    with db.connection() as conn:
+        group = claims(conn, 5)
+        started = chunk_and_start(conn, group, per_job=3)
+        matrices = [vectors_for(s, seed) for seed, s in enumerate(started)]
+        commits = [
+            EmbeddingCommit(c, s, drafts_from_matrix(s, m))
+            for c, s, m in zip(group, started, matrices, strict=True)
+        ]
+        # handed in another order than the claims: results still come back per input position
+        order = [3, 0, 4, 1, 2]
+        results = store_embeddings_many(conn, [commits[i] for i in order])
+        assert results == [CompleteResult(became_current=True)] * 5
+        for claim, matrix in zip(group, matrices, strict=True):
+            assert np.allclose(stored_vectors(conn, claim), matrix)
+            assert helpers.job_row(conn, claim.job_id)["status"] == "SUCCEEDED"
+            assert helpers.events(conn, claim.job_id)[-4:] == [
+                "CHUNKS_STORED",
+                "EMBEDDING_STARTED",
+                "EMBEDDINGS_STORED",
+                "JOB_SUCCEEDED",
+            ]
+
+
+@pytest.mark.parametrize("forgery", helpers.FORGERIES)
+def test_a_job_that_lost_its_lease_is_refused_alone_and_the_others_commit(
+    db: Database, forgery: str
+) -> None:
+    with db.connection() as conn:
+        group = claims(conn, 3)
+        started = chunk_and_start(conn, group)
+        commits = [
+            EmbeddingCommit(c, s, drafts_from_matrix(s, vectors_for(s, i)))
+            for i, (c, s) in enumerate(zip(group, started, strict=True))
+        ]
+        lost = helpers.forge(conn, group[1], forgery)
+        commits[1] = EmbeddingCommit(lost, started[1], commits[1].drafts)
+        results = store_embeddings_many(conn, commits)
+        assert isinstance(results[1], OwnershipLost)
+        assert results[0] == results[2] == CompleteResult(became_current=True)
+        assert stored_vectors(conn, group[1]) == []
+        assert helpers.job_row(conn, group[1].job_id)["status"] == "PROCESSING"
+        assert "EMBEDDINGS_STORED" not in helpers.events(conn, group[1].job_id)
+        for kept in (group[0], group[2]):
+            assert len(stored_vectors(conn, kept)) == 2
+            assert helpers.job_row(conn, kept.job_id)["status"] == "SUCCEEDED"
+
+
+def test_parse_groups_fence_each_job_alone(db: Database) -> None:
+    with db.connection() as conn:
+        group = claims(conn, 3)
+        helpers.expire_lease(conn, group[0].job_id)
+        first = begin_parse_many(conn, group)
+        assert isinstance(first[0], OwnershipLost)
+        assert all(isinstance(s, ParseSnapshot) for s in first[1:])
+        assert helpers.events(conn, group[0].job_id) == ["JOB_ENQUEUED", "JOB_CLAIMED"]
+        # between prepare and commit, job 2's lease is lost: its chunks are not stored
+        helpers.expire_lease(conn, group[2].job_id)
+        commits = [
+            ChunkCommit(c, s, [drafts_for("text", 0)])  # type: ignore[arg-type]
+            for c, s in zip(group[1:], first[1:], strict=True)
+        ]
+        stored = store_chunks_many(conn, commits)
+        assert isinstance(stored[0], EmbedSnapshot) and isinstance(stored[1], OwnershipLost)
+        assert (
+            helpers.count(
+                conn,
+                "SELECT count(*) FROM document_chunks WHERE document_version_id = %s",
+                group[2].document_version_id,
+            )
+            == 0
+        )
+        status = conn.execute(
+            "SELECT status FROM document_versions WHERE id = %s", (group[1].document_version_id,)
+        ).fetchone()
+        assert status is not None and status["status"] == "EMBEDDING"
+
+
+def test_a_version_changed_since_prepare_is_refused_as_inconsistent(db: Database) -> None:
+    with db.connection() as conn:
+        (claim,) = claims(conn, 1)
+        (snapshot,) = begin_parse_many(conn, [claim])
+        assert isinstance(snapshot, ParseSnapshot)
+        changed = attrs.evolve(snapshot, sha256="0" * 64)
+        (result,) = store_chunks_many(conn, [ChunkCommit(claim, changed, [drafts_for("a", 0)])])
+        assert isinstance(result, StateInconsistent)
+
+
+def test_embeddings_are_stored_exactly_once_across_a_crash_between_steps(db: Database) -> None:
+    with db.connection() as conn:
+        (claim,) = claims(conn, 1)
+        (started,) = chunk_and_start(conn, [claim])
+        matrix = vectors_for(started, 7)
+        # the worker stored the vectors and completed, then crashed before it heard back: the
+        # same commit sent again (a retry of the group) is refused, nothing is stored twice
+        commit = EmbeddingCommit(claim, started, drafts_from_matrix(started, matrix))
+        assert store_embeddings_many(conn, [commit]) == [CompleteResult(became_current=True)]
+        (again,) = store_embeddings_many(conn, [commit])
+        assert isinstance(again, OwnershipLost)
+        assert len(stored_vectors(conn, claim)) == 2
+
+
+def test_after_a_lost_claim_the_next_attempt_converges_on_the_stored_chunks(db: Database) -> None:
+    with db.connection() as conn:
+        (claim,) = claims(conn, 1)
+        chunk_and_start(conn, [claim])
+        # the worker died after storing the chunks; recovery hands the job to a new claim
+        helpers.expire_lease(conn, claim.job_id)
+        lifecycle.recover_expired(conn, lifecycle_backoff())
+        helpers.make_available(conn, claim.job_id)
+        (second,) = lifecycle.claim_jobs(conn, helpers.worker(conn), 1, 300)
+        assert second.version_status.value == "EMBEDDING"
+        snapshot = prepare_embedding(conn, second)
+        (done,) = store_embeddings_many(
+            conn,
+            [
+                EmbeddingCommit(
+                    second, snapshot, drafts_from_matrix(snapshot, vectors_for(snapshot, 1))
+                )
+            ],
+        )
+        assert done == CompleteResult(became_current=True)
+        assert len(stored_vectors(conn, claim)) == 2
+        # the first claim's late commit is refused and stores nothing more
+        (late,) = store_embeddings_many(
+            conn,
+            [
+                EmbeddingCommit(
+                    claim, snapshot, drafts_from_matrix(snapshot, vectors_for(snapshot, 2))
+                )
+            ],
+        )
+        assert isinstance(late, OwnershipLost)
+        assert (
+            helpers.count(
+                conn,
+                "SELECT count(*) FROM embeddings WHERE document_version_id = %s",
+                claim.document_version_id,
+            )
+            == 2
+        )
+
+
+def lifecycle_backoff() -> object:
+    from trioindex.values import BackoffPolicy
+
+    return BackoffPolicy(initial=0.0, maximum=0.0, jitter=0.0)

@@ -1,0 +1,327 @@
+"""The model switch on a real PostgreSQL (db/models.py, migration 0006): which model serves,
+activation's jobs, the switch in one transaction once every current version is covered, new
+ingests during a switch, an activation racing an ingest, and removing a model."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from uuid import UUID
+
+import numpy as np
+import pytest
+
+from tests import helpers
+from trioindex.db import jobs as lifecycle
+from trioindex.db.documents import delete_documents
+from trioindex.db.models import (
+    EmbeddingModel,
+    ModelNotServing,
+    activate_model,
+    check_serving,
+    model_list,
+    remove_model,
+    serving_model,
+)
+from trioindex.db.pool import Connection, Database
+from trioindex.errors import FailureType, TrioindexError
+from trioindex.pipeline.embed_step import (
+    EmbeddingCommit,
+    drafts_from_matrix,
+    prepare_embedding,
+    store_embeddings_many,
+)
+
+OLD, NEW = "old-model", "new-model"
+
+
+@pytest.fixture
+def worker(db: Database) -> UUID:
+    with db.connection() as conn:
+        return helpers.worker(conn)
+
+
+def _index(conn: Connection, worker: UUID, model: EmbeddingModel, key: str, data: bytes) -> None:
+    """Ingest ``key`` and run its job for ``model`` to completion (chunks staged by hand)."""
+    helpers.enqueue(conn, model.id, key, content=data)
+    _complete_pending(conn, worker, model)
+
+
+def _complete_pending(conn: Connection, worker: UUID, model: EmbeddingModel) -> int:
+    """Claim and complete every PENDING job of ``model``, the way the steps leave a version:
+    chunks stored once (reused when another model stored them), then this model's vectors."""
+    done = 0
+    while claims := lifecycle.claim_jobs(conn, worker, 10, 300, model_id=model.id):
+        for claim in claims:
+            chunks = conn.execute(
+                "SELECT id, document_id FROM document_chunks WHERE document_version_id = %s",
+                (claim.document_version_id,),
+            ).fetchall()
+            if not chunks:
+                helpers.stage_embedded(conn, claim, dimension=model.dimension, chunks=2)
+            else:
+                vector = "[" + ",".join(["0.5"] * model.dimension) + "]"
+                for chunk in chunks:
+                    conn.execute(
+                        """INSERT INTO embeddings (chunk_id, document_id, document_version_id,
+                               embedding_model_id, vector, dimension, vector_sha256)
+                           VALUES (%s, %s, %s, %s, %s, %s, %s)""",
+                        (
+                            chunk["id"],
+                            chunk["document_id"],
+                            claim.document_version_id,
+                            model.id,
+                            vector,
+                            model.dimension,
+                            "c" * 64,
+                        ),
+                    )
+            lifecycle.complete_job(conn, claim)
+            done += 1
+    return done
+
+
+def _searchable(conn: Connection, model: EmbeddingModel) -> set[str]:
+    """Keys whose current version has ``model``'s vectors (what search over it can rank)."""
+    rows = conn.execute(
+        """SELECT DISTINCT d.external_key FROM documents d
+           JOIN embeddings e ON e.document_version_id = d.current_version_id
+           WHERE e.embedding_model_id = %s""",
+        (model.id,),
+    ).fetchall()
+    return {r["external_key"] for r in rows}
+
+
+def _current_keys(conn: Connection) -> set[str]:
+    rows = conn.execute(
+        "SELECT external_key FROM documents WHERE current_version_id IS NOT NULL"
+    ).fetchall()
+    return {r["external_key"] for r in rows}
+
+
+def test_the_first_model_serves_and_a_query_with_another_is_refused(db: Database) -> None:
+    with db.connection() as conn:
+        assert serving_model(conn) is None
+        old = helpers.model(conn, OLD, 4)
+        other = helpers.model(conn, NEW, 8)
+        assert serving_model(conn) == old
+        assert check_serving(conn, old) == old
+        with pytest.raises(ModelNotServing, match="served by model 'old-model'"):
+            check_serving(conn, other)
+
+
+def test_a_switch_enqueues_one_job_per_current_version_and_switches_when_all_are_covered(
+    db: Database, worker: UUID
+) -> None:
+    with db.connection() as conn:
+        old = helpers.model(conn, OLD, 4)
+        for i in range(3):
+            _index(conn, worker, old, f"doc{i}.txt", f"text {i}".encode())
+        activation = activate_model(conn, NEW, 8, max_attempts=3)
+        new = activation.model
+        assert (activation.jobs, activation.switched) == (3, False)
+        assert activate_model(conn, NEW, 8, max_attempts=3).jobs == 0  # no duplicate jobs
+        (claim, *rest) = lifecycle.claim_jobs(conn, worker, 3, 300, model_id=new.id)
+        for c in rest:
+            lifecycle.release_job(conn, c)
+        helpers.stage_embedded(conn, claim, dimension=8, chunks=0)  # status only
+        # the old model keeps serving while the new one covers 0..2 of 3 documents
+        lifecycle.release_job(conn, claim)
+        views = {v.name: v for v in model_list(conn)}
+        assert (views[OLD].serving, views[NEW].activating) == (True, True)
+        assert (views[NEW].covered, views[NEW].documents) == (0, 3)
+        assert _complete_pending(conn, worker, new) == 3
+        assert serving_model(conn) == EmbeddingModel(new.id, NEW, 8, True)
+        views = {v.name: v for v in model_list(conn)}
+        assert (views[NEW].serving, views[NEW].activating, views[OLD].serving) == (
+            True,
+            False,
+            False,
+        )
+        assert (views[NEW].covered, views[NEW].documents) == (3, 3)
+        assert _searchable(conn, new) == _current_keys(conn) == {"doc0.txt", "doc1.txt", "doc2.txt"}
+        switched = conn.execute(
+            "SELECT count(*) AS n FROM indexing_events WHERE event_type = 'MODEL_SWITCHED'"
+        ).fetchone()
+    assert switched == {"n": 1}
+
+
+def test_during_a_switch_every_current_version_stays_rankable_by_the_serving_model(
+    db: Database, worker: UUID
+) -> None:
+    """New versions ingested during a switch get jobs for both models; whichever finishes
+    first, the current version moves only with the serving model's vectors."""
+    with db.connection() as conn:
+        old = helpers.model(conn, OLD, 4)
+        _index(conn, worker, old, "a.txt", b"a1")
+        new = activate_model(conn, NEW, 8, max_attempts=3).model
+        helpers.enqueue(conn, old.id, "a.txt", content=b"a2")  # a new version of a
+        helpers.enqueue(conn, new.id, "b.txt", content=b"b1")  # a new document
+        jobs = conn.execute(
+            """SELECT d.external_key, v.version_no, m.name FROM embedding_jobs j
+               JOIN document_versions v ON v.id = j.document_version_id
+               JOIN documents d ON d.id = v.document_id
+               JOIN embedding_models m ON m.id = j.embedding_model_id
+               WHERE j.status = 'PENDING' ORDER BY 1, 2, 3"""
+        ).fetchall()
+        assert [(j["external_key"], j["version_no"], j["name"]) for j in jobs] == [
+            ("a.txt", 1, NEW),
+            ("a.txt", 2, NEW),
+            ("a.txt", 2, OLD),
+            ("b.txt", 1, NEW),
+            ("b.txt", 1, OLD),
+        ]
+        # the new model finishes first: nothing becomes current without the old model
+        _complete_pending(conn, worker, new)
+        assert serving_model(conn) == old
+        assert _current_keys(conn) == _searchable(conn, old) == {"a.txt"}
+        version = conn.execute(
+            """SELECT v.version_no FROM documents d
+               JOIN document_versions v ON v.id = d.current_version_id"""
+        ).fetchone()
+        assert version == {"version_no": 1}
+        # the old model catches up: current moves, and the new model covers all: switched
+        _complete_pending(conn, worker, old)
+        assert serving_model(conn) is not None and serving_model(conn).name == NEW  # type: ignore[union-attr]
+        assert _current_keys(conn) == _searchable(conn, new) == {"a.txt", "b.txt"}
+
+
+def test_an_activation_racing_an_ingest_still_covers_the_ingested_version(
+    db: Database, worker: UUID
+) -> None:
+    """Forced order: an ingest's transaction is open (its version inserted, its trigger saw no
+    switch); activation must wait for it, then give the new version a job too."""
+    with db.connection() as conn:
+        old = helpers.model(conn, OLD, 4)
+        _index(conn, worker, old, "a.txt", b"a1")
+    holding, release = threading.Event(), threading.Event()
+    pid: list[int] = []
+
+    def ingest() -> None:
+        with db.connection() as conn, conn.transaction():
+            helpers.enqueue(conn, old.id, "late.txt", content=b"late")
+            holding.set()
+            assert release.wait(30)
+
+    def activate() -> object:
+        assert holding.wait(30)
+        with db.connection() as conn:
+            pid.append(conn.info.backend_pid)
+            return activate_model(conn, NEW, 8, max_attempts=3)
+
+    with ThreadPoolExecutor(2) as pool:
+        ingesting, activating = pool.submit(ingest), pool.submit(activate)
+        with db.connection() as conn:
+            while not pid or conn.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid[0],)
+            ).fetchone() != {"wait_event_type": "Lock"}:
+                assert not activating.done(), activating.result()
+        release.set()
+        ingesting.result()
+        activation = activating.result()
+    assert activation.jobs == 2  # type: ignore[attr-defined]
+    with db.connection() as conn:
+        _complete_pending(conn, worker, old)
+        _complete_pending(conn, worker, activation.model)  # type: ignore[attr-defined]
+        assert serving_model(conn).name == NEW  # type: ignore[union-attr]
+        assert _searchable(conn, activation.model) == {"a.txt", "late.txt"}  # type: ignore[attr-defined]
+
+
+def test_a_failed_switch_job_leaves_the_served_version_alone_and_retries_only_embedding(
+    db: Database, worker: UUID
+) -> None:
+    with db.connection() as conn:
+        old = helpers.model(conn, OLD, 4)
+        _index(conn, worker, old, "a.txt", b"a1")
+        new = activate_model(conn, NEW, 8, max_attempts=1).model
+        (claim,) = lifecycle.claim_jobs(conn, worker, 1, 300, model_id=new.id)
+        lifecycle.fail_job(
+            conn, claim, FailureType.EMBEDDING_RESULT_INVALID, "too long", helpers.BACKOFF
+        )
+        status = "SELECT status FROM document_versions WHERE id = %s"
+        assert conn.execute(status, (claim.document_version_id,)).fetchone() == {
+            "status": "INDEXED"
+        }
+        assert {v.name: v.failed_jobs for v in model_list(conn)}[NEW] == 1
+        lifecycle.retry_failed(conn, claim.job_id, extra_attempts=1)
+        assert conn.execute(status, (claim.document_version_id,)).fetchone() == {
+            "status": "INDEXED"
+        }
+        chunks = conn.execute("SELECT count(*) AS n FROM document_chunks").fetchone()
+        assert chunks == {"n": 2}
+        _complete_pending(conn, worker, new)
+        assert serving_model(conn).name == NEW  # type: ignore[union-attr]
+
+
+def test_deleting_the_last_uncovered_document_ends_the_switch(db: Database, worker: UUID) -> None:
+    with db.connection() as conn:
+        old = helpers.model(conn, OLD, 4)
+        _index(conn, worker, old, "a.txt", b"a")
+        _index(conn, worker, old, "b.txt", b"b")
+        new = activate_model(conn, NEW, 8, max_attempts=1).model
+        (claim,) = lifecycle.claim_jobs(conn, worker, 1, 300, model_id=new.id)
+        lifecycle.fail_job(conn, claim, FailureType.EMBEDDING_RESULT_INVALID, "x", helpers.BACKOFF)
+        _complete_pending(conn, worker, new)
+        assert serving_model(conn) == old  # one document is not covered
+        (key,) = _current_keys(conn) - _searchable(conn, new)
+        delete_documents(conn, [key])
+        assert serving_model(conn).name == NEW  # type: ignore[union-attr]
+
+
+def test_an_empty_index_switches_at_activation(db: Database) -> None:
+    with db.connection() as conn:
+        helpers.model(conn, OLD, 4)
+        assert activate_model(conn, NEW, 8, max_attempts=3).switched
+        assert serving_model(conn).name == NEW  # type: ignore[union-attr]
+
+
+def test_remove_drops_a_models_embeddings_jobs_and_index_but_never_the_serving_one(
+    db: Database, worker: UUID
+) -> None:
+    with db.connection() as conn:
+        old = helpers.model(conn, OLD, 4)
+        _index(conn, worker, old, "a.txt", b"a")
+        with pytest.raises(TrioindexError, match="serves search"):
+            remove_model(conn, OLD)
+        new = activate_model(conn, NEW, 8, max_attempts=3).model
+        _complete_pending(conn, worker, new)
+        assert serving_model(conn) == EmbeddingModel(new.id, NEW, 8, True)
+        removed = remove_model(conn, OLD)
+        assert (removed.embeddings, removed.jobs) == (2, 1)
+        index = conn.execute("SELECT to_regclass(%s) AS i", (old.index_name,)).fetchone()
+        assert index == {"i": None}
+        assert [v.name for v in model_list(conn)] == [NEW]
+        assert _searchable(conn, new) == {"a.txt"}
+
+
+def test_removing_the_model_being_switched_to_cancels_the_switch(
+    db: Database, worker: UUID
+) -> None:
+    with db.connection() as conn:
+        old = helpers.model(conn, OLD, 4)
+        _index(conn, worker, old, "a.txt", b"a")
+        activate_model(conn, NEW, 8, max_attempts=3)
+        with pytest.raises(TrioindexError, match="in progress"):
+            activate_model(conn, "third", 4, max_attempts=3)
+        assert remove_model(conn, NEW).jobs == 1
+        assert serving_model(conn) == old
+        assert activate_model(conn, "third", 4, max_attempts=3).jobs == 1
+
+
+def test_switch_jobs_store_through_the_workers_group_commit(db: Database, worker: UUID) -> None:
+    # The worker stores vectors with trioindex_store_embeddings_many (migration 0005); a switch
+    # job's version is already INDEXED (the old model serves it), which that function must accept.
+    with db.connection() as conn:
+        old = helpers.model(conn, OLD, 4)
+        for i in range(2):
+            _index(conn, worker, old, f"doc{i}.txt", f"text {i}".encode())
+        new = activate_model(conn, NEW, 8, max_attempts=3).model
+        commits = []
+        for claim in lifecycle.claim_jobs(conn, worker, 2, 300, model_id=new.id):
+            snapshot = prepare_embedding(conn, claim)
+            matrix = np.ones((len(snapshot.chunks), 8), dtype=np.float32)
+            commits.append(EmbeddingCommit(claim, snapshot, drafts_from_matrix(snapshot, matrix)))
+        results = store_embeddings_many(conn, commits)
+        assert not [r for r in results if isinstance(r, Exception)], results
+        assert serving_model(conn) == EmbeddingModel(new.id, NEW, 8, True)
+        assert _searchable(conn, new) == _current_keys(conn) == {"doc0.txt", "doc1.txt"}

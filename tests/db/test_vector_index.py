@@ -1,0 +1,116 @@
+"""A model's HNSW index on a real PostgreSQL (db/vector_index.py): none at registration, built
+once the model has enough vectors, one builder at a time, an interrupted build built again, and
+vector search answering the same before and after."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from testkit.search_corpus import IndexedDocument, store_indexed
+from trioindex.db.models import EmbeddingModel, ensure_model
+from trioindex.db.pool import Connection, Database
+from trioindex.db.vector_index import (
+    _BUILD_LOCK,
+    IndexState,
+    build_vector_index,
+    has_vectors,
+    index_state,
+)
+from trioindex.search import vector_ranking
+
+DIM = 8
+
+
+def _store(conn: Connection, model: EmbeddingModel, n: int, seed: int = 1) -> np.ndarray:
+    vectors = np.random.default_rng(seed).standard_normal((n, DIM)).astype(np.float32)
+    docs = [IndexedDocument(f"doc-{i:03}", [f"text {i}"], vectors[i : i + 1]) for i in range(n)]
+    store_indexed(conn, model, docs)
+    return vectors
+
+
+def _plan(conn: Connection, model: EmbeddingModel) -> str:
+    with conn.transaction():
+        conn.execute("SET LOCAL enable_seqscan = off")
+        rows = conn.execute(
+            f"""EXPLAIN SELECT id FROM embeddings WHERE embedding_model_id = %s
+                ORDER BY vector::vector({DIM}) <=> %s::vector({DIM}) LIMIT 3""",
+            (model.id, [0.1] * DIM),
+        ).fetchall()
+    return "\n".join(next(iter(r.values())) for r in rows)
+
+
+def test_registration_creates_no_index_and_the_build_waits_for_enough_vectors(
+    db: Database,
+) -> None:
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+        assert index_state(conn, model) is IndexState.MISSING
+        _store(conn, model, 20)
+        assert has_vectors(conn, model, 20) and not has_vectors(conn, model, 21)
+        assert build_vector_index(conn, model, min_vectors=21) is False
+        assert index_state(conn, model) is IndexState.MISSING
+        assert build_vector_index(conn, model, min_vectors=20) is True
+        assert index_state(conn, model) is IndexState.VALID
+        assert model.index_name in _plan(conn, model)
+        # a valid index is never built again
+        assert build_vector_index(conn, model, min_vectors=0) is False
+
+
+def test_vector_search_ranks_the_same_exactly_and_through_the_index(db: Database) -> None:
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+        vectors = _store(conn, model, 30)
+        query = vectors[7] + 0.01
+        exact = [r.document_key for r in vector_ranking(conn, model, query, 5)]
+        assert model.index_name not in _plan(conn, model)
+        assert build_vector_index(conn, model, min_vectors=30)
+        indexed = [r.document_key for r in vector_ranking(conn, model, query, 5)]
+    assert exact[0] == "doc-007"
+    assert indexed == exact  # 30 vectors: the graph holds them all, HNSW is exact here
+
+
+def test_a_session_already_building_makes_another_skip(db: Database) -> None:
+    with db.connection() as builder, db.connection() as other:
+        model = ensure_model(builder, "m", DIM)
+        _store(builder, model, 5)
+        builder.execute(
+            "SELECT pg_advisory_lock(%s::int, hashtext(%s))", (_BUILD_LOCK, str(model.id))
+        )
+        assert build_vector_index(other, model, min_vectors=1) is False
+        assert index_state(other, model) is IndexState.MISSING
+        builder.execute(
+            "SELECT pg_advisory_unlock(%s::int, hashtext(%s))", (_BUILD_LOCK, str(model.id))
+        )
+        assert build_vector_index(other, model, min_vectors=1) is True
+        # and the builder let its lock go: the next caller is not shut out
+        free = other.execute(
+            "SELECT pg_try_advisory_lock(%s::int, hashtext(%s)) AS got",
+            (_BUILD_LOCK, str(model.id)),
+        ).fetchone()
+        assert free is not None and free["got"]
+
+
+def test_an_interrupted_build_is_dropped_and_built_again(db: Database) -> None:
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+        _store(conn, model, 5)
+        assert build_vector_index(conn, model, min_vectors=1)
+        # what a cancelled CREATE INDEX CONCURRENTLY leaves behind
+        conn.execute(
+            "UPDATE pg_index SET indisvalid = false WHERE indexrelid = %s::regclass",
+            (model.index_name,),
+        )
+        assert index_state(conn, model) is IndexState.INVALID
+        assert build_vector_index(conn, model, min_vectors=1) is True
+        assert index_state(conn, model) is IndexState.VALID
+
+
+@pytest.mark.parametrize("dimension", [2001])
+def test_a_model_beyond_pgvectors_hnsw_limit_is_always_searched_exactly(
+    db: Database, dimension: int
+) -> None:
+    with db.connection() as conn:
+        model = ensure_model(conn, "wide", dimension)
+        assert build_vector_index(conn, model, min_vectors=0) is False
+        assert index_state(conn, model) is IndexState.MISSING

@@ -1,0 +1,152 @@
+"""The worker-wide embedding coalescer (embedding/batching.py) over an in-memory embedder, on
+Trio's virtual clock: linger, request size, the in-flight cap, per-caller failure, withdrawal."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+import pytest
+import trio
+import trio.testing
+
+from trioindex.embedding.batching import EmbeddingCoalescer
+from trioindex.errors import ProviderRejectedInput
+
+DIM = 3
+
+
+def vector(text: str) -> list[float]:
+    return [float(len(text)), float(sum(map(ord, text)) % 97), 1.0]
+
+
+@attrs.define
+class FakeServer:
+    """Answers each request after ``latency`` virtual seconds; refuses one holding ``bad``."""
+
+    latency: float = 1.0
+    sent: list[tuple[float, list[str]]] = attrs.field(factory=list)
+    in_flight: int = 0
+    max_in_flight: int = 0
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.sent.append((trio.current_time(), list(texts)))
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await trio.sleep(self.latency)
+        finally:
+            self.in_flight -= 1
+        if "bad" in texts:
+            raise ProviderRejectedInput("the server rejected the input")
+        return [vector(t) for t in texts]
+
+
+def coalescer(server: FakeServer, **changes: object) -> EmbeddingCoalescer:
+    options: dict[str, object] = {"max_batch_size": 4, "max_in_flight": 2, "linger": 0.005}
+    options.update(changes)
+    return EmbeddingCoalescer(embed_one=server.embed, **options)  # type: ignore[arg-type]
+
+
+async def embed_all(c: EmbeddingCoalescer, callers: list[list[str]]) -> list[object]:
+    results: list[object] = [None] * len(callers)
+
+    async def one(i: int) -> None:
+        try:
+            results[i] = await c.embed(callers[i], DIM)
+        except ProviderRejectedInput as exc:
+            results[i] = exc
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(c.serve)
+        async with trio.open_nursery() as callers_nursery:
+            for i in range(len(callers)):
+                callers_nursery.start_soon(one, i)
+        nursery.cancel_scope.cancel()
+    return results
+
+
+async def test_a_request_that_is_not_full_waits_the_linger_then_goes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = FakeServer()
+    began = trio.current_time()
+    (result,) = await embed_all(coalescer(server, linger=0.25), [["only"]])
+    assert [(at - began, texts) for at, texts in server.sent] == [(0.25, ["only"])]
+    assert np.array_equal(result, np.array([vector("only")], dtype=np.float32))  # type: ignore[arg-type]
+
+
+async def test_callers_share_full_requests_and_each_gets_exactly_its_rows(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = FakeServer()
+    callers = [[f"c{i}-t{j}" for j in range(i + 1)] for i in range(5)]  # 15 texts
+    results = await embed_all(coalescer(server, max_in_flight=1), callers)
+    assert sorted(len(texts) for _, texts in server.sent) == [3, 4, 4, 4]
+    for texts, result in zip(callers, results, strict=True):
+        expected = np.array([vector(t) for t in texts], dtype=np.float32)
+        assert np.array_equal(result, expected)  # type: ignore[arg-type]
+
+
+async def test_requests_in_flight_never_exceed_the_cap(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = FakeServer()
+    callers = [[f"c{i}-t{j}" for j in range(4)] for i in range(10)]
+    await embed_all(coalescer(server, max_in_flight=3), callers)
+    assert server.max_in_flight == 3
+    assert len(server.sent) == 10
+
+
+async def test_a_long_document_does_not_hold_up_short_ones(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = FakeServer()
+    long = [f"long-{j}" for j in range(40)]
+    c = coalescer(server, max_in_flight=1)
+    results = await embed_all(c, [long, ["short"]])
+    short_sent = next(i for i, (_, texts) in enumerate(server.sent) if "short" in texts)
+    assert short_sent <= 1  # in the first or second request, not after all ten of the long one
+    assert np.array_equal(results[0], np.array([vector(t) for t in long], dtype=np.float32))  # type: ignore[arg-type]
+
+
+async def test_a_failed_shared_request_is_decided_per_caller(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = FakeServer()
+    good, bad = ["fine", "also fine"], ["bad"]
+    results = await embed_all(coalescer(server), [good, bad])
+    assert isinstance(results[1], ProviderRejectedInput)
+    assert np.array_equal(results[0], np.array([vector(t) for t in good], dtype=np.float32))  # type: ignore[arg-type]
+    # one shared request, then each caller's texts alone
+    assert sorted(len(texts) for _, texts in server.sent) == [1, 2, 3]
+
+
+async def test_a_cancelled_caller_s_texts_are_withdrawn(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = FakeServer(latency=10.0)
+    c = coalescer(server, max_in_flight=1, max_batch_size=2)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(c.serve)
+        with trio.move_on_after(1.0):
+            await c.embed(["a", "b", "c", "d", "e", "f"], DIM)
+        await trio.sleep(30)
+        nursery.cancel_scope.cancel()
+    assert [texts for _, texts in server.sent] == [["a", "b"]]
+
+
+@pytest.mark.parametrize("budget", [10, 25])
+async def test_requests_respect_the_token_budget(
+    autojump_clock: trio.testing.MockClock, budget: int
+) -> None:
+    server = FakeServer()
+    texts = [f"text {i:02d}" for i in range(8)]
+    c = coalescer(server, max_batch_tokens=budget, estimate=lambda _t: 5, max_batch_size=32)
+    await embed_all(c, [texts])
+    per_request = budget // 5
+    sizes = [len(sent) for _, sent in server.sent]
+    assert sizes == [per_request] * (8 // per_request) + (
+        [8 % per_request] if 8 % per_request else []
+    )

@@ -1,0 +1,216 @@
+"""The ranking queries on a real PostgreSQL + pgvector: what each mode ranks first, the filters,
+current versions only, and reciprocal rank fusion; grouping by document."""
+
+from __future__ import annotations
+
+import uuid
+
+import attrs
+import numpy as np
+import pytest
+
+from testkit.search_corpus import IndexedDocument, store_indexed
+from trioindex.db.models import EmbeddingModel, ensure_model
+from trioindex.db.pool import Database
+from trioindex.search import (
+    RRF_K,
+    Filters,
+    RankedChunk,
+    document_hits,
+    fuse,
+    hangul_prefix_query,
+    hybrid_ranking,
+    text_ranking,
+    vector_ranking,
+)
+
+DIM = 4
+
+
+def unit(*values: float) -> list[float]:
+    v = np.asarray(values, dtype=np.float64)
+    return list(v / np.linalg.norm(v))
+
+
+@pytest.fixture
+def model(db: Database) -> EmbeddingModel:
+    with db.connection() as conn:
+        return ensure_model(conn, "test-model", DIM)
+
+
+def store(db: Database, model: EmbeddingModel, *documents: IndexedDocument) -> dict[str, uuid.UUID]:
+    with db.connection() as conn:
+        return store_indexed(conn, model, documents)
+
+
+def keys(ranked: list[RankedChunk]) -> list[tuple[str, int]]:
+    return [(r.document_key, r.chunk_index) for r in ranked]
+
+
+def test_vector_ranking_orders_by_cosine_over_current_versions_only(
+    db: Database, model: EmbeddingModel
+) -> None:
+    ids = store(
+        db,
+        model,
+        IndexedDocument("near.txt", ["a", "b"], [unit(1, 0, 0, 0), unit(0, 1, 0, 0)]),
+        IndexedDocument("mid.txt", ["c"], [unit(1, 1, 0, 0)]),
+        IndexedDocument("gone.txt", ["d"], [unit(1, 0, 0, 0)]),
+    )
+    with db.connection() as conn:
+        conn.execute(
+            "UPDATE documents SET current_version_id = NULL WHERE id = %s", (ids["gone.txt"],)
+        )
+        ranked = vector_ranking(conn, model, unit(1, 0, 0, 0), 10)
+    assert keys(ranked) == [("near.txt", 0), ("mid.txt", 0), ("near.txt", 1)]
+    assert ranked[0].score == pytest.approx(1.0)
+    assert ranked[1].score == pytest.approx(np.sqrt(0.5))
+    assert ranked[2].score == pytest.approx(0.0, abs=1e-6)
+
+
+def test_filters_keep_a_key_prefix_and_content_types(db: Database, model: EmbeddingModel) -> None:
+    v = unit(1, 0, 0, 0)
+    store(
+        db,
+        model,
+        IndexedDocument("papers/a.md", ["x"], [v], "text/markdown"),
+        IndexedDocument("papers/b.pdf", ["x"], [v], "application/pdf"),
+        IndexedDocument("papersX/c.md", ["x"], [v], "text/markdown"),
+        IndexedDocument("notes/d.txt", ["x"], [v], "text/plain"),
+        IndexedDocument("notes/e", ["x"], [v], None),
+    )
+    with db.connection() as conn:
+
+        def found(filters: Filters) -> set[str]:
+            by_vector = {
+                r.document_key for r in vector_ranking(conn, model, v, 10, filters=filters)
+            }
+            by_text = {r.document_key for r in text_ranking(conn, "x", 10, filters=filters)}
+            assert by_vector == by_text
+            return by_vector
+
+        assert found(Filters()) == {
+            "papers/a.md",
+            "papers/b.pdf",
+            "papersX/c.md",
+            "notes/d.txt",
+            "notes/e",
+        }
+        assert found(Filters(key_prefix="papers/")) == {"papers/a.md", "papers/b.pdf"}
+        assert found(Filters(content_types=("text/markdown",))) == {"papers/a.md", "papersX/c.md"}
+        assert found(Filters(content_types=("text",))) == {
+            "papers/a.md",
+            "papersX/c.md",
+            "notes/d.txt",
+        }
+        assert found(Filters("papers/", ("text", "application/pdf"))) == {
+            "papers/a.md",
+            "papers/b.pdf",
+        }
+        # LIKE wildcards in a prefix are plain characters
+        assert found(Filters(key_prefix="papers_")) == set()
+
+
+def test_text_ranking_matches_english_stems_and_korean_words_with_particles(
+    db: Database, model: EmbeddingModel
+) -> None:
+    v = unit(1, 0, 0, 0)
+    store(
+        db,
+        model,
+        IndexedDocument(
+            "en.txt",
+            [
+                "Workers claimed the jobs with SKIP LOCKED.",
+                "The lease is renewed by a background task.",
+                "Nothing here.",
+            ],
+            [v, v, v],
+        ),
+        IndexedDocument(
+            "ko.txt", ["대한민국의 수도는 서울입니다.", "한글은 세종대왕이 만들었습니다."], [v, v]
+        ),
+    )
+    with db.connection() as conn:
+        # stems: "worker claims job" matches "Workers claimed the jobs"
+        assert keys(text_ranking(conn, "worker claims job", 10)) == [("en.txt", 0)]
+        # more of the query matched ranks first; stop words alone match nothing
+        ranked = text_ranking(conn, "renewing the lease of a worker", 10)
+        assert keys(ranked) == [("en.txt", 1), ("en.txt", 0)]
+        assert text_ranking(conn, "the of a", 10) == []
+        # Korean: a query word with its own particle still finds the word with another one
+        assert keys(text_ranking(conn, "서울에서", 10)) == [("ko.txt", 0)]
+        assert keys(text_ranking(conn, "세종대왕", 10)) == [("ko.txt", 1)]
+
+
+def test_hybrid_puts_first_what_both_rankings_rank_high(
+    db: Database, model: EmbeddingModel
+) -> None:
+    store(
+        db,
+        model,
+        # closest vector, no word of the query
+        IndexedDocument("vector-only.txt", ["unrelated words"], [unit(1, 0, 0, 0)]),
+        # every word of the query, a far vector
+        IndexedDocument("text-only.txt", ["lease renewal deadline"], [unit(-1, 0, 0, 0)]),
+        IndexedDocument("filler.txt", ["one", "two"], [unit(0, 1, 0, 0), unit(0, 0, 1, 0)]),
+        # second in both
+        IndexedDocument("both.txt", ["lease"], [unit(1, 0.3, 0, 0)]),
+    )
+    with db.connection() as conn:
+        query = unit(1, 0, 0, 0)
+        assert keys(vector_ranking(conn, model, query, 10))[0] == ("vector-only.txt", 0)
+        assert keys(text_ranking(conn, "lease renewal deadline", 10))[0] == (
+            "text-only.txt",
+            0,
+        )
+        ranked = hybrid_ranking(conn, model, "lease renewal deadline", query, 10)
+    assert keys(ranked)[0] == ("both.txt", 0)
+    assert ranked[0].score == pytest.approx(2 / (RRF_K + 2))
+
+
+def _ranked(key: str, index: int = 0) -> RankedChunk:
+    return RankedChunk(uuid.uuid5(uuid.NAMESPACE_URL, f"{key}#{index}"), 0.0, key,
+                       uuid.uuid5(uuid.NAMESPACE_URL, key), 1, None, index, "t")  # fmt: skip
+
+
+def test_fuse_sums_reciprocal_ranks() -> None:
+    a, b, c = _ranked("a"), _ranked("b"), _ranked("c")
+    fused = fuse([[a, b], [c, b]])
+    assert [r.document_key for r in fused] == ["b", "a", "c"]
+    assert fused[0].score == pytest.approx(1 / (RRF_K + 2) * 2)
+    assert fused[1].score == pytest.approx(1 / (RRF_K + 1))
+
+
+def test_document_hits_group_chunks_so_one_document_cannot_fill_the_list() -> None:
+    ranked = [_ranked("long", i) for i in range(6)] + [_ranked("short"), _ranked("long", 9)]
+    ranked = [attrs.evolve(r, score=1.0 - n / 10) for n, r in enumerate(ranked)]
+    [long, short] = document_hits(ranked, top_k=5, chunks_per_document=3)
+    assert (long.rank, long.document_key, long.score) == (1, "long", 1.0)
+    assert [c.chunk_index for c in long.chunks] == [0, 1, 2]
+    assert (short.rank, short.document_key, short.score) == (2, "short", pytest.approx(0.4))
+    assert [d.document_key for d in document_hits(ranked, 1, 1)] == ["long"]
+
+
+def test_hangul_prefix_query_strips_one_particle_when_two_syllables_stay() -> None:
+    assert hangul_prefix_query("no hangul") == ""
+    assert (
+        hangul_prefix_query("서울에서 lease 수도는")
+        == "'서울에서':* | '서울':* | '수도는':* | '수도':*"
+    )
+    assert hangul_prefix_query("집은") == "'집은':*"  # one syllable would match too much
+
+
+def test_migration_0007_keeps_simple_and_english_lexemes_of_every_chunk(
+    db: Database, model: EmbeddingModel
+) -> None:
+    store(db, model, IndexedDocument("a.txt", ["The workers 서울입니다"], [unit(1, 0, 0, 0)]))
+    with db.connection() as conn:
+        row = conn.execute("SELECT search_vector::text AS v FROM document_chunks").fetchone()
+        index = conn.execute(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = 'document_chunks_search_vector'"
+        ).fetchone()
+    assert row is not None and index is not None
+    # simple: every word as written (stop words too); english: stems, no stop words
+    assert row["v"] == "'the':1 'worker':5 'workers':2 '서울입니다':3,6"
+    assert "USING gin (search_vector)" in index["indexdef"]

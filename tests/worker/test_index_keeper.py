@@ -1,0 +1,110 @@
+"""The worker's index keeper on a real PostgreSQL (worker/index_keeper.py): it builds the model's
+HNSW index when it is due, wakes after enough stored vectors, stops once the index is valid, and
+a worker stopping mid-build does not wait for the build."""
+
+from __future__ import annotations
+
+import numpy as np
+import trio
+import trio.testing
+
+from testkit.search_corpus import IndexedDocument, store_indexed
+from trioindex.db.models import EmbeddingModel, ensure_model
+from trioindex.db.pool import Database
+from trioindex.db.vector_index import IndexState, index_state
+from trioindex.worker.index_keeper import VectorIndexKeeper
+
+DIM = 8
+
+
+def _store(db: Database, model: EmbeddingModel, first: int, n: int) -> None:
+    vectors = np.random.default_rng(first).standard_normal((n, DIM)).astype(np.float32)
+    with db.connection() as conn:
+        store_indexed(
+            conn,
+            model,
+            [IndexedDocument(f"doc-{first + i}", ["t"], vectors[i : i + 1]) for i in range(n)],
+        )
+
+
+def _state(db: Database, model: EmbeddingModel) -> IndexState:
+    with db.connection() as conn:
+        return index_state(conn, model)
+
+
+async def test_the_keeper_builds_once_the_stored_vectors_reach_the_threshold(
+    db: Database, database_url: str
+) -> None:
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+    keeper = VectorIndexKeeper(database_url, model, min_vectors=6, check_every=3)
+    assert not await keeper.check()  # no vectors yet
+    _store(db, model, 0, 4)
+    keeper.note_stored(4)
+    assert not await keeper.check()  # 4 of 6
+    assert _state(db, model) is IndexState.MISSING
+    _store(db, model, 4, 2)
+    assert await keeper.check()
+    assert (keeper.built, keeper.indexed) == (1, True)
+    assert _state(db, model) is IndexState.VALID
+
+
+class _Observed(VectorIndexKeeper):
+    """The real keeper, announcing each finished check (they run in a thread, which Trio's
+    test helpers cannot see)."""
+
+    checked: trio.Event
+
+    async def check(self) -> bool:
+        try:
+            return await super().check()
+        finally:
+            self.checked.set()
+
+
+async def test_serve_checks_again_after_check_every_vectors_and_then_ends(
+    db: Database, database_url: str
+) -> None:
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+    keeper = _Observed(database_url, model, min_vectors=5, check_every=5)
+    keeper.checked = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(keeper.serve)
+        with trio.fail_after(30):
+            await keeper.checked.wait()  # at start: no vectors
+        _store(db, model, 0, 5)
+        keeper.checked = trio.Event()
+        keeper.note_stored(4)  # below check_every: no check, so no index yet
+        await trio.testing.wait_all_tasks_blocked()
+        assert keeper._since_check == 4  # a check would have started over from 0
+        assert _state(db, model) is IndexState.MISSING
+        keeper.note_stored(1)
+    # serve returned by itself: the index is valid, nothing is left to watch
+    assert keeper.indexed and keeper.built == 1
+    assert _state(db, model) is IndexState.VALID
+    keeper.note_stored(100)  # and stays quiet
+    assert await keeper.check()
+    assert keeper.built == 1
+
+
+async def test_cancelling_a_check_blocked_on_the_database_returns_at_once(
+    db: Database, database_url: str
+) -> None:
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+    _store(db, model, 0, 3)
+    keeper = VectorIndexKeeper(database_url, model, min_vectors=1)
+    with db.connection() as holder:
+        # a transaction that wrote to the table: CREATE INDEX CONCURRENTLY waits for it to end
+        holder.execute("BEGIN")
+        holder.execute("UPDATE embeddings SET dimension = dimension")
+        with trio.move_on_after(1.0) as scope:
+            await keeper.check()
+        holder.execute("ROLLBACK")
+    assert scope.cancelled_caught and not keeper.indexed
+    # the server stopped the build: what it left is INVALID (or nothing), and the next check
+    # replaces it with a valid index
+    assert _state(db, model) in {IndexState.INVALID, IndexState.MISSING}
+    assert await keeper.check()
+    assert _state(db, model) is IndexState.VALID
