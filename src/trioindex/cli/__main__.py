@@ -1,0 +1,5 @@
+"""``python -m trioindex.cli``."""
+
+from trioindex.cli import main
+
+main()

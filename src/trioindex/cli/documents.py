@@ -1,0 +1,333 @@
+"""Commands over documents: ``ingest`` (upload and enqueue, ``--sync``), ``search`` (documents
+or chunks, one query or JSON lines) and ``delete``."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, TextIO
+
+import trio
+import typer
+
+from trioindex.cli.common import (
+    JsonFlag,
+    app,
+    command_settings,
+    friendly,
+    print_json,
+    run,
+)
+from trioindex.config import Settings
+
+# --- ingest --------------------------------------------------------------------------------------
+
+
+@app.command()
+@friendly
+def ingest(
+    paths: Annotated[
+        list[Path], typer.Argument(metavar="PATH...", help="Files or folders (recursive).")
+    ],
+    *,
+    wait: Annotated[bool, typer.Option(help="Wait until every job ends; show progress.")] = False,
+    priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
+    follow_symlinks: Annotated[
+        bool,
+        typer.Option(
+            "--follow-symlinks",
+            help="Also follow symbolic links whose target is outside the folder.",
+        ),
+    ] = False,
+    key_as: Annotated[
+        str | None,
+        typer.Option(
+            "--as",
+            metavar="KEY",
+            help="Document key of the file, or key prefix of the folder's files"
+            " (default: the path relative to the current folder).",
+        ),
+    ] = None,
+    sync: Annotated[
+        bool,
+        typer.Option(
+            "--sync",
+            help="Also delete the documents under each folder's key prefix whose files are gone.",
+        ),
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Upload files and enqueue one indexing job per new or changed document.
+
+    A document's key is its path relative to the current folder (`ingest a/` → `a/README.md`);
+    a folder outside it is keyed from itself, unless --as gives the prefix. A file that cannot
+    be ingested is reported and the rest go on; the exit code is 1 when any was. --sync then
+    deletes the documents under each folder's key prefix (`a/`) that have no file any more.
+    """
+    if key_as is not None and not key_as.strip().strip("/"):
+        raise typer.BadParameter("--as needs a non-empty key")
+    settings = command_settings(quiet=as_json)
+    from trioindex.ingest import IngestEntry, IngestResult, ingest_paths
+    from trioindex.services import open_services
+
+    async def go() -> tuple[list[IngestEntry], list[dict[str, Any]]]:
+        async with open_services(settings) as services:
+            entries = await ingest_paths(
+                paths,
+                db=services.db,
+                store=services.storage,
+                model_id=services.model.id,
+                max_attempts=settings.worker.max_attempts,
+                priority=priority,
+                follow_symlinks=follow_symlinks,
+                key_as=key_as,
+                sync=sync,
+            )
+            finals: list[dict[str, Any]] = []
+            if wait:
+                from trioindex.progress import wait_for_jobs
+
+                queued = [
+                    e.job_id
+                    for e in entries
+                    if isinstance(e, IngestResult)
+                    and e.job_id
+                    and (e.status == "created" or e.requeued)
+                ]
+                finals = await wait_for_jobs(
+                    services.db,
+                    queued,
+                    show=not as_json,
+                    heartbeat_timeout=settings.worker.heartbeat_timeout,
+                )
+            return entries, finals
+
+    entries, finals = run(go)
+    failed = [f for f in finals if f["status"] == "FAILED"]
+    for entry in entries:
+        typer.echo(json.dumps(entry.as_json()) if as_json else _ingest_line(entry))
+    if not as_json:
+        typer.echo(_ingest_summary(entries, sync=sync))
+        _outside_note(paths, key_as)
+    errors = sum(1 for e in entries if e.status == "error")
+    if errors:
+        typer.echo(f"trioindex: {errors} file(s) could not be ingested (see above)", err=True)
+    for f in failed:
+        typer.echo(f"FAILED {f['external_key']}: {f['last_failure_type']}", err=True)
+    if failed or errors:
+        raise typer.Exit(1)
+
+
+def _outside_note(paths: list[Path], key_as: str | None) -> None:
+    """Say when a folder outside the current one was keyed from itself: files of the same
+    names in another such folder would be new versions of these documents."""
+    from trioindex.ingest.discover import keyed_by_itself
+
+    for folder in [] if key_as is not None else keyed_by_itself(paths):
+        typer.echo(
+            f"note: {folder} is outside the current folder, so its keys start below it; "
+            "ingest it from a folder that contains it, or give --as NAME, to keep another "
+            "folder's files of the same names apart",
+            err=True,
+        )
+
+
+def _ingest_line(entry: Any) -> str:
+    """One human line per file: what happened, the key, and the version or the reason."""
+    from trioindex.ingest import IngestResult
+
+    if not isinstance(entry, IngestResult):
+        return f"{entry.status:9} {entry.document_key or entry.path}  {entry.reason}"
+    note = f"version {entry.version_no}"
+    if entry.status == "repaired":
+        note += ": stored copy restored" + (", job requeued" if entry.requeued else "")
+    return f"{entry.status:9} {entry.document_key}  ({note})"
+
+
+def _ingest_summary(entries: list[Any], *, sync: bool = False) -> str:
+    """``2 added, 1 changed, 5 unchanged`` (+ ``deleted`` with --sync, + the rarer ones)."""
+    changes = [getattr(e, "change", e.status) for e in entries]
+    counts = {s: changes.count(s) for s in _INGEST_CHANGES}
+    shown = ("added", "changed", "unchanged") + (("deleted",) if sync else ())
+    parts = [f"{counts[s]} {s}" for s in shown]
+    parts += [f"{counts[s]} {s}" for s in ("repaired", "skipped") if counts[s]]
+    if counts["error"]:
+        parts.append(f"{counts['error']} error" + ("s" if counts["error"] > 1 else ""))
+    return ", ".join(parts)
+
+
+_INGEST_CHANGES = ("added", "changed", "unchanged", "deleted", "repaired", "skipped", "error")
+
+
+# --- search / status -----------------------------------------------------------------------------
+
+
+@app.command()
+@friendly
+def search(
+    text: Annotated[str | None, typer.Argument(help="What to look for.")] = None,
+    *,
+    top_k: Annotated[int, typer.Option("--top-k", min=1, max=1000)] = 5,
+    mode: Annotated[
+        str, typer.Option(help="vector, text (full-text) or hybrid (both, fused by rank).")
+    ] = "hybrid",
+    chunks: Annotated[
+        bool, typer.Option("--chunks", help="List chunks (several may share a document).")
+    ] = False,
+    chunks_per_document: Annotated[
+        int, typer.Option(min=1, max=100, help="Best chunks shown per document.")
+    ] = 3,
+    prefix: Annotated[
+        str | None, typer.Option(help="Only documents whose key starts with this (a folder).")
+    ] = None,
+    content_type: Annotated[
+        list[str] | None,
+        typer.Option(help="Only documents of this type (text/markdown) or family (text); repeat."),
+    ] = None,
+    queries: Annotated[
+        str | None,
+        typer.Option(
+            metavar="FILE|-",
+            help='Many queries: JSON lines {"id", "text"} in, JSON lines {"id", "results"} out.',
+        ),
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Search the current version of every document: documents with their best chunks."""
+    from trioindex.search import SEARCH_MODES
+
+    if (text is None) == (queries is None):
+        raise typer.BadParameter("give a query TEXT or --queries FILE|- (not both)")
+    if mode not in SEARCH_MODES:
+        raise typer.BadParameter(f"--mode must be one of {', '.join(SEARCH_MODES)}")
+    settings = command_settings(quiet=True)
+    from trioindex.api import Index
+
+    options: dict[str, Any] = {
+        "top_k": top_k,
+        "mode": mode,  # checked against SEARCH_MODES
+        "key_prefix": prefix,
+        "content_types": tuple(content_type or ()),
+    }
+
+    def ranked(index: Index, texts: list[str]) -> Awaitable[list[list[Any]]]:
+        if chunks:
+            return index.search_chunks_many(texts, **options)
+        return index.search_many(texts, chunks_per_document=chunks_per_document, **options)
+
+    if queries is not None:
+        stream = sys.stdin if queries == "-" else open(queries, encoding="utf-8")  # noqa: SIM115
+        with stream:
+            run(functools.partial(_search_query_lines, settings, stream, ranked))
+        return
+    assert text is not None
+
+    async def go() -> list[Any]:
+        async with Index.open(settings) as index:
+            (hits,) = await ranked(index, [text])
+            return hits
+
+    hits = run(go)
+    if as_json:
+        print_json([h.as_json() for h in hits])
+        return
+    if not hits:
+        typer.echo("no results (is anything indexed yet? try `trioindex status`)")
+    for hit in hits:
+        if chunks:
+            typer.echo(f"{hit.rank:>3}. {hit.score:.4f}  {hit.document_key} #{hit.chunk_index}")
+            typer.echo(f"     {hit.snippet()}")
+            continue
+        typer.echo(f"{hit.rank:>3}. {hit.score:.4f}  {hit.document_key}  (v{hit.version_no})")
+        for c in hit.chunks:
+            typer.echo(f"       #{c.chunk_index:<4} {c.score:.4f}  {c.snippet(120)}")
+
+
+#: Queries embedded and ranked together by `search --queries`.
+QUERY_BATCH = 64
+
+
+async def _search_query_lines(
+    settings: Settings,
+    stream: TextIO,
+    ranked: Callable[[Any, list[str]], Awaitable[list[list[Any]]]],
+) -> None:
+    """`search --queries`: read JSON lines in batches, print one JSON line per query."""
+    from trioindex.api import Index
+
+    async with Index.open(settings) as index:
+        line_no = 0
+        while True:
+            lines = await trio.to_thread.run_sync(_read_lines, stream, QUERY_BATCH)
+            batch = []
+            for line in lines:
+                line_no += 1
+                if line.strip():
+                    batch.append(_query_line(line, line_no))
+            if batch:
+                results = await ranked(index, [q for _, q in batch])
+                for (query_id, _), hits in zip(batch, results, strict=True):
+                    out = {"id": query_id, "results": [h.as_json() for h in hits]}
+                    typer.echo(json.dumps(out, ensure_ascii=False))
+            if len(lines) < QUERY_BATCH:
+                return
+
+
+def _read_lines(stream: TextIO, count: int) -> list[str]:
+    lines = []
+    for line in stream:
+        lines.append(line)
+        if len(lines) == count:
+            break
+    return lines
+
+
+def _query_line(line: str, line_no: int) -> tuple[Any, str]:
+    try:
+        query = json.loads(line)
+    except json.JSONDecodeError:
+        raise typer.BadParameter(f"--queries line {line_no}: not JSON") from None
+    if not isinstance(query, dict) or not isinstance(query.get("text"), str):
+        raise typer.BadParameter(f'--queries line {line_no}: expected {{"id": ..., "text": "..."}}')
+    return query.get("id"), query["text"]
+
+
+# --- delete / models (the index over time) ------------------------------------------------------
+
+
+@app.command()
+@friendly
+def delete(
+    keys: Annotated[list[str] | None, typer.Argument(help="Document keys to delete.")] = None,
+    prefix: Annotated[
+        str | None, typer.Option(help="Also every document whose key starts with this.")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Delete documents: they leave search at once, with their chunks, vectors and jobs; a
+    blob no remaining version uses is removed from the store."""
+    if not keys and not prefix:
+        typer.echo("trioindex: give document keys or a non-empty --prefix", err=True)
+        raise typer.Exit(2)
+    settings = command_settings(quiet=as_json)
+    from trioindex.removal import DeleteReport, delete_documents
+    from trioindex.services import open_services
+
+    async def go() -> DeleteReport:
+        async with open_services(settings) as services:
+            return await delete_documents(services.db, services.storage, keys or [], prefix=prefix)
+
+    report = run(go)
+    if as_json:
+        print_json(report.as_json())
+    else:
+        for key in report.deleted:
+            typer.echo(f"deleted   {key}")
+        for key in report.missing:
+            typer.echo(f"not found {key}")
+        typer.echo(f"{len(report.deleted)} deleted, {report.blobs_removed} blob(s) removed")
+    if report.missing:
+        raise typer.Exit(1)

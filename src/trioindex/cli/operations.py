@@ -1,0 +1,334 @@
+"""Commands that run and watch the system: ``worker``, ``migrate``, ``status``, ``db stop``,
+``healthcheck``, ``jobs list|show|retry`` and ``models list|activate|remove``."""
+
+from __future__ import annotations
+
+import functools
+import socket
+from typing import Annotated, Any
+from uuid import UUID
+
+import typer
+
+from trioindex import admin
+from trioindex.cli.common import (
+    JsonFlag,
+    app,
+    command_settings,
+    database_call,
+    friendly,
+    logger,
+    print_json,
+    run,
+)
+from trioindex.config import Settings
+from trioindex.db.pool import migrate_or_explain
+from trioindex.errors import ConfigError
+from trioindex.values import JobStatus
+
+# --- worker / migrate ----------------------------------------------------------------------------
+
+
+@app.command()
+@friendly
+def worker(
+    drain: Annotated[
+        bool, typer.Option(help="Exit 0 once nothing is claimable and nothing is running.")
+    ] = False,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Serve Prometheus metrics on this port.")
+    ] = None,
+    json_logs: Annotated[bool, typer.Option(help="Log one JSON object per line.")] = False,
+) -> None:
+    """Run a worker: migrate, register, then claim and index jobs until SIGTERM/SIGINT."""
+    settings = command_settings(json_logs)
+    from trioindex.worker.wiring import run_worker
+
+    if metrics_port is not None:
+        from trioindex.worker.metrics import start_metrics_server
+
+        start_metrics_server(metrics_port)
+    done = run(functools.partial(run_worker, settings, drain=drain))
+    logger.info("worker exited: %s", done.counters.snapshot())
+
+
+@app.command()
+@friendly
+def migrate() -> None:
+    """Apply pending schema migrations (safe to run from several processes at once)."""
+    settings = command_settings()
+    from trioindex.services import resolve_database_url
+
+    url = run(functools.partial(resolve_database_url, settings))
+    applied = migrate_or_explain(url)
+    typer.echo(f"applied migrations: {applied}" if applied else "schema is up to date")
+
+
+# --- status / db / healthcheck --------------------------------------------------------------
+
+
+@app.command()
+@friendly
+def status(as_json: JsonFlag = False) -> None:
+    """Jobs by status, oldest pending age, retries, failures by type, and workers."""
+    settings = command_settings(quiet=True)
+    embedded_was_up = _embedded_running(settings)
+    result = database_call(
+        settings, admin.queue_status, heartbeat_timeout=settings.worker.heartbeat_timeout
+    )
+    if as_json:
+        payload = admin.as_json(result)
+        assert isinstance(payload, dict)
+        payload["workers"] = [{**admin.as_json(w), "state": w.state} for w in result.workers]  # type: ignore[dict-item]
+        print_json(payload)
+        return
+    typer.echo("jobs:    " + "  ".join(f"{k} {v}" for k, v in result.jobs_by_status.items()))
+    age = result.oldest_pending_age_seconds
+    typer.echo(f"pending: oldest {age:.1f}s ago" if age is not None else "pending: none")
+    typer.echo(f"retries scheduled: {result.retries_scheduled}")
+    if result.serving_model is not None:
+        typer.echo(f"model:   {result.serving_model} serves search")
+    if (switch := result.switch) is not None:
+        typer.echo(
+            f"switch:  to {switch.name}: {switch.covered}/{switch.documents} documents covered,"
+            f" {switch.pending_jobs} job(s) open, {switch.failed_jobs} failed"
+            " (`trioindex models list`)"
+        )
+    if result.failures_by_type:
+        typer.echo("failures: " + "  ".join(f"{k} {v}" for k, v in result.failures_by_type.items()))
+    # workers that stopped cleanly are counted, not listed (the last hour's; older ones not)
+    shown = [w for w in result.workers if w.state != "STOPPED"]
+    stopped = len(result.workers) - len(shown)
+    typer.echo(f"workers: {len(shown)}" + (f" (and {stopped} stopped)" if stopped else ""))
+    for w in shown:
+        typer.echo(
+            f"  {w.id}  {w.state:8} {w.hostname}:{w.pid}"
+            f"  running {w.running_jobs}/{w.max_concurrency}"
+            f"  heartbeat {w.heartbeat_age_seconds:.0f}s ago"
+        )
+    if embedded_was_up is not None:
+        pgdata = settings.home.resolve() / "pgdata"
+        typer.echo(
+            f"database: embedded PostgreSQL under {pgdata}, running"
+            " (it stops when the last trioindex process using it exits; `trioindex db stop`"
+            " stops it now)"
+            if embedded_was_up
+            else f"database: embedded PostgreSQL under {pgdata}, started for this command only"
+        )
+
+
+def _embedded_running(settings: Settings) -> bool | None:
+    """None with database.url set; else whether the embedded server under home is running."""
+    if settings.database.url:
+        return None
+    return (settings.home.resolve() / "pgdata" / "postmaster.pid").exists()
+
+
+db_app = typer.Typer(no_args_is_help=True, help="The embedded PostgreSQL (no database.url).")
+app.add_typer(db_app, name="db")
+
+
+@db_app.command("stop")
+@friendly
+def db_stop() -> None:
+    """Stop the embedded PostgreSQL under home now, whoever started it."""
+    settings = command_settings(quiet=True)
+    pgdata = settings.home.resolve() / "pgdata"
+    running = _embedded_running(settings)
+    if running is None:
+        typer.echo("nothing to stop: database.url names an external PostgreSQL")
+        return
+    if not running:
+        typer.echo(f"no embedded PostgreSQL is running under {pgdata}")
+        return
+    from trioindex.db.pool import stop_embedded
+
+    stop_embedded(settings.home)
+    typer.echo(f"stopped the embedded PostgreSQL under {pgdata}")
+
+
+@app.command()
+@friendly
+def healthcheck() -> None:
+    """Exit 0 when the database answers and this host's worker heartbeat is fresh."""
+    settings = command_settings(quiet=True)
+    fresh = database_call(
+        settings,
+        admin.fresh_worker_on_host,
+        socket.gethostname(),
+        settings.worker.heartbeat_timeout,
+    )
+    if not fresh:
+        typer.echo(f"no fresh worker heartbeat from {socket.gethostname()}", err=True)
+        raise typer.Exit(1)
+    typer.echo("ok")
+
+
+# --- jobs ----------------------------------------------------------------------------------------
+
+jobs_app = typer.Typer(no_args_is_help=True, help="List, inspect and retry indexing jobs.")
+app.add_typer(jobs_app, name="jobs")
+
+
+@jobs_app.command("list")
+@friendly
+def jobs_list(
+    status: Annotated[JobStatus | None, typer.Option(help="Only jobs in this status.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 50,
+    as_json: JsonFlag = False,
+) -> None:
+    """List jobs, newest first."""
+    settings = command_settings(quiet=True)
+    jobs = database_call(settings, admin.list_jobs, status=status, limit=limit)
+    if as_json:
+        print_json(jobs)
+        return
+    if not jobs:
+        typer.echo("no jobs" + (f" with status {status.value}" if status else ""))
+        return
+    typer.echo(f"{'JOB':36}  {'STATUS':10} {'DONE':>4}  ATTEMPTS  DOCUMENT (VERSION)  FAILURE")
+    for job in jobs:
+        failure = ""
+        if job.last_failure_type:
+            message = " ".join((job.last_failure_message or "").split())
+            failure = f"  {job.last_failure_type}" + (f": {message[:120]}" if message else "")
+        typer.echo(
+            f"{job.id}  {job.status:10} {job.progress:>3}%  {job.attempt_count:>3}/"
+            f"{job.max_attempts:<4}  {job.document_key} (v{job.version_no}){failure}"
+        )
+
+
+@jobs_app.command("show")
+@friendly
+def jobs_show(job_id: UUID, as_json: JsonFlag = False) -> None:
+    """One job with its attempts, failure types and timings."""
+    settings = command_settings(quiet=True)
+    job = database_call(settings, admin.show_job, job_id)
+    if as_json:
+        print_json(job)
+        return
+    typer.echo(f"job {job.id}: {job.status} ({job.progress}%)")
+    typer.echo(f"document {job.document_key} version {job.version_no} ({job.version_status})")
+    typer.echo(
+        f"model {job.model}, priority {job.priority},"
+        f" attempts {job.attempt_count}/{job.max_attempts}"
+    )
+    if job.last_failure_type:
+        typer.echo(f"last failure: {job.last_failure_type}: {job.last_failure_message}")
+    for a in job.attempts:
+        took = (
+            f"{(a.finished_at - a.started_at).total_seconds():.2f}s" if a.finished_at else "running"
+        )
+        failure = f"  {a.failure_type}: {a.failure_message}" if a.failure_type else ""
+        typer.echo(
+            f"  attempt {a.attempt_no}: {a.status:9} {took:>9}  worker {a.worker_id}{failure}"
+        )
+
+
+@jobs_app.command("retry")
+@friendly
+def jobs_retry(
+    job_id: Annotated[UUID | None, typer.Argument()] = None,
+    all_failed: Annotated[
+        bool, typer.Option("--all-failed", help="Retry every FAILED job.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Send FAILED jobs back to the queue with a fresh attempt budget."""
+    if (job_id is None) == (not all_failed):
+        typer.echo("trioindex: give a job id or --all-failed (not both)", err=True)
+        raise typer.Exit(2)
+    settings = command_settings(quiet=True)
+
+    def retry(conn: Any) -> list[Any]:
+        ids = admin.failed_job_ids(conn) if job_id is None else [job_id]
+        return [
+            admin.retry_failed_job(conn, i, extra_attempts=settings.worker.max_attempts)
+            for i in ids
+        ]
+
+    retried = database_call(settings, retry)
+    if as_json:
+        print_json(retried)
+        return
+    for job in retried:
+        typer.echo(f"{job.id}  PENDING  {job.document_key} v{job.version_no}")
+    typer.echo(f"{len(retried)} job(s) back in the queue")
+
+
+# --- models (the index over time) ------------------------------------------------------------
+
+
+models_app = typer.Typer(no_args_is_help=True, help="List, activate and remove embedding models.")
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("list")
+@friendly
+def models_list(as_json: JsonFlag = False) -> None:
+    """Every model: dimension, serving or switching, documents covered / total."""
+    settings = command_settings(quiet=True)
+    from trioindex.db.models import model_list
+
+    views = database_call(settings, model_list)
+    if as_json:
+        print_json(views)
+        return
+    for v in views:
+        state = "serving" if v.serving else "switching to" if v.activating else "inactive"
+        extra = f"  {v.pending_jobs} job(s) open" if v.pending_jobs else ""
+        extra += f"  {v.failed_jobs} failed" if v.failed_jobs else ""
+        typer.echo(
+            f"{v.name}  {v.dimension} dims  {state:12} covers {v.covered}/{v.documents}{extra}"
+        )
+
+
+@models_app.command("activate")
+@friendly
+def models_activate(
+    name: str,
+    dimension: Annotated[
+        int | None, typer.Option(min=1, max=16000, help="Needed for a new model.")
+    ] = None,
+    priority: Annotated[int, typer.Option(help="Priority of the switch's jobs.")] = 0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Switch search to model NAME: enqueue one job per document for it; search keeps the
+    serving model until NAME covers every document, then switches in one transaction."""
+    settings = command_settings(quiet=True)
+    from trioindex.db.models import activate_model, find_model
+
+    def activate(conn: Any) -> Any:
+        known = find_model(conn, name)
+        dim = dimension or (known.dimension if known else None)
+        if dim is None:
+            raise ConfigError(f"model {name!r} is new: give its --dimension")
+        return activate_model(
+            conn, name, dim, max_attempts=settings.worker.max_attempts, priority=priority
+        )
+
+    result = database_call(settings, activate)
+    if as_json:
+        print_json(result)
+        return
+    if result.switched:
+        typer.echo(f"{name} serves search now")
+    else:
+        typer.echo(
+            f"switching to {name}: {result.jobs} job(s) enqueued; run a worker with"
+            f" embedding.model = {name}; `trioindex models list` shows the progress"
+        )
+
+
+@models_app.command("remove")
+@friendly
+def models_remove(name: str, as_json: JsonFlag = False) -> None:
+    """Drop a model that does not serve search: its vectors, jobs and HNSW index."""
+    settings = command_settings(quiet=True)
+    from trioindex.db.models import remove_model
+
+    removed = database_call(settings, remove_model, name)
+    if as_json:
+        print_json(removed)
+        return
+    typer.echo(f"removed {name}: {removed.embeddings} vector(s), {removed.jobs} job(s)")
