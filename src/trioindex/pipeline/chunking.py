@@ -58,9 +58,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
-import unicodedata
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +67,15 @@ from semantic_text_splitter import TextSplitter
 from tokenizers import Tokenizer
 
 from trioindex.errors import ConfigError, ContentInvalid
+from trioindex.pipeline.text_cuts import (
+    HEADING_LINES,
+    SENTENCE_CUT,
+    WORD_CUT,
+    glue_headings,
+    overlap_start,
+    segments,
+    trimmed,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -96,27 +103,13 @@ _MIN_SEGMENT = 4096
 # Token-aware chunks hold at most this many characters per token of the budget (real text
 # averages 2-5): 2048 characters at 256 tokens.
 CHARS_PER_TOKEN = 8
-# Boundaries to cut a segment at, best first: blank line, line break, sentence end, space.
-_SEGMENT_BOUNDARIES = (
-    re.compile(r"\n[^\S\n]*\n\s*"),
-    re.compile(r"\n\s*"),
-    re.compile(r"[.!?。！？…][\"')\]」』”’]*\s+|[。！？]"),
-    re.compile(r"\s+"),
-)
-# How far a hard cut may step back to avoid splitting a grapheme cluster.
-_MAX_CLUSTER = 32
-# A heading: at most this many lines of at most this many characters (and a quarter of the
-# chunk's character size), none ending a sentence.
-HEADING_LINES = 3
+# A heading: at most HEADING_LINES lines (text_cuts) of at most this many characters (and a
+# quarter of the chunk's character size), none ending a sentence.
 HEADING_CHARS = 150
 # A chunk under this fraction of the size limit is a fragment (merged or rebalanced).
 FRAGMENT_FRACTION = 0.25
 # Rebalancing measures at most this many candidate cuts (the nearest to the middle).
 _MAX_CUT_CANDIDATES = 48
-_SENTENCE_END = re.compile(r"[.!?。！？…][\"')\]」』”’]*$")
-# Where a sentence ends (its end) or a line breaks, for overlaps and rebalancing.
-_SENTENCE_CUT = re.compile(r"[.!?。！？…][\"')\]」』”’]*\s+|[。！？]|\n\s*")
-_WORD_CUT = re.compile(r"\s+")
 
 
 @attrs.frozen
@@ -395,7 +388,7 @@ class Chunker:
             )
             for j in neighbours:
                 a, b = min(i, j), max(i, j)
-                start, piece = _trimmed(text, out[a][0], out[b][0] + len(out[b][1]))
+                start, piece = trimmed(text, out[a][0], out[b][0] + len(out[b][1]))
                 [size] = self._measure([piece])
                 if self._fits(piece, size):
                     out[a : b + 1] = [(start, piece, size)]
@@ -413,7 +406,7 @@ class Chunker:
     def _rebalance(self, text: str, lo: int, hi: int) -> list[tuple[int, str, int]] | None:
         """``text[lo:hi]`` cut in two that fit, at the sentence end or line break (else the
         whitespace) that makes the larger half smallest; None if there is no such cut."""
-        for boundary in (_SENTENCE_CUT, _WORD_CUT):
+        for boundary in (SENTENCE_CUT, WORD_CUT):
             cuts = [
                 m.end() for m in boundary.finditer(text, lo, hi) if lo < m.start() and m.end() < hi
             ]
@@ -423,7 +416,7 @@ class Chunker:
             return None
         middle = (lo + hi) / 2
         cuts = sorted(sorted(cuts, key=lambda c: abs(c - middle))[:_MAX_CUT_CANDIDATES])
-        halves = [(_trimmed(text, lo, c), _trimmed(text, c, hi)) for c in cuts]
+        halves = [(trimmed(text, lo, c), trimmed(text, c, hi)) for c in cuts]
         sizes = self._measure([piece for pair in halves for _, piece in pair])
         best: list[tuple[int, str, int]] | None = None
         for n, (left, right) in enumerate(halves):
@@ -447,7 +440,7 @@ class Chunker:
             counted, reach, counted[1:], strict=False
         ):
             within = max(earliest, prev_start + 1)  # never the whole predecessor
-            starts.append(_overlap_start(text, within, min(start, prev_start + len(prev))))
+            starts.append(overlap_start(text, within, min(start, prev_start + len(prev))))
         extended = [
             text[s : start + len(piece)] if s is not None else piece
             for s, (start, piece, _size) in zip(starts, counted, strict=True)
@@ -482,128 +475,6 @@ class Chunker:
 def _count_tokens(tokenizer: Tokenizer, pieces: list[str]) -> list[int]:
     """Token counts as the model sees each piece: special tokens included."""
     return [len(e.ids) for e in tokenizer.encode_batch(pieces, add_special_tokens=True)]
-
-
-def _trimmed(text: str, lo: int, hi: int) -> tuple[int, str]:
-    """``text[lo:hi]`` without surrounding whitespace, and where it starts."""
-    piece = text[lo:hi]
-    stripped = piece.lstrip()
-    start = lo + len(piece) - len(stripped)
-    return start, stripped.rstrip()
-
-
-def _overlap_start(text: str, earliest: int, end: int) -> int | None:
-    """Where an overlap ending at ``end`` starts: the first sentence start in
-    ``[earliest, end)``, else the first word start; None when there is neither."""
-    if earliest >= end:
-        return None
-    for boundary in (_SENTENCE_CUT, _WORD_CUT):
-        # a start is the end of a boundary match: step back one so a cut right at `earliest` counts
-        for match in boundary.finditer(text, max(0, earliest - 1), end):
-            if earliest <= match.end() < end and not text[match.end()].isspace():
-                return match.end()
-    return None
-
-
-# -- headings -----------------------------------------------------------------------------------
-
-
-def glue_headings(text: str, max_chars: int) -> str:
-    """``text`` with the whitespace after each heading block turned into spaces (same length,
-    so offsets hold); ``text`` itself when it has none. See the module docstring."""
-    if max_chars < 1 or "\n" not in text:
-        return text
-    lines: list[tuple[int, int]] = []  # (start, end) of each line, without its newline
-    start = 0
-    while True:
-        newline = text.find("\n", start)
-        lines.append((start, len(text) if newline < 0 else newline))
-        if newline < 0:
-            break
-        start = newline + 1
-    blank = [not text[a:b].strip() for a, b in lines]
-
-    def heading(n: int) -> bool:
-        line = text[lines[n][0] : lines[n][1]].strip()
-        return 0 < len(line) <= max_chars and not _SENTENCE_END.search(line)
-
-    spaces: list[tuple[int, int]] = []
-    n = 0
-    while n < len(lines):
-        if not (heading(n) and (n == 0 or blank[n - 1])):
-            n += 1
-            continue
-        last = n
-        while last + 1 < len(lines) and last + 1 - n < HEADING_LINES and heading(last + 1):
-            last += 1
-        body = last + 1
-        while body < len(lines) and blank[body]:
-            body += 1
-        if body < len(lines) and not heading(body):
-            # from the end of the heading's first line to the start of the body
-            spaces.append((lines[n][1], lines[body][0]))
-        n = body
-    if not spaces:
-        return text
-    parts: list[str] = []
-    at = 0
-    for lo, hi in spaces:
-        parts.append(text[at:lo])
-        gap = text[lo:hi]
-        parts.append("".join(" " if ch.isspace() else ch for ch in gap))
-        at = hi
-    parts.append(text[at:])
-    return "".join(parts)
-
-
-# -- segments -----------------------------------------------------------------------------------
-
-# Each boundary as "the last one before endpos": a greedy prefix backtracks from the end in C.
-_LAST_BOUNDARY = tuple(re.compile(r"(?s:.*)(?:" + b.pattern + ")") for b in _SEGMENT_BOUNDARIES)
-
-
-def segments(text: str, limit: int) -> Iterator[tuple[int, int]]:
-    """``(lo, hi)`` spans covering ``text`` in order, each at most ``limit`` characters.
-
-    A cut falls in the second half of the allowed span, at the last of the best boundary kind
-    found there (module docstring); costs one pass over the text.
-    """
-    if limit < 2:
-        raise ValueError("segment limit must be >= 2")
-    lo, end = 0, len(text)
-    while end - lo > limit:
-        cut = _best_cut(text, lo + limit // 2, lo + limit)
-        yield lo, cut
-        lo = cut
-    yield lo, end
-
-
-def _best_cut(text: str, lo: int, hi: int) -> int:
-    """A cut position in ``(lo, hi]``: after the last best boundary, else a hard cut."""
-    for boundary in _LAST_BOUNDARY:
-        found = boundary.match(text, lo, hi)
-        if found is not None and found.end() > lo:
-            return found.end()
-    cut = hi
-    while cut > lo + 1 and hi - cut < _MAX_CLUSTER and _inside_cluster(text, cut):
-        cut -= 1
-    return cut if not _inside_cluster(text, cut) else hi
-
-
-def _inside_cluster(text: str, at: int) -> bool:
-    """Whether a cut before ``text[at]`` would split a grapheme cluster (close enough)."""
-    char, before = ord(text[at]), text[at - 1]
-    return (
-        before == "\u200d"  # zero-width joiner: the emoji sequence goes on
-        or unicodedata.category(text[at]) in ("Mn", "Mc", "Me")  # combining marks
-        or 0x1160 <= char <= 0x11FF  # Hangul jamo vowels and finals of a decomposed syllable
-        or 0xD7B0 <= char <= 0xD7FF
-        or char == 0x200D
-        or 0xFE00 <= char <= 0xFE0F  # variation selectors
-        or 0x1F3FB <= char <= 0x1F3FF  # skin-tone modifiers
-        or 0xE0020 <= char <= 0xE007F  # tag characters (subdivision flags)
-        or 0xE0100 <= char <= 0xE01EF
-    )
 
 
 # -- pickling -----------------------------------------------------------------------------------
