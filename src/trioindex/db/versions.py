@@ -5,8 +5,8 @@ A version moves through the pipeline like this; the writer of each step is named
 change to one transition has exactly one place to go::
 
     (ingest inserts it)  UPLOADED
-    UPLOADED  → PARSING    mark_parsing     parse step, prepare (SQL trioindex_mark_parsing,
-                                            also called by the group prepare, migration 0005)
+    UPLOADED  → PARSING    trioindex_mark_parsing (SQL, migration 0005), in the parse step's
+                                            prepare (trioindex_begin_parse_many, one job or many)
     PARSING   → CHUNKED    mark_chunked     parse step, one job's commit
     CHUNKED   → EMBEDDING  mark_embedding   embed step, prepare (SQL trioindex_mark_embedding)
     PARSING   → EMBEDDING  trioindex_mark_embedding, from the group chunk commit (migration
@@ -50,12 +50,6 @@ def lock_version(conn: Connection, version_id: UUID) -> dict[str, Any]:
     if row is None:
         raise StateInconsistent("the job's document version does not exist")
     return row
-
-
-def mark_parsing(conn: Connection, version_id: UUID) -> None:
-    """UPLOADED → PARSING: the parse step has started (the SQL function the group prepare of
-    migration 0005 calls too)."""
-    conn.execute("SELECT trioindex_mark_parsing(%s)", (version_id,))
 
 
 def mark_chunked(conn: Connection, version_id: UUID, chunk_count: int) -> None:

@@ -41,7 +41,7 @@ from trioindex.db.events import record_claim_event
 from trioindex.db.fence import claim_arrays, lock_owned_job, refusal_error
 from trioindex.db.jobs import set_progress
 from trioindex.db.pool import Connection, Database
-from trioindex.db.versions import lock_version, mark_chunked, mark_parsing
+from trioindex.db.versions import lock_version, mark_chunked
 from trioindex.errors import ContentInvalid, StateInconsistent
 from trioindex.pipeline.chunking import ChunkDraft, Chunker
 from trioindex.pipeline.embed_step import ChunkRef, EmbedSnapshot
@@ -88,35 +88,13 @@ class ParseSnapshot:
 
 
 def prepare_parse(conn: Connection, claim: Claim) -> ParseSnapshot:
+    """One job's parse prepare: :func:`begin_parse_many` for one claim (the same SQL function
+    the worker's group committer runs), its refusal raised."""
     with conn.transaction():
-        owned = lock_owned_job(conn, claim)
-        version = lock_version(conn, owned.document_version_id)
-        status = VersionStatus(version["status"])
-        if status is VersionStatus.FAILED:
-            raise StateInconsistent("the version is FAILED; retry the job to parse it again")
-        chunk_count = version["chunk_count"]
-        if status is VersionStatus.UPLOADED:
-            mark_parsing(conn, version["id"])
-            set_progress(conn, claim.job_id, PROGRESS_PARSING)
-            record_claim_event(conn, "PARSING_STARTED", claim, version["id"])
-            status = VersionStatus.PARSING
-        elif status in _ALREADY_CHUNKED and chunk_count is None:
-            row = conn.execute(
-                "SELECT count(*) AS n FROM document_chunks WHERE document_version_id = %s",
-                (version["id"],),
-            ).fetchone()
-            chunk_count = row["n"] if row else 0
-    return ParseSnapshot(
-        version_id=version["id"],
-        document_id=version["document_id"],
-        storage_key=version["storage_key"],
-        original_name=version["original_name"],
-        content_type=version["content_type"],
-        byte_size=version["byte_size"],
-        sha256=version["sha256"],
-        status=status,
-        chunk_count=chunk_count,
-    )
+        (result,) = begin_parse_many(conn, [claim])
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
 _COPY_CHUNKS = """COPY document_chunks

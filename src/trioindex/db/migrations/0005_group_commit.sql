@@ -12,8 +12,9 @@
 -- Jobs are handled in the order given; the caller sorts them by version id, so two groups never
 -- wait on each other's version locks in opposite orders. Events carry ids and counts only.
 
--- Two version transitions are made both here (for a group) and by one job's steps in Python
--- (db/versions.py); each is written once, as a function both call.
+-- Version transitions as functions, each written once: UPLOADED -> PARSING (the parse prepare,
+-- below) and -> EMBEDDING (the chunk commit below, and one job's embed prepare in Python,
+-- db/versions.py mark_embedding).
 CREATE FUNCTION trioindex_mark_parsing(p_version uuid) RETURNS void LANGUAGE sql AS $$
     UPDATE document_versions SET status = 'PARSING' WHERE id = p_version;
 $$;
