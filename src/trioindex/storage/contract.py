@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import io
 import re
-from typing import IO, BinaryIO, Final, Protocol
+from typing import IO, BinaryIO, Final, Protocol, TypedDict, Unpack
 
 import attrs
 
@@ -43,6 +43,14 @@ class ObjectInfo:
     content_type: str | None
 
 
+class PutOptions(TypedDict):
+    """What :meth:`ObjectStore.put` needs besides the key and the bytes (keyword arguments)."""
+
+    size: int
+    sha256: str
+    content_type: str | None
+
+
 class ObjectStore(Protocol):
     """The synchronous storage contract; every method blocks (see :class:`AsyncObjectStore`)."""
 
@@ -51,15 +59,7 @@ class ObjectStore(Protocol):
         """Safe for logs: where the objects live, never a credential."""
         ...
 
-    def put(
-        self,
-        key: str,
-        data: bytes | BinaryIO,
-        *,
-        size: int,
-        sha256: str,
-        content_type: str | None,
-    ) -> ObjectInfo:
+    def put(self, key: str, data: bytes | BinaryIO, **options: Unpack[PutOptions]) -> ObjectInfo:
         """Store exactly ``size`` bytes, atomically replacing any object under ``key``.
 
         A stream is read for exactly ``size`` bytes; a short stream or a SHA-256 that does

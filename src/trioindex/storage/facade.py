@@ -7,13 +7,13 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Unpack
 
 import attrs
 import trio
 
 from trioindex.errors import ConfigError
-from trioindex.storage.contract import ObjectInfo, ObjectStore
+from trioindex.storage.contract import ObjectInfo, ObjectStore, PutOptions
 from trioindex.storage.folder import FolderStore
 from trioindex.storage.urls import FolderLocation, StorageUrlError, parse_storage_url, redact_url
 
@@ -67,17 +67,9 @@ class AsyncObjectStore:
         return self.store.description
 
     async def put(
-        self,
-        key: str,
-        data: bytes | BinaryIO,
-        *,
-        size: int,
-        sha256: str,
-        content_type: str | None,
+        self, key: str, data: bytes | BinaryIO, **options: Unpack[PutOptions]
     ) -> ObjectInfo:
-        call = functools.partial(
-            self.store.put, key, data, size=size, sha256=sha256, content_type=content_type
-        )
+        call = functools.partial(self.store.put, key, data, **options)
         return await trio.to_thread.run_sync(call, limiter=self.limiter)
 
     async def get(self, key: str, *, max_bytes: int) -> bytes:

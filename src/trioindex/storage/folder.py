@@ -12,7 +12,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Unpack
 
 import attrs
 
@@ -20,6 +20,7 @@ from trioindex.errors import ObjectNotFound, StorageUnavailable
 from trioindex.storage.contract import (
     DEFAULT_CONTENT_TYPE,
     ObjectInfo,
+    PutOptions,
     VerifyingReader,
     as_stream,
     check_key,
@@ -94,15 +95,8 @@ class FolderStore:
         if not os.access(self.root, os.R_OK | os.W_OK | os.X_OK):
             raise StorageUnavailable(f"{self.description}: root folder is not writable")
 
-    def put(
-        self,
-        key: str,
-        data: bytes | BinaryIO,
-        *,
-        size: int,
-        sha256: str,
-        content_type: str | None,
-    ) -> ObjectInfo:
+    def put(self, key: str, data: bytes | BinaryIO, **options: Unpack[PutOptions]) -> ObjectInfo:
+        size, sha256, content_type = options["size"], options["sha256"], options["content_type"]
         path = self._path(key)
         check_put_args(size, sha256)
         content_type = content_type or DEFAULT_CONTENT_TYPE

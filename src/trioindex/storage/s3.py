@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import BinaryIO, Final
+from typing import BinaryIO, Final, Unpack
 
 import attrs
 import certifi
@@ -22,6 +22,7 @@ from trioindex.storage.contract import (
     DEFAULT_CONTENT_TYPE,
     SHA256_METADATA,
     ObjectInfo,
+    PutOptions,
     VerifyingReader,
     as_stream,
     check_key,
@@ -122,15 +123,8 @@ class S3Store:
         except (MinioException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise self._error("ensure bucket", None, exc) from exc
 
-    def put(
-        self,
-        key: str,
-        data: bytes | BinaryIO,
-        *,
-        size: int,
-        sha256: str,
-        content_type: str | None,
-    ) -> ObjectInfo:
+    def put(self, key: str, data: bytes | BinaryIO, **options: Unpack[PutOptions]) -> ObjectInfo:
+        size, sha256, content_type = options["size"], options["sha256"], options["content_type"]
         check_key(key)
         check_put_args(size, sha256)
         content_type = content_type or DEFAULT_CONTENT_TYPE
