@@ -241,10 +241,16 @@ class Index:
         wait: bool = False,
         priority: int = 0,
         follow_symlinks: bool = False,
+        key_as: str | None = None,
+        sync: bool = False,
+        show_progress: bool = False,
     ) -> IngestReport:
         """Upload files and folders and enqueue a job per new or changed document, as
-        ``trioindex ingest`` does. ``wait=True`` returns once every job it queued has ended
-        (a worker must be running), and lists the documents that failed."""
+        ``trioindex ingest`` does (``key_as`` is ``--as``; ``sync`` is ``--sync``: delete the
+        documents under each folder's key prefix whose files are gone). ``wait=True`` returns
+        once every job it queued has ended (a worker must be running; ``show_progress`` draws
+        the progress bar and says when no live worker is registered), and lists the documents
+        that failed."""
         services = self._services
         entries = await ingest_paths(
             [Path(p) for p in paths],
@@ -254,6 +260,8 @@ class Index:
             max_attempts=self._settings.worker.max_attempts,
             priority=priority,
             follow_symlinks=follow_symlinks,
+            key_as=key_as,
+            sync=sync,
         )
         failed: tuple[tuple[str, str], ...] = ()
         if wait:
@@ -266,7 +274,12 @@ class Index:
                 and e.job_id
                 and (e.status == "created" or e.requeued)
             ]
-            finals = await wait_for_jobs(services.db, queued, show=False)
+            finals = await wait_for_jobs(
+                services.db,
+                queued,
+                show=show_progress,
+                heartbeat_timeout=self._settings.worker.heartbeat_timeout,
+            )
             failed = tuple(
                 (f["external_key"], f["last_failure_type"])
                 for f in finals
@@ -447,11 +460,18 @@ class SyncIndex:
         wait: bool = False,
         priority: int = 0,
         follow_symlinks: bool = False,
+        key_as: str | None = None,
+        sync: bool = False,
     ) -> IngestReport:
         """:meth:`Index.ingest`, blocking."""
         return self._call(
             lambda index: index.ingest(
-                paths, wait=wait, priority=priority, follow_symlinks=follow_symlinks
+                paths,
+                wait=wait,
+                priority=priority,
+                follow_symlinks=follow_symlinks,
+                key_as=key_as,
+                sync=sync,
             )
         )
 

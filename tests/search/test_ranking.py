@@ -18,8 +18,9 @@ from trioindex.search import (
     RankedChunk,
     document_hits,
     fuse,
-    hangul_prefix_query,
+    hangul_terms,
     hybrid_ranking,
+    match_tiers,
     text_ranking,
     vector_ranking,
 )
@@ -192,13 +193,55 @@ def test_document_hits_group_chunks_so_one_document_cannot_fill_the_list() -> No
     assert [d.document_key for d in document_hits(ranked, 1, 1)] == ["long"]
 
 
-def test_hangul_prefix_query_strips_one_particle_when_two_syllables_stay() -> None:
-    assert hangul_prefix_query("no hangul") == ""
-    assert (
-        hangul_prefix_query("서울에서 lease 수도는")
-        == "'서울에서':* | '서울':* | '수도는':* | '수도':*"
+def test_hangul_terms_strip_one_particle_when_two_syllables_stay() -> None:
+    assert hangul_terms("no hangul") == []
+    assert hangul_terms("서울에서 lease 수도는 서울에서") == [
+        "('서울에서':* | '서울':*)",
+        "('수도는':* | '수도':*)",
+    ]
+    assert hangul_terms("집은") == ["'집은':*"]  # one syllable would match too much
+
+
+def test_match_tiers_go_from_every_term_to_any_term() -> None:
+    assert match_tiers(["a"]) == ["a"]
+    assert match_tiers(["a", "b", "c"]) == [
+        "(a & b & c)",
+        "(a & b) | (a & c) | (b & c)",
+        "a | b | c",
+    ]
+    # 12 terms: C(12, 10) = 66 clauses is past the cap, so "all but one" leads to "any term"
+    tiers = match_tiers([f"t{i}" for i in range(12)])
+    assert len(tiers) == 3 and tiers[1].count("|") == 11 and tiers[2].count("&") == 0
+
+
+def test_text_ranking_puts_chunks_matching_more_terms_first_and_fills_from_fewer(
+    db: Database, model: EmbeddingModel
+) -> None:
+    v = unit(1, 0, 0, 0)
+    store(
+        db,
+        model,
+        # one word of the query, repeated in a short chunk: the best ts_rank of all
+        IndexedDocument("one.txt", ["lease lease lease"], [v]),
+        IndexedDocument("two.txt", ["lease renewal and many other words of a long text"], [v]),
+        IndexedDocument(
+            "all.txt", ["the lease renewal deadline, in a long sentence of words"], [v]
+        ),
+        IndexedDocument("none.txt", ["unrelated"], [v]),
     )
-    assert hangul_prefix_query("집은") == "'집은':*"  # one syllable would match too much
+    with db.connection() as conn:
+        ranked = text_ranking(conn, "lease renewal deadline", 10)
+        assert keys(ranked) == [("all.txt", 0), ("two.txt", 0), ("one.txt", 0)]
+        # the limit is reached inside the first tiers: the others are not read
+        assert keys(text_ranking(conn, "lease renewal deadline", 2)) == [
+            ("all.txt", 0),
+            ("two.txt", 0),
+        ]
+        # a Korean word and its particle-less stem are one term, not two
+        store(db, model, IndexedDocument("ko.txt", ["서울입니다 lease"], [v]))
+        assert keys(text_ranking(conn, "서울에서 lease", 10))[0] == ("ko.txt", 0)
+        # quotes and backslashes in a word are tsquery-quoted, not syntax
+        assert text_ranking(conn, "o'neil \\ back\\slash '", 10) == []
 
 
 def test_migration_0007_keeps_simple_and_english_lexemes_of_every_chunk(

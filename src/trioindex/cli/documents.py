@@ -70,43 +70,22 @@ def ingest(
     if key_as is not None and not key_as.strip().strip("/"):
         raise typer.BadParameter("--as needs a non-empty key")
     settings = command_settings(quiet=as_json)
-    from trioindex.ingest import IngestEntry, IngestResult, ingest_paths
-    from trioindex.services import open_services
+    from trioindex.api import Index, IngestReport
 
-    async def go() -> tuple[list[IngestEntry], list[dict[str, Any]]]:
-        async with open_services(settings) as services:
-            entries = await ingest_paths(
+    async def go() -> IngestReport:
+        async with Index.open(settings) as index:
+            return await index.ingest(
                 paths,
-                db=services.db,
-                store=services.storage,
-                model_id=services.model.id,
-                max_attempts=settings.worker.max_attempts,
+                wait=wait,
                 priority=priority,
                 follow_symlinks=follow_symlinks,
                 key_as=key_as,
                 sync=sync,
+                show_progress=not as_json,
             )
-            finals: list[dict[str, Any]] = []
-            if wait:
-                from trioindex.progress import wait_for_jobs
 
-                queued = [
-                    e.job_id
-                    for e in entries
-                    if isinstance(e, IngestResult)
-                    and e.job_id
-                    and (e.status == "created" or e.requeued)
-                ]
-                finals = await wait_for_jobs(
-                    services.db,
-                    queued,
-                    show=not as_json,
-                    heartbeat_timeout=settings.worker.heartbeat_timeout,
-                )
-            return entries, finals
-
-    entries, finals = run(go)
-    failed = [f for f in finals if f["status"] == "FAILED"]
+    report = run(go)
+    entries = list(report.entries)
     for entry in entries:
         typer.echo(json.dumps(entry.as_json()) if as_json else _ingest_line(entry))
     if not as_json:
@@ -115,9 +94,9 @@ def ingest(
     errors = sum(1 for e in entries if e.status == "error")
     if errors:
         typer.echo(f"trioindex: {errors} file(s) could not be ingested (see above)", err=True)
-    for f in failed:
-        typer.echo(f"FAILED {f['external_key']}: {f['last_failure_type']}", err=True)
-    if failed or errors:
+    for key, failure_type in report.failed:
+        typer.echo(f"FAILED {key}: {failure_type}", err=True)
+    if report.failed or errors:
         raise typer.Exit(1)
 
 

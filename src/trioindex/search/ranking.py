@@ -22,6 +22,8 @@ its time) and the three modes search the same set when the serving model ranks.
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 from collections.abc import Sequence
 from typing import Any, Literal, get_args
@@ -127,24 +129,79 @@ def text_ranking(
     *,
     filters: Filters = NO_FILTERS,
 ) -> list[RankedChunk]:
-    """The ``limit`` chunks that best match ``text`` by full-text search, best first."""
+    """The ``limit`` chunks that best match ``text`` by full-text search, best first: chunks
+    matching more of the query's terms first (all of them, then all but one, ...), each tier
+    ordered by ``ts_rank``; a tier is read only while the ones before it leave the list short
+    (see :func:`match_tiers`)."""
     where, params = filters.sql()
+    terms = [*_english_terms(conn, text), *hangul_terms(text)]
+    if not terms:
+        return []
+    tiers = match_tiers(terms)
+    # Each tier is one branch of a UNION ALL under the LIMIT: PostgreSQL starts a branch only
+    # when the ones before it returned fewer than LIMIT rows, so ts_rank scores the matches
+    # of the tiers read, not every chunk sharing one word with the query.
+    branches = [
+        f"""(SELECT {_COLUMNS}, ts_rank(c.search_vector, %(any)s::tsquery, 1) AS score
+             FROM document_chunks c
+             JOIN documents d ON d.current_version_id = c.document_version_id
+             JOIN document_versions v ON v.id = c.document_version_id
+             WHERE c.search_vector @@ %(tier{i})s::tsquery{_not_above(i)}{where}
+             ORDER BY score DESC, c.id
+             LIMIT %(limit)s)"""
+        for i in range(len(tiers))
+    ]
+    tier_params = {f"tier{i}": tier for i, tier in enumerate(tiers)}
     with conn.transaction():
         rows = conn.execute(
-            f"""WITH q AS (
-                    SELECT replace(plainto_tsquery('english', %(text)s)::text, ' & ', ' | ')
-                               ::tsquery || %(hangul)s::tsquery AS query)
-                SELECT {_COLUMNS}, ts_rank(c.search_vector, q.query, 1) AS score
-                FROM q
-                JOIN document_chunks c ON c.search_vector @@ q.query
-                JOIN documents d ON d.current_version_id = c.document_version_id
-                JOIN document_versions v ON v.id = c.document_version_id
-                WHERE true{where}
-                ORDER BY score DESC, c.id
-                LIMIT %(limit)s""",
-            {"text": text, "hangul": hangul_prefix_query(text), "limit": limit} | params,
+            f"SELECT * FROM ({' UNION ALL '.join(branches)}) AS tiers LIMIT %(limit)s",
+            {"any": tiers[-1], "limit": limit} | tier_params | params,
         ).fetchall()
     return [RankedChunk.from_row(row) for row in rows]
+
+
+def _not_above(tier: int) -> str:
+    # tier i matches at least as many terms as tier i - 1 asks: leave its rows to tier i - 1
+    return f" AND NOT c.search_vector @@ %(tier{tier - 1})s::tsquery" if tier else ""
+
+
+#: The most AND-clauses one tier may OR (``C(terms, k)``); past it the next tier is "any term".
+MAX_TIER_CLAUSES = 64
+
+
+def match_tiers(terms: Sequence[str]) -> list[str]:
+    """``tsquery`` texts, one per tier: "all ``terms``", "all but one", ... down to "any term",
+    each OR-ing the AND of every ``k``-subset. Tiers whose subsets exceed
+    :data:`MAX_TIER_CLAUSES` are skipped (a long query goes from its last affordable tier
+    straight to "any term"). A term is a ``tsquery`` operand, possibly itself an OR group."""
+    tiers = []
+    for k in range(len(terms), 1, -1):
+        if math.comb(len(terms), k) > MAX_TIER_CLAUSES:
+            break
+        tiers.append(
+            " | ".join(
+                "(" + " & ".join(subset) + ")" for subset in itertools.combinations(terms, k)
+            )
+        )
+    tiers.append(" | ".join(terms))
+    return tiers
+
+
+def _english_terms(conn: Connection, text: str) -> list[str]:
+    """The query's English lexemes (stemmed, stop words dropped) as quoted tsquery operands."""
+    row = conn.execute(
+        "SELECT array(SELECT lexeme FROM unnest(to_tsvector('english', %s)) ORDER BY lexeme)"
+        " AS lexemes",
+        (text,),
+    ).fetchone()
+    lexemes: list[str] = row["lexemes"] if row else []
+    # Hangul words are hangul_terms' (as prefixes): counted once, not twice, in a tier
+    return [_quoted(lexeme) for lexeme in lexemes if not _HANGUL_WORD.search(lexeme)]
+
+
+def _quoted(lexeme: str) -> str:
+    # tsquery syntax: a quoted operand doubles its quotes and escapes its backslashes
+    return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
 def hybrid_ranking(
@@ -190,15 +247,16 @@ _PARTICLES = sorted(
 )  # fmt: skip
 
 
-def hangul_prefix_query(text: str) -> str:
-    """A ``tsquery`` text OR-ing every Hangul word of ``text`` as a prefix, with and without a
-    trailing particle; ``""`` (the empty query) when there is none."""
+def hangul_terms(text: str) -> list[str]:
+    """One ``tsquery`` operand per distinct Hangul word of ``text``: the word as a prefix,
+    OR-ed with the word without a trailing particle when two syllables stay."""
     terms: list[str] = []
     for word in _HANGUL_WORD.findall(text):
-        for term in (word, _without_particle(word)):
-            if term and term not in terms:
-                terms.append(term)
-    return " | ".join(f"'{term}':*" for term in terms)
+        stem = _without_particle(word)
+        term = f"('{word}':* | '{stem}':*)" if stem else f"'{word}':*"
+        if term not in terms:
+            terms.append(term)
+    return terms
 
 
 def _without_particle(word: str) -> str | None:
