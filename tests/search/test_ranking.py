@@ -223,7 +223,8 @@ def test_text_ranking_puts_chunks_matching_more_terms_first_and_fills_from_fewer
         model,
         # one word of the query, repeated in a short chunk: the best ts_rank of all
         IndexedDocument("one.txt", ["lease lease lease"], [v]),
-        IndexedDocument("two.txt", ["lease renewal and many other words of a long text"], [v]),
+        # two words of the query in a long chunk: a lower ts_rank than one.txt's
+        IndexedDocument("two.txt", ["lease renewal " + " ".join(f"w{i}" for i in range(60))], [v]),
         IndexedDocument(
             "all.txt", ["the lease renewal deadline, in a long sentence of words"], [v]
         ),
@@ -232,6 +233,7 @@ def test_text_ranking_puts_chunks_matching_more_terms_first_and_fills_from_fewer
     with db.connection() as conn:
         ranked = text_ranking(conn, "lease renewal deadline", 10)
         assert keys(ranked) == [("all.txt", 0), ("two.txt", 0), ("one.txt", 0)]
+        assert ranked[1].score < ranked[2].score  # tiers, not ts_rank, order across tiers
         # the limit is reached inside the first tiers: the others are not read
         assert keys(text_ranking(conn, "lease renewal deadline", 2)) == [
             ("all.txt", 0),

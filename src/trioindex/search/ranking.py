@@ -5,10 +5,14 @@ match, or by both fused with reciprocal rank fusion (RRF).
   index (``vector::vector(dim)``), with pgvector's iterative scan (``strict_order``) so that
   the filters (current version, key prefix, content type) still fill the list.
 * **text**: ``document_chunks.search_vector`` (migration 0007: ``simple`` ⊕ ``english``
-  lexemes, GIN index) against the query's English lexemes (stemmed, stop words dropped) OR-ed
-  with its Hangul words as prefixes (``서울:*`` matches ``서울은``, ``서울입니다``: Korean
-  attaches particles to the word) — see :func:`hangul_prefix_query`. Scored by ``ts_rank``
-  normalised by document length (flag 1), so a chunk matching more of the query ranks first.
+  lexemes, GIN index) against the query's terms: its English lexemes (stemmed, stop words
+  dropped) and its Hangul words as prefixes (``서울:*`` matches ``서울은``, ``서울입니다``:
+  Korean attaches particles to the word) — see :func:`hangul_terms`. Chunks matching every
+  term come first, then every term but one, and so on down to any term (:func:`match_tiers`);
+  within a tier ``ts_rank`` normalised by document length (flag 1) orders them. A tier is read
+  only while the list is short, so ``ts_rank`` scores a few hundred matches, not every chunk
+  sharing one common word with the query (OR-ing every term and ranking all matches cost
+  ~10x more at 100k chunks; docs/test-results/search.md).
 * **hybrid**: both lists (each as deep as the requested candidates), fused by
   ``score = Σ 1 / (RRF_K + rank)`` over the lists a chunk appears in. :func:`hybrid_ranking`
   runs both on one connection; :class:`trioindex.Index` runs them concurrently and calls
@@ -153,6 +157,8 @@ def text_ranking(
     ]
     tier_params = {f"tier{i}": tier for i, tier in enumerate(tiers)}
     with conn.transaction():
+        # a plain Append runs its branches in order; a Parallel Append would not
+        conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
         rows = conn.execute(
             f"SELECT * FROM ({' UNION ALL '.join(branches)}) AS tiers LIMIT %(limit)s",
             {"any": tiers[-1], "limit": limit} | tier_params | params,

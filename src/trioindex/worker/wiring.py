@@ -44,6 +44,7 @@ from trioindex.services import Services, open_services
 from trioindex.storage import AsyncObjectStore
 from trioindex.values import BackoffPolicy, Claim, CompleteResult
 from trioindex.worker.committer import GroupCommitter
+from trioindex.worker.document_budget import DocumentBudget
 from trioindex.worker.index_keeper import VectorIndexKeeper
 from trioindex.worker.listen import listen_for_jobs
 from trioindex.worker.queue import JobQueue
@@ -52,10 +53,6 @@ from trioindex.worker.runtime import Worker, serve_until_signalled
 logger = logging.getLogger(__name__)
 
 
-# Documents larger than this hold one of LARGE_DOCUMENT_SLOTS from before their bytes are read
-# until their job ends: dozens of small documents may be in flight, only a few big ones.
-LARGE_DOCUMENT_BYTES = 1024 * 1024
-LARGE_DOCUMENT_SLOTS = 2
 # Embedding sets larger than this are stored with their own binary COPY, not in a group.
 GROUP_MAX_ROWS = 4096
 
@@ -84,9 +81,8 @@ class PipelineSteps:
     parse_timeout: float = DEFAULT_TIMEOUT
     cpu_limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))
     max_in_flight: int = 4
-    large_documents: trio.CapacityLimiter = attrs.field(
-        factory=lambda: trio.CapacityLimiter(LARGE_DOCUMENT_SLOTS)
-    )
+    # large documents reserve their size from before their bytes are read until the job ends
+    large_documents: DocumentBudget = attrs.field(factory=DocumentBudget)
     index_keeper: VectorIndexKeeper | None = None
     coalescer: EmbeddingCoalescer = attrs.field(init=False)
     begin_parse: GroupCommitter[Claim, ParseSnapshot] = attrs.field(init=False)
@@ -94,7 +90,6 @@ class PipelineSteps:
     store_embeddings: GroupCommitter[EmbeddingCommit, CompleteResult] = attrs.field(init=False)
     _embed_from: dict[UUID, EmbedSnapshot] = attrs.field(init=False, factory=dict)
     _to_store: dict[UUID, EmbeddingCommit] = attrs.field(init=False, factory=dict)
-    _holding: set[UUID] = attrs.field(init=False, factory=set)
 
     def __attrs_post_init__(self) -> None:
         info = self.embedder.info
@@ -121,9 +116,7 @@ class PipelineSteps:
 
     async def parse(self, claim: Claim) -> int:
         async def admit(snapshot: ParseSnapshot) -> None:
-            if snapshot.byte_size > LARGE_DOCUMENT_BYTES and claim.job_id not in self._holding:
-                await self.large_documents.acquire_on_behalf_of(claim.job_id)
-                self._holding.add(claim.job_id)
+            await self.large_documents.reserve(claim.job_id, snapshot.byte_size)
 
         result = await parse_and_store(
             claim,
@@ -172,9 +165,7 @@ class PipelineSteps:
     def forget(self, claim: Claim) -> None:
         self._embed_from.pop(claim.job_id, None)
         self._to_store.pop(claim.job_id, None)
-        if claim.job_id in self._holding:
-            self._holding.discard(claim.job_id)
-            self.large_documents.release_on_behalf_of(claim.job_id)
+        self.large_documents.release(claim.job_id)
 
 
 def build_chunker(settings: Settings, embedder: Embedder) -> Chunker:
