@@ -22,8 +22,8 @@ import trio
 
 # Documents up to this size are not counted (a worker holds many of them cheaply).
 LARGE_DOCUMENT_BYTES = 1024 * 1024
-# The default budget: one 20 MB document (about 260 MiB of worker memory at its peak, measured
-# in docs/test-results/memory.md) or several smaller ones at a time.
+# The default budget: one 20 MB document at a time (a worker peaked at about 560 MiB with it,
+# docs/test-results/memory.md), or several smaller ones.
 DEFAULT_BUDGET_BYTES = 20 * 1024 * 1024
 
 
