@@ -1042,3 +1042,22 @@ def test_drain_state_treats_a_silent_running_worker_as_gone(db: Database, worker
         assert lifecycle.drain_state(
             conn, None, heartbeat_timeout=30, exclude=claim.worker_id
         ).drained
+
+
+def test_a_worker_claims_only_the_jobs_of_its_own_model(db: Database) -> None:
+    # During a model switch both models have PENDING jobs; a worker embeds with one model, so
+    # a job of the other one in its hands would store vectors of the wrong model. (Migration
+    # 0006 also gives the serving model a job for every version enqueued for another model.)
+    with db.connection() as conn:
+        mine, other = helpers.model(conn, "mine", 4), helpers.model(conn, "other", 8)
+        for i in range(3):
+            helpers.enqueue(conn, mine.id, f"mine-{i}.txt")
+            helpers.enqueue(conn, other.id, f"other-{i}.txt")
+        claims = lifecycle.claim_jobs(conn, helpers.worker(conn), 20, 300, model_id=mine.id)
+        left = conn.execute(
+            "SELECT status, count(*) AS n FROM embedding_jobs WHERE embedding_model_id = %s"
+            " GROUP BY status",
+            (other.id,),
+        ).fetchall()
+    assert claims and {c.embedding_model_id for c in claims} == {mine.id}
+    assert [(r["status"], r["n"]) for r in left] == [("PENDING", 3)]
