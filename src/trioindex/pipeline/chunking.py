@@ -16,13 +16,9 @@ sentences. Two measures:
 
 Two bounds keep any text cheap and every chunk meaningful:
 
-* **segments**: the splitter's cost grows with the square of a stretch that has no boundary
-  above the word (a 2 MB word took 23 s, 8 MB 490 s; unpunctuated CJK is worse), so the text
-  is first cut into segments of at most :data:`SEGMENT_CHUNKS` chunks' worth of characters, at
-  the best boundary in the segment's second half — a blank line, a line break, a sentence end,
-  whitespace, or (only if there is none) a hard cut that keeps grapheme clusters whole. Each
-  segment is split on its own, so the cost is linear in the text; only the passes below (a
-  fragment merged with its neighbour, an overlap) may reach across a cut.
+* **segments**: the text is first cut into segments of at most :data:`SEGMENT_CHUNKS` chunks'
+  worth of characters, each split on its own, so the cost is linear in the text (why and where
+  the cuts fall: :mod:`trioindex.pipeline.text_cuts`); only the passes below may reach across.
 * **characters**, also for token-aware chunks: an unknown "word" is one ``[UNK]`` token
   however long it is, so token-aware chunks are capped at :data:`CHARS_PER_TOKEN` characters
   per token of the budget, and longer ones are split again by characters.

@@ -2,6 +2,13 @@
 the best boundary in reach, heading blocks glued to the text that follows them, trimmed pieces,
 and where an overlap may start. Pure functions over ``str`` offsets; the chunker's module
 docstring says why each exists.
+
+Segments: the splitter's cost grows with the square of a stretch that has no boundary above the
+word (a 2 MB word took 23 s, 8 MB 490 s; unpunctuated CJK is worse), so :func:`segments` cuts
+the text at the best boundary in each segment's second half — a blank line, a line break, a
+sentence end, whitespace, or (only if there is none) a hard cut that keeps grapheme clusters
+whole. Only the chunker's later passes (a fragment merged with its neighbour, an overlap) reach
+across a cut.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
--- trioindex schema, version 1: every table of ARCHITECTURE §3.
+-- trioindex schema, version 1: every table (described in docs/design/schema.md).
 -- Status values, failure types and state/column agreement are check constraints so that no code
 -- path (ours or an operator's psql session) can store a row the lifecycle does not know.
 
