@@ -66,6 +66,7 @@ bench-queue *ARGS: setup
     {{bin}}/python -m bench.queue "$@"
 
 # pgai installs into its own venv under ~/.cache on first use.
+# `--profile`: where one trioindex run's CPU goes (statements, functions; py-spy stacks if installed).
 # trioindex next to pgai's vectorizer worker (docs/test-results/peer.md); `--ingest 5000`: ingest alone.
 bench-peer *ARGS: setup
     {{bin}}/python -m bench.peer "$@"

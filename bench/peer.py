@@ -29,6 +29,13 @@ at the mock.
 Run ``.venv/bin/python -m bench.peer`` (``just bench-peer``); ``--quick`` runs 500 documents once
 each and writes to a temporary folder.
 
+``--profile`` runs trioindex once (``--docs``, default 2000) with ``pg_stat_statements`` counting
+nested statements and ``track_functions = all``, and prints where PostgreSQL's time goes (each
+statement's execution ms per document and share, each function's self time, HOT updates, WAL
+bytes and events per document); with ``py-spy`` in the virtual environment the worker runs under
+``py-spy record --gil`` and its raw stacks are kept (the path is printed). Nothing is written to
+the page (docs/test-results/peer.md, "Where the CPU goes", says how its figures were read).
+
 ``--ingest N`` measures ``ingest`` alone instead: ``N`` small files (600 characters) into a fresh
 database, then the same folder again (every file unchanged); files/s, CPU ms per file of the
 ingesting process and of PostgreSQL, transactions per file. It rewrites the page's "Ingest"
@@ -67,6 +74,7 @@ from bench.common import (
 )
 from bench.harness import chunk_texts, ingest_folder, log_tail, worker_env
 from testkit.embed_process import EmbedServerProcess
+from testkit.postgres import admin
 
 DIMENSION = 768
 LATENCY_MS = 50.0
@@ -227,9 +235,12 @@ def run_trioindex(
     texts: Sequence[str],
     work: Path,
     index_min_vectors: int | None = None,
+    *,
+    profile: bool = False,
 ) -> Run:
     """``ingest`` + ``worker --drain`` with defaults; ``index_min_vectors`` 0 builds the model's
-    HNSW index before the first vector (the behaviour before the threshold existed)."""
+    HNSW index before the first vector (the behaviour before the threshold existed); ``profile``
+    prints where the time went (see the module docstring)."""
     root = work / f"trioindex-{time.monotonic_ns()}"
     corpus = root / "corpus"
     corpus.mkdir(parents=True)
@@ -251,14 +262,15 @@ def run_trioindex(
         created = ingest_folder(env, corpus)
         ingest_rate = created / (time.monotonic() - began)
         pg.quiesce(url)
-        command = [sys.executable, "-m", "trioindex.cli"]
+        command = [sys.executable, "-m", "trioindex.cli", "worker", "--drain"]
         watch_writes(url, "embeddings")
+        if profile:
+            command = start_profile(pg, url, root, command)
         figures = measure(
-            pg,
-            url,
-            server,
-            lambda: run_measured([*command, "worker", "--drain"], env, root / "worker.log", 900),
+            pg, url, server, lambda: run_measured(command, env, root / "worker.log", 900)
         )
+        if profile:
+            print_profile(pg, url, len(texts))
         label = "worker --drain (defaults)"
         if index_min_vectors is not None:
             label = f"worker --drain, index-min-vectors {index_min_vectors}"
@@ -338,6 +350,69 @@ def run_pgai(
         )
         label = f"vectorizer worker -c {concurrency}, batch 50"
         return _run("pgai", label, url, "docs_embedding_store", figures)
+
+
+PY_SPY = Path(sys.executable).parent / "py-spy"
+
+
+def start_profile(pg: BenchPostgres, url: str, root: Path, command: list[str]) -> list[str]:
+    """Count nested statements and function times from zero; the worker command, under py-spy
+    when it is installed (sampling only the thread holding the GIL: CPU, not waits)."""
+    for sql in (
+        "ALTER SYSTEM SET track_functions = 'all'",
+        "ALTER SYSTEM SET pg_stat_statements.track = 'all'",
+        "SELECT pg_reload_conf()",
+        "SELECT pg_stat_reset_shared('wal')",
+    ):
+        admin(pg.admin_url, sql)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_reset()")
+    pg.reset_statements()
+    if not PY_SPY.exists():
+        return command
+    print(f"py-spy stacks: {root / 'py-spy.txt'}")
+    return [str(PY_SPY), "record", "--gil", "-r", "250", "-f", "raw", "-o", str(root / "py-spy.txt"),
+            "--", *command]  # fmt: skip
+
+
+def print_profile(pg: BenchPostgres, url: str, docs: int) -> None:
+    """Execution ms per document of each statement (nested ones too: a function's statements
+    are in its own time as well), functions' self time, updates and HOT updates per table, WAL
+    and events per document."""
+    statements = admin(
+        pg.admin_url,
+        """SELECT s.calls, s.total_exec_time, s.toplevel, s.query FROM pg_stat_statements s
+           JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %s
+           ORDER BY s.total_exec_time DESC""",
+        (psycopg.conninfo.conninfo_to_dict(url)["dbname"],),
+    )
+    worker_sql = ("trioindex_", "WITH worker")  # the worker's own round trips
+    top = sum(
+        ms for _, ms, toplevel, q in statements if toplevel and any(w in q for w in worker_sql)
+    )
+    print(
+        f"statements: calls, ms per document, share of the worker's top-level ones ({top:.0f} ms)"
+    )
+    for calls, ms, toplevel, query in statements[:40]:
+        text = ("" if toplevel else "  (nested) ") + " ".join(query.split())
+        print(f"{calls:7d} {ms / docs:7.3f} {ms / top:6.1%}  {text[:110]}")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        for title, sql in (
+            ("functions: calls, total and self ms per document", "SELECT funcname, calls, "
+             f"round((total_time / {docs})::numeric, 3), round((self_time / {docs})::numeric, 3) "
+             "FROM pg_stat_user_functions ORDER BY self_time DESC"),
+            ("tables: inserts, updates, HOT updates, index and sequential scans", "SELECT relname, "
+             "n_tup_ins, n_tup_upd, n_tup_hot_upd, idx_scan, seq_scan FROM pg_stat_user_tables "
+             "WHERE n_tup_ins + n_tup_upd > 0 ORDER BY n_tup_upd DESC"),
+            ("WAL: records, full-page images, bytes per document", "SELECT wal_records, wal_fpi, "
+             f"round(wal_bytes / {docs}) FROM pg_stat_wal"),
+            ("events per document", f"SELECT event_type, round(count(*)::numeric / {docs}, 2) "
+             "FROM indexing_events GROUP BY 1 ORDER BY 2 DESC"),
+        ):  # fmt: skip
+            print(title)
+            for row in conn.execute(sql).fetchall():
+                print("   ", " | ".join(str(v) for v in row))
 
 
 def run_ingest(
@@ -464,12 +539,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--docs", type=int, default=None, help="documents (default 2000)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (2)")
     parser.add_argument("--ingest", type=int, default=None, metavar="N", help="ingest N files")
+    parser.add_argument("--profile", action="store_true", help="where one run's time goes")
     add_out(parser, "peer")
     args = parser.parse_args(argv)
     session = Session.start("peer", args)
     if args.ingest:
         return ingest_only(session, args.ingest)
     docs = args.docs or (500 if args.quick else 2000)
+    if args.profile:
+        return profile_only(docs)
     rounds = args.rounds or (1 if args.quick else 2)
     texts = chunk_texts(docs, characters=CHARACTERS, salt="peer")
     runs: list[Run] = []
@@ -510,6 +588,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
 
+def profile_only(docs: int) -> int:
+    texts = chunk_texts(docs, characters=CHARACTERS, salt="peer")
+    work = Path(tempfile.mkdtemp(prefix="trioindex-peer-profile-"))
+    with BenchPostgres() as pg, EmbedServerProcess(LATENCY_MS, DIMENSION) as server:
+        print(run_trioindex(pg, server, texts, work, profile=True).as_json())
+    return 0
+
+
 def ingest_only(session: Session, count: int) -> int:
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"trioindex-peer-{os.getpid()}"
     load = os.getloadavg()[0]
@@ -522,8 +608,11 @@ def ingest_only(session: Session, count: int) -> int:
     page = session.out / "peer.md"
     text = page.read_text() if page.exists() else ""
     kept = (text[: text.index(INGEST_HEADING)] if INGEST_HEADING in text else text).rstrip("\n")
+    # sections after "Ingest" (such as "Where the CPU goes") stay as they are
+    after = text[text.index(INGEST_HEADING) + 1 :] if INGEST_HEADING in text else ""
+    tail = after[after.index("\n## ") :] if "\n## " in after else ""
     page.parent.mkdir(parents=True, exist_ok=True)
-    page.write_text(f"{kept}\n\n{ingest_section(rows, utc_now(), session.command, load)}")
+    page.write_text(f"{kept}\n\n{ingest_section(rows, utc_now(), session.command, load)}{tail}")
     print(f"wrote the ingest section of {page}")
     return 0
 

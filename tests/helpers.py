@@ -23,9 +23,14 @@ def model(conn: Connection, name: str = "test-model", dimension: int = 4) -> Emb
     return ensure_model(conn, name, dimension)
 
 
-def worker(conn: Connection, max_concurrency: int = 8) -> UUID:
+def worker(conn: Connection, max_concurrency: int = 8, *, chunking: str = "characters") -> UUID:
     return lifecycle.register_worker(
-        conn, hostname="test-host", pid=1, version="test", max_concurrency=max_concurrency
+        conn,
+        hostname="test-host",
+        pid=1,
+        version="test",
+        max_concurrency=max_concurrency,
+        chunking=chunking,
     )
 
 

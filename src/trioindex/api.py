@@ -205,7 +205,7 @@ class Index:
         by_vector: list[list[RankedChunk]] = [[] for _ in queries]
 
         async def rank_text(i: int) -> None:
-            by_text[i] = await db.run(text_ranking, queries[i], depth, filters=filters)
+            by_text[i] = await db.run(text_ranking, model, queries[i], depth, filters=filters)
 
         async def rank_vector(i: int, vector: list[float]) -> None:
             by_vector[i] = await db.run(

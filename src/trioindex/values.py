@@ -32,6 +32,16 @@ class VersionStatus(enum.StrEnum):
     FAILED = "FAILED"
 
 
+#: The chunk set of character chunking, which every model without a tokenizer shares
+#: (migration 0008); a token-aware chunker's set is :func:`token_chunking` of its model.
+CHARACTER_CHUNKING = "characters"
+
+
+def token_chunking(model_name: str) -> str:
+    """The chunk set a token-aware chunker makes with ``model_name``'s tokenizer."""
+    return f"tokens:{model_name}"
+
+
 class WorkerStatus(enum.StrEnum):
     STARTING = "STARTING"
     RUNNING = "RUNNING"
@@ -57,6 +67,10 @@ class Claim:
     version_status: VersionStatus
     # the document's key, for log lines (never in metric labels); the claim statement reads it
     document_key: str = ""
+    # the chunk set the claiming worker makes and embeds (migration 0008), and whether the
+    # version already has it: without it the job parses the file again, whatever the status
+    chunking: str = CHARACTER_CHUNKING
+    chunks_ready: bool = True
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Claim:
@@ -71,6 +85,8 @@ class Claim:
             lease_expires_at=row["lease_expires_at"],
             version_status=VersionStatus(row["version_status"]),
             document_key=row["document_key"],
+            chunking=row["chunking"],
+            chunks_ready=row["chunks_ready"],
         )
 
 

@@ -102,6 +102,35 @@ def test_each_job_of_a_group_gets_exactly_its_own_vectors(db: Database) -> None:
             ]
 
 
+AWKWARD_TEXTS = ["NULL", 'a "quoted", {braced} \\ back\\slash', "tab\tnew\nline é 日本"]
+AWKWARD_VALUES = [np.float32(1e-45), -0.0, np.finfo(np.float32).max, 0.1]
+
+
+def test_group_parameters_round_trip_bit_exact(db: Database) -> None:
+    """The group statements send their arrays in binary: chunk texts and float32 vectors come
+    back exactly as handed in, whatever characters or values they hold."""
+    with db.connection() as conn:
+        (claim,) = claims(conn, 1)
+        (snapshot,) = begin_parse_many(conn, [claim])
+        assert isinstance(snapshot, ParseSnapshot)
+        drafts = [drafts_for(text, i) for i, text in enumerate(AWKWARD_TEXTS)]
+        (started,) = store_chunks_many(conn, [ChunkCommit(claim, snapshot, drafts)])
+        assert isinstance(started, EmbedSnapshot)
+        assert [c.text for c in started.chunks] == AWKWARD_TEXTS
+        stored_texts = conn.execute(
+            """SELECT content FROM document_chunks WHERE document_version_id = %s
+               ORDER BY chunk_index""",
+            (claim.document_version_id,),
+        ).fetchall()
+        assert [row["content"] for row in stored_texts] == AWKWARD_TEXTS
+        matrix = np.array([AWKWARD_VALUES] * len(AWKWARD_TEXTS), dtype=np.float32)
+        matrix[1] = np.float32(1) / np.float32(3)
+        commit = EmbeddingCommit(claim, started, drafts_from_matrix(started, matrix))
+        assert store_embeddings_many(conn, [commit]) == [CompleteResult(became_current=True)]
+        stored = np.array(stored_vectors(conn, claim), dtype=np.float32)
+        assert stored.tobytes() == matrix.tobytes()  # bit for bit, -0.0 and subnormals too
+
+
 @pytest.mark.parametrize("forgery", helpers.FORGERIES)
 def test_a_job_that_lost_its_lease_is_refused_alone_and_the_others_commit(
     db: Database, forgery: str

@@ -4,11 +4,14 @@ vector search answering the same before and after."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
 from testkit.search_corpus import IndexedDocument, store_indexed
-from trioindex.db.models import EmbeddingModel, ensure_model
+from trioindex.db.models import EmbeddingModel, ensure_model, remove_model
 from trioindex.db.pool import Connection, Database
 from trioindex.db.vector_index import (
     _BUILD_LOCK,
@@ -17,6 +20,7 @@ from trioindex.db.vector_index import (
     has_vectors,
     index_state,
 )
+from trioindex.errors import TrioindexError
 from trioindex.search import vector_ranking
 
 DIM = 8
@@ -114,3 +118,60 @@ def test_a_model_beyond_pgvectors_hnsw_limit_is_always_searched_exactly(
         model = ensure_model(conn, "wide", dimension)
         assert build_vector_index(conn, model, min_vectors=0) is False
         assert index_state(conn, model) is IndexState.MISSING
+
+
+def test_removing_a_model_during_its_index_build_is_refused_until_the_build_ends(
+    db: Database,
+) -> None:
+    # A real CREATE INDEX CONCURRENTLY kept waiting by an open transaction (it waits for every
+    # transaction older than its snapshot), and `models remove` of the model meanwhile: before
+    # migration 0008's lock this was a deadlock that PostgreSQL broke by cancelling one side.
+    with db.connection() as conn:
+        ensure_model(conn, "serving", DIM)
+        model = ensure_model(conn, "m", DIM)
+        _store(conn, model, 5)
+    built: list[bool] = []
+    with db.connection() as blocker, db.connection() as watcher:
+        blocker.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        blocker.execute("SELECT count(*) FROM embedding_models")  # a snapshot the build waits on
+        builder = threading.Thread(
+            target=lambda: built.append(_build_on_own_connection(db, model)), daemon=True
+        )
+        builder.start()
+        _wait_until_waiting(watcher, "CREATE INDEX CONCURRENTLY")
+        with db.connection() as remover:
+            # bounded: without the build lock the removal would wait for the build's table
+            # lock while the build waits for this test
+            remover.execute("SET lock_timeout = '10s'")
+            with pytest.raises(TrioindexError, match="building"):
+                remove_model(remover, "m")
+            remover.execute("RESET lock_timeout")
+        blocker.execute("COMMIT")
+        builder.join(timeout=60)
+    assert built == [True]
+    with db.connection() as conn:
+        assert index_state(conn, model) is IndexState.VALID
+        assert remove_model(conn, "m").embeddings == 5
+        assert index_state(conn, model) is IndexState.MISSING
+        # a build after the removal (a keeper holding the old model) builds nothing
+        assert build_vector_index(conn, model, min_vectors=0) is False
+        assert index_state(conn, model) is IndexState.MISSING
+
+
+def _build_on_own_connection(db: Database, model: EmbeddingModel) -> bool:
+    with db.connection() as conn:
+        return build_vector_index(conn, model, min_vectors=1)
+
+
+def _wait_until_waiting(conn: Connection, statement: str) -> None:
+    """Until a session running ``statement`` waits on a lock (seen in pg_stat_activity)."""
+    for _ in range(600):
+        row = conn.execute(
+            """SELECT count(*) AS n FROM pg_stat_activity
+               WHERE query LIKE %s AND wait_event_type = 'Lock'""",
+            (statement + "%",),
+        ).fetchone()
+        if row is not None and row["n"]:
+            return
+        time.sleep(0.05)  # sync-ok: polling a server-side state, bounded
+    raise AssertionError(f"no session waited in {statement!r}")

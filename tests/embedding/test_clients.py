@@ -4,11 +4,13 @@ secrecy; plus the vector checks and hash, and batch planning."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
 import math
 import struct
+import weakref
 from collections.abc import Iterator
 
 import httpx
@@ -28,6 +30,7 @@ from trioindex.embedding import (
     vector_sha256,
 )
 from trioindex.embedding.tei import same_model
+from trioindex.embedding.transport import HttpTransport
 from trioindex.errors import (
     ConfigError,
     ProviderRejectedInput,
@@ -708,3 +711,32 @@ def test_fake_server_control_routes(server: FakeEmbedServer) -> None:
     assert server.stats().last_authorization == auth["Authorization"]
     assert "payload-text-5e1f" not in raw
     assert "secret-key-93ab" not in raw
+
+
+async def test_an_answer_is_freed_without_waiting_for_the_cyclic_collector() -> None:
+    """httpx binds a response's stream to the response (a cycle); the transport breaks it, so
+    a large document's hundreds of answers do not pile up until a full collection."""
+    answers: list[weakref.ref[httpx.Response]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        response = httpx.Response(200, json={"object": "list", "data": [[0.5] * DIM]})
+        answers.append(weakref.ref(response))
+        return response
+
+    http = HttpTransport.open(
+        url="http://embedder.invalid",
+        request_timeout=5.0,
+        max_connections=1,
+        api_key=None,
+        transport=httpx.MockTransport(handler),
+    )
+    gc.disable()
+    try:
+        assert await http.post_json("/embed", {"inputs": ["a"]}) == {
+            "object": "list",
+            "data": [[0.5] * DIM],
+        }
+        assert len(answers) == 1 and answers[0]() is None
+    finally:
+        gc.enable()
+        await http.aclose()

@@ -3,6 +3,8 @@ Trio's virtual clock: linger, request size, the in-flight cap, per-caller failur
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Sequence
 
 import attrs
@@ -150,3 +152,82 @@ async def test_requests_respect_the_token_budget(
     assert sizes == [per_request] * (8 // per_request) + (
         [8 % per_request] if 8 % per_request else []
     )
+
+
+async def test_released_texts_are_dropped_as_their_vectors_arrive(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = FakeServer()
+    originals = [f"chunk-{j}" for j in range(12)]
+    texts = list(originals)
+    seen: list[list[str]] = []  # the caller's list as each request goes out
+    embed_one = server.embed
+
+    async def watching(batch: Sequence[str]) -> list[list[float]]:
+        seen.append(list(texts))
+        return await embed_one(batch)
+
+    c = coalescer(server, max_in_flight=1)
+    c.embed_one = watching
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(c.serve)
+        result = await c.embed(texts, DIM, release=True)
+        nursery.cancel_scope.cancel()
+    assert [batch for _, batch in server.sent] == [originals[0:4], originals[4:8], originals[8:]]
+    # each request's texts are gone once it was answered, not before
+    assert seen == [originals, [""] * 4 + originals[4:], [""] * 8 + originals[8:]]
+    assert texts == [""] * 12
+    assert np.array_equal(result, np.array([vector(t) for t in originals], dtype=np.float32))
+
+
+async def test_released_texts_of_a_failed_shared_request_are_sent_again_intact(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = FakeServer()
+    good = ["fine", "also fine"]
+    texts = list(good)
+    c = coalescer(server)
+    results: list[object] = []
+
+    async def bad_caller() -> None:
+        try:
+            await c.embed(["bad"], DIM)
+        except ProviderRejectedInput as exc:
+            results.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(c.serve)
+        nursery.start_soon(bad_caller)
+        result = await c.embed(texts, DIM, release=True)
+        nursery.cancel_scope.cancel()
+    assert isinstance(results[0], ProviderRejectedInput)
+    # one shared request that failed, then each caller's texts alone: the good ones unchanged
+    assert sorted(len(batch) for _, batch in server.sent) == [1, 2, 3]
+    assert [batch for _, batch in server.sent if "bad" not in batch] == [good]
+    assert np.array_equal(result, np.array([vector(t) for t in good], dtype=np.float32))
+    assert texts == ["", ""]
+
+
+async def test_release_needs_a_list_it_can_clear() -> None:
+    c = coalescer(FakeServer())
+    with pytest.raises(TypeError):
+        await c.embed(("a", "b"), DIM, release=True)
+    assert c.requests == 0
+
+
+async def test_a_caller_s_vectors_are_not_kept_once_it_has_them(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    c = coalescer(FakeServer())
+    gc.disable()  # freed by reference counting, not by a later collection
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(c.serve)
+            result = await c.embed([f"chunk-{j}" for j in range(6)], DIM)
+            gone = weakref.ref(result)
+            del result
+            await trio.sleep(1)  # the coalescer waits for the next texts
+            assert gone() is None
+            nursery.cancel_scope.cancel()
+    finally:
+        gc.enable()

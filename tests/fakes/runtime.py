@@ -71,7 +71,7 @@ class FakeQueue:
         return [(t, d) for t, n, d in self.calls if n == name]
 
     async def register_worker(
-        self, *, hostname: str, pid: int, version: str, max_concurrency: int
+        self, *, hostname: str, pid: int, version: str, max_concurrency: int, chunking: str
     ) -> UUID:
         if self.registered is not None:
             await self.registered.wait()

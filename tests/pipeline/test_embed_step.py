@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -272,3 +273,35 @@ async def test_a_document_embedded_in_several_slices_keeps_vectors_on_their_chun
     for row in _stored(db, claimed):
         expected = np.asarray(fake_vector(row["content"], DIM), dtype=np.float32)
         np.testing.assert_allclose(np.asarray(row["vector"].to_list(), dtype=np.float32), expected)
+
+
+def test_draft_hashes_are_right_across_hash_slices() -> None:
+    """Vectors are hashed a slice of rows at a time: every row of a set longer than several
+    slices gets its own vector's hash."""
+    from trioindex.embedding.vectors import vector_sha256
+    from trioindex.pipeline.embed_step import (
+        HASH_SLICE_ROWS,
+        ChunkRef,
+        EmbedSnapshot,
+        drafts_from_matrix,
+    )
+
+    rows = 2 * HASH_SLICE_ROWS + 5
+    snapshot = EmbedSnapshot(
+        version_id=uuid.uuid4(),
+        document_id=uuid.uuid4(),
+        model_id=uuid.uuid4(),
+        model_name="m",
+        dimension=8,
+        chunks=tuple(ChunkRef(uuid.uuid4(), i, f"text {i}") for i in range(rows)),
+        complete=False,
+    )
+    matrix = np.random.default_rng(3).uniform(-1, 1, size=(rows, 8)).astype(np.float32)
+    drafts = drafts_from_matrix(snapshot, matrix)
+    assert [d.vector_sha256 for d in drafts] == [vector_sha256(v.tolist()) for v in matrix]
+    assert [d.chunk_id for d in drafts] == [c.id for c in snapshot.chunks]
+    bare = snapshot.without_texts()
+    assert [(c.id, c.index, c.text) for c in bare.chunks] == [
+        (c.id, c.index, "") for c in snapshot.chunks
+    ]
+    assert bare.texts() == [""] * rows and snapshot.texts()[-1] == f"text {rows - 1}"

@@ -93,7 +93,7 @@ def _chunks(db: Database, claim: Claim) -> list[dict[str, Any]]:
         ).fetchall()
 
 
-async def test_parse_step_stores_contiguous_chunks_and_moves_to_chunked(
+async def test_parse_step_stores_contiguous_chunks_and_starts_embedding(
     db: Database, store: AsyncObjectStore
 ) -> None:
     claim = _claim(db, store, TEXT)
@@ -113,9 +113,14 @@ async def test_parse_step_stores_contiguous_chunks_and_moves_to_chunked(
             "SELECT status, chunk_count FROM document_versions WHERE id = %s",
             (claim.document_version_id,),
         ).fetchone()
-        assert version == {"status": "CHUNKED", "chunk_count": count}
-        assert helpers.events(conn, claim.job_id)[-2:] == ["PARSING_STARTED", "CHUNKS_STORED"]
-        assert helpers.job_row(conn, claim.job_id)["progress"] == 40
+        # one job's commit is the group function's: chunks stored and embedding begun at once
+        assert version == {"status": "EMBEDDING", "chunk_count": count}
+        assert helpers.events(conn, claim.job_id)[-3:] == [
+            "PARSING_STARTED",
+            "CHUNKS_STORED",
+            "EMBEDDING_STARTED",
+        ]
+        assert helpers.job_row(conn, claim.job_id)["progress"] == 50
 
 
 async def test_a_replay_after_chunked_does_no_storage_read(
@@ -287,7 +292,7 @@ async def test_truncated_korean_text_is_indexed_with_the_replacement_recorded(
     assert chunks[-1]["content"].endswith("\ufffd")
     detail = _chunks_stored_detail(db, claim)
     assert detail["replaced_sequences"] == 1
-    assert set(detail) == {"chunks", "characters", "replaced_sequences"}  # counts, never text
+    assert set(detail) == {"chunks", "characters", "chunking", "replaced_sequences"}  # no text
     clean = _claim(db, store, TEXT, "clean.txt")
     with trio.fail_after(30):
         await run_parse_step(clean, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES)

@@ -86,7 +86,7 @@ def test_filters_keep_a_key_prefix_and_content_types(db: Database, model: Embedd
             by_vector = {
                 r.document_key for r in vector_ranking(conn, model, v, 10, filters=filters)
             }
-            by_text = {r.document_key for r in text_ranking(conn, "x", 10, filters=filters)}
+            by_text = {r.document_key for r in text_ranking(conn, model, "x", 10, filters=filters)}
             assert by_vector == by_text
             return by_vector
 
@@ -134,14 +134,14 @@ def test_text_ranking_matches_english_stems_and_korean_words_with_particles(
     )
     with db.connection() as conn:
         # stems: "worker claims job" matches "Workers claimed the jobs"
-        assert keys(text_ranking(conn, "worker claims job", 10)) == [("en.txt", 0)]
+        assert keys(text_ranking(conn, model, "worker claims job", 10)) == [("en.txt", 0)]
         # more of the query matched ranks first; stop words alone match nothing
-        ranked = text_ranking(conn, "renewing the lease of a worker", 10)
+        ranked = text_ranking(conn, model, "renewing the lease of a worker", 10)
         assert keys(ranked) == [("en.txt", 1), ("en.txt", 0)]
-        assert text_ranking(conn, "the of a", 10) == []
+        assert text_ranking(conn, model, "the of a", 10) == []
         # Korean: a query word with its own particle still finds the word with another one
-        assert keys(text_ranking(conn, "서울에서", 10)) == [("ko.txt", 0)]
-        assert keys(text_ranking(conn, "세종대왕", 10)) == [("ko.txt", 1)]
+        assert keys(text_ranking(conn, model, "서울에서", 10)) == [("ko.txt", 0)]
+        assert keys(text_ranking(conn, model, "세종대왕", 10)) == [("ko.txt", 1)]
 
 
 def test_hybrid_puts_first_what_both_rankings_rank_high(
@@ -161,7 +161,7 @@ def test_hybrid_puts_first_what_both_rankings_rank_high(
     with db.connection() as conn:
         query = unit(1, 0, 0, 0)
         assert keys(vector_ranking(conn, model, query, 10))[0] == ("vector-only.txt", 0)
-        assert keys(text_ranking(conn, "lease renewal deadline", 10))[0] == (
+        assert keys(text_ranking(conn, model, "lease renewal deadline", 10))[0] == (
             "text-only.txt",
             0,
         )
@@ -231,19 +231,19 @@ def test_text_ranking_puts_chunks_matching_more_terms_first_and_fills_from_fewer
         IndexedDocument("none.txt", ["unrelated"], [v]),
     )
     with db.connection() as conn:
-        ranked = text_ranking(conn, "lease renewal deadline", 10)
+        ranked = text_ranking(conn, model, "lease renewal deadline", 10)
         assert keys(ranked) == [("all.txt", 0), ("two.txt", 0), ("one.txt", 0)]
         assert ranked[1].score < ranked[2].score  # tiers, not ts_rank, order across tiers
         # the limit is reached inside the first tiers: the others are not read
-        assert keys(text_ranking(conn, "lease renewal deadline", 2)) == [
+        assert keys(text_ranking(conn, model, "lease renewal deadline", 2)) == [
             ("all.txt", 0),
             ("two.txt", 0),
         ]
         # a Korean word and its particle-less stem are one term, not two
         store(db, model, IndexedDocument("ko.txt", ["서울입니다 lease"], [v]))
-        assert keys(text_ranking(conn, "서울에서 lease", 10))[0] == ("ko.txt", 0)
+        assert keys(text_ranking(conn, model, "서울에서 lease", 10))[0] == ("ko.txt", 0)
         # quotes and backslashes in a word are tsquery-quoted, not syntax
-        assert text_ranking(conn, "o'neil \\ back\\slash '", 10) == []
+        assert text_ranking(conn, model, "o'neil \\ back\\slash '", 10) == []
 
 
 def test_migration_0007_keeps_simple_and_english_lexemes_of_every_chunk(

@@ -9,7 +9,11 @@ import uuid
 import trio
 import trio.testing
 
-from trioindex.worker.document_budget import LARGE_DOCUMENT_BYTES, DocumentBudget
+from trioindex.worker.document_budget import (
+    LARGE_DOCUMENT_BYTES,
+    DocumentBudget,
+    return_freed_memory,
+)
 
 MIB = 1024 * 1024
 
@@ -98,3 +102,29 @@ async def test_a_cancelled_wait_leaves_no_reservation_and_lets_the_next_in(
     with trio.fail_after(1.0):
         await budget.reserve(next_job, 5 * MIB)
     assert budget.in_use == 20 * MIB
+
+
+async def test_freed_memory_is_returned_after_a_large_document_s_phases_and_at_its_end(
+    autojump_clock: object,
+) -> None:
+    returned: list[float] = []
+    budget = DocumentBudget(
+        total=20 * MIB, return_memory=lambda: returned.append(trio.current_time())
+    )
+    large, small = uuid.uuid4(), uuid.uuid4()
+    await budget.reserve(large, 8 * MIB)
+    await budget.reserve(small, LARGE_DOCUMENT_BYTES)
+    await trio.sleep(1)
+    budget.phase_done(large)
+    budget.phase_done(small)  # a small document holds no share: nothing to give back
+    await trio.sleep(1)
+    budget.release(small)
+    budget.release(large)
+    budget.release(uuid.uuid4())  # a job that held nothing
+    budget.phase_done(large)  # after its end
+    assert returned == [1.0, 2.0]
+
+
+def test_returning_freed_memory_works_on_this_c_library() -> None:
+    # the worker's image and CI run glibc, where malloc_trim exists
+    assert return_freed_memory() is True

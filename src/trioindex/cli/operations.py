@@ -331,4 +331,5 @@ def models_remove(name: str, as_json: JsonFlag = False) -> None:
     if as_json:
         print_json(removed)
         return
-    typer.echo(f"removed {name}: {removed.embeddings} vector(s), {removed.jobs} job(s)")
+    chunks = f", {removed.chunks} chunk(s) of its own" if removed.chunks else ""
+    typer.echo(f"removed {name}: {removed.embeddings} vector(s), {removed.jobs} job(s){chunks}")

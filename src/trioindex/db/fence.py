@@ -37,6 +37,7 @@ class OwnedJob:
     embedding_model_id: UUID
     attempt_count: int
     max_attempts: int
+    chunking: str  # the chunk set the claim makes and embeds (migration 0008)
 
 
 # SQLSTATEs raised by the fenced SQL functions (migrations 0002 onwards).
@@ -72,7 +73,8 @@ def lock_owned_job(conn: Connection, claim: Claim) -> OwnedJob:
     """
     with fenced_errors():
         row = conn.execute(
-            """SELECT document_version_id, embedding_model_id, attempt_count, max_attempts
+            """SELECT document_version_id, embedding_model_id, attempt_count, max_attempts,
+                      chunking
                FROM trioindex_lock_owned_job(%s, %s, %s, %s)""",
             (claim.job_id, claim.worker_id, claim.claim_token, claim.attempt_id),
         ).fetchone()
@@ -83,6 +85,7 @@ def lock_owned_job(conn: Connection, claim: Claim) -> OwnedJob:
         embedding_model_id=row["embedding_model_id"],
         attempt_count=row["attempt_count"],
         max_attempts=row["max_attempts"],
+        chunking=row["chunking"],
     )
 
 

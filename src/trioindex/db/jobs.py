@@ -27,6 +27,7 @@ from trioindex.db.pool import Connection
 from trioindex.db.versions import FAILED_WHERE_ID_IN, lock_version, mark_failed, mark_uploaded
 from trioindex.errors import FailureType, NotFound, bounded
 from trioindex.values import (
+    CHARACTER_CHUNKING,
     BackoffPolicy,
     Claim,
     CompleteResult,
@@ -45,14 +46,22 @@ _system_random = random.SystemRandom()
 
 
 def register_worker(
-    conn: Connection, *, hostname: str, pid: int, version: str, max_concurrency: int
+    conn: Connection,
+    *,
+    hostname: str,
+    pid: int,
+    version: str,
+    max_concurrency: int,
+    chunking: str = CHARACTER_CHUNKING,
 ) -> UUID:
-    """Write the worker row as RUNNING; only after this may the worker claim."""
+    """Write the worker row as RUNNING; only after this may the worker claim. ``chunking``
+    names the chunk set its chunker makes (migration 0008); its claims carry it."""
     with conn.transaction():
         row = conn.execute(
-            """INSERT INTO indexing_workers (hostname, pid, version, status, max_concurrency)
-               VALUES (%s, %s, %s, 'RUNNING', %s) RETURNING id""",
-            (hostname, pid, version, max_concurrency),
+            """INSERT INTO indexing_workers
+                   (hostname, pid, version, status, max_concurrency, chunking)
+               VALUES (%s, %s, %s, 'RUNNING', %s, %s) RETURNING id""",
+            (hostname, pid, version, max_concurrency, chunking),
         ).fetchone()
         assert row is not None
         worker_id: UUID = row["id"]
@@ -96,7 +105,7 @@ def set_worker_status(conn: Connection, worker_id: UUID, status: WorkerStatus) -
 
 _CLAIM_SQL = """
 WITH worker AS (
-    SELECT id FROM indexing_workers WHERE id = %(worker)s AND status = 'RUNNING'
+    SELECT id, chunking FROM indexing_workers WHERE id = %(worker)s AND status = 'RUNNING'
 ), picked AS (
     SELECT j.id
     FROM embedding_jobs j, worker
@@ -112,11 +121,12 @@ WITH worker AS (
         claim_token = gen_random_uuid(),
         locked_at = now(),
         lease_expires_at = now() + make_interval(secs => %(lease)s),
-        attempt_count = j.attempt_count + 1
-    FROM picked
+        attempt_count = j.attempt_count + 1,
+        chunking = worker.chunking
+    FROM picked, worker
     WHERE j.id = picked.id
     RETURNING j.id, j.worker_id, j.claim_token, j.document_version_id, j.embedding_model_id,
-              j.attempt_count, j.lease_expires_at
+              j.attempt_count, j.lease_expires_at, j.chunking
 ), attempt AS (
     INSERT INTO embedding_job_attempts (embedding_job_id, attempt_no, worker_id)
     SELECT id, attempt_count, worker_id FROM claimed
@@ -130,7 +140,10 @@ WITH worker AS (
 )
 SELECT c.id AS job_id, c.worker_id, c.claim_token, c.document_version_id, c.embedding_model_id,
        c.lease_expires_at, a.id AS attempt_id, a.attempt_no, v.status AS version_status,
-       d.external_key AS document_key
+       d.external_key AS document_key, c.chunking,
+       EXISTS (SELECT 1 FROM document_chunks ch
+               WHERE ch.document_version_id = c.document_version_id
+                 AND ch.chunking = c.chunking) AS chunks_ready
 FROM claimed c
 JOIN attempt a ON a.embedding_job_id = c.id
 JOIN document_versions v ON v.id = c.document_version_id

@@ -25,6 +25,7 @@ import psycopg
 
 from trioindex.db.pool import Connection
 from trioindex.errors import ConfigError, NotFound, TrioindexError
+from trioindex.values import token_chunking
 
 
 @attrs.frozen
@@ -46,6 +47,10 @@ class EmbeddingModel:
 # Serialises registrations so that two processes starting at once do not race on the
 # "at most one active model" index.
 _REGISTRY_LOCK = 0x74_72_69_6F_6D_64_6C
+# The advisory lock of one model's HNSW index build ("tiix", an int4; the second key is the
+# model id hashed): the build holds it for its session (db/vector_index.py), and removing the
+# model takes it for its transaction, so the two never run at once.
+INDEX_BUILD_LOCK = 0x74_69_69_78
 
 
 def ensure_model(conn: Connection, name: str, dimension: int) -> EmbeddingModel:
@@ -252,13 +257,31 @@ class Removal:
     name: str
     embeddings: int
     jobs: int
+    chunks: int = 0  # the model's own token-aware chunk set (migration 0008), if it had one
 
 
 def remove_model(conn: Connection, name: str) -> Removal:
-    """Drop a model that does not serve search: its jobs, its embeddings, its HNSW index and
-    its row, in one transaction. Removing the model being switched to cancels the switch.
-    A worker still running one of its jobs finds the job gone and stops quietly."""
+    """Drop a model that does not serve search: its jobs, its embeddings, its own chunk set
+    (token-aware chunks cut with its tokenizer), its HNSW index and its row, in one
+    transaction. Removing the model being switched to cancels the switch.
+    A worker still running one of its jobs finds the job gone and stops quietly. Refused while
+    a worker builds the model's HNSW index (run it again when the build ends): dropping the
+    index under a concurrent build would deadlock with it."""
     with conn.transaction():
+        found = conn.execute("SELECT id FROM embedding_models WHERE name = %s", (name,)).fetchone()
+        if found is None:
+            raise NotFound(f"no embedding model named {name!r}")
+        # first, before any row or table lock: a build waits for no lock of ours, and a build
+        # starting after this commits finds the model gone (it checks under the same lock)
+        free = conn.execute(
+            "SELECT pg_try_advisory_xact_lock(%s::int, hashtext(%s)) AS got",
+            (INDEX_BUILD_LOCK, str(found["id"])),
+        ).fetchone()
+        if free is None or not free["got"]:
+            raise TrioindexError(
+                f"a worker is building the HNSW index of model {name!r}; remove it when the"
+                ' build has ended (the worker logs "HNSW index built")'
+            )
         # Locks in the order a completion takes them (its job row, then the embeddings it
         # reads), so removing never deadlocks with one.
         conn.execute(
@@ -285,6 +308,10 @@ def remove_model(conn: Connection, name: str) -> Removal:
         embeddings = conn.execute(
             "DELETE FROM embeddings WHERE embedding_model_id = %s", (model.id,)
         ).rowcount
+        # only this model's workers make this set (character chunks are every model's)
+        chunks = conn.execute(
+            "DELETE FROM document_chunks WHERE chunking = %s", (token_chunking(name),)
+        ).rowcount
         conn.execute(f"DROP INDEX IF EXISTS {model.index_name}")
         conn.execute("DELETE FROM embedding_models WHERE id = %s", (model.id,))
         conn.execute(
@@ -293,4 +320,4 @@ def remove_model(conn: Connection, name: str) -> Removal:
                        'embeddings', %s::int))""",
             (name, embeddings),
         )
-    return Removal(name, embeddings, jobs)
+    return Removal(name, embeddings, jobs, chunks)

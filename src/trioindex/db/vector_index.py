@@ -22,15 +22,16 @@ from __future__ import annotations
 import enum
 import logging
 
-from trioindex.db.models import EmbeddingModel
+from trioindex.db.models import INDEX_BUILD_LOCK, EmbeddingModel
 from trioindex.db.pool import Connection
 
 logger = logging.getLogger(__name__)
 
 # pgvector's HNSW limit for the vector type: larger models are always searched exactly.
 HNSW_MAX_DIMENSION = 2000
-# Session advisory lock namespace ("tiix", an int4); the second key is the model id hashed.
-_BUILD_LOCK = 0x74_69_69_78
+# Session advisory lock namespace; the second key is the model id hashed. Model removal takes
+# it too (db/models.py), so a build and a removal never overlap.
+_BUILD_LOCK = INDEX_BUILD_LOCK
 
 
 class IndexState(enum.StrEnum):
@@ -84,6 +85,9 @@ def build_vector_index(conn: Connection, model: EmbeddingModel, *, min_vectors: 
     if lock is None or not lock["got"]:
         return False
     try:
+        still = conn.execute("SELECT 1 FROM embedding_models WHERE id = %s", (model.id,)).fetchone()
+        if still is None:
+            return False  # removed (under this lock, so no removal runs now)
         state = index_state(conn, model)
         if state is IndexState.VALID or not has_vectors(conn, model, min_vectors):
             return False

@@ -7,10 +7,11 @@ change to one transition has exactly one place to go::
     (ingest inserts it)  UPLOADED
     UPLOADED  → PARSING    trioindex_mark_parsing (SQL, migration 0005), in the parse step's
                                             prepare (trioindex_begin_parse_many, one job or many)
-    PARSING   → CHUNKED    mark_chunked     parse step, one job's commit
     CHUNKED   → EMBEDDING  mark_embedding   embed step, prepare (SQL trioindex_mark_embedding)
-    PARSING   → EMBEDDING  trioindex_mark_embedding, from the group chunk commit (migration
-                                            0005: chunks stored and embedding begun at once)
+    PARSING   → EMBEDDING  trioindex_mark_embedding, from the chunk commit (migrations 0005 and
+                                            0008, one job or a group: chunks stored and
+                                            embedding begun at once; a version already
+                                            CHUNKED that gets another chunk set moves too)
     EMBEDDING → INDEXED    trioindex_complete_job (SQL, migrations 0003 and 0006: fenced with
                                             the job)
     any       → FAILED     mark_failed      a failure report with no retry left (db/jobs.py);
@@ -50,14 +51,6 @@ def lock_version(conn: Connection, version_id: UUID) -> dict[str, Any]:
     if row is None:
         raise StateInconsistent("the job's document version does not exist")
     return row
-
-
-def mark_chunked(conn: Connection, version_id: UUID, chunk_count: int) -> None:
-    """PARSING → CHUNKED: the version's chunks are stored (``chunk_count`` of them)."""
-    conn.execute(
-        "UPDATE document_versions SET status = 'CHUNKED', chunk_count = %s WHERE id = %s",
-        (chunk_count, version_id),
-    )
 
 
 def mark_embedding(conn: Connection, version_id: UUID) -> None:

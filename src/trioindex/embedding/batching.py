@@ -147,6 +147,8 @@ class _Request:
     texts: Sequence[str] = attrs.field(repr=False)
     dimension: int
     matrix: npt.NDArray[np.float32] = attrs.field(repr=False)
+    # the caller's list, handed over: a text is dropped (set to "") once its vector arrived
+    released: list[str] | None = attrs.field(repr=False)
     todo: collections.deque[tuple[int, int]]
     remaining: int
     arrived: float
@@ -195,13 +197,25 @@ class EmbeddingCoalescer:
     _queued: int = 0
     _changed: trio.Event = attrs.field(factory=trio.Event)
 
-    async def embed(self, texts: Sequence[str], dimension: int) -> npt.NDArray[np.float32]:
+    async def embed(
+        self, texts: Sequence[str], dimension: int, *, release: bool = False
+    ) -> npt.NDArray[np.float32]:
         """One float32 row per text, in order; raises the :class:`StepFailure` of a request
-        that held this caller's texts alone."""
+        that held this caller's texts alone.
+
+        ``release``: ``texts`` is a list the caller hands over (and keeps no other reference
+        to its strings): each entry is replaced by ``""`` as soon as its vector has arrived,
+        so a long document's text is freed while it is embedded rather than after."""
+        released: list[str] | None = None
+        if release:
+            if not isinstance(texts, list):
+                raise TypeError("release=True needs the texts as a list")
+            released = texts
         request = _Request(
             texts=texts,
             dimension=dimension,
             matrix=np.empty((len(texts), dimension), dtype=np.float32),
+            released=released,
             todo=collections.deque([(0, len(texts))] if texts else []),
             remaining=len(texts),
             arrived=trio.current_time(),
@@ -235,6 +249,9 @@ class EmbeddingCoalescer:
                     slots.release_on_behalf_of(slot)
                     raise
                 nursery.start_soon(self._send, pieces, slots, slot)
+                # not kept while waiting for the next slot: the pieces hold their callers'
+                # requests, and a finished request holds its caller's whole matrix
+                del pieces
 
     async def _wait_for_batch(self) -> None:
         while True:
@@ -314,6 +331,8 @@ class EmbeddingCoalescer:
                     self._finish(request)
                     continue
                 request.matrix[start:stop] = rows
+                if request.released is not None:
+                    request.released[start:stop] = [""] * (stop - start)
                 request.remaining -= stop - start
                 if request.remaining == 0:
                     self._finish(request)

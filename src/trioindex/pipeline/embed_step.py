@@ -45,6 +45,8 @@ logger = logging.getLogger(__name__)
 
 # Batches per embed call in run_embed_step: enough to keep the worker's request slots busy.
 SLICE_BATCHES = 8
+# Rows converted to big-endian at a time to hash them (4 MiB at 1024 dimensions).
+HASH_SLICE_ROWS = 1024
 
 PROGRESS_EMBEDDING = 50
 # INDEXED: another model's job indexed the version; this job embeds the same stored chunks
@@ -70,6 +72,17 @@ class EmbedSnapshot:
     chunks: tuple[ChunkRef, ...]
     complete: bool
 
+    def texts(self) -> list[str]:
+        """The chunk texts, in chunk order."""
+        return [chunk.text for chunk in self.chunks]
+
+    def without_texts(self) -> EmbedSnapshot:
+        """The same snapshot with every chunk's text dropped (``""``): what storing the
+        vectors needs (ids and indexes), without holding a large document's text."""
+        return attrs.evolve(
+            self, chunks=tuple(ChunkRef(chunk.id, chunk.index, "") for chunk in self.chunks)
+        )
+
 
 @attrs.frozen
 class EmbeddingDraft:
@@ -92,11 +105,11 @@ def _existing_embeddings(conn: Connection, version_id: UUID, model_id: UUID) -> 
     return int(row["n"]) if row else 0
 
 
-def _chunk_refs(conn: Connection, version_id: UUID) -> tuple[ChunkRef, ...]:
+def _chunk_refs(conn: Connection, version_id: UUID, chunking: str) -> tuple[ChunkRef, ...]:
     rows = conn.execute(
         """SELECT id, chunk_index, content FROM document_chunks
-           WHERE document_version_id = %s ORDER BY chunk_index""",
-        (version_id,),
+           WHERE document_version_id = %s AND chunking = %s ORDER BY chunk_index""",
+        (version_id, chunking),
     ).fetchall()
     refs = tuple(ChunkRef(row["id"], row["chunk_index"], row["content"]) for row in rows)
     if not refs:
@@ -121,7 +134,7 @@ def prepare_embedding(conn: Connection, claim: Claim) -> EmbedSnapshot:
         ).fetchone()
         if model is None:
             raise StateInconsistent("the job's embedding model no longer exists")
-        chunks = _chunk_refs(conn, version["id"])
+        chunks = _chunk_refs(conn, version["id"], owned.chunking)
         existing = _existing_embeddings(conn, version["id"], model["id"])
         if 0 < existing < len(chunks) or existing > len(chunks):
             raise StateInconsistent(
@@ -171,15 +184,19 @@ def drafts_from_matrix(
         raise StateInconsistent("the vectors do not match the chunk set")
     matrix.flags.writeable = False
     # the hash is over big-endian binary32 bytes (vector_sha256's definition), computed per row
-    # from one conversion of the whole matrix instead of a struct.pack per vector
-    big_endian = matrix.astype(">f4")
+    # from one conversion per slice instead of a struct.pack per vector; slices, not the whole
+    # matrix, so a document of 20,000 vectors does not hold a second 80 MB copy
+    hashes: list[str] = []
+    for start in range(0, len(matrix), HASH_SLICE_ROWS):
+        big_endian = matrix[start : start + HASH_SLICE_ROWS].astype(">f4")
+        hashes.extend(hashlib.sha256(row.tobytes()).hexdigest() for row in big_endian)
     return [
         EmbeddingDraft(
             chunk_id=chunk.id,
             chunk_index=chunk.index,
             vector=matrix[row],
             dimension=snapshot.dimension,
-            vector_sha256=hashlib.sha256(big_endian[row].tobytes()).hexdigest(),
+            vector_sha256=hashes[row],
         )
         for row, chunk in enumerate(snapshot.chunks)
     ]
@@ -209,8 +226,8 @@ def commit_embeddings(
             )
         current = conn.execute(
             """SELECT id, chunk_index FROM document_chunks
-               WHERE document_version_id = %s ORDER BY chunk_index""",
-            (snapshot.version_id,),
+               WHERE document_version_id = %s AND chunking = %s ORDER BY chunk_index""",
+            (snapshot.version_id, owned.chunking),
         ).fetchall()
         if [(r["id"], r["chunk_index"]) for r in current] != [
             (c.id, c.index) for c in snapshot.chunks
@@ -314,8 +331,8 @@ def store_embeddings_many(
     with conn.cursor(binary=True) as cursor:
         rows = cursor.execute(
             """SELECT * FROM trioindex_store_embeddings_many(
-                   %s::uuid[], %s::uuid[], %s::uuid[], %s::uuid[], %s::uuid[], %s::uuid[],
-                   %s::int[], %s::int[], %s::uuid[], %s::vector[], %s::text[])""",
+                   %b::uuid[], %b::uuid[], %b::uuid[], %b::uuid[], %b::uuid[], %b::uuid[],
+                   %b::int[], %b::int[], %b::uuid[], %b::vector[], %b::text[])""",
             (
                 *claim_arrays([c.claim for c in ordered]),
                 [c.snapshot.version_id for c in ordered],

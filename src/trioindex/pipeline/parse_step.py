@@ -2,26 +2,31 @@
 
 See docs/design/architecture.md, "Parse + chunk".
 
+Chunk sets (migration 0008): a version keeps one set of chunks per chunking, named by the
+claim's ``chunking`` (``characters``, or ``tokens:<model>`` for a token-aware chunker). The
+step makes and stores the claim's set only.
+
 prepare: under job then version lock, ``UPLOADED → PARSING`` (or resume ``PARSING``) and a
-snapshot of storage key, content type, size and sha256. A version already ``CHUNKED`` or later
-is a replay: no storage read at all.
+snapshot of storage key, content type, size and sha256. A version that already has the claim's
+set is a replay: no storage read at all. A version ``CHUNKED`` or later without it (chunked
+for another model's chunking) is parsed again, for this set.
 
 outside any transaction: read the object (never more than the configured maximum), then check
 its sha256 against the snapshot, parse and chunk in a worker process that is killed on
 cancellation or after ``indexing.parsing.timeout`` (:mod:`trioindex.pipeline.parse_process`).
 
-commit: re-validate ownership and that the version still matches the snapshot, then replace
-the version's chunks in one transaction and move it to ``CHUNKED``. A concurrent commit for
-the same claim serialises on the job lock and finds the version already ``CHUNKED``. The
-``CHUNKS_STORED`` event says how many invalid byte sequences decoding replaced by U+FFFD
+commit (and the embed step's prepare, in the same transaction): re-validate ownership and that
+the version still matches the snapshot, store the claim's set, and start embedding
+(``PARSING → EMBEDDING``, ``CHUNKS_STORED`` and ``EMBEDDING_STARTED``); a version past
+``PARSING`` keeps its status. A concurrent commit of the same set serialises on the job and
+version locks and finds the set stored: it converges without writing. The ``CHUNKS_STORED``
+event says how many invalid byte sequences decoding replaced by U+FFFD
 (``replaced_sequences``, only when there were any) — a count, never the text.
 
-Grouped (the worker's path, :func:`parse_and_store`): prepare and commit are handed to the
-worker's group committer, which runs :func:`begin_parse_many` / :func:`store_chunks_many` — the
-SQL functions of migration 0005, each job fenced in its own subtransaction — for many jobs in
-one transaction. The commit then also starts the embed step (``PARSING → EMBEDDING``,
-``EMBEDDING_STARTED``) and returns its :class:`~trioindex.pipeline.embed_step.EmbedSnapshot`:
-no external I/O happens between the two, so one transaction does both. Small plain-text and
+Both run as the SQL functions of migrations 0005/0008 (:func:`begin_parse_many`,
+:func:`store_chunks_many`), each job fenced in its own subtransaction. The worker hands them
+to its group committers (:func:`parse_and_store`), which write the steps of many jobs in one
+transaction; :func:`run_parse_step` calls them for one job. Small plain-text and
 Markdown files (at most :data:`INLINE_PARSE_BYTES`) are parsed in the worker itself: their work
 is bounded and tiny (~0.04 ms), while a round trip to a parse process costs ~1.7 ms of CPU.
 """
@@ -37,11 +42,8 @@ from uuid import UUID
 import attrs
 import trio
 
-from trioindex.db.events import record_claim_event
-from trioindex.db.fence import claim_arrays, lock_owned_job, refusal_error
-from trioindex.db.jobs import set_progress
+from trioindex.db.fence import claim_arrays, refusal_error
 from trioindex.db.pool import Connection, Database
-from trioindex.db.versions import lock_version, mark_chunked
 from trioindex.errors import ContentInvalid, StateInconsistent
 from trioindex.pipeline.chunking import ChunkDraft, Chunker
 from trioindex.pipeline.embed_step import ChunkRef, EmbedSnapshot
@@ -59,7 +61,6 @@ from trioindex.values import Claim, VersionStatus
 logger = logging.getLogger(__name__)
 
 PROGRESS_PARSING = 10
-PROGRESS_CHUNKED = 40
 # Plain text and Markdown up to this size are parsed in the worker, not in a parse process:
 # decoding and chunking 32 KiB is bounded (well under 10 ms even for the splitter's worst case).
 INLINE_PARSE_BYTES = 32 * 1024
@@ -84,7 +85,8 @@ class ParseSnapshot:
 
     @property
     def already_chunked(self) -> bool:
-        return self.status in _ALREADY_CHUNKED
+        """The version has the job's chunk set (``chunk_count`` is its size): a replay."""
+        return self.status in _ALREADY_CHUNKED and self.chunk_count is not None
 
 
 def prepare_parse(conn: Connection, claim: Claim) -> ParseSnapshot:
@@ -97,11 +99,6 @@ def prepare_parse(conn: Connection, claim: Claim) -> ParseSnapshot:
     return result
 
 
-_COPY_CHUNKS = """COPY document_chunks
-    (document_id, document_version_id, chunk_index, content, char_start, char_end,
-     token_count, content_sha256) FROM STDIN"""
-
-
 def commit_chunks(
     conn: Connection,
     claim: Claim,
@@ -110,56 +107,17 @@ def commit_chunks(
     *,
     replaced: int = 0,
 ) -> int:
-    """Replace the version's chunks with ``chunks`` and move it to CHUNKED; return the count.
+    """One job's chunk commit: :func:`store_chunks_many` for one commit (the same SQL function
+    the worker's group committer runs), in its own transaction; return the job's chunk count
+    (stored now or, on a replay, before). The version moves to EMBEDDING with the chunks.
 
     ``replaced``: invalid byte sequences decoding replaced by U+FFFD, recorded in the event.
     """
-    if not chunks:
-        raise StateInconsistent("refusing to store an empty chunk set")
-    if [c.index for c in chunks] != list(range(len(chunks))):
-        raise StateInconsistent("chunk indexes are not contiguous from 0")
     with conn.transaction():
-        owned = lock_owned_job(conn, claim)
-        version = lock_version(conn, owned.document_version_id)
-        if (
-            version["id"] != snapshot.version_id
-            or version["storage_key"] != snapshot.storage_key
-            or version["sha256"] != snapshot.sha256
-            or version["byte_size"] != snapshot.byte_size
-        ):
-            raise StateInconsistent("the version changed since parsing was prepared")
-        status = VersionStatus(version["status"])
-        if status in _ALREADY_CHUNKED:
-            # a concurrent or repeated commit for this claim got here first: converge on it
-            row = conn.execute(
-                "SELECT count(*) AS n FROM document_chunks WHERE document_version_id = %s",
-                (version["id"],),
-            ).fetchone()
-            return int(row["n"]) if row else 0
-        if status is not VersionStatus.PARSING:
-            raise StateInconsistent(f"cannot store chunks: version is {status}, expected PARSING")
-        conn.execute("DELETE FROM document_chunks WHERE document_version_id = %s", (version["id"],))
-        with conn.cursor().copy(_COPY_CHUNKS) as copy:
-            for chunk in chunks:
-                copy.write_row(
-                    (
-                        version["document_id"],
-                        version["id"],
-                        chunk.index,
-                        chunk.text,
-                        chunk.start,
-                        chunk.end,
-                        chunk.token_count,
-                        chunk.content_sha256,
-                    )
-                )
-        mark_chunked(conn, version["id"], len(chunks))
-        set_progress(conn, claim.job_id, PROGRESS_CHUNKED)
-        detail = {"chunks": len(chunks), "characters": chunks[-1].end}
-        if replaced:
-            detail["replaced_sequences"] = replaced
-        record_claim_event(conn, "CHUNKS_STORED", claim, version["id"], detail)
-    return len(chunks)
+        (result,) = store_chunks_many(conn, [ChunkCommit(claim, snapshot, chunks, replaced)])
+    if isinstance(result, Exception):
+        raise result
+    return result if isinstance(result, int) else len(result.chunks)
 
 
 def _snapshot_from_row(row: dict[str, Any]) -> ParseSnapshot:
@@ -184,7 +142,7 @@ def begin_parse_many(conn: Connection, claims: Sequence[Claim]) -> list[ParseSna
     ordered = [claims[i] for i in order]
     rows = conn.execute(
         """SELECT * FROM trioindex_begin_parse_many(
-               %s::uuid[], %s::uuid[], %s::uuid[], %s::uuid[])""",
+               %b::uuid[], %b::uuid[], %b::uuid[], %b::uuid[])""",
         claim_arrays(ordered),
     ).fetchall()
     results: list[ParseSnapshot | Exception] = [StateInconsistent("no result")] * len(claims)
@@ -254,9 +212,9 @@ def store_chunks_many(
             hashes.append(chunk.content_sha256)
     rows = conn.execute(
         """SELECT * FROM trioindex_store_chunks_many(
-               %s::uuid[], %s::uuid[], %s::uuid[], %s::uuid[],
-               %s::uuid[], %s::text[], %s::text[], %s::bigint[], %s::int[], %s::int[], %s::int[],
-               %s::uuid[], %s::text[], %s::int[], %s::int[], %s::int[], %s::text[])""",
+               %b::uuid[], %b::uuid[], %b::uuid[], %b::uuid[],
+               %b::uuid[], %b::text[], %b::text[], %b::bigint[], %b::int[], %b::int[], %b::int[],
+               %b::uuid[], %b::text[], %b::int[], %b::int[], %b::int[], %b::text[])""",
         (
             *claim_arrays([c.claim for c in ordered]),
             [c.snapshot.version_id for c in ordered],

@@ -128,12 +128,15 @@ def _set_hnsw(conn: Connection, hnsw: HnswSettings) -> None:
 
 def text_ranking(
     conn: Connection,
+    model: EmbeddingModel,
     text: str,
     limit: int,
     *,
     filters: Filters = NO_FILTERS,
 ) -> list[RankedChunk]:
-    """The ``limit`` chunks that best match ``text`` by full-text search, best first: chunks
+    """The ``limit`` chunks of ``model``'s chunk sets (the chunks it has vectors for: a version
+    may hold one set per chunking, migration 0008) that best match ``text`` by full-text
+    search, best first: chunks
     matching more of the query's terms first (all of them, then all but one, ...), each tier
     ordered by ``ts_rank``; a tier is read only while the ones before it leave the list short
     (see :func:`match_tiers`)."""
@@ -151,6 +154,8 @@ def text_ranking(
              JOIN documents d ON d.current_version_id = c.document_version_id
              JOIN document_versions v ON v.id = c.document_version_id
              WHERE c.search_vector @@ %(tier{i})s::tsquery{_not_above(i)}{where}
+               AND EXISTS (SELECT 1 FROM embeddings e
+                           WHERE e.chunk_id = c.id AND e.embedding_model_id = %(model)s)
              ORDER BY score DESC, c.id
              LIMIT %(limit)s)"""
         for i in range(len(tiers))
@@ -161,7 +166,7 @@ def text_ranking(
         conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
         rows = conn.execute(
             f"SELECT * FROM ({' UNION ALL '.join(branches)}) AS tiers LIMIT %(limit)s",
-            {"any": tiers[-1], "limit": limit} | tier_params | params,
+            {"any": tiers[-1], "limit": limit, "model": model.id} | tier_params | params,
         ).fetchall()
     return [RankedChunk.from_row(row) for row in rows]
 
@@ -222,7 +227,7 @@ def hybrid_ranking(
 ) -> list[RankedChunk]:
     """Vector and text rankings, ``limit`` deep each, fused by RRF; the ``limit`` best."""
     by_vector = vector_ranking(conn, model, vector, limit, filters=filters, hnsw=hnsw)
-    by_text = text_ranking(conn, text, limit, filters=filters)
+    by_text = text_ranking(conn, model, text, limit, filters=filters)
     return fuse([by_vector, by_text])[:limit]
 
 

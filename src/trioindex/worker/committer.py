@@ -112,6 +112,9 @@ class GroupCommitter(Generic[I, R]):
             finally:
                 # settled unless the fallback was cancelled between two writes
                 self._stopped(group)
+                # not kept while waiting for the next group: a large document's chunks or
+                # vectors must not outlive its write (tests/worker/test_committer.py)
+                del group
 
     def _stopped(self, entries: Sequence[_Entry[I, R]]) -> None:
         for entry in entries:

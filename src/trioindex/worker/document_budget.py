@@ -10,11 +10,23 @@ budget is admitted alone (it reserves all of it), never refused.
 
 Waiters are admitted in arrival order, so a large document is not overtaken forever by smaller
 ones that would fit beside the current holders.
+
+Between the phases of a large document (:meth:`DocumentBudget.phase_done`) and when its share
+comes back, the worker hands the memory it freed back to the operating system
+(:func:`return_freed_memory`). glibc keeps freed heap memory for reuse, but only by the thread
+arena it came from: the parse result is received on the event loop thread, the chunk set's
+statement parameters are built in a database thread, the vectors arrive on the event loop
+thread again, so without this each phase's freed memory stayed resident under the next one's
+(docs/test-results/memory.md).
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
+import ctypes.util
+import functools
+from collections.abc import Callable
 from uuid import UUID
 
 import attrs
@@ -22,9 +34,29 @@ import trio
 
 # Documents up to this size are not counted (a worker holds many of them cheaply).
 LARGE_DOCUMENT_BYTES = 1024 * 1024
-# The default budget: one 20 MB document at a time (a worker peaked at about 560 MiB with it,
-# docs/test-results/memory.md), or several smaller ones.
+# The default budget: one 20 MB document at a time (three of them in a row took a worker to
+# about 340-350 MiB, docs/test-results/memory.md), or several smaller ones.
 DEFAULT_BUDGET_BYTES = 20 * 1024 * 1024
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        trim: Callable[[int], int] = libc.malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None  # not glibc (musl, macOS): nothing to call
+    return trim
+
+
+def return_freed_memory() -> bool:
+    """Give the heap memory the process has freed back to the operating system (glibc's
+    ``malloc_trim``, every arena); False where the C library has no such call."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
 
 
 @attrs.define(eq=False)
@@ -32,6 +64,8 @@ class DocumentBudget:
     """A byte budget shared by the large documents of one worker's jobs."""
 
     total: int = DEFAULT_BUDGET_BYTES
+    # called when a large document's phase ended or its share came back
+    return_memory: Callable[[], object] = return_freed_memory
     _held: dict[UUID, int] = attrs.field(factory=dict)
     _queue: collections.deque[UUID] = attrs.field(factory=collections.deque)
     _changed: trio.Event = attrs.field(factory=trio.Event)
@@ -64,6 +98,14 @@ class DocumentBudget:
         """Give back what ``job_id`` holds (nothing if it holds nothing)."""
         if self._held.pop(job_id, None) is not None:
             self._wake()
+            self.return_memory()
+
+    def phase_done(self, job_id: UUID) -> None:
+        """``job_id``'s step has dropped a large intermediate form of its document (the parse
+        result's buffers, a statement's parameters): if it holds a large share, give the freed
+        memory back before the next phase allocates its own, maybe in another thread."""
+        if job_id in self._held:
+            self.return_memory()
 
     def _wake(self) -> None:
         self._changed.set()

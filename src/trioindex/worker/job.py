@@ -115,9 +115,11 @@ _PARSE_FIRST = frozenset({VersionStatus.UPLOADED, VersionStatus.PARSING})
 _EMBEDDABLE = _PARSE_FIRST | {VersionStatus.CHUNKED, VersionStatus.EMBEDDING, VersionStatus.INDEXED}
 
 
-def steps_for(status: VersionStatus) -> tuple[str, ...]:
-    """Which steps a claim runs, chosen by its version's status at claim time."""
-    if status in _PARSE_FIRST:
+def steps_for(status: VersionStatus, *, chunks_ready: bool = True) -> tuple[str, ...]:
+    """Which steps a claim runs, chosen by its version's status at claim time and by whether
+    the version has the claim's chunk set (``Claim.chunks_ready``): a version chunked for
+    another model's chunking is parsed again for this one (migration 0008)."""
+    if status in _PARSE_FIRST or (status in _EMBEDDABLE and not chunks_ready):
         return ("parse", "embed", "complete")
     if status in _EMBEDDABLE:
         return ("embed", "complete")
@@ -199,7 +201,7 @@ class JobRunner:
         """Run the steps; classify and report a failure."""
         claim = context.claim
         try:
-            for step in steps_for(claim.version_status):
+            for step in steps_for(claim.version_status, chunks_ready=claim.chunks_ready):
                 context.step = step
                 began = trio.current_time()
                 if step == "parse":

@@ -47,7 +47,7 @@ class JobQueue:
         self.cleanup_timeout = cleanup_timeout
 
     async def register_worker(
-        self, *, hostname: str, pid: int, version: str, max_concurrency: int
+        self, *, hostname: str, pid: int, version: str, max_concurrency: int, chunking: str
     ) -> UUID:
         return await self.db.run(
             lifecycle.register_worker,
@@ -55,6 +55,7 @@ class JobQueue:
             pid=pid,
             version=version,
             max_concurrency=max_concurrency,
+            chunking=chunking,
         )
 
     async def heartbeat(self, worker_id: UUID) -> bool:

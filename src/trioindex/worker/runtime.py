@@ -52,7 +52,7 @@ import attrs
 import trio
 
 from trioindex.config import WorkerSettings
-from trioindex.values import Claim, DrainState, RecoveredJob, WorkerStatus
+from trioindex.values import CHARACTER_CHUNKING, Claim, DrainState, RecoveredJob, WorkerStatus
 from trioindex.worker import metrics
 from trioindex.worker.counters import WorkerCounters
 from trioindex.worker.job import (
@@ -77,7 +77,7 @@ class Queue(JobWrites, Protocol):
     """What the runtime needs from the job queue (:class:`trioindex.worker.queue.JobQueue`)."""
 
     async def register_worker(
-        self, *, hostname: str, pid: int, version: str, max_concurrency: int
+        self, *, hostname: str, pid: int, version: str, max_concurrency: int, chunking: str
     ) -> UUID: ...
     async def heartbeat(self, worker_id: UUID) -> bool: ...
     async def set_worker_status(self, worker_id: UUID, status: WorkerStatus) -> None: ...
@@ -110,6 +110,8 @@ class Worker:
     steps: Steps
     settings: WorkerSettings
     model_id: UUID | None = None
+    # the chunk set this worker's chunker makes (migration 0008); its claims carry it
+    chunking: str = CHARACTER_CHUNKING
     counters: WorkerCounters = attrs.field(factory=WorkerCounters)
     version: str = "0"
     on_job_done: Callable[[Claim, JobOutcome], None] | None = None
@@ -160,6 +162,7 @@ class Worker:
             pid=os.getpid(),
             version=self.version,
             max_concurrency=settings.max_concurrency,
+            chunking=self.chunking,
         )
         logger.info(
             "worker %s registered (max-concurrency %d)", worker_id, settings.max_concurrency

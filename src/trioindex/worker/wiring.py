@@ -42,7 +42,13 @@ from trioindex.pipeline.parse_step import (
 )
 from trioindex.services import Services, open_services
 from trioindex.storage import AsyncObjectStore
-from trioindex.values import BackoffPolicy, Claim, CompleteResult
+from trioindex.values import (
+    CHARACTER_CHUNKING,
+    BackoffPolicy,
+    Claim,
+    CompleteResult,
+    token_chunking,
+)
 from trioindex.worker.committer import GroupCommitter
 from trioindex.worker.document_budget import DocumentBudget
 from trioindex.worker.index_keeper import VectorIndexKeeper
@@ -118,10 +124,15 @@ class PipelineSteps:
         async def admit(snapshot: ParseSnapshot) -> None:
             await self.large_documents.reserve(claim.job_id, snapshot.byte_size)
 
+        async def commit(item: ChunkCommit) -> EmbedSnapshot | int:
+            # the parse result was received on this thread; the statement is built in another
+            self.large_documents.phase_done(claim.job_id)
+            return await self.store_chunks.submit(item)
+
         result = await parse_and_store(
             claim,
             begin=self.begin_parse.submit,
-            commit=self.store_chunks.submit,
+            commit=commit,
             admit=admit,
             store=self.store,
             chunker=self.chunker,
@@ -129,6 +140,7 @@ class PipelineSteps:
             parse_timeout=self.parse_timeout,
             cpu_limiter=self.cpu_limiter,
         )
+        self.large_documents.phase_done(claim.job_id)  # the statement's parameters are freed
         if isinstance(result, int):
             return result
         self._embed_from[claim.job_id] = result
@@ -141,9 +153,12 @@ class PipelineSteps:
         if snapshot.complete:
             logger.debug("job %s: embedding set already complete, step replayed", claim.job_id)
             return len(snapshot.chunks)
-        matrix = await self.coalescer.embed(
-            [chunk.text for chunk in snapshot.chunks], snapshot.dimension
-        )
+        # the texts go to the coalescer alone, which drops each one once its vector arrived:
+        # a large document's text is freed while it is embedded, and never held with its drafts
+        texts = snapshot.texts()
+        snapshot = snapshot.without_texts()
+        matrix = await self.coalescer.embed(texts, snapshot.dimension, release=True)
+        del texts
         drafts = drafts_from_matrix(snapshot, matrix)
         self._to_store[claim.job_id] = EmbeddingCommit(claim, snapshot, drafts)
         return len(drafts)
@@ -181,6 +196,12 @@ def build_chunker(settings: Settings, embedder: Embedder) -> Chunker:
     return Chunker(ChunkingPolicy(max_size=size, overlap=int(size * p.chunk_overlap)))
 
 
+def chunk_set_of(chunker: Chunker, model_name: str) -> str:
+    """The chunk set ``chunker`` makes for the model named ``model_name`` (migration 0008):
+    character chunks are shared by every model; token-aware ones are the model's own."""
+    return token_chunking(model_name) if chunker.token_aware else CHARACTER_CHUNKING
+
+
 def backoff_policy(settings: Settings) -> BackoffPolicy:
     w = settings.worker
     return BackoffPolicy(
@@ -200,10 +221,11 @@ def build_worker(
     embedder = services.embedder
     if embedder is None:
         raise ValueError("a worker needs an embedder: open the services with embedder=True")
+    chunker = build_chunker(settings, embedder)
     steps = PipelineSteps(
         db=services.db,
         store=services.storage,
-        chunker=build_chunker(settings, embedder),
+        chunker=chunker,
         embedder=embedder,
         max_document_bytes=settings.parsing.max_document_bytes,
         parse_timeout=settings.parsing.timeout,
@@ -220,6 +242,7 @@ def build_worker(
         steps=steps,
         settings=settings.worker,
         model_id=services.model.id,
+        chunking=chunk_set_of(chunker, services.model.name),
         version=__version__,
         listener=functools.partial(listen_for_jobs, services.database_url) if listen else None,
     )

@@ -14,16 +14,39 @@ import attrs
 
 from trioindex.errors import ContentInvalid
 from trioindex.pipeline.formats.detect import DocumentFormat, detect_format
-from trioindex.pipeline.formats.docx import docx_text
-from trioindex.pipeline.formats.html import html_text
 from trioindex.pipeline.formats.limits import TEXT_EXPANSION_LIMIT
-from trioindex.pipeline.formats.pdf import pdf_text
 from trioindex.pipeline.formats.text import decode, normalise
+
+# The PDF, DOCX and HTML readers are imported when a document of their format arrives: their
+# parsers (pypdf with cryptography and fontTools, python-docx, lxml) cost ~0.3 s of CPU to import,
+# which every worker start paid although small text files are parsed in the worker itself and
+# everything else in a parse process (docs/test-results/peer.md, "Where the CPU goes").
 
 __all__ = ["ExtractedText", "extract_text"]
 
 # The package's logger: the parser modules log under one name, as when they were one module.
 logger = logging.getLogger(__package__)
+
+
+class _PypdfAtDebug(logging.Handler):
+    """Takes pypdf's records (its repairs of damaged files) and re-logs them at DEBUG."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("pypdf %s: %s", record.levelname.lower(), record.getMessage())
+
+
+def _demote_pypdf_logs() -> None:
+    """pypdf's WARNINGs are repairs of non-compliant files, noise on a worker's log (the job's
+    outcome says whether the file could be read). Installed here, not in :mod:`.pdf`: that module
+    is imported with the first PDF, and the demotion must hold in every process from its start."""
+    pypdf_logger = logging.getLogger("pypdf")
+    if not any(isinstance(h, _PypdfAtDebug) for h in pypdf_logger.handlers):
+        pypdf_logger.addHandler(_PypdfAtDebug())
+    pypdf_logger.propagate = False
+
+
+_demote_pypdf_logs()
 
 
 @attrs.frozen
@@ -58,10 +81,16 @@ def extract_text(
     page_count: int | None = None
     replaced = 0
     if fmt is DocumentFormat.PDF:
+        from trioindex.pipeline.formats.pdf import pdf_text
+
         raw, page_count = pdf_text(data, max_chars)
     elif fmt is DocumentFormat.DOCX:
+        from trioindex.pipeline.formats.docx import docx_text
+
         raw = docx_text(data, max_bytes, max_chars)
     elif fmt is DocumentFormat.HTML:
+        from trioindex.pipeline.formats.html import html_text
+
         decoded, replaced = decode(data, fmt, content_type)
         # Decoded text may carry NULs or lone surrogates that libxml2 would choke on.
         raw = html_text(normalise(decoded))

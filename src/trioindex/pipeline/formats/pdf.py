@@ -8,7 +8,8 @@ unrelated exception types on damaged files: all become :class:`ContentInvalid` h
 
 pypdf logs a WARNING for every repair it makes to a non-compliant file ("EOF marker not
 found", ...): noise on a worker's log, since the job's outcome already says whether the file
-could be read. Those records are re-logged at DEBUG under this package's logger instead.
+could be read. Those records are re-logged at DEBUG under this package's logger instead (set up
+by :mod:`.extract`, which every process imports before this module).
 """
 
 from __future__ import annotations
@@ -35,24 +36,6 @@ __all__ = ["pdf_text"]
 
 # The package's logger: the parser modules log under one name, as when they were one module.
 logger = logging.getLogger(__package__)
-
-
-class _PypdfAtDebug(logging.Handler):
-    """Takes pypdf's records (its repairs of damaged files) and re-logs them at DEBUG."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if logger.isEnabledFor(logging.DEBUG):
-            logger.debug("pypdf %s: %s", record.levelname.lower(), record.getMessage())
-
-
-def _demote_pypdf_logs() -> None:
-    pypdf_logger = logging.getLogger("pypdf")
-    if not any(isinstance(h, _PypdfAtDebug) for h in pypdf_logger.handlers):
-        pypdf_logger.addHandler(_PypdfAtDebug())
-    pypdf_logger.propagate = False
-
-
-_demote_pypdf_logs()
 
 
 @attrs.define
