@@ -254,8 +254,10 @@ BEGIN
                         jsonb_build_object('embeddings', p_count[i], 'model', m.name));
                 stored := true;
             END IF;
+            -- the job was fenced above, in this subtransaction: complete it without a second
+            -- fence (nothing since then waited on anything but this transaction's own locks)
             SELECT c.became_current INTO became_current
-            FROM trioindex_complete_job(p_jobs[i], p_workers[i], p_tokens[i], p_attempts[i]) c;
+            FROM trioindex_complete_owned(j, p_workers[i], p_attempts[i]) c;
         EXCEPTION WHEN SQLSTATE 'TI001' OR SQLSTATE 'TI002' OR SQLSTATE 'TI003' THEN
             refusal := SQLSTATE; message := SQLERRM;
             stored := false; became_current := NULL;
@@ -265,12 +267,28 @@ BEGIN
 END;
 $$;
 
--- The completion (0006), counting the job's own chunk set and the vectors on it.
+-- The completion (0006), in two: trioindex_complete_job fences the claim, then
+-- trioindex_complete_owned completes the job it locked. The group commit of vectors
+-- (trioindex_store_embeddings_many) fences the job once and calls the second directly, in the
+-- same subtransaction, instead of fencing it twice. It now counts the job's own chunk set and
+-- the vectors on it.
 CREATE OR REPLACE FUNCTION trioindex_complete_job(
     p_job uuid, p_worker uuid, p_token uuid, p_attempt uuid)
 RETURNS TABLE (became_current boolean, chunks integer) LANGUAGE plpgsql AS $$
 DECLARE
     j embedding_jobs;
+BEGIN
+    -- lock order: job, then version, then document
+    j := trioindex_lock_owned_job(p_job, p_worker, p_token, p_attempt);
+    RETURN QUERY SELECT * FROM trioindex_complete_owned(j, p_worker, p_attempt);
+END;
+$$;
+
+-- The completion of job j, which the caller has fenced and locked in this transaction
+-- (trioindex_lock_owned_job); p_worker and p_attempt are the claim's, as fenced.
+CREATE FUNCTION trioindex_complete_owned(j embedding_jobs, p_worker uuid, p_attempt uuid)
+RETURNS TABLE (became_current boolean, chunks integer) LANGUAGE plpgsql AS $$
+DECLARE
     v document_versions;
     n_chunks integer;
     n_vectors integer;
@@ -278,8 +296,6 @@ DECLARE
     attempt integer;
     serves boolean;
 BEGIN
-    -- lock order: job, then version, then document
-    j := trioindex_lock_owned_job(p_job, p_worker, p_token, p_attempt);
     SELECT * INTO v FROM document_versions WHERE id = j.document_version_id FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'TI002',
@@ -335,13 +351,29 @@ BEGIN
     SET status = 'SUCCEEDED', progress = 100, finished_at = now(),
         worker_id = NULL, claim_token = NULL, locked_at = NULL, lease_expires_at = NULL,
         last_failure_type = NULL, last_failure_message = NULL
-    WHERE id = p_job;
+    WHERE id = j.id;
     INSERT INTO indexing_events
         (event_type, embedding_job_id, document_version_id, attempt_id, worker_id, detail)
-    VALUES ('JOB_SUCCEEDED', p_job, v.id, p_attempt, p_worker,
+    VALUES ('JOB_SUCCEEDED', j.id, v.id, p_attempt, p_worker,
             jsonb_build_object('attempt_no', attempt, 'chunks', n_chunks,
                                'became_current', became_current));
     chunks := n_chunks;
     RETURN NEXT;
 END;
 $$;
+
+-- Key lookups only. plpgsql caches a generic plan per connection after five calls; when that
+-- happens while these tables are small and analysed as small, a sequential scan is the
+-- cheapest plan and stays until the next analyse (measured: embedding_job_attempts and
+-- document_chunks scanned thousands of times in a 2,000-job run, docs/test-results/peer.md).
+-- Every statement in these functions has an index to use; the setting holds for the
+-- functions they call too.
+ALTER FUNCTION trioindex_lock_owned_job(uuid, uuid, uuid, uuid) SET enable_seqscan = off;
+ALTER FUNCTION trioindex_begin_parse_many(uuid[], uuid[], uuid[], uuid[]) SET enable_seqscan = off;
+ALTER FUNCTION trioindex_store_chunks_many(
+    uuid[], uuid[], uuid[], uuid[], uuid[], text[], text[], bigint[], integer[], integer[],
+    integer[], uuid[], text[], integer[], integer[], integer[], text[]) SET enable_seqscan = off;
+ALTER FUNCTION trioindex_store_embeddings_many(
+    uuid[], uuid[], uuid[], uuid[], uuid[], uuid[], integer[], integer[], uuid[], vector[],
+    text[]) SET enable_seqscan = off;
+ALTER FUNCTION trioindex_complete_owned(embedding_jobs, uuid, uuid) SET enable_seqscan = off;

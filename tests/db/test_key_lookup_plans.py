@@ -1,0 +1,44 @@
+"""Migration 0008's plan settings on a real PostgreSQL: the fence's key lookups are index scans
+even when their plans were made while the tables were nearly empty (a fresh database, a first
+bulk load)."""
+
+from __future__ import annotations
+
+from tests import helpers
+from trioindex.db import jobs as lifecycle
+from trioindex.db.pool import Connection, Database
+from trioindex.values import Claim
+
+
+def sequential_scans(conn: Connection, table: str) -> int:
+    """Sequential scans of ``table`` by this session's current transaction."""
+    row = conn.execute(
+        "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = %s", (table,)
+    ).fetchone()
+    assert row is not None
+    return int(row["seq_scan"])
+
+
+def fence(conn: Connection, claim: Claim) -> None:
+    conn.execute(
+        "SELECT id FROM trioindex_lock_owned_job(%s, %s, %s, %s)",
+        (claim.job_id, claim.worker_id, claim.claim_token, claim.attempt_id),
+    )
+
+
+def test_the_fence_finds_the_attempt_by_index_while_the_table_is_tiny(db: Database) -> None:
+    with db.connection() as conn:
+        model = helpers.model(conn)
+        for _ in range(3):
+            helpers.enqueue(conn, model.id)
+        claims = lifecycle.claim_jobs(conn, helpers.worker(conn), 3, 300)
+        # what autovacuum does to a new table after its first rows: statistics of a small table
+        conn.execute("ANALYZE embedding_jobs, embedding_job_attempts")
+        # a dozen calls on one connection: five custom plans, then the cached generic one, all
+        # made for a table of three rows (one page), where a sequential scan costs least
+        with conn.transaction():
+            for _ in range(4):
+                for claim in claims:
+                    fence(conn, claim)
+            assert sequential_scans(conn, "embedding_job_attempts") == 0
+            assert sequential_scans(conn, "embedding_jobs") == 0
