@@ -112,6 +112,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("fast server", 20.0, 1, 8),
     Scenario("fast server, two workers", 20.0, 2, 4),
     Scenario("slow server", 200.0, 1, 8),
+    # the worker's default job slots with a remote embedder (256; these pinned 8 before it)
+    Scenario("fast server, default concurrency", 20.0, 1, 256),
 )
 QUICK_SCENARIOS: tuple[Scenario, ...] = (Scenario("fast server", 20.0, 1, 8),)
 
