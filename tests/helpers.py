@@ -145,3 +145,12 @@ def forge(conn: Connection, claim: Claim, forgery: str) -> Claim:
     if forgery == "wrong attempt":
         return attrs.evolve(claim, attempt_id=uuid.uuid4())
     raise ValueError(forgery)
+
+
+def waits_on_a_lock(conn: Connection, pid: int) -> bool:
+    """Whether the backend ``pid`` is waiting on a lock now (seen in ``pg_stat_activity``): how
+    race tests know the other side is blocked before they let the first one go."""
+    row = conn.execute(
+        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    return row is not None and row["wait_event_type"] == "Lock"

@@ -106,13 +106,6 @@ def test_ingesting_a_deleted_key_again_starts_a_new_history(db: Database) -> Non
 # --- a delete racing a worker --------------------------------------------------------------
 
 
-def _waits_on_a_lock(conn: Connection, pid: int) -> bool:
-    row = conn.execute(
-        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    return row is not None and row["wait_event_type"] == "Lock"
-
-
 def _first_holds_second_waits(
     db: Database, first: Callable[[Connection], object], second: Callable[[Connection], object]
 ) -> tuple[object, object]:
@@ -140,7 +133,7 @@ def _first_holds_second_waits(
     with ThreadPoolExecutor(2) as pool:
         held, waiting = pool.submit(hold), pool.submit(wait)
         with db.connection() as conn:
-            while not (pids and _waits_on_a_lock(conn, pids[0])):
+            while not (pids and helpers.waits_on_a_lock(conn, pids[0])):
                 assert not waiting.done(), f"did not wait: {waiting.result()!r}"
         release.set()
         return held.result(), waiting.result()

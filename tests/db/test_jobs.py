@@ -573,7 +573,7 @@ def _blocked_then_released(
     with ThreadPoolExecutor(2) as pool:
         held, waiting = pool.submit(first), pool.submit(second)
         with db.connection() as conn:
-            while not (waiter and _waits_on_a_lock(conn, waiter[0])):
+            while not (waiter and helpers.waits_on_a_lock(conn, waiter[0])):
                 assert not waiting.done(), f"did not wait for the lock: {waiting.result()!r}"
                 assert not held.done(), held.result()
         release.set()
@@ -884,7 +884,7 @@ def test_an_older_version_completing_while_a_newer_one_commits_does_not_replace_
         second = pool.submit(complete_v2)
         # v2 must be blocked on a lock (the document row) before v3 commits
         with db.connection() as conn:
-            while not (v2_backend and _waits_on_a_lock(conn, v2_backend[0])):
+            while not (v2_backend and helpers.waits_on_a_lock(conn, v2_backend[0])):
                 assert not second.done(), second.result()
         release_v3.set()
         assert first.result().became_current  # type: ignore[attr-defined]
@@ -901,13 +901,6 @@ def test_an_older_version_completing_while_a_newer_one_commits_does_not_replace_
             (v2.job_id,),
         ).fetchall()
         assert event["detail"]["became_current"] is False
-
-
-def _waits_on_a_lock(conn: Any, pid: int) -> bool:
-    row = conn.execute(
-        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    return row is not None and row["wait_event_type"] == "Lock"
 
 
 # --- hand back at shutdown (issue 11 §3) ------------------------------------------------------

@@ -212,9 +212,7 @@ def test_an_activation_racing_an_ingest_still_covers_the_ingested_version(
     with ThreadPoolExecutor(2) as pool:
         ingesting, activating = pool.submit(ingest), pool.submit(activate)
         with db.connection() as conn:
-            while not pid or conn.execute(
-                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid[0],)
-            ).fetchone() != {"wait_event_type": "Lock"}:
+            while not (pid and helpers.waits_on_a_lock(conn, pid[0])):
                 assert not activating.done(), activating.result()
         release.set()
         ingesting.result()

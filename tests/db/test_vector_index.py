@@ -5,12 +5,12 @@ vector search answering the same before and after."""
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
 
 from testkit.search_corpus import IndexedDocument, store_indexed
+from tests import helpers
 from trioindex.db.models import EmbeddingModel, ensure_model, remove_model
 from trioindex.db.pool import Connection, Database
 from trioindex.db.vector_index import (
@@ -134,11 +134,13 @@ def test_removing_a_model_during_its_index_build_is_refused_until_the_build_ends
     with db.connection() as blocker, db.connection() as watcher:
         blocker.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         blocker.execute("SELECT count(*) FROM embedding_models")  # a snapshot the build waits on
+        pid: list[int] = []
         builder = threading.Thread(
-            target=lambda: built.append(_build_on_own_connection(db, model)), daemon=True
+            target=lambda: built.append(_build_on_own_connection(db, model, pid)), daemon=True
         )
         builder.start()
-        _wait_until_waiting(watcher, "CREATE INDEX CONCURRENTLY")
+        while not (pid and helpers.waits_on_a_lock(watcher, pid[0])):
+            assert builder.is_alive(), "the build did not wait for the open snapshot"
         with db.connection() as remover:
             # bounded: without the build lock the removal would wait for the build's table
             # lock while the build waits for this test
@@ -158,20 +160,7 @@ def test_removing_a_model_during_its_index_build_is_refused_until_the_build_ends
         assert index_state(conn, model) is IndexState.MISSING
 
 
-def _build_on_own_connection(db: Database, model: EmbeddingModel) -> bool:
+def _build_on_own_connection(db: Database, model: EmbeddingModel, pid: list[int]) -> bool:
     with db.connection() as conn:
+        pid.append(conn.info.backend_pid)
         return build_vector_index(conn, model, min_vectors=1)
-
-
-def _wait_until_waiting(conn: Connection, statement: str) -> None:
-    """Until a session running ``statement`` waits on a lock (seen in pg_stat_activity)."""
-    for _ in range(600):
-        row = conn.execute(
-            """SELECT count(*) AS n FROM pg_stat_activity
-               WHERE query LIKE %s AND wait_event_type = 'Lock'""",
-            (statement + "%",),
-        ).fetchone()
-        if row is not None and row["n"]:
-            return
-        time.sleep(0.05)  # sync-ok: polling a server-side state, bounded
-    raise AssertionError(f"no session waited in {statement!r}")

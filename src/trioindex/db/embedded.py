@@ -34,7 +34,7 @@ import secrets
 import shlex
 import subprocess
 import tempfile
-import time
+import time  # sync-ok: sleeps only in start(), which runs in a worker thread
 from pathlib import Path
 from urllib.parse import quote
 
