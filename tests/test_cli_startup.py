@@ -19,8 +19,10 @@ from testkit.embed_server import FakeEmbedServer
 from testkit.processes import base_env, cli
 
 # What a command that neither indexes nor embeds in-process must not load: torch and the model
-# stack (seconds each), the S3 client, the parsers and the parse-process pool.
+# stack (seconds each), the S3 client, the parsers and the parse-process pool; and pydantic
+# (0.2 s), which typer 0.29 imports to coerce any option value (pyproject pins typer < 0.29).
 HEAVY = {
+    "pydantic",
     "torch",
     "sentence_transformers",
     "transformers",

@@ -8,6 +8,7 @@ import hashlib
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -125,6 +126,9 @@ class _Wrapped:
 
     def ensure_ready(self) -> None:
         self.inner.ensure_ready()
+
+    def deferred_sync(self) -> AbstractContextManager[None]:
+        return self.inner.deferred_sync()
 
 
 @attrs.define(eq=False)

@@ -6,8 +6,9 @@ import hashlib
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import attrs
 import psycopg
@@ -21,6 +22,7 @@ from trioindex.db.pool import Database
 from trioindex.errors import ConfigError, FailureType, ObjectNotFound
 from trioindex.ingest import (
     IngestResult,
+    NewVersion,
     SkippedFile,
     discover,
     enqueue_version,
@@ -268,6 +270,9 @@ class WriterDuringUpload:
     def ensure_ready(self) -> None:
         self.inner.ensure_ready()
 
+    def deferred_sync(self) -> AbstractContextManager[None]:
+        return self.inner.deferred_sync()
+
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
@@ -487,3 +492,51 @@ async def test_reingesting_restores_a_lost_blob_and_requeues_its_failed_job(
         (claim,) = lifecycle.claim_jobs(conn, helpers.worker(conn), 1, 300, model_id=model.id)
     assert claim.job_id == first.job_id
     assert await store.get(key, max_bytes=1 << 20) == data
+
+
+async def test_every_blob_of_a_run_is_on_disk_before_its_version_is_enqueued(
+    db: Database, folder_store: AsyncObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run defers the folder store's fsyncs to the end of each slice of files: still, no
+    version is enqueued before its blob and the blob's folder have been fsynced."""
+    from trioindex.ingest import files as ingest_files
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(40):
+        (docs / f"doc-{i:02d}.txt").write_text(f"document number {i}")
+    synced: set[tuple[int, bool]] = set()
+    real_fsync = os.fsync
+
+    def logged_fsync(fd: int) -> None:
+        real_fsync(fd)
+        synced.add((os.fstat(fd).st_ino, os.path.isdir(f"/proc/self/fd/{fd}")))
+
+    unsynced_at_enqueue: list[str] = []
+    real_enqueue = ingest_files.enqueue_versions
+
+    def checked_enqueue(
+        conn: psycopg.Connection[Any], versions: list[NewVersion], **kwargs: Any
+    ) -> Any:
+        assert isinstance(folder_store.store, FolderStore)
+        for version in versions:
+            blob = folder_store.store.root / version.storage_key
+            if (blob.stat().st_ino, False) not in synced or (
+                blob.parent.stat().st_ino,
+                True,
+            ) not in synced:
+                unsynced_at_enqueue.append(version.document_key)
+        return real_enqueue(conn, versions, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", logged_fsync)
+    monkeypatch.setattr(ingest_files, "enqueue_versions", checked_enqueue)
+    model = await db.run(ensure_model, "m", 4)
+    with trio.fail_after(30):
+        entries = await ingest_paths(
+            [docs], db=db, store=folder_store, model_id=model.id, max_attempts=3
+        )
+    assert [e.status for e in entries] == ["created"] * 40
+    assert unsynced_at_enqueue == []
+    # and the fsyncs were deferred, not skipped: each blob once, each folder once
+    folders = {_sha(f.read_bytes())[:2] for f in docs.iterdir()}
+    assert len(synced) == 40 + len(folders)

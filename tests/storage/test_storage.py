@@ -6,6 +6,7 @@ parsing and redaction, credentials never leaking, and the Trio facade's thread d
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import logging
@@ -420,6 +421,104 @@ def test_folder_put_is_atomic_and_leaves_no_temp_files(tmp_path: Path) -> None:
     assert names == [".c.txt.meta.json", "c.txt"]
 
 
+class FsyncLog:
+    """What ``os.fsync`` was called on (the system call the folder store's durability rests
+    on), as (inode, is a directory), in order; the call itself still runs."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.synced: list[tuple[int, bool]] = []
+        real = os.fsync
+
+        def logged(fd: int) -> None:
+            st = os.fstat(fd)
+            self.synced.append((st.st_ino, os.path.isdir(f"/proc/self/fd/{fd}")))
+            real(fd)
+
+        monkeypatch.setattr(os, "fsync", logged)
+
+    def covers(self, *paths: Path) -> bool:
+        return all((path.stat().st_ino, path.is_dir()) in self.synced for path in paths)
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> FolderStore:
+    made = FolderStore(tmp_path / "blobs")
+    made.ensure_ready()
+    return made
+
+
+@pytest.fixture
+def fsyncs(monkeypatch: pytest.MonkeyPatch) -> FsyncLog:
+    return FsyncLog(monkeypatch)
+
+
+def test_folder_put_syncs_the_file_and_its_folder(folder: FolderStore, fsyncs: FsyncLog) -> None:
+    put_bytes(folder, "a/one", b"one")
+    assert fsyncs.covers(folder.root / "a/one", folder.root / "a")
+
+
+def test_folder_deferred_sync_syncs_every_put_when_the_block_ends(
+    folder: FolderStore, fsyncs: FsyncLog
+) -> None:
+    with folder.deferred_sync():
+        put_bytes(folder, "a/one", b"one")
+        put_bytes(folder, "b/two", b"two")
+        with folder.deferred_sync():  # nested: the outer block syncs
+            put_bytes(folder, "a/three", b"three")
+        assert fsyncs.synced == []  # nothing waited for the disk yet
+        assert folder.get("a/one", max_bytes=10) == b"one"  # but visible
+    blobs = folder.root
+    assert fsyncs.covers(blobs / "a/one", blobs / "b/two", blobs / "a/three")
+    assert fsyncs.covers(blobs / "a", blobs / "b")
+    assert len(fsyncs.synced) == 5  # each folder once
+    # outside a block, puts sync as they go again
+    put_bytes(folder, "c/four", b"four")
+    assert fsyncs.covers(blobs / "c/four", blobs / "c")
+
+
+def test_folder_deferred_sync_ending_in_an_error_syncs_nothing(
+    folder: FolderStore, fsyncs: FsyncLog
+) -> None:
+    with pytest.raises(RuntimeError), folder.deferred_sync():
+        put_bytes(folder, "a/one", b"one")
+        raise RuntimeError("the caller gave up")
+    assert fsyncs.synced == []
+    # the block is over for this thread: the next put syncs itself
+    put_bytes(folder, "a/two", b"two")
+    assert fsyncs.covers(folder.root / "a/two")
+
+
+def test_folder_deferred_sync_is_per_thread(folder: FolderStore, fsyncs: FsyncLog) -> None:
+    with folder.deferred_sync():
+        other = threading.Thread(target=put_bytes, args=(folder, "x/other", b"other"))
+        other.start()
+        other.join()
+        # another thread's put is outside this block: it synced before returning
+        assert fsyncs.covers(folder.root / "x/other")
+
+
+def test_folder_deferred_sync_reports_a_failed_sync_as_unavailable(
+    folder: FolderStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    with pytest.raises(StorageUnavailable, match="cannot sync"), folder.deferred_sync():
+        put_bytes(folder, "a/one", b"one")
+        monkeypatch.setattr(os, "fsync", failing)
+
+
+def test_s3_put_is_durable_on_return_so_deferred_sync_changes_nothing(
+    s3_server: S3Server, s3_url: str
+) -> None:
+    store = open_store(s3_url)
+    store.ensure_ready()
+    with store.deferred_sync():
+        put_bytes(store, "a/one", b"one")
+        assert store.get("a/one", max_bytes=10) == b"one"
+
+
 def test_folder_get_of_a_huge_file_reads_nothing(tmp_path: Path) -> None:
     store = FolderStore(tmp_path / "blobs")
     store.ensure_ready()
@@ -605,6 +704,9 @@ class BlockingStore:
         raise NotImplementedError
 
     def ensure_ready(self) -> None:
+        raise NotImplementedError
+
+    def deferred_sync(self) -> contextlib.nullcontext[None]:
         raise NotImplementedError
 
 

@@ -57,21 +57,6 @@ def _main(
     pass
 
 
-def _hide_flag_types() -> None:
-    """Help lists no value type for a flag: typer 0.29 prints ``<bool>`` for options that take
-    no value (``--json``, ``--help``), which reads as if they wanted one."""
-    from typer.core import TyperOption
-
-    shown = TyperOption.display_type_rich
-
-    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
-        return None if self.is_flag else shown(self, ctx)
-
-    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
-
-
-_hide_flag_types()
-
 P = ParamSpec("P")
 T = TypeVar("T")
 

@@ -44,7 +44,7 @@ from trioindex.ingest.files import (
     enqueue_files,
     ingest_file,
     open_source,
-    prepare_file,
+    prepare_file_sync,
     storage_key_for,
 )
 from trioindex.ingest.results import (
@@ -57,7 +57,7 @@ from trioindex.ingest.results import (
     printable,
 )
 from trioindex.ingest.sync import SyncRefused, delete_missing, plan_sync
-from trioindex.storage import AsyncObjectStore
+from trioindex.storage import AsyncObjectStore, ObjectStore
 
 __all__ = [
     "MAX_KEY_CHARS",
@@ -91,9 +91,10 @@ logger = logging.getLogger(__name__)
 # Files per enqueue transaction: one WAL flush and one NOTIFY for the group, not one per file
 # (a run of small files was bound by those), while a transaction stays well under a second.
 FILES_PER_TRANSACTION: Final = 256
-# Files being read, hashed and uploaded at once: overlaps the store's writes (a folder store
-# syncs each file to disk) and round trips; the store's own limiter bounds its threads.
-FILES_AT_ONCE: Final = 16
+# Slices of a group read, hashed and uploaded at once, each in one store thread (its files one
+# after another: a thread hop costs more CPU than a small file): overlaps the store's writes (a
+# folder store syncs each file to disk) and round trips; the store's limiter bounds its threads.
+FILES_AT_ONCE: Final = 4
 
 
 async def ingest_paths(
@@ -164,11 +165,10 @@ async def _ingest_files(
         i: item for i, item in enumerate(found) if isinstance(item, SkippedFile)
     }
     sources = [(i, item) for i, item in enumerate(found) if isinstance(item, SourceFile)]
-    limiter = trio.CapacityLimiter(FILES_AT_ONCE)
     for start in range(0, len(sources), FILES_PER_TRANSACTION):
         group = sources[start : start + FILES_PER_TRANSACTION]
         latest = await db.run(latest_versions, [source.document_key for _, source in group])
-        prepared = await _prepare_group(group, latest, store, limiter)
+        prepared = await _prepare_group(group, latest, store)
         entries.update((i, p) for i, p in prepared.items() if isinstance(p, SkippedFile))
         ready = [(i, p) for i, p in sorted(prepared.items()) if isinstance(p, PreparedFile)]
         results = await enqueue_files(
@@ -186,31 +186,41 @@ async def _prepare_group(
     group: Sequence[tuple[int, SourceFile]],
     latest: Mapping[str, Mapping[str, object]],
     store: AsyncObjectStore,
-    limiter: trio.CapacityLimiter,
 ) -> dict[int, PreparedFile | SkippedFile]:
-    """:func:`prepare_file` for each file of ``group`` at once (``limiter`` bounding them); a
-    file that cannot be ingested becomes its ``error`` entry, and the first storage or database
-    error cancels the rest and is raised (as itself, not in an exception group)."""
+    """:func:`prepare_file_sync` for each file of ``group``, in :data:`FILES_AT_ONCE` slices run
+    at once, one store thread hop per slice (the store's limiter bounds them); a file that
+    cannot be ingested becomes its ``error`` entry, and the first storage or database error
+    cancels the rest and is raised (as itself, not in an exception group)."""
     done: dict[int, PreparedFile | SkippedFile] = {}
     outage: list[Exception] = []
 
-    async def one(i: int, source: SourceFile) -> None:
-        async with limiter:
-            try:
-                done[i] = await prepare_file(
-                    source, store=store, latest=latest.get(source.document_key)
-                )
-            except FileNotIngested as exc:
-                done[i] = SkippedFile(
-                    printable(source.path), source.document_key, "error", exc.reason
-                )
-            except Exception as exc:  # not about this file (an outage): ends the run below
-                outage.append(exc)
-                nursery.cancel_scope.cancel()
+    def prepare_slice(files: Sequence[tuple[int, SourceFile]], blocking: ObjectStore) -> None:
+        slice_done: dict[int, PreparedFile | SkippedFile] = {}
+        # the slice's uploads are durable before any of them is reported (and enqueued)
+        with blocking.deferred_sync():
+            for i, source in files:
+                trio.from_thread.check_cancelled()  # a cancelled run stops between files
+                try:
+                    slice_done[i] = prepare_file_sync(
+                        source, blocking, latest=latest.get(source.document_key)
+                    )
+                except FileNotIngested as exc:
+                    slice_done[i] = SkippedFile(
+                        printable(source.path), source.document_key, "error", exc.reason
+                    )
+        done.update(slice_done)
 
+    async def one(files: Sequence[tuple[int, SourceFile]]) -> None:
+        try:
+            await store.run(functools.partial(prepare_slice, files))
+        except Exception as exc:  # not about one file (an outage): ends the run below
+            outage.append(exc)
+            nursery.cancel_scope.cancel()
+
+    size = -(-len(group) // FILES_AT_ONCE)
     async with trio.open_nursery() as nursery:
-        for i, source in group:
-            nursery.start_soon(one, i, source)
+        for start in range(0, len(group), size):
+            nursery.start_soon(one, group[start : start + size])
     if outage:
         raise outage[0]
     return done

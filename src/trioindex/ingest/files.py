@@ -25,7 +25,6 @@ from uuid import UUID
 
 import attrs
 import psycopg
-import trio
 
 from trioindex.db.pool import Database
 from trioindex.errors import ObjectNotFound
@@ -37,7 +36,7 @@ from trioindex.ingest.enqueue import (
     requeue_failed_job,
 )
 from trioindex.ingest.results import FileChanged, FileNotIngested, IngestResult, printable
-from trioindex.storage import AsyncObjectStore
+from trioindex.storage import AsyncObjectStore, ObjectStore
 
 __all__ = [
     "PreparedFile",
@@ -46,6 +45,7 @@ __all__ = [
     "ingest_file",
     "open_source",
     "prepare_file",
+    "prepare_file_sync",
     "storage_key_for",
 ]
 
@@ -129,18 +129,26 @@ async def ingest_file(
 async def prepare_file(
     source: SourceFile, *, store: AsyncObjectStore, latest: Mapping[str, object] | None
 ) -> PreparedFile:
+    """:func:`prepare_file_sync` in one of the store's threads."""
+    return await store.run(functools.partial(prepare_file_sync, source, latest=latest))
+
+
+def prepare_file_sync(
+    source: SourceFile, store: ObjectStore, *, latest: Mapping[str, object] | None
+) -> PreparedFile:
     """Read and hash the file, and upload it unless ``latest`` (its document's newest version,
     looked up just before) has the same bytes; restore that version's blob if the store lost it.
+    Blocking: it runs in a store thread (:meth:`AsyncObjectStore.run`), many files to a hop.
 
     A file that changes between hashing and upload is read again from the start once; a second
     change, or a file that cannot be read, raises :class:`FileNotIngested`.
     """
     try:
-        return await _prepare_once(source, store, latest)
+        return _prepare_once(source, store, latest)
     except FileChanged:
         logger.info("ingest %s: changed while being read; reading it again", source.document_key)
         try:
-            return await _prepare_once(source, store, latest)
+            return _prepare_once(source, store, latest)
         except FileChanged:
             raise FileNotIngested(
                 "the file changed while it was being read, twice; not ingested "
@@ -190,12 +198,12 @@ async def enqueue_files(
     return finished
 
 
-async def _prepare_once(
-    source: SourceFile, store: AsyncObjectStore, latest: Mapping[str, object] | None
+def _prepare_once(
+    source: SourceFile, store: ObjectStore, latest: Mapping[str, object] | None
 ) -> PreparedFile:
     # One open file for hashing and upload: the bytes uploaded are those of the same inode, and
     # the store checks them against the hash before anything becomes visible.
-    handle, sha256, size = await trio.to_thread.run_sync(_open_and_digest, source)
+    handle, sha256, size = _open_and_digest(source)
     with handle:
         content_type = mimetypes.guess_type(source.path.name)[0]
         upload = functools.partial(
@@ -203,15 +211,15 @@ async def _prepare_once(
         )
         restored = False
         if latest is None or latest["sha256"] != sha256:
-            await upload(storage_key_for(sha256))
-        elif not await _blob_intact(store, str(latest["storage_key"]), sha256, size):
+            upload(storage_key_for(sha256))
+        elif not _blob_intact(store, str(latest["storage_key"]), sha256, size):
             logger.warning(
                 "ingest %s: version %s lost its stored copy in %s; uploading it again",
                 source.document_key,
                 latest["version_no"],
                 store.description,
             )
-            await upload(str(latest["storage_key"]))
+            upload(str(latest["storage_key"]))
             restored = True
     version = NewVersion(
         document_key=source.document_key,
@@ -225,8 +233,8 @@ async def _prepare_once(
     return PreparedFile(version, restored)
 
 
-async def _upload(
-    store: AsyncObjectStore,
+def _upload(
+    store: ObjectStore,
     handle: BinaryIO,
     key: str,
     *,
@@ -235,15 +243,15 @@ async def _upload(
     content_type: str | None,
 ) -> None:
     try:
-        await store.put(key, handle, size=size, sha256=sha256, content_type=content_type)
+        store.put(key, handle, size=size, sha256=sha256, content_type=content_type)
     except ValueError:
         # the store read other bytes (or fewer) than were hashed: nothing was stored
         raise FileChanged() from None
 
 
 def _open_and_digest(source: SourceFile) -> tuple[BinaryIO, str, int]:
-    """:func:`open_source` and :func:`digest` in one thread hop; the handle is left at its start,
-    for the upload."""
+    """:func:`open_source` and :func:`digest`; the handle is left at its start, for the
+    upload."""
     handle = open_source(source)
     try:
         sha256, size = digest(handle)
@@ -254,10 +262,10 @@ def _open_and_digest(source: SourceFile) -> tuple[BinaryIO, str, int]:
     return handle, sha256, size
 
 
-async def _blob_intact(store: AsyncObjectStore, key: str, sha256: str, size: int) -> bool:
+def _blob_intact(store: ObjectStore, key: str, sha256: str, size: int) -> bool:
     """One stat: is the version's blob in the store, with its size and (when known) hash?"""
     try:
-        info = await store.stat(key)
+        info = store.stat(key)
     except ObjectNotFound:
         return False
     return info.size == size and info.sha256 in (None, sha256)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import io
 import re
+from contextlib import AbstractContextManager
 from typing import IO, BinaryIO, Final, Protocol, TypedDict, Unpack
 
 import attrs
@@ -82,6 +83,13 @@ class ObjectStore(Protocol):
 
     def ensure_ready(self) -> None:
         """Create the bucket / folder if missing; ``StorageUnavailable`` if that fails."""
+        ...
+
+    def deferred_sync(self) -> AbstractContextManager[None]:
+        """A block whose ``put`` calls (in this thread) may return before their bytes are
+        durable; all of them are when the block exits without an error (``StorageUnavailable``
+        if that fails). A caller publishes none of those keys before the block ends. Ingest
+        uses it for a slice of files: one disk flush for many small files, not one each."""
         ...
 
 

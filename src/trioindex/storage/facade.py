@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Unpack
+from typing import BinaryIO, TypeVar, Unpack
 
 import attrs
 import trio
@@ -16,6 +17,8 @@ from trioindex.errors import ConfigError
 from trioindex.storage.contract import ObjectInfo, ObjectStore, PutOptions
 from trioindex.storage.folder import FolderStore
 from trioindex.storage.urls import FolderLocation, StorageUrlError, parse_storage_url, redact_url
+
+T = TypeVar("T")
 
 
 def open_store(url: str) -> ObjectStore:
@@ -81,6 +84,11 @@ class AsyncObjectStore:
 
     async def delete(self, key: str) -> None:
         await trio.to_thread.run_sync(self.store.delete, key, limiter=self.limiter)
+
+    async def run(self, work: Callable[[ObjectStore], T]) -> T:
+        """``work(store)`` in one worker thread: several blocking calls for one hop, as ingest
+        does for a slice of files (a hop costs more CPU than a small file's upload)."""
+        return await trio.to_thread.run_sync(work, self.store, limiter=self.limiter)
 
     async def ensure_ready(self) -> None:
         await trio.to_thread.run_sync(self.store.ensure_ready, limiter=self.limiter)

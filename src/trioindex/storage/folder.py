@@ -6,11 +6,14 @@ sidecar next to each file; see :class:`FolderStore` for how a crash between the 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, Unpack
 
@@ -49,11 +52,18 @@ class FolderStore:
     ``stat``, never a wrong answer, and two fsyncs per object (file, folder) instead of three
     are what an upload waits for.
 
+    Inside :meth:`deferred_sync` a thread's puts skip both fsyncs and the block's end makes
+    them: each file, then each folder. The first fsync commits the file system's journal with
+    every rename and (ext4 ``data=ordered``) every file's data in it, so the rest cost little:
+    a slice of small files waits for about one disk flush instead of two per file.
+
     A missing root, a root that is not a directory, and any other OS error are
     ``StorageUnavailable`` (the "server is down" of a folder).
     """
 
     root: Path = attrs.field(converter=Path)
+    # per thread: the paths put inside a deferred_sync block, None outside one
+    _deferred: threading.local = attrs.field(factory=threading.local, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if not self.root.is_absolute():
@@ -104,6 +114,7 @@ class FolderStore:
         check_put_args(size, sha256)
         content_type = content_type or DEFAULT_CONTENT_TYPE
         reader = VerifyingReader(as_stream(data), size, sha256)
+        deferred: list[Path] | None = getattr(self._deferred, "paths", None)
         if not self.root.is_dir():
             raise StorageUnavailable(f"{self.description}: root folder is missing")
         try:
@@ -117,7 +128,8 @@ class FolderStore:
                 while chunk := reader.read(_CHUNK):
                     out.write(chunk)
                 out.flush()
-                os.fsync(out.fileno())
+                if deferred is None:
+                    os.fsync(out.fileno())
                 st = os.fstat(out.fileno())
             meta = {
                 "sha256": sha256,
@@ -128,13 +140,46 @@ class FolderStore:
             }
             self._write_sidecar(self._sidecar(path), json.dumps(meta).encode())
             os.replace(tmp, path)
-            self._fsync_dir(path.parent)
+            if deferred is None:
+                self._fsync_dir(path.parent)
+            else:
+                deferred.append(path)
         except OSError as exc:
             raise self._unavailable("write", key, exc) from exc
         finally:
             tmp.unlink(missing_ok=True)
         logger.debug("stored %r (%d bytes) in %s", key, size, self.description)
         return ObjectInfo(key=key, size=size, sha256=sha256, content_type=content_type)
+
+    @contextlib.contextmanager
+    def deferred_sync(self) -> Iterator[None]:
+        if getattr(self._deferred, "paths", None) is not None:  # nested: the outer block syncs
+            yield
+            return
+        paths: list[Path] = []
+        self._deferred.paths = paths
+        try:
+            yield
+        finally:
+            self._deferred.paths = None
+        self._sync(paths)
+
+    def _sync(self, paths: list[Path]) -> None:
+        for path in paths:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue  # deleted meanwhile: nothing of it to make durable
+            except OSError as exc:
+                raise self._unavailable("sync", path.name, exc) from exc
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                raise self._unavailable("sync", path.name, exc) from exc
+            finally:
+                os.close(fd)
+        for directory in dict.fromkeys(path.parent for path in paths):
+            self._fsync_dir(directory)
 
     def get(self, key: str, *, max_bytes: int) -> bytes:
         check_max_bytes(max_bytes)
