@@ -488,6 +488,48 @@ def test_folder_deferred_sync_ending_in_an_error_syncs_nothing(
     assert fsyncs.covers(folder.root / "a/two")
 
 
+def test_folder_deferred_sync_replacing_a_published_key_syncs_it_before_the_rename(
+    folder: FolderStore, fsyncs: FsyncLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key that exists may be what committed versions point at (objects are shared by
+    content): a deferred put over it must never leave the key naming bytes not yet on disk."""
+    put_bytes(folder, "k", b"published")
+    renamed_unsynced: list[str] = []
+    real_replace = os.replace
+
+    def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        published = Path(dst).exists() and not Path(dst).name.startswith(".")  # no sidecar
+        if published and (os.stat(src).st_ino, False) not in fsyncs.synced:
+            renamed_unsynced.append(Path(dst).name)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with folder.deferred_sync():
+        put_bytes(folder, "k", b"published")  # a second document with the same bytes
+        assert renamed_unsynced == []
+        calls = len(fsyncs.synced)
+        put_bytes(folder, "new", b"a new object: its fsync may wait")
+        assert len(fsyncs.synced) == calls
+    assert fsyncs.covers(folder.root / "k", folder.root / "new")
+
+
+def _open_files() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_folder_deferred_sync_leaves_no_file_open(folder: FolderStore) -> None:
+    before = _open_files()
+    with folder.deferred_sync():
+        for i in range(5):
+            put_bytes(folder, f"a/{i}", b"x" * i)
+        assert _open_files() == before + 5  # synced at the end through the writing descriptors
+    assert _open_files() == before
+    with pytest.raises(RuntimeError), folder.deferred_sync():
+        put_bytes(folder, "b/1", b"y")
+        raise RuntimeError("the caller gave up")
+    assert _open_files() == before
+
+
 def test_folder_deferred_sync_is_per_thread(folder: FolderStore, fsyncs: FsyncLog) -> None:
     with folder.deferred_sync():
         other = threading.Thread(target=put_bytes, args=(folder, "x/other", b"other"))

@@ -218,7 +218,7 @@ async def _prepare_group(
             outage.append(exc)
             nursery.cancel_scope.cancel()
 
-    size = -(-len(group) // FILES_AT_ONCE)
+    size = max(1, -(-len(group) // FILES_AT_ONCE))
     async with trio.open_nursery() as nursery:
         for start in range(0, len(group), size):
             nursery.start_soon(one, group[start : start + size])

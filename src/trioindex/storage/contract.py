@@ -86,10 +86,12 @@ class ObjectStore(Protocol):
         ...
 
     def deferred_sync(self) -> AbstractContextManager[None]:
-        """A block whose ``put`` calls (in this thread) may return before their bytes are
-        durable; all of them are when the block exits without an error (``StorageUnavailable``
-        if that fails). A caller publishes none of those keys before the block ends. Ingest
-        uses it for a slice of files: one disk flush for many small files, not one each."""
+        """A block whose ``put`` calls (in this thread) of new keys may return before their
+        bytes are durable; all of them are when the block exits without an error
+        (``StorageUnavailable`` if that fails; a nested block leaves it to the outermost). A
+        caller publishes none of those keys before the block ends; a put over an existing key
+        is durable before it replaces the key, as outside a block. Ingest uses it for a slice
+        of files: about one disk flush for many small files, not two for each."""
         ...
 
 
