@@ -4,7 +4,8 @@
 
 It speaks the three endpoints the clients use: ``GET /info`` and ``POST /embed`` (TEI) and
 ``POST /v1/embeddings`` (OpenAI-compatible, ``data`` shuffled by default so clients must order by
-``index``). Vectors are deterministic unit vectors seeded by a hash of the text
+``index``; vectors as base64 of little-endian float32 when the request's ``encoding_format`` is
+``"base64"``, as OpenAI's API does, else as JSON numbers). Vectors are deterministic unit vectors seeded by a hash of the text
 (:func:`fake_vector`), so a test can check every vector and its order.
 
 Modes, set per test with :meth:`FakeEmbedServer.set_mode` (thread-safe; applies to the following
@@ -48,6 +49,7 @@ prints its stats as one JSON line. A running server is steered over HTTP: ``POST
 from __future__ import annotations
 
 import argparse
+import base64
 import functools
 import hashlib
 import json
@@ -84,6 +86,17 @@ def fake_vector(text: str, dimension: int) -> list[float]:
 @functools.lru_cache(maxsize=8192)
 def _vector_json(text: str, dimension: int) -> str:
     return json.dumps(fake_vector(text, dimension))
+
+
+def _base64_json(vector: list[float]) -> str:
+    """A vector as the OpenAI API's ``encoding_format: "base64"`` sends it: a JSON string of
+    base64 over little-endian float32."""
+    return json.dumps(base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode())
+
+
+@functools.lru_cache(maxsize=8192)
+def _vector_base64_json(text: str, dimension: int) -> str:
+    return _base64_json(fake_vector(text, dimension))
 
 
 def check_kind(kind: str) -> str:
@@ -454,7 +467,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         # Bodies are assembled from cached JSON per text: encoding 32 x 1024 floats per request
         # would otherwise make this server, not the client under test, the bottleneck.
-        fragments = [_vector_json(text, state.dimension) for text in texts]
+        # OpenAI's base64 format when asked for it (the official client asks by default)
+        encoded = openai and payload.get("encoding_format") == "base64"
+        cached = _vector_base64_json if encoded else _vector_json
+        written = _base64_json if encoded else json.dumps
+        fragments = [cached(text, state.dimension) for text in texts]
         if kind in VECTOR_FAULTS:
             middle = len(fragments) // 2
             vector = fake_vector(texts[middle], state.dimension)
@@ -463,13 +480,13 @@ class _Handler(BaseHTTPRequestHandler):
             elif kind == "wrong_count":
                 fragments.pop()
             elif kind == "wrong_dimension":
-                fragments[middle] = json.dumps(vector[:-1])
+                fragments[middle] = written(vector[:-1])
             elif kind == "nan":
                 vector[0] = math.nan
-                fragments[middle] = json.dumps(vector)  # the bare NaN token
+                fragments[middle] = written(vector)  # the bare NaN token, or its float32 bits
             elif kind == "infinity":
                 vector[-1] = math.inf
-                fragments[middle] = json.dumps(vector)  # the bare Infinity token
+                fragments[middle] = written(vector)  # the bare Infinity token, or its bits
         if not openai:
             self._raw(200, f"[{','.join(fragments)}]".encode(), "application/json")
             return

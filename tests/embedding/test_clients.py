@@ -4,6 +4,7 @@ secrecy; plus the vector checks and hash, and batch planning."""
 
 from __future__ import annotations
 
+import base64
 import gc
 import hashlib
 import json
@@ -72,6 +73,13 @@ async def open_http(
         request_timeout=request_timeout,
         api_key=api_key,
     )
+
+
+def served(text: str, api: str) -> list[float]:
+    """The vector a client reads for ``text``: the server's, rounded to float32 when it
+    travelled as OpenAI's base64 (the openai client asks for it)."""
+    vector = fake_vector(text, DIM)
+    return np.float32(vector).tolist() if api == "openai" else vector
 
 
 def texts(n: int, prefix: str = "text") -> list[str]:
@@ -185,7 +193,7 @@ async def test_embed_returns_each_text_its_vector_in_order(
             vectors = await embedder.embed(items)
         finally:
             await embedder.aclose()
-    assert vectors == [fake_vector(text, DIM) for text in items]
+    assert vectors == [served(text, api) for text in items]
     stats = server.stats()
     assert sorted(stats.batch_sizes) == [3, 4, 4]
     assert stats.inputs == 11
@@ -202,11 +210,13 @@ async def test_openai_orders_shuffled_data_by_index(server: FakeEmbedServer) -> 
             assert await embedder.embed(items) == vectors
         finally:
             await embedder.aclose()
-    assert vectors == [fake_vector(text, DIM) for text in items]
+    # asked as base64 of float32 (OpenAI's compact format): the server's vectors to float32
+    assert vectors == [served(text, "openai") for text in items]
     payload = server.stats().last_payload
     assert payload is not None
     assert payload["model"] == "BAAI/bge-m3"
     assert payload["input"] == items
+    assert payload["encoding_format"] == "base64"
 
 
 async def test_openai_shuffled_answer_is_really_shuffled(server: FakeEmbedServer) -> None:
@@ -243,7 +253,7 @@ async def test_openai_url_ending_in_v1_is_not_doubled(server: FakeEmbedServer) -
     with trio.fail_after(10):
         embedder = await open_http(server, "openai", url=f"{server.url}/v1")
         try:
-            assert await embedder.embed(["a"]) == [fake_vector("a", DIM)]
+            assert await embedder.embed(["a"]) == [served("a", "openai")]
         finally:
             await embedder.aclose()
 
@@ -259,14 +269,14 @@ async def test_batches_by_count_and_batch_size_one_is_one_call_per_chunk(
     with trio.fail_after(10):
         embedder = await open_http(server, api, batch_size=3, max_in_flight=1)
         try:
-            assert await embedder.embed(items) == [fake_vector(t, DIM) for t in items]
+            assert await embedder.embed(items) == [served(t, api) for t in items]
         finally:
             await embedder.aclose()
         assert server.stats().batch_sizes == (3, 3, 3, 1)
         server.reset_stats()
         embedder = await open_http(server, api, batch_size=1, max_in_flight=1)
         try:
-            assert await embedder.embed(items) == [fake_vector(t, DIM) for t in items]
+            assert await embedder.embed(items) == [served(t, api) for t in items]
         finally:
             await embedder.aclose()
     assert server.stats().batch_sizes == (1,) * 10
@@ -389,7 +399,7 @@ async def test_requests_in_flight_are_capped_across_callers(
         finally:
             await embedder.aclose()
     for name in ("a", "b", "c"):
-        assert results[name] == [fake_vector(t, DIM) for t in texts(6, name)]
+        assert results[name] == [served(t, api) for t in texts(6, name)]
     stats = server.stats()
     assert stats.embed_requests == 18
     assert stats.max_concurrent == 2
@@ -518,7 +528,9 @@ def _openai_answer(data: object) -> httpx.MockTransport:
             [{"index": 0, "embedding": [0.0] * DIM}, {"index": "1", "embedding": [0.0] * DIM}],
             "index",
         ),
-        ([{"index": 0, "embedding": [0.0] * DIM}, {"index": 1, "embedding": "AAAA"}], "not a list"),
+        ([{"index": 0, "embedding": [0.0] * DIM}, {"index": 1, "embedding": "AAAA"}], "whole"),
+        ([{"index": 0, "embedding": [0.0] * DIM}, {"index": 1, "embedding": "A?"}], "base64"),
+        ([{"index": 0, "embedding": [0.0] * DIM}, {"index": 1, "embedding": 7}], "not a list"),
         ([{"index": 0, "embedding": [0.0] * DIM}, [0.0] * DIM], "not an object"),
     ],
 )
@@ -536,6 +548,65 @@ async def test_openai_rejects_malformed_data(data: object, fragment: str) -> Non
     try:
         with pytest.raises(ResultInvalid, match=fragment):
             await embedder.embed(["a", "b"])
+    finally:
+        await embedder.aclose()
+
+
+def _b64(values: list[float]) -> str:
+    return base64.b64encode(np.asarray(values, dtype="<f4").tobytes()).decode()
+
+
+def test_base64_vectors_read_as_their_float32_values() -> None:
+    rows = [[1.0, -0.5, 0.1], [3e38, -0.0, 1e-45]]
+    expected = np.asarray(rows, dtype=np.float32).tolist()
+    assert (
+        validate_vectors(
+            [_b64(r) for r in rows], expected_count=2, dimension=3, base64_allowed=True
+        )
+        == expected
+    )
+    # a server may answer lists for some and strings for others: both read alike
+    mixed = validate_vectors(
+        [expected[0], _b64(rows[1])], expected_count=2, dimension=3, base64_allowed=True
+    )
+    assert mixed == expected
+    # without base64_allowed (TEI, the local model) a string is still not a vector
+    with pytest.raises(ResultInvalid, match="vector 0 is not a list"):
+        validate_vectors([_b64(r) for r in rows], expected_count=2, dimension=3)
+
+
+@pytest.mark.parametrize(
+    ("second", "fragment"),
+    [
+        (_b64([0.0, 1.0]), "vector 1 has dimension 2, expected 3"),
+        (_b64([0.0, 1.0, 2.0, 3.0]), "vector 1 has dimension 4, expected 3"),
+        ("AAAAAAAAAAAAAAA=", "vector 1 is not a whole number of float32 values"),
+        ("not base64!", "vector 1 is not valid base64"),
+        (_b64([0.0, math.nan, 1.0]), "vector 1 holds NaN or Infinity"),
+        (_b64([0.0, 1.0, -math.inf]), "vector 1 holds NaN or Infinity"),
+    ],
+)
+def test_base64_vectors_are_checked_like_lists(second: str, fragment: str) -> None:
+    for first in (_b64([0.0, 1.0, 2.0]), [0.0, 1.0, 2.0]):  # the all-string pass and the mixed one
+        with pytest.raises(ResultInvalid, match=fragment) as caught:
+            validate_vectors([first, second], expected_count=2, dimension=3, base64_allowed=True)
+        assert second not in str(caught.value)
+
+
+async def test_openai_reads_numbers_from_a_server_that_ignores_base64() -> None:
+    data = [{"index": i, "embedding": [0.25 * i] * DIM} for i in range(2)]
+    embedder = await open_embedder(
+        api="openai",
+        url="http://embedder.invalid",
+        model="m",
+        dimension=DIM,
+        batch_size=8,
+        max_in_flight=1,
+        request_timeout=5.0,
+        transport=_openai_answer(data),
+    )
+    try:
+        assert await embedder.embed(["a", "b"]) == [[0.0] * DIM, [0.25] * DIM]
     finally:
         await embedder.aclose()
 
@@ -587,7 +658,7 @@ async def test_fault_mix_never_yields_a_bad_vector(server: FakeEmbedServer) -> N
                     except StepFailure as exc:
                         outcomes[type(exc).__name__] = outcomes.get(type(exc).__name__, 0) + 1
                     else:
-                        assert vectors == [fake_vector(t, DIM) for t in items]
+                        assert vectors == [served(t, api) for t in items]
                         outcomes["ok"] = outcomes.get("ok", 0) + 1
             finally:
                 await embedder.aclose()
