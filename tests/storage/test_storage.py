@@ -7,6 +7,7 @@ parsing and redaction, credentials never leaking, and the Trio facade's thread d
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import logging
@@ -549,6 +550,33 @@ def test_folder_deferred_sync_reports_a_failed_sync_as_unavailable(
     with pytest.raises(StorageUnavailable, match="cannot sync"), folder.deferred_sync():
         put_bytes(folder, "a/one", b"one")
         monkeypatch.setattr(os, "fsync", failing)
+
+
+def _failing_directory_fsync(monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(code, os.strerror(code))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+def test_folder_put_reports_a_failed_folder_fsync_and_ignores_an_unsupported_one(
+    folder: FolderStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _failing_directory_fsync(monkeypatch, errno.EIO)
+    with pytest.raises(StorageUnavailable, match="cannot write 'a/one'"):
+        put_bytes(folder, "a/one", b"one")
+    with pytest.raises(StorageUnavailable, match="cannot sync"), folder.deferred_sync():
+        put_bytes(folder, "b/two", b"two")
+    # a file system that cannot sync a directory at all: nothing to make durable there
+    _failing_directory_fsync(monkeypatch, errno.EINVAL)
+    put_bytes(folder, "c/three", b"three")
+    with folder.deferred_sync():
+        put_bytes(folder, "d/four", b"four")
+    assert folder.get("d/four", max_bytes=10) == b"four"
 
 
 def test_s3_put_is_durable_on_return_so_deferred_sync_changes_nothing(

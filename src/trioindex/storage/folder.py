@@ -8,6 +8,7 @@ see :class:`FolderStore` for how a crash between the two is noticed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -16,7 +17,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, Unpack
+from typing import BinaryIO, Final, Unpack
 
 import attrs
 
@@ -48,6 +49,8 @@ class _Unsynced:
 
 
 _CHUNK = 1024 * 1024
+# what fsync of a directory answers where directories cannot be synced (nothing to make durable)
+_DIRECTORY_FSYNC_UNSUPPORTED: Final = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EBADF})
 
 
 @attrs.define(eq=False)
@@ -202,7 +205,10 @@ class FolderStore:
                 except OSError as exc:
                     raise self._unavailable("sync", unsynced.key, exc) from exc
         for directory in dict.fromkeys(unsynced.folder for unsynced in pending):
-            self._fsync_dir(directory)
+            try:
+                self._fsync_dir(directory)
+            except OSError as exc:
+                raise self._unavailable("sync", directory.name, exc) from exc
 
     def get(self, key: str, *, max_bytes: int) -> bytes:
         check_max_bytes(max_bytes)
@@ -287,14 +293,16 @@ class FolderStore:
 
     @staticmethod
     def _fsync_dir(directory: Path) -> None:
-        # Makes the rename itself durable; not every platform can open a directory.
+        # Makes the renames in it durable. A platform or file system that cannot open or fsync
+        # a directory has nothing to do here; any other error (EIO) is a write that failed.
         try:
             fd = os.open(directory, os.O_RDONLY)
         except OSError:
             return
         try:
             os.fsync(fd)
-        except OSError:
-            pass
+        except OSError as exc:
+            if exc.errno not in _DIRECTORY_FSYNC_UNSUPPORTED:
+                raise
         finally:
             os.close(fd)
