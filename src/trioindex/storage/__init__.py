@@ -3,13 +3,14 @@
 Modules:
 
 * ``contract`` — :class:`ObjectInfo`, the synchronous :class:`ObjectStore` protocol (put / get /
-  stat / ensure_ready), the object-key rule and the checks both stores share;
+  stat / delete / ensure_ready / deferred_sync), the object-key rule and the checks both stores
+  share;
 * ``folder`` — :class:`FolderStore`, objects as files under a local folder (the embedded default);
 * ``s3`` — :class:`S3Store`, MinIO / any S3 through the ``minio`` client;
 * ``urls`` — the ``storage.url`` grammar (configuration validates with it, :func:`open_store`
   builds from it) and :func:`redact_url`, the one way a URL is shown;
 * ``facade`` — :func:`open_store` and :class:`AsyncObjectStore`, the one place storage calls go
-  through ``trio.to_thread``.
+  through ``trio.to_thread`` (one call each, or several in one hop with ``run``).
 
 No message, repr or log line carries a credential: stores describe themselves through
 ``description`` and URLs are shown through :func:`redact_url`. ``s3`` (and so ``minio``) is
