@@ -11,10 +11,9 @@ import pytest
 
 from testkit.search_corpus import IndexedDocument, store_indexed
 from tests import helpers
-from trioindex.db.models import EmbeddingModel, ensure_model, remove_model
+from trioindex.db.models import INDEX_BUILD_LOCK, EmbeddingModel, ensure_model, remove_model
 from trioindex.db.pool import Connection, Database
 from trioindex.db.vector_index import (
-    _BUILD_LOCK,
     IndexState,
     build_vector_index,
     has_vectors,
@@ -79,18 +78,18 @@ def test_a_session_already_building_makes_another_skip(db: Database) -> None:
         model = ensure_model(builder, "m", DIM)
         _store(builder, model, 5)
         builder.execute(
-            "SELECT pg_advisory_lock(%s::int, hashtext(%s))", (_BUILD_LOCK, str(model.id))
+            "SELECT pg_advisory_lock(%s::int, hashtext(%s))", (INDEX_BUILD_LOCK, str(model.id))
         )
         assert build_vector_index(other, model, min_vectors=1) is False
         assert index_state(other, model) is IndexState.MISSING
         builder.execute(
-            "SELECT pg_advisory_unlock(%s::int, hashtext(%s))", (_BUILD_LOCK, str(model.id))
+            "SELECT pg_advisory_unlock(%s::int, hashtext(%s))", (INDEX_BUILD_LOCK, str(model.id))
         )
         assert build_vector_index(other, model, min_vectors=1) is True
         # and the builder let its lock go: the next caller is not shut out
         free = other.execute(
             "SELECT pg_try_advisory_lock(%s::int, hashtext(%s)) AS got",
-            (_BUILD_LOCK, str(model.id)),
+            (INDEX_BUILD_LOCK, str(model.id)),
         ).fetchone()
         assert free is not None and free["got"]
 

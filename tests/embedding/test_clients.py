@@ -516,6 +516,20 @@ def _openai_answer(data: object) -> httpx.MockTransport:
     return httpx.MockTransport(handler)
 
 
+async def _openai_answering(data: object) -> Embedder:
+    """An OpenAI-compatible embedder whose server answers every request with ``data``."""
+    return await open_embedder(
+        api="openai",
+        url="http://embedder.invalid",
+        model="m",
+        dimension=DIM,
+        batch_size=8,
+        max_in_flight=1,
+        request_timeout=5.0,
+        transport=_openai_answer(data),
+    )
+
+
 @pytest.mark.parametrize(
     ("data", "fragment"),
     [
@@ -535,16 +549,7 @@ def _openai_answer(data: object) -> httpx.MockTransport:
     ],
 )
 async def test_openai_rejects_malformed_data(data: object, fragment: str) -> None:
-    embedder = await open_embedder(
-        api="openai",
-        url="http://embedder.invalid",
-        model="m",
-        dimension=DIM,
-        batch_size=8,
-        max_in_flight=1,
-        request_timeout=5.0,
-        transport=_openai_answer(data),
-    )
+    embedder = await _openai_answering(data)
     try:
         with pytest.raises(ResultInvalid, match=fragment):
             await embedder.embed(["a", "b"])
@@ -595,16 +600,7 @@ def test_base64_vectors_are_checked_like_lists(second: str, fragment: str) -> No
 
 async def test_openai_reads_numbers_from_a_server_that_ignores_base64() -> None:
     data = [{"index": i, "embedding": [0.25 * i] * DIM} for i in range(2)]
-    embedder = await open_embedder(
-        api="openai",
-        url="http://embedder.invalid",
-        model="m",
-        dimension=DIM,
-        batch_size=8,
-        max_in_flight=1,
-        request_timeout=5.0,
-        transport=_openai_answer(data),
-    )
+    embedder = await _openai_answering(data)
     try:
         assert await embedder.embed(["a", "b"]) == [[0.0] * DIM, [0.25] * DIM]
     finally:
@@ -613,16 +609,7 @@ async def test_openai_reads_numbers_from_a_server_that_ignores_base64() -> None:
 
 async def test_openai_without_indexes_takes_list_order() -> None:
     data = [{"embedding": [float(i)] * DIM} for i in range(2)]
-    embedder = await open_embedder(
-        api="openai",
-        url="http://embedder.invalid",
-        model="m",
-        dimension=DIM,
-        batch_size=8,
-        max_in_flight=1,
-        request_timeout=5.0,
-        transport=_openai_answer(data),
-    )
+    embedder = await _openai_answering(data)
     try:
         assert await embedder.embed(["a", "b"]) == [[0.0] * DIM, [1.0] * DIM]
     finally:

@@ -29,9 +29,6 @@ logger = logging.getLogger(__name__)
 
 # pgvector's HNSW limit for the vector type: larger models are always searched exactly.
 HNSW_MAX_DIMENSION = 2000
-# Session advisory lock namespace; the second key is the model id hashed. Model removal takes
-# it too (db/models.py), so a build and a removal never overlap.
-_BUILD_LOCK = INDEX_BUILD_LOCK
 
 
 class IndexState(enum.StrEnum):
@@ -80,7 +77,8 @@ def build_vector_index(conn: Connection, model: EmbeddingModel, *, min_vectors: 
     if model.dimension > HNSW_MAX_DIMENSION:
         return False
     lock = conn.execute(
-        "SELECT pg_try_advisory_lock(%s::int, hashtext(%s)) AS got", (_BUILD_LOCK, str(model.id))
+        "SELECT pg_try_advisory_lock(%s::int, hashtext(%s)) AS got",
+        (INDEX_BUILD_LOCK, str(model.id)),
     ).fetchone()
     if lock is None or not lock["got"]:
         return False
@@ -100,5 +98,6 @@ def build_vector_index(conn: Connection, model: EmbeddingModel, *, min_vectors: 
     finally:
         if not conn.closed:  # a lost session released its lock with it
             conn.execute(
-                "SELECT pg_advisory_unlock(%s::int, hashtext(%s))", (_BUILD_LOCK, str(model.id))
+                "SELECT pg_advisory_unlock(%s::int, hashtext(%s))",
+                (INDEX_BUILD_LOCK, str(model.id)),
             )
