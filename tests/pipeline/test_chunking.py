@@ -445,3 +445,34 @@ def test_a_chunker_pickles_and_is_rebuilt_once_per_process(
         assert pickle.loads(pickle.dumps(chunker)) is copy, "rebuilt once, then reused"
     # a model's chunker travels as its tokenizer's path, not the tokenizer itself
     assert len(pickle.dumps(from_dir)) < 1024
+
+
+class _EncodeBatchRecorder:
+    """The chunker's tokenizer, recording how many pieces each ``encode_batch`` call held."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self.batch_sizes: list[int] = []
+
+    def encode_batch(self, pieces: list[str], **options: object) -> object:
+        self.batch_sizes.append(len(pieces))
+        return self._tokenizer.encode_batch(pieces, **options)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._tokenizer, name)
+
+
+def test_a_long_text_is_counted_in_bounded_batches(minilm_tokenizer: Tokenizer) -> None:
+    """Every count of a document's chunks encodes a bounded batch: one ``encode_batch`` over all
+    of them held an Encoding per chunk at once (323 MiB above the baseline for a 5 MB text,
+    25 MiB in batches; docs/test-results/memory.md)."""
+    chunker = Chunker(ChunkingPolicy(max_size=32, overlap=4), minilm_tokenizer)
+    recorder = _EncodeBatchRecorder(chunker._tokenizer)  # type: ignore[arg-type]
+    chunker._tokenizer = recorder  # type: ignore[assignment]
+    text = mixed_text(200)
+    chunks = chunker.chunk(text)
+    assert_chunk_invariants(chunks, text, chunker.policy)
+    assert len(chunks) > 3 * 256  # far more chunks than one batch
+    assert recorder.batch_sizes, "the chunker no longer counts through encode_batch"
+    assert max(recorder.batch_sizes) <= 256
+    assert sum(recorder.batch_sizes) >= 2 * len(chunks)  # the fit and the overlap passes

@@ -317,14 +317,12 @@ class Chunker:
         """Exact model token counts; re-split any span the model would see as too long."""
         limit = self.policy.max_size
         result: list[tuple[int, str, int]] = []
-        for batch_start in range(0, len(spans), _COUNT_BATCH):
-            batch = spans[batch_start : batch_start + _COUNT_BATCH]
-            counts = _count_tokens(tokenizer, [piece for _, piece in batch])
-            for (start, piece), count in zip(batch, counts, strict=True):
-                if count <= limit:
-                    result.append((start, piece, count))
-                else:
-                    result.extend(self._resplit(tokenizer, text, start, piece, count))
+        counts = _count_tokens(tokenizer, [piece for _, piece in spans])
+        for (start, piece), count in zip(spans, counts, strict=True):
+            if count <= limit:
+                result.append((start, piece, count))
+            else:
+                result.extend(self._resplit(tokenizer, text, start, piece, count))
         return result
 
     def _resplit(
@@ -468,9 +466,16 @@ class Chunker:
         return reach
 
 
-def _count_tokens(tokenizer: Tokenizer, pieces: list[str]) -> list[int]:
-    """Token counts as the model sees each piece: special tokens included."""
-    return [len(e.ids) for e in tokenizer.encode_batch(pieces, add_special_tokens=True)]
+def _count_tokens(tokenizer: Tokenizer, pieces: Sequence[str]) -> list[int]:
+    """Token counts as the model sees each piece: special tokens included. Encoded
+    :data:`_COUNT_BATCH` pieces at a time: an Encoding holds its tokens' strings, offsets and
+    masks (~40 KiB for a 256-token chunk), and a document's thousands of them at once were
+    hundreds of MiB."""
+    counts: list[int] = []
+    for batch_start in range(0, len(pieces), _COUNT_BATCH):
+        batch = pieces[batch_start : batch_start + _COUNT_BATCH]
+        counts.extend(len(e.ids) for e in tokenizer.encode_batch(batch, add_special_tokens=True))
+    return counts
 
 
 # -- pickling -----------------------------------------------------------------------------------
