@@ -71,6 +71,11 @@ bench-queue *ARGS: setup
 bench-peer *ARGS: setup
     {{bin}}/python -m bench.peer "$@"
 
+# PostgreSQL CPU per small document: trioindex's group functions next to the same rows written
+# set-based, the document's data alone and pgai's one row (docs/test-results/sql_floor.md).
+bench-sql-floor *ARGS: setup
+    {{bin}}/python -m bench.sql_floor "$@"
+
 # Search quality: nDCG@10 and recall@10 per mode (vector, text, hybrid) on a labelled English +
 # Korean set built from this machine's manual pages and Vim tutor, with the local model (about
 # 10 min on 2 cores). Writes its section of docs/test-results/search.md; `--quick` prints only.

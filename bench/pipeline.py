@@ -21,6 +21,7 @@ a temporary folder unless ``--out`` says otherwise.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import os
 import random
@@ -70,9 +71,11 @@ from bench.harness import (
 from testkit.documents import write_corpus
 from testkit.embed_process import EmbedServerProcess
 from testkit.processes import query, spawn
-from trioindex.config import load_settings
+from trioindex.config import default_settings, load_settings
 from trioindex.embedding.local import DEFAULT_MODEL
 from trioindex.ingest import SourceFile, ingest_file
+from trioindex.pipeline.chunking import Chunker, ChunkingPolicy
+from trioindex.pipeline.parse_process import ParseRequest, parse_document
 from trioindex.services import open_services
 
 HTTP_DIMENSION = 1024
@@ -460,6 +463,27 @@ def run_http(pg: BenchPostgres, scenario: Scenario, corpus: Path, work: Path) ->
     )
 
 
+def parse_cpu_ms_per_document(files: Sequence[Path]) -> float:
+    """CPU of extracting and chunking every file once, per document, in this process with the
+    workers' chunking, warm (a first pass imports the parsers). No process hand-off, database or
+    embedding: what parsing alone costs, whoever does it."""
+    parsing = default_settings().parsing
+    size = parsing.chunk_max_characters
+    chunker = Chunker(ChunkingPolicy(max_size=size, overlap=int(size * parsing.chunk_overlap)))
+    requests = [
+        ParseRequest(data=data, sha256=hashlib.sha256(data).hexdigest(), name=path.name,
+                     content_type=None, max_bytes=len(data))
+        for path in files
+        for data in [path.read_bytes()]
+    ]  # fmt: skip
+    for request in requests:
+        parse_document(request, chunker)
+    began = time.process_time()
+    for request in requests:
+        parse_document(request, chunker)
+    return (time.process_time() - began) / len(requests) * 1e3
+
+
 # ---------------------------------------------------------------------------------------------
 # experiment 2: the local model
 
@@ -646,6 +670,8 @@ def _markdown(
         f"{corpus['bytes'] / 1024:,.0f} KiB. Throughput is over the active window (first claim "
         "→ last job finished); *other processes* = CPU the rest of the machine used meanwhile.",
         "",
+        *_parse_cost(corpus),
+        "",
         "## HTTP embedder (TEI protocol, fake server, 1024 dimensions)",
         "",
         f"batch-size {BATCH}, max-in-flight {IN_FLIGHT} per process, 1,500-character chunks.",
@@ -704,17 +730,51 @@ def _markdown(
         "",
         "## Reading",
         "",
-        *_reading(http, local),
+        *_reading(http, local, corpus.get("parse_cpu_ms_per_doc")),
     ]
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _reading(http: Sequence[HttpResult], local: LocalResult | None) -> list[str]:
+def _parse_cost(corpus: dict[str, Any]) -> list[str]:
+    if "parse_cpu_ms_per_doc" not in corpus:
+        return []
+    return [
+        "Extracting and chunking the corpus once in one process, warm, with the workers' "
+        "chunking and nothing else (no database, embedding or process hand-off): "
+        f"{corpus['parse_cpu_ms_per_doc']:.2f} ms of CPU per document "
+        "(`parse_cpu_ms_per_document`); the reading below turns it into the cores parsing "
+        "alone would need at the target rate.",
+        "",
+    ]
+
+
+def _parse_ceiling(r: HttpResult, parse_ms: float) -> str:
+    """What parsing alone would take of the machine's cores at 0.9 of the server's capacity."""
+    chunks_per_doc = r.run.chunks / r.run.documents
+    cores = os.cpu_count() or 1
+    needs = [
+        (what, TARGET_RATIO * capacity / chunks_per_doc * parse_ms / 1e3)
+        for what, capacity in (
+            ("the same requests", r.replay.inputs_per_s),
+            ("full batches", r.full_batches.inputs_per_s),
+        )
+    ]
+    return "; ".join(
+        f"at {TARGET_RATIO} of its capacity for {what}, parsing alone would use {n:.1f} of the "
+        f"{cores} cores"
+        for what, n in needs
+    )
+
+
+def _reading(
+    http: Sequence[HttpResult], local: LocalResult | None, parse_ms: float | None = None
+) -> list[str]:
     """The targets' outcomes, computed from the figures so a re-run cannot leave a stale one."""
     out = [
         f"- **{r.scenario.name}:** {r.efficiency:.2f} of the server's capacity for the same "
         f"requests (target {TARGET_RATIO}: {verdict(r.efficiency >= TARGET_RATIO)}); mean "
-        f"request batch {r.mean_batch:.1f} chunks."
+        f"request batch {r.mean_batch:.1f} chunks"
+        + (f" ({_parse_ceiling(r, parse_ms)})." if parse_ms is not None else ".")
         for r in http
     ]
     if local is not None:
@@ -764,6 +824,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "files": len(files),
             "bytes": sum(p.stat().st_size for p in files),
             "by_format": dict(Counter(p.suffix.lstrip(".") for p in files)),
+            "parse_cpu_ms_per_doc": round(parse_cpu_ms_per_document(files), 2),
         }
         local: LocalResult | None = None
         with BenchPostgres() as pg:

@@ -1,0 +1,434 @@
+"""What PostgreSQL spends per small document, and how much of it the rows themselves cost.
+
+pgai's workload (issue 13: documents of 600 characters, one chunk each, 768 dimensions) is
+written straight to an embedded PostgreSQL from one connection in this process, in groups of
+20 jobs (the worker's usual group commit), with no worker, embedder or parser: what is left is
+the database's own CPU per document. Four ways of writing the same documents, each in a fresh
+database, interleaved over rounds:
+
+1. **trioindex's group functions** — the claim (`claim_jobs`), then the worker's three group
+   statements in their own transactions: `trioindex_begin_parse_many`,
+   `trioindex_store_chunks_many` and `trioindex_store_embeddings_many` (every job fenced in
+   its own subtransaction, its rows read and locked, its counts checked).
+2. **The same rows, set-based** — the same claim, then exactly the rows (1) writes (job
+   progress and completion, three version statuses, the attempt's end, five events, the chunk
+   with its full-text column, the vector, the document's current version), one statement per
+   table change per group, from arrays: no fence, lookup, loop or subtransaction. No rewrite
+   of the SQL functions can cost less than this while writing these rows.
+3. **The document's data only** — a queue row deleted, the chunk row (full-text column
+   included) and the vector row: no attempts, events or statuses.
+4. **pgai's shape** — a queue row deleted and one row with the text and the vector (what
+   pgai's vectorizer writes per chunk; no full-text column).
+
+PostgreSQL CPU is the server's (the backend's CPU once it exited), per document; transactions
+are committed transactions of the database. Run ``.venv/bin/python -m bench.sql_floor``;
+``--quick`` is a smoke run that writes its files to a temporary folder unless ``--out`` says
+otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from bench.common import (
+    BenchPostgres,
+    Panel,
+    Session,
+    add_out,
+    bench_parser,
+    machine_info,
+    markdown_table,
+    page_head,
+    plot_panels,
+)
+from bench.harness import chunk_texts
+from testkit.jobs import enqueue_text
+from trioindex.db.jobs import claim_jobs, register_worker
+from trioindex.db.models import ensure_model
+from trioindex.db.pool import Connection, connect
+from trioindex.pipeline.chunking import ChunkDraft
+from trioindex.pipeline.embed_step import (
+    EmbeddingCommit,
+    EmbedSnapshot,
+    drafts_from_matrix,
+    store_embeddings_many,
+)
+from trioindex.pipeline.parse_step import ChunkCommit, begin_parse_many, store_chunks_many
+from trioindex.values import Claim
+
+DOCUMENTS, QUICK_DOCUMENTS = 2000, 200
+ROUNDS, QUICK_ROUNDS = 3, 1
+GROUP = 20  # jobs per group statement: the worker's usual group commit on this workload
+CHARACTERS = 600
+DIMENSION = 768
+TOKENS = 150  # the chunk's recorded token count; any positive value
+
+
+@attrs.frozen
+class Corpus:
+    texts: Sequence[str]
+    vectors: npt.NDArray[np.float32]
+
+    def index_of(self, original_name: str) -> int:
+        """Documents are enqueued as ``d<i>.txt``."""
+        return int(original_name[1:-4])
+
+    def text_hash(self, i: int) -> str:
+        return hashlib.sha256(self.texts[i].encode()).hexdigest()
+
+    def vector_hash(self, i: int) -> str:
+        return hashlib.sha256(self.vectors[i].astype(">f4").tobytes()).hexdigest()
+
+
+@attrs.frozen
+class Setup:
+    model_id: UUID
+    worker_id: UUID
+
+
+def enqueue_all(conn: Connection, corpus: Corpus) -> Setup:
+    model = ensure_model(conn, "floor-model", DIMENSION)
+    with conn.transaction():
+        for i, text in enumerate(corpus.texts):
+            enqueue_text(conn, model.id, f"d{i}", text.encode())
+    worker = register_worker(
+        conn, hostname="bench", pid=1, version="bench", max_concurrency=GROUP,
+        chunking="characters",
+    )  # fmt: skip
+    return Setup(model.id, worker)
+
+
+# ---------------------------------------------------------------------------------------------
+# the four ways
+
+
+def group_functions(conn: Connection, corpus: Corpus, setup: Setup) -> int:
+    done = 0
+    while claims := claim_jobs(conn, setup.worker_id, GROUP, 600):
+        with conn.transaction():
+            snapshots = begin_parse_many(conn, claims)
+        commits = []
+        for claim, snapshot in zip(claims, snapshots, strict=True):
+            if isinstance(snapshot, Exception):
+                raise snapshot
+            i = corpus.index_of(snapshot.original_name)
+            text = corpus.texts[i]
+            chunk = ChunkDraft(0, text, 0, len(text), TOKENS, corpus.text_hash(i))
+            commits.append(ChunkCommit(claim, snapshot, [chunk]))
+        with conn.transaction():
+            stored = store_chunks_many(conn, commits)
+        embedded = []
+        for commit, result in zip(commits, stored, strict=True):
+            if not isinstance(result, EmbedSnapshot):
+                raise RuntimeError(f"chunks not stored: {result!r}")
+            i = corpus.index_of(commit.snapshot.original_name)
+            drafts = drafts_from_matrix(result, corpus.vectors[i : i + 1].copy())
+            embedded.append(EmbeddingCommit(commit.claim, result, drafts))
+        with conn.transaction():
+            completed = store_embeddings_many(conn, embedded)
+        for outcome in completed:
+            if isinstance(outcome, Exception):
+                raise outcome
+        done += len(claims)
+    return done
+
+
+def _claim_arrays(claims: Sequence[Claim]) -> tuple[list[UUID], ...]:
+    return (
+        [c.job_id for c in claims],
+        [c.document_version_id for c in claims],
+        [c.attempt_id for c in claims],
+        [c.worker_id for c in claims],
+    )
+
+
+_EVENTS = """INSERT INTO indexing_events
+    (event_type, embedding_job_id, document_version_id, attempt_id, worker_id, detail)
+SELECT e, j, v, a, w, jsonb_build_object('chunks', 1)
+FROM unnest(%b::uuid[], %b::uuid[], %b::uuid[], %b::uuid[]) AS u(j, v, a, w),
+     unnest(%b::text[]) AS e"""
+
+_CHUNKS = """INSERT INTO document_chunks
+    (id, document_id, document_version_id, chunking, chunk_index, content, char_start,
+     char_end, token_count, content_sha256)
+SELECT c, d, v, 'characters', 0, t, 0, length(t), %b, h
+FROM unnest(%b::uuid[], %b::uuid[], %b::uuid[], %b::text[], %b::text[]) AS u(c, d, v, t, h)"""
+
+_VECTORS = """INSERT INTO embeddings
+    (chunk_id, document_id, document_version_id, embedding_model_id, vector, dimension,
+     vector_sha256)
+SELECT c, d, v, %b, x, %b, h
+FROM unnest(%b::uuid[], %b::uuid[], %b::uuid[], %b::vector[], %b::text[]) AS u(c, d, v, x, h)"""
+
+
+def _insert_chunks(
+    cursor: Any, corpus: Corpus, index: Sequence[int], documents: list[UUID], versions: list[UUID]
+) -> list[UUID]:
+    """One group's chunk rows (with their full-text column); their ids."""
+    chunk_ids = [uuid.uuid4() for _ in index]
+    texts = [corpus.texts[i] for i in index]
+    hashes = [corpus.text_hash(i) for i in index]
+    cursor.execute(_CHUNKS, (TOKENS, chunk_ids, documents, versions, texts, hashes))
+    return chunk_ids
+
+
+def _insert_vectors(
+    cursor: Any,
+    corpus: Corpus,
+    setup: Setup,
+    index: Sequence[int],
+    rows: tuple[list[UUID], list[UUID], list[UUID]],
+) -> None:
+    """One group's vector rows; ``rows``: the chunk, document and version ids."""
+    vectors = [corpus.vectors[i] for i in index]
+    hashes = [corpus.vector_hash(i) for i in index]
+    cursor.execute(_VECTORS, (setup.model_id, DIMENSION, *rows, vectors, hashes))
+
+
+def same_rows_set_based(conn: Connection, corpus: Corpus, setup: Setup) -> int:
+    done = 0
+    while claims := claim_jobs(conn, setup.worker_id, GROUP, 600):
+        jobs, versions, attempts, _ = ids = _claim_arrays(claims)
+        with conn.transaction():
+            conn.execute(
+                "UPDATE document_versions SET status = 'PARSING' WHERE id = ANY(%b)", (versions,)
+            )
+            conn.execute("UPDATE embedding_jobs SET progress = 10 WHERE id = ANY(%b)", (jobs,))
+            conn.execute(_EVENTS, (*ids, ["PARSING_STARTED"]))
+            rows = conn.execute(
+                "SELECT id, document_id, original_name FROM document_versions WHERE id = ANY(%b)",
+                (versions,),
+            ).fetchall()
+        by_version = {row["id"]: row for row in rows}
+        documents = [by_version[v]["document_id"] for v in versions]
+        index = [corpus.index_of(by_version[v]["original_name"]) for v in versions]
+        with conn.transaction():
+            chunk_ids = _insert_chunks(conn, corpus, index, documents, versions)
+            conn.execute(
+                "UPDATE document_versions SET status = 'EMBEDDING', chunk_count = 1"
+                " WHERE id = ANY(%b)",
+                (versions,),
+            )
+            conn.execute("UPDATE embedding_jobs SET progress = 50 WHERE id = ANY(%b)", (jobs,))
+            conn.execute(_EVENTS, (*ids, ["CHUNKS_STORED", "EMBEDDING_STARTED"]))
+        with conn.transaction(), conn.cursor(binary=True) as cursor:
+            _insert_vectors(cursor, corpus, setup, index, (chunk_ids, documents, versions))
+            cursor.execute(
+                "UPDATE document_versions SET status = 'INDEXED', indexed_at = now()"
+                " WHERE id = ANY(%b)",
+                (versions,),
+            )
+            cursor.execute(
+                """UPDATE documents d SET current_version_id = u.v
+                   FROM unnest(%b::uuid[], %b::uuid[]) AS u(d, v) WHERE d.id = u.d""",
+                (documents, versions),
+            )
+            cursor.execute(
+                "UPDATE embedding_job_attempts SET status = 'SUCCEEDED', finished_at = now()"
+                " WHERE id = ANY(%b)",
+                (attempts,),
+            )
+            cursor.execute(
+                """UPDATE embedding_jobs
+                   SET status = 'SUCCEEDED', progress = 100, finished_at = now(),
+                       worker_id = NULL, claim_token = NULL, locked_at = NULL,
+                       lease_expires_at = NULL, last_failure_type = NULL,
+                       last_failure_message = NULL
+                   WHERE id = ANY(%b)""",
+                (jobs,),
+            )
+            cursor.execute(_EVENTS, (*ids, ["EMBEDDINGS_STORED", "JOB_SUCCEEDED"]))
+        done += len(claims)
+    return done
+
+
+_QUEUE_TAKE = """DELETE FROM floor_queue WHERE id IN (
+    SELECT id FROM floor_queue ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)
+RETURNING version_id, document_id, doc"""
+
+
+def _fill_queue(conn: Connection) -> None:
+    conn.execute(
+        """CREATE TABLE floor_queue (
+               id bigserial PRIMARY KEY, version_id uuid, document_id uuid, doc integer)"""
+    )
+    conn.execute(
+        """INSERT INTO floor_queue (version_id, document_id, doc)
+           SELECT id, document_id, substr(original_name, 2, length(original_name) - 5)::integer
+           FROM document_versions"""
+    )
+    conn.execute("ANALYZE floor_queue")
+
+
+def _drain_queue(conn: Connection, write: Callable[[Any, list[dict[str, Any]]], None]) -> int:
+    """Take the queue a group at a time, each group's rows written by ``write`` in the
+    transaction that deletes its queue rows."""
+    _fill_queue(conn)
+    done = 0
+    while True:
+        with conn.transaction(), conn.cursor(binary=True) as cursor:
+            rows = cursor.execute(_QUEUE_TAKE, (GROUP,)).fetchall()
+            if not rows:
+                return done
+            write(cursor, rows)
+        done += len(rows)
+
+
+def data_rows_only(conn: Connection, corpus: Corpus, setup: Setup) -> int:
+    def write(cursor: Any, rows: list[dict[str, Any]]) -> None:
+        index = [r["doc"] for r in rows]
+        documents = [r["document_id"] for r in rows]
+        versions = [r["version_id"] for r in rows]
+        chunk_ids = _insert_chunks(cursor, corpus, index, documents, versions)
+        _insert_vectors(cursor, corpus, setup, index, (chunk_ids, documents, versions))
+
+    return _drain_queue(conn, write)
+
+
+def pgai_shape(conn: Connection, corpus: Corpus, setup: Setup) -> int:
+    conn.execute(
+        f"""CREATE TABLE floor_embeddings (
+               id uuid PRIMARY KEY DEFAULT gen_random_uuid(), doc integer, chunk_seq integer,
+               chunk text, embedding vector({DIMENSION}))"""
+    )
+
+    def write(cursor: Any, rows: list[dict[str, Any]]) -> None:
+        index = [r["doc"] for r in rows]
+        cursor.execute(
+            """INSERT INTO floor_embeddings (doc, chunk_seq, chunk, embedding)
+               SELECT d, 0, t, x FROM unnest(%b::int[], %b::text[], %b::vector[]) AS u(d, t, x)""",
+            (index, [corpus.texts[i] for i in index], [corpus.vectors[i] for i in index]),
+        )
+
+    return _drain_queue(conn, write)
+
+
+WAYS: dict[str, Callable[[Connection, Corpus, Setup], int]] = {
+    "trioindex's group functions": group_functions,
+    "the same rows, set-based": same_rows_set_based,
+    "the document's data only": data_rows_only,
+    "pgai's shape": pgai_shape,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# measuring
+
+
+def measure(pg: BenchPostgres, corpus: Corpus, way: str) -> dict[str, Any]:
+    with pg.fresh_database("sql_floor") as url:
+        with connect(url) as conn:
+            setup = enqueue_all(conn, corpus)
+        pg.quiesce(url)
+        before = pg.counters(url, settle_seconds=5)
+        began = time.monotonic()
+        with connect(url) as conn:
+            documents = WAYS[way](conn, corpus, setup)
+        wall = time.monotonic() - began
+        after = pg.counters(url, settle_seconds=10)
+        if documents != len(corpus.texts):
+            raise RuntimeError(f"{way}: {documents} of {len(corpus.texts)} documents written")
+        return {
+            "way": way,
+            "documents": documents,
+            "wall_s": round(wall, 3),
+            "postgres_cpu_ms_per_doc": (after.server_cpu_s - before.server_cpu_s) / documents * 1e3,
+            "xacts_per_doc": (after.xact_commit - before.xact_commit) / documents,
+            "wal_bytes_per_doc": pg.wal_bytes(before, after) / documents,
+        }
+
+
+def _span(values: Sequence[float], digits: int = 2) -> str:
+    low, high = min(values), max(values)
+    if round(low, digits) == round(high, digits):
+        return f"{low:,.{digits}f}"
+    return f"{low:,.{digits}f}–{high:,.{digits}f}"
+
+
+def summary(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    product = statistics.median(
+        r["postgres_cpu_ms_per_doc"] for r in runs if r["way"] == "trioindex's group functions"
+    )
+    rows = []
+    for way in WAYS:
+        mine = [r for r in runs if r["way"] == way]
+        cpu = [r["postgres_cpu_ms_per_doc"] for r in mine]
+        rows.append({
+            "way": way,
+            "cpu_ms": cpu,
+            "median_cpu_ms": statistics.median(cpu),
+            "share_of_group_functions": statistics.median(cpu) / product,
+            "xacts": [r["xacts_per_doc"] for r in mine],
+            "wal_bytes": [r["wal_bytes_per_doc"] for r in mine],
+        })  # fmt: skip
+    return rows
+
+
+def markdown(session: Session, machine: dict[str, Any], rows: list[dict[str, Any]]) -> Any:
+    def page(date: str, elapsed: float, png: str) -> str:
+        lines = page_head("PostgreSQL CPU per small document, and its floor", date,
+                          session.command, elapsed, machine, about=__doc__ or "")  # fmt: skip
+        table = [
+            [r["way"], _span(r["cpu_ms"], 3), f"{r['share_of_group_functions']:.2f}",
+             _span(r["xacts"]), _span(r["wal_bytes"], 0)]
+            for r in rows
+        ]  # fmt: skip
+        lines += ["## Results", "", f"![sql floor]({png})", "",
+                  *markdown_table(["way", "PostgreSQL CPU ms/doc", "median / group functions",
+                                   "xacts/doc", "WAL bytes/doc"], table),
+                  ""]  # fmt: skip
+        return "\n".join(lines)
+
+    return page
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = bench_parser("sql_floor", "PostgreSQL CPU per small document.", "200 documents, once")
+    parser.add_argument("--rounds", type=int, default=None, help=f"interleaved rounds ({ROUNDS})")
+    add_out(parser, "sql_floor")
+    args: argparse.Namespace = parser.parse_args(argv)
+    session = Session.start("sql_floor", args)
+    count = QUICK_DOCUMENTS if args.quick else DOCUMENTS
+    rounds = args.rounds or (QUICK_ROUNDS if args.quick else ROUNDS)
+    rng = np.random.default_rng(13)
+    corpus = Corpus(
+        chunk_texts(count, characters=CHARACTERS, salt="floor"),
+        rng.standard_normal((count, DIMENSION)).astype(np.float32),
+    )
+    runs = []
+    with BenchPostgres() as pg:
+        machine = machine_info(pg.admin_url)
+        for _ in range(rounds):
+            for way in WAYS:
+                run = measure(pg, corpus, way)
+                runs.append(run)
+                print(f"{way:<28} {run['postgres_cpu_ms_per_doc']:.3f} ms/doc PostgreSQL CPU, "
+                      f"{run['xacts_per_doc']:.2f} xacts/doc", flush=True)  # fmt: skip
+    rows = summary(runs)
+
+    def plot(path: Path) -> Path:
+        medians: Sequence[float] = [r["median_cpu_ms"] for r in rows]
+        bars = {"PostgreSQL CPU ms/doc (median)": medians}
+        panel = Panel("PostgreSQL CPU per document", "ms", groups=[r["way"] for r in rows],
+                      bars=bars)  # fmt: skip
+        return plot_panels(path, [panel], (8, 4))
+
+    figures = {"documents": count, "group": GROUP, "dimension": DIMENSION, "runs": runs,
+               "summary": rows}  # fmt: skip
+    return session.publish(machine, figures, plot, markdown(session, machine, rows))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
