@@ -539,3 +539,27 @@ def test_glue_headings_holds_no_table_of_lines(unit: str) -> None:
     finally:
         tracemalloc.stop()
     assert peak < 3 * len(text)
+
+
+def test_chunking_needs_little_memory_beyond_its_chunks() -> None:
+    """The overlap pass replaces each chunk in place, a batch at a time: building every
+    extended chunk before replacing any held a second copy of the document's chunks
+    (traced peak 2.65 × the text against 1.62 × kept for the result, on this 2 MB text)."""
+    import tracemalloc
+
+    rng = random.Random(5)
+    words = ["alpha", "beta", "gamma", "delta", "retrieval", "vector", "chunk", "index"]
+    text = "\n\n".join(
+        " ".join(rng.choice(words) for _ in range(rng.randint(30, 120))) + "." for _ in range(4000)
+    )
+    chunker = Chunker(ChunkingPolicy(max_size=1500, overlap=150))
+    tracemalloc.start()
+    try:
+        chunks = chunker.chunk(text)
+        kept, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(chunks) > 1000
+    overlapping = sum(c.start < p.end for p, c in itertools.pairwise(chunks))
+    assert overlapping > len(chunks) // 2  # the overlap pass extended most chunks
+    assert peak - kept < 0.5 * len(text)

@@ -252,7 +252,8 @@ class Chunker:
             spans = self._cap_characters(text, spans)
             counted = self._fit_tokens(self._tokenizer, text, spans)
         del spans
-        counted = self._with_overlap(text, self._merge_fragments(text, counted))
+        counted = self._merge_fragments(text, counted)
+        counted = self._with_overlap(text, counted)
         if self._tokenizer is None:
             counted = [(start, piece, estimate_tokens(piece)) for start, piece, _ in counted]
         drafts: list[ChunkDraft] = []
@@ -425,7 +426,8 @@ class Chunker:
         self, text: str, counted: list[tuple[int, str, int]]
     ) -> list[tuple[int, str, int]]:
         """Extend each chunk after the first backwards into its predecessor by at most the
-        overlap, from a sentence start in reach, else a word start (module docstring)."""
+        overlap, from a sentence start in reach, else a word start (module docstring).
+        ``counted`` is changed in place and returned."""
         if self._overlap == 0 or len(counted) < 2:
             return counted
         reach = self._overlap_reach(counted[:-1])
@@ -435,19 +437,21 @@ class Chunker:
         ):
             within = max(earliest, prev_start + 1)  # never the whole predecessor
             starts.append(overlap_start(text, within, min(start, prev_start + len(prev))))
-        extended = [
-            text[s : start + len(piece)] if s is not None else piece
-            for s, (start, piece, _size) in zip(starts, counted, strict=True)
-        ]
+        # A batch at a time, each chunk replaced in place: the extended copies of a whole
+        # document never sit beside all of the pieces they replace.
         todo = [n for n, s in enumerate(starts) if s is not None]
-        sizes = self._measure([extended[n] for n in todo])
-        out = list(counted)
-        for n, size in zip(todo, sizes, strict=True):
-            s = starts[n]
-            assert s is not None
-            if self._fits(extended[n], size):
-                out[n] = (s, extended[n], size)
-        return out
+        for batch_start in range(0, len(todo), _COUNT_BATCH):
+            batch = todo[batch_start : batch_start + _COUNT_BATCH]
+            extended = []
+            for n in batch:
+                s, (start, piece, _size) = starts[n], counted[n]
+                assert s is not None
+                extended.append((s, text[s : start + len(piece)]))
+            sizes = self._measure([piece for _, piece in extended])
+            for n, (s, piece), size in zip(batch, extended, sizes, strict=True):
+                if self._fits(piece, size):
+                    counted[n] = (s, piece, size)
+        return counted
 
     def _overlap_reach(self, counted: list[tuple[int, str, int]]) -> list[int]:
         """For each chunk, the earliest offset an overlap taken from its end may start at."""
