@@ -4,8 +4,9 @@ Both systems index the same texts (``N`` documents of 600 characters, one chunk 
 dimensions) against the same OpenAI-compatible mock (``testkit.embed_server`` in its own
 process, answering every request after a fixed 50 ms; every text is asked for once before the
 first run, so no run pays the mock's first encoding of a vector: ``warm_mock``), each in a
-fresh database of the same embedded PostgreSQL + pgvector. Runs are interleaved in one invocation (trioindex, pgai ``-c 8``,
-pgai ``-c 4``, then again), so machine noise falls on both.
+fresh database of the same embedded PostgreSQL + pgvector. Runs are interleaved in one
+invocation (trioindex, pgai ``-c 8``, pgai ``-c 4``, then again), so machine noise falls on
+both.
 
 * **trioindex**: the texts are written as ``.txt`` files and enqueued with ``ingest`` (its rate
   is reported on its own, not counted), then ``trioindex worker --drain`` runs with default

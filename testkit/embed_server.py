@@ -5,8 +5,9 @@
 It speaks the three endpoints the clients use: ``GET /info`` and ``POST /embed`` (TEI) and
 ``POST /v1/embeddings`` (OpenAI-compatible, ``data`` shuffled by default so clients must order by
 ``index``; vectors as base64 of little-endian float32 when the request's ``encoding_format`` is
-``"base64"``, as OpenAI's API does, else as JSON numbers). Vectors are deterministic unit vectors seeded by a hash of the text
-(:func:`fake_vector`), so a test can check every vector and its order.
+``"base64"``, as OpenAI's API does, else as JSON numbers). Vectors are deterministic unit
+vectors seeded by a hash of the text (:func:`fake_vector`), so a test can check every vector
+and its order.
 
 Modes, set per test with :meth:`FakeEmbedServer.set_mode` (thread-safe; applies to the following
 requests):

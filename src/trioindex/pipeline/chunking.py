@@ -72,6 +72,7 @@ from trioindex.pipeline.text_cuts import (
     segments,
     trimmed,
 )
+from trioindex.pipeline.token_counts import count_tokens, in_batches, special_token_count
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +90,6 @@ __all__ = [
     "segments",
 ]
 
-# Exact re-counting is batched so a 25 MB document never holds every Encoding at once.
-_COUNT_BATCH = 256
 # A segment holds at most this many chunks' worth of characters (and at least
 # _MIN_SEGMENT): small enough that the splitter's quadratic cost per segment stays a few ms,
 # large enough that the chunks packed next to a cut are rarely shorter than they could be.
@@ -153,14 +152,6 @@ def _content_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _special_token_count(tokenizer: Tokenizer) -> int:
-    # What the post-processor adds to a single sequence: [CLS] + [SEP] for BERT, <s> + </s>
-    # for XLM-R (bge-m3). Measured rather than read from the config so any model works.
-    with_special = len(tokenizer.encode("", add_special_tokens=True).ids)
-    without = len(tokenizer.encode("", add_special_tokens=False).ids)
-    return max(0, with_special - without)
-
-
 class Chunker:
     """Splits text into :class:`ChunkDraft` values under a :class:`ChunkingPolicy`.
 
@@ -193,7 +184,7 @@ class Chunker:
         own = Tokenizer.from_str(self._tokenizer_json)
         own.no_padding()
         own.no_truncation()
-        special = _special_token_count(own)
+        special = special_token_count(own)
         capacity = policy.max_size - special
         if capacity < 1:
             raise ValueError(
@@ -318,7 +309,7 @@ class Chunker:
         """Exact model token counts; re-split any span the model would see as too long."""
         limit = self.policy.max_size
         result: list[tuple[int, str, int]] = []
-        counts = _count_tokens(tokenizer, [piece for _, piece in spans])
+        counts = count_tokens(tokenizer, [piece for _, piece in spans])
         for (start, piece), count in zip(spans, counts, strict=True):
             if count <= limit:
                 result.append((start, piece, count))
@@ -339,7 +330,7 @@ class Chunker:
                 splitter = TextSplitter.from_huggingface_tokenizer(tokenizer, capacity, trim=True)
                 self._smaller[capacity] = splitter
             pieces = self._split(splitter, text, start, start + len(piece))
-            counts = _count_tokens(tokenizer, [p for _, p in pieces])
+            counts = count_tokens(tokenizer, [p for _, p in pieces])
             worst = max(counts, default=0)
             if worst <= limit:
                 return [(s, p, c) for (s, p), c in zip(pieces, counts, strict=True)]
@@ -364,7 +355,7 @@ class Chunker:
         """Sizes as :attr:`_limit` counts them."""
         if self._tokenizer is None:
             return [len(p) for p in pieces]
-        return _count_tokens(self._tokenizer, pieces)
+        return count_tokens(self._tokenizer, pieces)
 
     def _merge_fragments(
         self, text: str, counted: list[tuple[int, str, int]]
@@ -439,16 +430,11 @@ class Chunker:
             starts.append(overlap_start(text, within, min(start, prev_start + len(prev))))
         # A batch at a time, each chunk replaced in place: the extended copies of a whole
         # document never sit beside all of the pieces they replace.
-        todo = [n for n, s in enumerate(starts) if s is not None]
-        for batch_start in range(0, len(todo), _COUNT_BATCH):
-            batch = todo[batch_start : batch_start + _COUNT_BATCH]
-            extended = []
-            for n in batch:
-                s, (start, piece, _size) = starts[n], counted[n]
-                assert s is not None
-                extended.append((s, text[s : start + len(piece)]))
-            sizes = self._measure([piece for _, piece in extended])
-            for n, (s, piece), size in zip(batch, extended, sizes, strict=True):
+        todo = [(n, s) for n, s in enumerate(starts) if s is not None]
+        for batch in in_batches(todo):
+            extended = [text[s : counted[n][0] + len(counted[n][1])] for n, s in batch]
+            sizes = self._measure(extended)
+            for (n, s), piece, size in zip(batch, extended, sizes, strict=True):
                 if self._fits(piece, size):
                     counted[n] = (s, piece, size)
         return counted
@@ -458,8 +444,7 @@ class Chunker:
         if self._tokenizer is None:
             return [start + len(piece) - self._overlap for start, piece, _ in counted]
         reach: list[int] = []
-        for batch_start in range(0, len(counted), _COUNT_BATCH):
-            batch = counted[batch_start : batch_start + _COUNT_BATCH]
+        for batch in in_batches(counted):
             encodings = self._tokenizer.encode_batch(
                 [piece for _, piece, _ in batch], add_special_tokens=False
             )
@@ -468,18 +453,6 @@ class Chunker:
                 first = len(offsets) - self._overlap
                 reach.append(start + (offsets[first][0] if first > 0 else 0))
         return reach
-
-
-def _count_tokens(tokenizer: Tokenizer, pieces: Sequence[str]) -> list[int]:
-    """Token counts as the model sees each piece: special tokens included. Encoded
-    :data:`_COUNT_BATCH` pieces at a time: an Encoding holds its tokens' strings, offsets and
-    masks (~40 KiB for a 256-token chunk), and a document's thousands of them at once were
-    hundreds of MiB."""
-    counts: list[int] = []
-    for batch_start in range(0, len(pieces), _COUNT_BATCH):
-        batch = pieces[batch_start : batch_start + _COUNT_BATCH]
-        counts.extend(len(e.ids) for e in tokenizer.encode_batch(batch, add_special_tokens=True))
-    return counts
 
 
 # -- pickling -----------------------------------------------------------------------------------
