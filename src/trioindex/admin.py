@@ -21,7 +21,10 @@ from trioindex.values import AttemptView, JobStatus, JobView
 _JOB_SELECT = """
 SELECT j.id, j.status, j.priority, j.attempt_count, j.max_attempts, j.available_at, j.worker_id,
        j.lease_expires_at, j.progress, j.last_failure_type, j.last_failure_message, j.created_at,
-       j.finished_at, d.external_key, v.version_no, v.status AS version_status,
+       j.finished_at, j.chunk_count, d.external_key, v.version_no,
+       EXISTS (SELECT 1 FROM served_versions s
+               WHERE s.embedding_model_id = j.embedding_model_id
+                 AND s.document_version_id = j.document_version_id) AS version_served,
        m.name AS model_name
 FROM embedding_jobs j
 JOIN document_versions v ON v.id = j.document_version_id
@@ -183,7 +186,7 @@ def jobs_progress(conn: Connection, job_ids: list[UUID]) -> list[dict[str, Any]]
     """Status, progress, chunk count and failure type of the given jobs (for ``ingest --wait``)."""
     return conn.execute(
         """SELECT j.id, j.status, j.progress, j.last_failure_type, j.last_failure_message,
-                  d.external_key, v.chunk_count,
+                  d.external_key, j.chunk_count,
                   (SELECT count(*) FROM embeddings e
                     WHERE e.document_version_id = j.document_version_id
                       AND e.embedding_model_id = j.embedding_model_id) AS embedded

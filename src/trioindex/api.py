@@ -61,10 +61,12 @@ MAX_CANDIDATES = 1000
 class IngestReport:
     """What :meth:`Index.ingest` did: one entry per file (``created``, ``unchanged``,
     ``repaired``, ``skipped``, ``error``) and, when it waited, the documents whose job ended
-    ``FAILED`` with the failure type (``(document_key, failure_type)``)."""
+    ``FAILED`` with the failure type (``(document_key, failure_type)``) and the keys whose
+    documents were deleted while it waited (``removed``: their jobs can never finish)."""
 
     entries: tuple[IngestEntry, ...]
     failed: tuple[tuple[str, str], ...] = ()
+    removed: tuple[str, ...] = ()
 
     @property
     def errors(self) -> tuple[IngestEntry, ...]:
@@ -264,6 +266,7 @@ class Index:
             sync=sync,
         )
         failed: tuple[tuple[str, str], ...] = ()
+        removed: tuple[str, ...] = ()
         if wait:
             from trioindex.progress import wait_for_jobs
 
@@ -274,7 +277,7 @@ class Index:
                 and e.job_id
                 and (e.status == "created" or e.requeued)
             ]
-            finals = await wait_for_jobs(
+            waited = await wait_for_jobs(
                 services.db,
                 queued,
                 show=show_progress,
@@ -282,10 +285,17 @@ class Index:
             )
             failed = tuple(
                 (f["external_key"], f["last_failure_type"])
-                for f in finals
+                for f in waited.finals
                 if f["status"] == "FAILED"
             )
-        return IngestReport(tuple(entries), failed)
+            removed = tuple(
+                sorted(
+                    e.document_key
+                    for e in entries
+                    if isinstance(e, IngestResult) and e.job_id in waited.removed
+                )
+            )
+        return IngestReport(tuple(entries), failed, removed)
 
     async def delete(self, keys: Sequence[str] = (), *, prefix: str | None = None) -> DeleteReport:
         """Delete documents by key and/or key prefix, as ``trioindex delete`` does: they leave

@@ -86,6 +86,12 @@ class OwnershipLost(TrioindexError):
     """
 
 
+class ModelRemoved(TrioindexError):
+    """The model a worker embeds with was removed (``models remove``): its jobs are gone, and
+    a model registered again under the same name is a new row the worker was not started
+    for. The worker stops; started again, it follows the model by name."""
+
+
 class JobRemoved(OwnershipLost):
     """The job row is gone: its document was deleted, or its model removed, while it ran.
 

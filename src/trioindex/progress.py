@@ -6,6 +6,7 @@ import sys
 from typing import Any
 from uuid import UUID
 
+import attrs
 import trio
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -22,20 +23,29 @@ NO_WORKER_HINT = (
 )
 
 
+@attrs.frozen
+class WaitResult:
+    """How a wait ended: the final rows of the jobs that still exist, and the ids of the jobs
+    that were removed meanwhile (their document deleted, or their model removed)."""
+
+    finals: tuple[dict[str, Any], ...]
+    removed: frozenset[UUID]
+
+
 async def wait_for_jobs(
     db: Database,
     job_ids: list[UUID],
     *,
     show: bool = True,
     heartbeat_timeout: float | None = None,
-) -> list[dict[str, Any]]:
-    """Wait until every job is SUCCEEDED or FAILED; return their final rows.
+) -> WaitResult:
+    """Wait until every job is SUCCEEDED, FAILED or gone (a removed job never finishes).
 
     With ``heartbeat_timeout``, says once (on stderr) when no live worker is registered, since
     then the wait would otherwise sit at 0 done with no explanation.
     """
     if not job_ids:
-        return []
+        return WaitResult((), frozenset())
     polls, hinted = 0, False
     columns = (
         TextColumn("[bold]indexing"),
@@ -53,12 +63,13 @@ async def wait_for_jobs(
             done = [r for r in rows if r["status"] in ("SUCCEEDED", "FAILED")]
             bar.update(
                 task,
-                completed=len(done),
+                completed=len(done) + len(job_ids) - len(rows),
                 chunks=sum(r["embedded"] for r in rows),
                 failed=sum(1 for r in rows if r["status"] == "FAILED"),
             )
-            if len(done) == len(job_ids):
-                return rows
+            if len(done) == len(rows):
+                removed = frozenset(job_ids) - {r["id"] for r in rows}
+                return WaitResult(tuple(rows), removed)
             check = heartbeat_timeout is not None and not hinted
             if check and polls % WORKER_CHECK_POLLS == 0:
                 assert heartbeat_timeout is not None

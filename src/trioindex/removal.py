@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from datetime import datetime
 
 import attrs
 
@@ -47,11 +48,19 @@ def _still_unreferenced(conn: Connection, storage_key: str) -> bool:
 
 
 async def delete_documents(
-    db: Database, store: AsyncObjectStore, keys: Sequence[str] = (), *, prefix: str | None = None
+    db: Database,
+    store: AsyncObjectStore,
+    keys: Sequence[str] = (),
+    *,
+    prefix: str | None = None,
+    unchanged_since: datetime | None = None,
 ) -> DeleteReport:
-    """Delete documents by key and/or key prefix; they leave search when the one database
-    transaction commits, then their blobs no version names any more are removed."""
-    result = await db.run(documents.delete_documents, list(keys), prefix=prefix)
+    """Delete documents by key and/or key prefix (those unchanged since ``unchanged_since``, a
+    database time, when given); they leave search when the one database transaction commits,
+    then their blobs no version names any more are removed."""
+    result = await db.run(
+        documents.delete_documents, list(keys), prefix=prefix, unchanged_since=unchanged_since
+    )
     removed = left = 0
     for blob in result.unreferenced_blobs:
         try:

@@ -23,17 +23,8 @@ class JobStatus(enum.StrEnum):
     FAILED = "FAILED"
 
 
-class VersionStatus(enum.StrEnum):
-    UPLOADED = "UPLOADED"
-    PARSING = "PARSING"
-    CHUNKED = "CHUNKED"
-    EMBEDDING = "EMBEDDING"
-    INDEXED = "INDEXED"
-    FAILED = "FAILED"
-
-
-#: The chunk set of character chunking, which every model without a tokenizer shares
-#: (migration 0008); a token-aware chunker's set is :func:`token_chunking` of its model.
+#: The chunk set of character chunking, which every model without a tokenizer shares; a
+#: token-aware chunker's set is :func:`token_chunking` of its model.
 CHARACTER_CHUNKING = "characters"
 
 
@@ -43,7 +34,6 @@ def token_chunking(model_name: str) -> str:
 
 
 class WorkerStatus(enum.StrEnum):
-    STARTING = "STARTING"
     RUNNING = "RUNNING"
     STOPPING = "STOPPING"
     STOPPED = "STOPPED"
@@ -64,11 +54,10 @@ class Claim:
     attempt_id: UUID
     attempt_no: int
     lease_expires_at: datetime
-    version_status: VersionStatus
     # the document's key, for log lines (never in metric labels); the claim statement reads it
     document_key: str = ""
-    # the chunk set the claiming worker makes and embeds (migration 0008), and whether the
-    # version already has it: without it the job parses the file again, whatever the status
+    # the chunk set the claiming worker makes and embeds, and whether the version already has
+    # it: without it the job parses the file first, with it the job only embeds
     chunking: str = CHARACTER_CHUNKING
     chunks_ready: bool = True
 
@@ -83,7 +72,6 @@ class Claim:
             attempt_id=row["attempt_id"],
             attempt_no=row["attempt_no"],
             lease_expires_at=row["lease_expires_at"],
-            version_status=VersionStatus(row["version_status"]),
             document_key=row["document_key"],
             chunking=row["chunking"],
             chunks_ready=row["chunks_ready"],
@@ -93,8 +81,8 @@ class Claim:
 @attrs.frozen
 class BackoffPolicy:
     """The retry delay's settings: ``initial * 2**(attempt-1)``, capped at ``maximum``, ±
-    ``jitter``. The delay itself has one definition, the SQL function ``trioindex_retry_delay``
-    (migration 0004), which both a failure report and lease recovery call."""
+    ``jitter``. The delay itself has one definition, the SQL function ``trioindex_retry_delay``,
+    which both a failure report and lease recovery call."""
 
     initial: float
     maximum: float
@@ -179,7 +167,8 @@ class JobView:
     id: UUID
     document_key: str
     version_no: int
-    version_status: VersionStatus
+    # whether this version is the one the job's model serves for the document
+    version_served: bool
     model: str
     status: JobStatus
     priority: int
@@ -189,6 +178,7 @@ class JobView:
     worker_id: UUID | None
     lease_expires_at: datetime | None
     progress: int
+    chunk_count: int | None  # the chunks (and vectors) its model indexed, once SUCCEEDED
     last_failure_type: FailureType | None
     last_failure_message: str | None
     created_at: datetime
@@ -201,7 +191,7 @@ class JobView:
             id=row["id"],
             document_key=row["external_key"],
             version_no=row["version_no"],
-            version_status=VersionStatus(row["version_status"]),
+            version_served=row["version_served"],
             model=row["model_name"],
             status=JobStatus(row["status"]),
             priority=row["priority"],
@@ -211,6 +201,7 @@ class JobView:
             worker_id=row["worker_id"],
             lease_expires_at=row["lease_expires_at"],
             progress=row["progress"],
+            chunk_count=row["chunk_count"],
             last_failure_type=(
                 FailureType(row["last_failure_type"]) if row["last_failure_type"] else None
             ),

@@ -96,6 +96,8 @@ def ingest(
         typer.echo(f"trioindex: {errors} file(s) could not be ingested (see above)", err=True)
     for key, failure_type in report.failed:
         typer.echo(f"FAILED {key}: {failure_type}", err=True)
+    for key in report.removed:
+        typer.echo(f"removed {key}: deleted while waiting, not indexed", err=True)
     if report.failed or errors:
         raise typer.Exit(1)
 

@@ -208,7 +208,8 @@ def jobs_show(job_id: UUID, as_json: JsonFlag = False) -> None:
         print_json(job)
         return
     typer.echo(f"job {job.id}: {job.status} ({job.progress}%)")
-    typer.echo(f"document {job.document_key} version {job.version_no} ({job.version_status})")
+    served = "served by its model" if job.version_served else "not served by its model"
+    typer.echo(f"document {job.document_key} version {job.version_no} ({served})")
     typer.echo(
         f"model {job.model}, priority {job.priority},"
         f" attempts {job.attempt_count}/{job.max_attempts}"

@@ -1,7 +1,7 @@
 """Deleting documents: the rows of a document and everything under it, in one transaction.
 
 A document row owns its versions, and through them its chunks, embeddings, jobs and attempts
-(the foreign keys cascade, migration 0001), so deleting the row removes the document from
+(the foreign keys cascade), so deleting the row removes the document from
 search and its data in the same transaction. Locks are taken in the lifecycle's order — job
 rows, then version rows, then document rows — so a worker's fenced write racing the delete
 either commits first (and its rows go with the document) or waits and then finds its job gone
@@ -16,6 +16,7 @@ ends its history: ingesting the key again starts a new document at version 1.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from uuid import UUID
 
 import attrs
@@ -45,15 +46,30 @@ def keys_under(conn: Connection, prefix: str) -> list[str]:
     return [row["external_key"] for row in rows]
 
 
+def database_now(conn: Connection) -> datetime:
+    """The database's clock: the start of a run that must not touch what comes after it."""
+    row = conn.execute("SELECT clock_timestamp() AS now").fetchone()
+    assert row is not None
+    now: datetime = row["now"]
+    return now
+
+
 def delete_documents(
-    conn: Connection, keys: Sequence[str] = (), *, prefix: str | None = None
+    conn: Connection,
+    keys: Sequence[str] = (),
+    *,
+    prefix: str | None = None,
+    unchanged_since: datetime | None = None,
 ) -> DeletedDocuments:
     """Delete the documents named by ``keys`` and those whose key starts with ``prefix``.
 
     One transaction: the documents leave search, and their versions, chunks, embeddings, jobs
     and attempts are deleted with them. An empty ``prefix`` is refused (it would be every
-    document); name keys to delete everything. A model switch that was waiting only for the
-    deleted documents ends right after (``trioindex_finish_switch``).
+    document); name keys to delete everything. With ``unchanged_since`` (a database time), a
+    document that got a version at or after it is kept, decided under the document's lock:
+    ``ingest --sync`` never deletes what another ingest added while it ran. A model switch
+    that was waiting only for the deleted documents ends right after
+    (``trioindex_finish_switch``).
     """
     if prefix == "":
         raise ValueError("an empty prefix would delete every document; name the keys instead")
@@ -76,11 +92,22 @@ def delete_documents(
             (ids,),
         )
         versions = conn.execute(
-            """SELECT id, storage_key FROM document_versions
+            """SELECT id, document_id, storage_key FROM document_versions
                WHERE document_id = ANY(%s) ORDER BY id FOR UPDATE""",
             (ids,),
         ).fetchall()
         conn.execute("SELECT id FROM documents WHERE id = ANY(%s) ORDER BY id FOR UPDATE", (ids,))
+        if unchanged_since is not None:
+            # under the document locks: an ingest's new version committed before them is seen
+            # here, one after them waits for this transaction (and then makes a new document)
+            fresh = conn.execute(
+                """SELECT DISTINCT document_id FROM document_versions
+                   WHERE document_id = ANY(%s) AND created_at >= %s""",
+                (ids, unchanged_since),
+            ).fetchall()
+            keep = {row["document_id"] for row in fresh}
+            ids = [i for i in ids if i not in keep]
+            versions = [v for v in versions if v["document_id"] not in keep]
         deleted = conn.execute(
             "DELETE FROM documents WHERE id = ANY(%s) RETURNING external_key", (ids,)
         ).fetchall()

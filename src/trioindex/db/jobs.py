@@ -1,14 +1,15 @@
 """The job state machine on PostgreSQL: worker rows, claim, renew, complete, fail, release,
 recover, operator retry and the drain count — every write of ``embedding_jobs.status`` (and of
-the attempts' status) from Python is one function here; the fenced ones are SQL functions of the
-migrations that these call.
+the attempts' status) from Python is one function here; the fenced ones are SQL functions of
+``functions.sql`` that these call (docs/design/state-machine.md lists every transition).
 
 Every public function takes a connection in autocommit mode and runs exactly one short
 transaction: a ``with conn.transaction()`` block, or a single statement, which autocommit makes
 its own transaction without the extra BEGIN/COMMIT round trips (see docs/design/architecture.md).
 :class:`trioindex.worker.queue.JobQueue` is the async facade that runs them in threads. Lock order
-is always job row, then version row, then document row. A version's status is written through
-:mod:`trioindex.db.versions`, events through :mod:`trioindex.db.events`.
+is always job row, then version row, then document row. A job is the state of one (version,
+model) pair: failing, retrying or recovering it never touches another model's job or what
+another model serves. Events are written through :mod:`trioindex.db.events`.
 
 Every write after the claim — renew included — goes through the fence
 (:mod:`trioindex.db.fence`): a claim that no longer owns its job raises
@@ -24,8 +25,7 @@ from uuid import UUID
 from trioindex.db.events import record_claim_event, record_event
 from trioindex.db.fence import fenced_errors, lock_owned_job
 from trioindex.db.pool import Connection
-from trioindex.db.versions import FAILED_WHERE_ID_IN, lock_version, mark_failed, mark_uploaded
-from trioindex.errors import FailureType, NotFound, bounded
+from trioindex.errors import FailureType, ModelRemoved, NotFound, bounded
 from trioindex.values import (
     CHARACTER_CHUNKING,
     BackoffPolicy,
@@ -55,7 +55,7 @@ def register_worker(
     chunking: str = CHARACTER_CHUNKING,
 ) -> UUID:
     """Write the worker row as RUNNING; only after this may the worker claim. ``chunking``
-    names the chunk set its chunker makes (migration 0008); its claims carry it."""
+    names the chunk set its chunker makes; its claims carry it."""
     with conn.transaction():
         row = conn.execute(
             """INSERT INTO indexing_workers
@@ -139,7 +139,7 @@ WITH worker AS (
     FROM claimed c JOIN attempt a ON a.embedding_job_id = c.id
 )
 SELECT c.id AS job_id, c.worker_id, c.claim_token, c.document_version_id, c.embedding_model_id,
-       c.lease_expires_at, a.id AS attempt_id, a.attempt_no, v.status AS version_status,
+       c.lease_expires_at, a.id AS attempt_id, a.attempt_no,
        d.external_key AS document_key, c.chunking,
        EXISTS (SELECT 1 FROM document_chunks ch
                WHERE ch.document_version_id = c.document_version_id
@@ -166,13 +166,24 @@ def claim_jobs(
     separate steps holds: ``attempt_count`` is incremented under the row lock, an attempt row
     exists exactly when a claim does, and no attempt is written for work that was not claimed.
     A worker that is not RUNNING gets nothing; an empty queue is an empty list. With
-    ``model_id``, only jobs pinned to that model are claimed (a worker embeds with one model).
+    ``model_id``, only jobs pinned to that model are claimed (a worker embeds with one model);
+    :class:`ModelRemoved` when that model no longer exists (it was removed, and perhaps
+    registered again under a new id), so the worker can stop instead of idling forever.
     """
     if k <= 0:
         return []
     rows = conn.execute(
         _CLAIM_SQL, {"worker": worker_id, "k": k, "lease": lease_seconds, "model": model_id}
     ).fetchall()
+    if not rows and model_id is not None:
+        found = conn.execute(
+            "SELECT name FROM embedding_models WHERE id = %s", (model_id,)
+        ).fetchone()
+        if found is None:
+            raise ModelRemoved(
+                f"the embedding model this worker was started for (id {model_id}) was removed;"
+                " start the worker again to follow the model registered under its name"
+            )
     return [Claim.from_row(row) for row in rows]
 
 
@@ -195,7 +206,7 @@ def set_progress(conn: Connection, job_id: UUID, progress: int) -> None:
 def renew_lease(conn: Connection, claim: Claim, lease_seconds: float) -> datetime:
     """Extend the lease of a claim that still owns its job; return the new expiry.
 
-    One statement, ``trioindex_renew_lease`` (migration 0004): the ownership check is
+    One statement, ``trioindex_renew_lease``: the ownership check is
     ``trioindex_lock_owned_job``'s, the one every fenced write uses; the lease is counted from
     the database's fresh clock. Never changes the worker, the token or ``locked_at``. Raises
     :class:`OwnershipLost` when the claim no longer owns the job (a database error propagates
@@ -216,11 +227,11 @@ def renew_lease(conn: Connection, claim: Claim, lease_seconds: float) -> datetim
 
 
 def complete_job(conn: Connection, claim: Claim) -> CompleteResult:
-    """Finish the claim: version INDEXED, attempt and job SUCCEEDED, and the document's
-    searchable version moved forward unless a newer version is already current.
+    """Finish the claim: attempt and job SUCCEEDED, and the version its model serves for the
+    document moved forward unless the model already serves a newer one.
 
-    One statement, one round trip: ``trioindex_complete_job`` (migration 0002) takes the locks
-    in the usual order, re-validates ownership and the embedding set, and writes everything.
+    One statement, one round trip: ``trioindex_complete_job`` takes the locks in the usual
+    order, re-validates ownership and the embedding set, and writes everything.
     """
     with fenced_errors():
         row = conn.execute(
@@ -239,9 +250,9 @@ def release_job(conn: Connection, claim: Claim) -> None:
     """Hand an unfinished claim back: the job is PENDING again at once, the attempt CANCELLED.
 
     Used at shutdown, after the grace period. The cancelled attempt keeps its number but does
-    not spend the job's budget (``max_attempts`` grows by one), and the version keeps its status
-    so the next claim resumes where this one stopped. Fenced like every other write
-    (``trioindex_release_job``, migration 0003): a claim that no longer owns the job raises
+    not spend the job's budget (``max_attempts`` grows by one); the next claim resumes from
+    what is stored (its chunk set, if the parse committed). Fenced like every other write
+    (``trioindex_release_job``): a claim that no longer owns the job raises
     :class:`OwnershipLost` and changes nothing.
     """
     with fenced_errors():
@@ -311,10 +322,11 @@ def fail_job(
     """Report a classified failure of the current attempt.
 
     Retryable with attempts left → PENDING with ``available_at = now() + backoff``; otherwise
-    the job and its version end FAILED. A report from a worker that no longer owns the job
-    raises :class:`OwnershipLost` and changes nothing: lease recovery owns the job then.
+    the job ends FAILED (its model's state of the version; no other model's job or served
+    version changes). A report from a worker that no longer owns the job raises
+    :class:`OwnershipLost` and changes nothing: lease recovery owns the job then.
 
-    The delay is ``trioindex_retry_delay`` (migration 0004), the definition recovery uses too;
+    The delay is ``trioindex_retry_delay``, the definition recovery uses too;
     the jitter draw is made here (``unit_random``, else ``SystemRandom``) so a test can fix it.
     """
     safe_message = bounded(message)
@@ -352,7 +364,6 @@ def fail_job(
             available_at: datetime | None = row["available_at"]
             event, outcome = "JOB_RETRY_SCHEDULED", FailOutcome.RETRY_SCHEDULED
         else:
-            lock_version(conn, owned.document_version_id)
             conn.execute(
                 """UPDATE embedding_jobs
                    SET status = 'FAILED', finished_at = now(),
@@ -362,7 +373,6 @@ def fail_job(
                    WHERE id = %s""",
                 (failure_type.value, safe_message, claim.job_id),
             )
-            mark_failed(conn, owned.document_version_id)
             available_at = None
             event, outcome = "JOB_FAILED", FailOutcome.FAILED
         record_claim_event(
@@ -382,9 +392,9 @@ def fail_job(
 def retry_failed(conn: Connection, job_id: UUID, *, extra_attempts: int) -> None:
     """FAILED → PENDING with a fresh budget of ``extra_attempts`` attempts, claimable at once.
 
-    The version goes back to UPLOADED so the whole pipeline runs again; attempt numbers continue
-    where they stopped. Raises :class:`NotFound` (changing nothing) when there is no such job or
-    it is not FAILED.
+    The next claim runs what is left (the parse when its chunk set is missing, else the embed
+    step); attempt numbers continue where they stopped. Raises :class:`NotFound` (changing
+    nothing) when there is no such job or it is not FAILED.
     """
     with conn.transaction():
         row = conn.execute(
@@ -395,7 +405,6 @@ def retry_failed(conn: Connection, job_id: UUID, *, extra_attempts: int) -> None
             raise NotFound(f"no job with id {job_id}")
         if row["status"] != "FAILED":
             raise NotFound(f"job {job_id} is {row['status']}; only FAILED jobs can be retried")
-        lock_version(conn, row["document_version_id"])
         conn.execute(
             """UPDATE embedding_jobs
                SET status = 'PENDING', available_at = now(), finished_at = NULL, progress = 0,
@@ -403,7 +412,6 @@ def retry_failed(conn: Connection, job_id: UUID, *, extra_attempts: int) -> None
                WHERE id = %s""",
             (extra_attempts, job_id),
         )
-        mark_uploaded(conn, row["document_version_id"])
         record_event(
             conn,
             "JOB_RETRY_REQUESTED",
@@ -417,8 +425,7 @@ def retry_failed(conn: Connection, job_id: UUID, *, extra_attempts: int) -> None
 # ---------------------------------------------------------------------------------------------
 # recover
 
-# The version's FAILED transition is versions.FAILED_WHERE_ID_IN, embedded as the "version" CTE
-# so that recovery stays one statement (one round trip, atomic without BEGIN/COMMIT).
+# One statement: one round trip, atomic without BEGIN/COMMIT.
 _RECOVER_SQL = """
 WITH expired AS (
     SELECT id FROM embedding_jobs
@@ -449,8 +456,6 @@ WITH expired AS (
     FROM expired e
     WHERE j.id = e.id
     RETURNING j.id, j.status, j.document_version_id, j.attempt_count
-), version AS (
-    {fail_versions}
 ), event AS (
     INSERT INTO indexing_events
         (event_type, embedding_job_id, document_version_id, attempt_id, detail)
@@ -461,11 +466,7 @@ WITH expired AS (
     FROM job LEFT JOIN attempt ON attempt.embedding_job_id = job.id
 )
 SELECT id, status, attempt_count FROM job
-""".format(
-    fail_versions=FAILED_WHERE_ID_IN.format(
-        ids="SELECT document_version_id FROM job WHERE status = 'FAILED'"
-    )
-)
+"""
 
 
 def recover_expired(
@@ -474,8 +475,8 @@ def recover_expired(
     """Return PROCESSING jobs whose lease has expired to the queue, in one atomic statement.
 
     The attempt becomes EXPIRED; the job goes back to PENDING with backoff
-    (``trioindex_retry_delay``, as for a failure report), or to FAILED (and its version too)
-    when its attempts are spent. Rows another transaction holds — a renewal or a completion in
+    (``trioindex_retry_delay``, as for a failure report), or to FAILED when its attempts are
+    spent. Rows another transaction holds — a renewal or a completion in
     flight — are skipped, so recovery and the owner never both win.
     """
     rows = conn.execute(

@@ -6,13 +6,18 @@ side; each model gets a partial HNSW cosine index over ``vector::vector(dim)`` r
 rows, which is what lets ``ORDER BY vector::vector(dim) <=> query`` use the index — built by a
 worker once the model has enough vectors (:mod:`trioindex.db.vector_index`), not at registration.
 
-One model *serves* search (``is_active``): :func:`serving_model` is the one answer to "which
-model ranks a query now". :func:`activate_model` starts a switch: the new model is marked
-``activating`` and gets one job per document's current (or newer, still indexing) version;
-search keeps the serving model until the new one covers every current version, and then
-``trioindex_finish_switch`` (migration 0006) moves ``is_active`` over in one transaction — at
-the first read of the serving model after that (every search makes one), a ``models list``,
-``status``, delete or activation.
+Each model serves its own version of each document (``served_versions``, moved forward by that
+model's completions only). One model *serves search* (``is_active``): :func:`serving_model` is
+the one answer to "which model ranks a query now", and search reads that model's versions.
+:func:`activate_model` starts a switch: the new model is marked ``activating`` and gets a job
+for each document's newest version (and for the version the serving model serves, when that is
+older); search keeps the serving model until the new one serves every document the serving
+model serves at the same version or a newer one and owes no work, and then
+``trioindex_finish_switch`` moves ``is_active`` over in one transaction — at the first read of
+the serving model after that (every search makes one), a ``models list``, ``status``, delete
+or activation. A job of the new model that failed for good on a newer version than it serves
+holds the switch (finishing would serve an older version than before): retry it, delete the
+document, or remove the model to cancel the switch.
 """
 
 from __future__ import annotations
@@ -99,8 +104,8 @@ class ModelNotServing(TrioindexError):
 
 
 def finish_switch(conn: Connection) -> bool:
-    """End a model switch whose new model covers every current version (one transaction, and
-    one cheap indexed read while its jobs still run); True when it switched now."""
+    """End a model switch whose new model covers what the serving one serves (one transaction,
+    and one cheap indexed read while its jobs still run); True when it switched now."""
     row = conn.execute("SELECT trioindex_finish_switch() AS done").fetchone()
     return bool(row and row["done"])
 
@@ -108,8 +113,8 @@ def finish_switch(conn: Connection) -> bool:
 def serving_model(conn: Connection) -> EmbeddingModel | None:
     """The model search ranks with now (None before any model is registered).
 
-    Every document's current version has this model's full vector set (migration 0006), so a
-    search over it never meets a document it cannot rank. Ends a switch that is complete
+    Every version this model serves has its full vector set, so a search over its versions
+    never meets a document it cannot rank. Ends a switch that is complete
     first, so the switch takes effect at the first search after it. Call it outside a
     transaction (the switch is its own transaction) or accept that it only reads.
     """
@@ -142,8 +147,9 @@ def _activating_id(conn: Connection) -> UUID | None:
 
 @attrs.frozen
 class ModelView:
-    """One model as ``models list`` shows it: covered = documents whose current version has
-    this model's full vector set, of ``documents`` that have a current version."""
+    """One model as ``models list`` shows it: ``covered`` = documents this model serves at the
+    newest version any model indexed, of ``documents`` (every document with a version);
+    ``failed_jobs`` = its jobs that failed for good."""
 
     name: str
     dimension: int
@@ -161,11 +167,14 @@ def model_list(conn: Connection) -> list[ModelView]:
     with conn.transaction():
         rows = conn.execute(
             """SELECT m.name, m.dimension, m.is_active, m.activating,
-                      (SELECT count(*) FROM documents d JOIN embedding_jobs j
-                         ON j.document_version_id = d.current_version_id
-                        AND j.embedding_model_id = m.id AND j.status = 'SUCCEEDED') AS covered,
-                      (SELECT count(*) FROM documents d
-                        WHERE d.current_version_id IS NOT NULL) AS documents,
+                      (SELECT count(*) FROM served_versions s
+                         JOIN document_versions sv ON sv.id = s.document_version_id
+                        WHERE s.embedding_model_id = m.id
+                          AND sv.version_no = (SELECT max(v.version_no)
+                                               FROM document_versions v
+                                               WHERE v.document_id = s.document_id))
+                          AS covered,
+                      (SELECT count(*) FROM documents) AS documents,
                       (SELECT count(*) FROM embedding_jobs j WHERE j.embedding_model_id = m.id
                           AND j.status IN ('PENDING', 'PROCESSING')) AS pending,
                       (SELECT count(*) FROM embedding_jobs j WHERE j.embedding_model_id = m.id
@@ -202,8 +211,9 @@ def activate_model(
 ) -> Activation:
     """Start switching search to ``name`` (registered now if new, with ``dimension``).
 
-    One transaction: the model becomes ``activating`` and gets one PENDING job per document's
-    current version and per newer version still being indexed (a job it already has is kept).
+    One transaction: the model becomes ``activating`` and gets one PENDING job for each
+    document's newest version and for the version the serving model serves, when older (a job
+    it already has is kept).
     Refused while a switch to another model runs. Workers configured for ``name`` do the
     jobs; until they cover every current version, search keeps the serving model.
     """
@@ -233,11 +243,12 @@ def activate_model(
             """INSERT INTO embedding_jobs
                    (document_version_id, embedding_model_id, max_attempts, priority)
                SELECT v.id, %(model)s, %(attempts)s, %(priority)s
-               FROM documents d
-               JOIN document_versions v ON v.document_id = d.id
-               LEFT JOIN document_versions cur ON cur.id = d.current_version_id
-               WHERE v.id = d.current_version_id
-                  OR (v.status <> 'FAILED' AND v.version_no > coalesce(cur.version_no, 0))
+               FROM document_versions v
+               WHERE v.version_no = (SELECT max(n.version_no) FROM document_versions n
+                                     WHERE n.document_id = v.document_id)
+                  OR v.id IN (SELECT s.document_version_id FROM served_versions s
+                              JOIN embedding_models serving
+                                ON serving.id = s.embedding_model_id AND serving.is_active)
                ON CONFLICT (document_version_id, embedding_model_id) DO NOTHING""",
             {"model": model.id, "attempts": max_attempts, "priority": priority},
         ).rowcount
@@ -257,7 +268,7 @@ class Removal:
     name: str
     embeddings: int
     jobs: int
-    chunks: int = 0  # the model's own token-aware chunk set (migration 0008), if it had one
+    chunks: int = 0  # the model's own token-aware chunk set, if it had one
 
 
 def remove_model(conn: Connection, name: str) -> Removal:

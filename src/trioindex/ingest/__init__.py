@@ -27,6 +27,7 @@ from uuid import UUID
 
 import trio
 
+from trioindex.db.documents import database_now
 from trioindex.db.pool import Database
 from trioindex.ingest.discover import MAX_KEY_CHARS, Discovery, SourceFile, discover
 from trioindex.ingest.enqueue import (
@@ -122,13 +123,15 @@ async def ingest_paths(
     :func:`~trioindex.ingest.discover.argument_key` (``key_as`` is ``--as``).
 
     ``sync``: after every file, the documents under each folder argument's key prefix whose
-    file the walk did not find are deleted, one :class:`DeletedDocument` entry each, at the
-    end (:mod:`trioindex.ingest.sync`; :class:`SyncRefused` before anything is ingested).
+    file is missing (and that got no version since the sync began) are deleted, one
+    :class:`DeletedDocument` entry each, at the end (:mod:`trioindex.ingest.sync`;
+    :class:`SyncRefused` before anything is ingested).
     """
+    started = await db.run(database_now) if sync else None
     found = await trio.to_thread.run_sync(
         functools.partial(discover, list(paths), follow_symlinks=follow_symlinks, key_as=key_as)
     )
-    plan = plan_sync(paths, found, key_as=key_as) if sync else None
+    plan = plan_sync(paths, found, key_as=key_as, started=started) if sync else None
     entries = await _ingest_files(
         found.entries,
         db=db,

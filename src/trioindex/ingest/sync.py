@@ -2,13 +2,17 @@
 
 The prefix comes from the one key rule (:func:`~trioindex.ingest.discover.argument_key`): a
 folder keyed ``docs`` covers the keys ``docs/...``; a folder keyed ``""`` (``ingest .``) covers
-every key. A document is kept when the walk found an entry with its key, ingested or not (a
-file that exists is never deleted), or when it lies under an entry the walk could not read
-or left out (a folder link, an unreadable folder with a key). When the walk has an error it
-cannot name a key for (an unreadable folder, a name that is not UTF-8), nothing is deleted:
-which documents still have files is then unknown. A folder outside the current one without
-``--as`` is refused: its keys start below it, so they share one namespace with every other
-such folder, and syncing one would delete the others.
+every key. A document is deleted only when its file was seen missing: the key maps back to its
+path under the folder, and nothing exists there (``os.path.lexists``, checked after every file
+was ingested) — a file the walk leaves out (a dot-name, a link) is never "gone". A document is
+also kept when the walk found an entry with its key, when it lies under an entry the walk
+could not read or left out (a folder link, an unreadable folder with a key), and when it got a
+version after the sync started (another ingest added it meanwhile: the deletion decides that
+under the document's lock, :func:`trioindex.db.documents.delete_documents`).
+When the walk has an error it cannot name a key for (an unreadable folder, a name that is not
+UTF-8), nothing is deleted: which documents still have files is then unknown. A folder outside
+the current one without ``--as`` is refused: its keys start below it, so they share one
+namespace with every other such folder, and syncing one would delete the others.
 
 Only folder arguments sync; files named directly are ingested as usual. Deleting is
 :func:`trioindex.removal.delete_documents` (rows, then blobs), after every file was ingested.
@@ -16,7 +20,9 @@ Only folder arguments sync; files named directly are ingested as usual. Deleting
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 
 import attrs
@@ -38,28 +44,43 @@ class SyncRefused(TrioindexError):
 
 @attrs.frozen
 class SyncPlan:
-    """What one sync covers: the key ``prefixes`` of its folders, the keys the walk found
-    (``present``), the keys under which nothing is deleted (``kept_under``), and ``blocked``:
-    when set, why nothing is deleted at all."""
+    """What one sync covers: the key ``prefixes`` of its ``folders`` (one each), the keys the
+    walk found (``present``), the keys under which nothing is deleted (``kept_under``),
+    ``started`` (the database time before the walk: newer documents are kept), and
+    ``blocked``: when set, why nothing is deleted at all."""
 
     prefixes: tuple[str, ...]
     present: frozenset[str]
     kept_under: tuple[str, ...]
     blocked: SkippedFile | None = None
+    folders: tuple[Path, ...] = ()
+    started: datetime | None = None
 
     def covers(self, key: str) -> bool:
-        """Whether ``key`` is under a prefix and not kept by the walk (deleted if stored)."""
-        return (
-            any(key.startswith(prefix) for prefix in self.prefixes)
-            and key not in self.present
-            and not any(key == kept or key.startswith(kept + "/") for kept in self.kept_under)
-        )
+        """Whether ``key`` is under a prefix, not kept by the walk, and its file is missing
+        (deleted if stored)."""
+        if key in self.present or any(
+            key == kept or key.startswith(kept + "/") for kept in self.kept_under
+        ):
+            return False
+        paths = [
+            folder / key[len(prefix) :]
+            for prefix, folder in zip(self.prefixes, self.folders, strict=True)
+            if key.startswith(prefix)
+        ]
+        return bool(paths) and not any(os.path.lexists(path) for path in paths)
 
 
 def plan_sync(
-    paths: Sequence[Path], found: Discovery, *, cwd: Path | None = None, key_as: str | None = None
+    paths: Sequence[Path],
+    found: Discovery,
+    *,
+    cwd: Path | None = None,
+    key_as: str | None = None,
+    started: datetime | None = None,
 ) -> SyncPlan:
-    """The sync of the folder arguments among ``paths``, from the walk ``found``.
+    """The sync of the folder arguments among ``paths``, from the walk ``found`` (which began
+    at the database time ``started``).
 
     Raises :class:`SyncRefused` for a folder outside ``cwd`` without ``key_as`` (call it
     before ingesting anything).
@@ -97,7 +118,7 @@ def plan_sync(
             "of the walk could not be read or named, so which documents still have files "
             "is unknown",
         )
-    return SyncPlan(tuple(prefixes), present, kept, blocked)
+    return SyncPlan(tuple(prefixes), present, kept, blocked, tuple(folders), started)
 
 
 async def delete_missing(
@@ -112,5 +133,5 @@ async def delete_missing(
     gone = sorted(key for key in stored if plan.covers(key))
     if not gone:
         return []
-    report = await delete_documents(db, store, gone)
+    report = await delete_documents(db, store, gone, unchanged_since=plan.started)
     return [DeletedDocument(key) for key in report.deleted]

@@ -105,7 +105,9 @@ def vector_ranking(
             f"""SELECT {_COLUMNS},
                        1 - (e.vector::vector({dim}) <=> %(q)s::vector({dim})) AS score
                 FROM embeddings e
-                JOIN documents d ON d.current_version_id = e.document_version_id
+                JOIN served_versions s ON s.document_version_id = e.document_version_id
+                                      AND s.embedding_model_id = %(model)s
+                JOIN documents d ON d.id = s.document_id
                 JOIN document_versions v ON v.id = e.document_version_id
                 JOIN document_chunks c ON c.id = e.chunk_id
                 WHERE e.embedding_model_id = %(model)s{where}
@@ -134,8 +136,8 @@ def text_ranking(
     *,
     filters: Filters = NO_FILTERS,
 ) -> list[RankedChunk]:
-    """The ``limit`` chunks of ``model``'s chunk sets (the chunks it has vectors for: a version
-    may hold one set per chunking, migration 0008) that best match ``text`` by full-text
+    """The ``limit`` chunks of the versions ``model`` serves, in its chunk sets (the chunks it
+    has vectors for: a version may hold one set per chunking), that best match ``text`` by full-text
     search, best first: chunks
     matching more of the query's terms first (all of them, then all but one, ...), each tier
     ordered by ``ts_rank``; a tier is read only while the ones before it leave the list short
@@ -151,7 +153,9 @@ def text_ranking(
     branches = [
         f"""(SELECT {_COLUMNS}, ts_rank(c.search_vector, %(any)s::tsquery, 1) AS score
              FROM document_chunks c
-             JOIN documents d ON d.current_version_id = c.document_version_id
+             JOIN served_versions s ON s.document_version_id = c.document_version_id
+                                   AND s.embedding_model_id = %(model)s
+             JOIN documents d ON d.id = s.document_id
              JOIN document_versions v ON v.id = c.document_version_id
              WHERE c.search_vector @@ %(tier{i})s::tsquery{_not_above(i)}{where}
                AND EXISTS (SELECT 1 FROM embeddings e

@@ -23,11 +23,10 @@ from trioindex.errors import (
     FailureType,
     JobRemoved,
     OwnershipLost,
-    StateInconsistent,
     StepFailure,
     bounded,
 )
-from trioindex.values import Claim, CompleteResult, FailOutcome, FailResult, VersionStatus
+from trioindex.values import Claim, CompleteResult, FailOutcome, FailResult
 from trioindex.worker import metrics
 from trioindex.worker.counters import WorkerCounters
 
@@ -110,20 +109,12 @@ REPORT_REFUSED = JobOutcome(OutcomeKind.REPORT_REFUSED)
 REPORT_FAILED = JobOutcome(OutcomeKind.REPORT_FAILED)
 REMOVED = JobOutcome(OutcomeKind.REMOVED)
 
-_PARSE_FIRST = frozenset({VersionStatus.UPLOADED, VersionStatus.PARSING})
-# INDEXED: another model's job indexed the version; this job embeds its stored chunks
-_EMBEDDABLE = _PARSE_FIRST | {VersionStatus.CHUNKED, VersionStatus.EMBEDDING, VersionStatus.INDEXED}
 
-
-def steps_for(status: VersionStatus, *, chunks_ready: bool = True) -> tuple[str, ...]:
-    """Which steps a claim runs, chosen by its version's status at claim time and by whether
-    the version has the claim's chunk set (``Claim.chunks_ready``): a version chunked for
-    another model's chunking is parsed again for this one (migration 0008)."""
-    if status in _PARSE_FIRST or (status in _EMBEDDABLE and not chunks_ready):
-        return ("parse", "embed", "complete")
-    if status in _EMBEDDABLE:
-        return ("embed", "complete")
-    raise StateInconsistent(f"a claimed job's version is {status}; nothing can run")
+def steps_for(*, chunks_ready: bool) -> tuple[str, ...]:
+    """Which steps a claim runs: without its chunk set stored (``Claim.chunks_ready``) the job
+    parses the file first; with it (another model's job shares the set, or an earlier attempt
+    of this job stored it) it only embeds."""
+    return ("embed", "complete") if chunks_ready else ("parse", "embed", "complete")
 
 
 @attrs.define(eq=False)
@@ -201,7 +192,7 @@ class JobRunner:
         """Run the steps; classify and report a failure."""
         claim = context.claim
         try:
-            for step in steps_for(claim.version_status, chunks_ready=claim.chunks_ready):
+            for step in steps_for(chunks_ready=claim.chunks_ready):
                 context.step = step
                 began = trio.current_time()
                 if step == "parse":

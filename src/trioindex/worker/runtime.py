@@ -52,6 +52,7 @@ import attrs
 import trio
 
 from trioindex.config import WorkerSettings
+from trioindex.errors import ModelRemoved
 from trioindex.values import CHARACTER_CHUNKING, Claim, DrainState, RecoveredJob, WorkerStatus
 from trioindex.worker import metrics
 from trioindex.worker.counters import WorkerCounters
@@ -110,11 +111,13 @@ class Worker:
     steps: Steps
     settings: WorkerSettings
     model_id: UUID | None = None
-    # the chunk set this worker's chunker makes (migration 0008); its claims carry it
+    # the chunk set this worker's chunker makes; its claims carry it
     chunking: str = CHARACTER_CHUNKING
     counters: WorkerCounters = attrs.field(factory=WorkerCounters)
     version: str = "0"
     on_job_done: Callable[[Claim, JobOutcome], None] | None = None
+    # set when a claim found the worker's model removed: the run stopped for that
+    model_removed: bool = attrs.field(default=False, init=False)
     listener: Callable[[Callable[[], None]], Awaitable[None]] | None = None
     # the current run, or the last one once serve() has returned; None before the first
     _run: _Run | None = attrs.field(default=None, init=False)
@@ -252,6 +255,10 @@ class Worker:
                 # stop request arriving mid-call (its rows would sit PROCESSING until expiry).
                 with trio.CancelScope(shield=True):
                     claims = await self.queue.claim(run.worker_id, len(reserved), self.model_id)
+            except ModelRemoved as exc:
+                logger.error("worker %s: stopping: %s", run.worker_id, exc)
+                self.model_removed = True
+                return  # the finally below frees the slots; serve then stops as after a drain
             except Exception as exc:
                 claim_failed = True
                 logger.warning("worker %s: claim failed: %s", run.worker_id, type(exc).__name__)

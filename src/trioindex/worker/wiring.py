@@ -21,25 +21,24 @@ from trioindex import __version__
 from trioindex.config import Settings
 from trioindex.db.jobs import complete_job
 from trioindex.db.pool import Database
-from trioindex.embedding import Embedder
-from trioindex.embedding.batching import EmbeddingCoalescer
-from trioindex.pipeline.chunking import Chunker, ChunkingPolicy
-from trioindex.pipeline.embed_step import (
+from trioindex.db.steps import (
+    ChunkCommit,
     EmbeddingCommit,
     EmbedSnapshot,
-    commit_embeddings,
-    drafts_from_matrix,
-    prepare_embedding,
+    ParseSnapshot,
+    StoredSlice,
+    begin_embedding,
+    begin_parse_many,
+    store_chunks_many,
     store_embeddings_many,
 )
+from trioindex.embedding import Embedder
+from trioindex.embedding.batching import EmbeddingCoalescer
+from trioindex.errors import StateInconsistent
+from trioindex.pipeline.chunking import Chunker, ChunkingPolicy
+from trioindex.pipeline.embed_step import SLICE_ROWS, drafts_from_matrix
 from trioindex.pipeline.parse_process import DEFAULT_TIMEOUT
-from trioindex.pipeline.parse_step import (
-    ChunkCommit,
-    ParseSnapshot,
-    begin_parse_many,
-    parse_and_store,
-    store_chunks_many,
-)
+from trioindex.pipeline.parse_step import parse_and_store
 from trioindex.services import Services, open_services
 from trioindex.storage import AsyncObjectStore
 from trioindex.values import (
@@ -59,10 +58,6 @@ from trioindex.worker.runtime import Worker, serve_until_signalled
 logger = logging.getLogger(__name__)
 
 
-# Embedding sets larger than this are stored with their own binary COPY, not in a group.
-GROUP_MAX_ROWS = 4096
-
-
 @attrs.define(eq=False)
 class PipelineSteps:
     """Implements :class:`trioindex.worker.job.Steps` with the real steps.
@@ -74,7 +69,9 @@ class PipelineSteps:
     Worker-wide (run by :meth:`serve`): the :class:`EmbeddingCoalescer` that gathers the chunks
     of many jobs into full embedding requests, and three group committers (parse prepare;
     chunks + embed prepare; vectors + completion), each writing the steps of many jobs in one
-    transaction. What a job's steps hand on to its next step (the embed snapshot, the vectors)
+    transaction; a large document's vectors go through the last in slices of
+    :data:`~trioindex.pipeline.embed_step.SLICE_ROWS`, the final slice completing the job.
+    What a job's steps hand on to its next step (the embed snapshot, the vectors)
     is kept per claim until :meth:`forget`. ``index_keeper`` (when given) is told how many
     vectors each completion stored; :func:`run_worker` runs it.
     """
@@ -93,7 +90,7 @@ class PipelineSteps:
     coalescer: EmbeddingCoalescer = attrs.field(init=False)
     begin_parse: GroupCommitter[Claim, ParseSnapshot] = attrs.field(init=False)
     store_chunks: GroupCommitter[ChunkCommit, EmbedSnapshot | int] = attrs.field(init=False)
-    store_embeddings: GroupCommitter[EmbeddingCommit, CompleteResult] = attrs.field(init=False)
+    store_embeddings: GroupCommitter[EmbeddingCommit, StoredSlice] = attrs.field(init=False)
     _embed_from: dict[UUID, EmbedSnapshot] = attrs.field(init=False, factory=dict)
     _to_store: dict[UUID, EmbeddingCommit] = attrs.field(init=False, factory=dict)
 
@@ -149,7 +146,7 @@ class PipelineSteps:
     async def embed(self, claim: Claim) -> int:
         snapshot = self._embed_from.pop(claim.job_id, None)
         if snapshot is None:  # the claim started at embed, or the parse was a replay
-            snapshot = await self.db.run(prepare_embedding, claim)
+            snapshot = await self.db.run(begin_embedding, claim)
         if snapshot.complete:
             logger.debug("job %s: embedding set already complete, step replayed", claim.job_id)
             return len(snapshot.chunks)
@@ -167,15 +164,17 @@ class PipelineSteps:
         commit = self._to_store.pop(claim.job_id, None)
         if commit is None:  # a replayed embed step: only the completion is left
             return await self.db.run(complete_job, claim)
-        if commit.weight > GROUP_MAX_ROWS:
-            # a big set goes by binary COPY (a group's array would hold it twice in memory)
-            await self.db.run(commit_embeddings, claim, commit.snapshot, commit.drafts)
-            result = await self.db.run(complete_job, claim)
-        else:
-            result = await self.store_embeddings.submit(commit)
-        if self.index_keeper is not None:
-            self.index_keeper.note_stored(len(commit.drafts))
-        return result
+        drafts = commit.drafts
+        for offset in range(0, len(drafts), SLICE_ROWS):
+            piece = EmbeddingCommit(
+                claim, commit.snapshot, drafts[offset : offset + SLICE_ROWS], offset
+            )
+            stored = await self.store_embeddings.submit(piece)
+            if stored.result is not None:  # the slice ended the set (or found it complete)
+                if self.index_keeper is not None:
+                    self.index_keeper.note_stored(len(drafts))
+                return stored.result
+        raise StateInconsistent("the vector set did not complete the job")
 
     def forget(self, claim: Claim) -> None:
         self._embed_from.pop(claim.job_id, None)
@@ -197,8 +196,8 @@ def build_chunker(settings: Settings, embedder: Embedder) -> Chunker:
 
 
 def chunk_set_of(chunker: Chunker, model_name: str) -> str:
-    """The chunk set ``chunker`` makes for the model named ``model_name`` (migration 0008):
-    character chunks are shared by every model; token-aware ones are the model's own."""
+    """The chunk set ``chunker`` makes for the model named ``model_name``: character chunks
+    are shared by every model; token-aware ones are the model's own."""
     return token_chunking(model_name) if chunker.token_aware else CHARACTER_CHUNKING
 
 

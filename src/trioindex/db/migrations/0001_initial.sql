@@ -4,12 +4,6 @@
 
 CREATE EXTENSION IF NOT EXISTS vector;
 
-CREATE FUNCTION trioindex_touch_updated_at() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    NEW.updated_at := now();
-    RETURN NEW;
-END;
-$$;
 
 CREATE TABLE embedding_models (
     id          uuid PRIMARY KEY DEFAULT gen_random_uuid(),
@@ -193,19 +187,3 @@ CREATE TABLE indexing_events (
 );
 CREATE INDEX indexing_events_job ON indexing_events (embedding_job_id, id);
 
-CREATE TRIGGER touch BEFORE UPDATE ON embedding_models
-    FOR EACH ROW EXECUTE FUNCTION trioindex_touch_updated_at();
-CREATE TRIGGER touch BEFORE UPDATE ON documents
-    FOR EACH ROW EXECUTE FUNCTION trioindex_touch_updated_at();
-CREATE TRIGGER touch BEFORE UPDATE ON document_versions
-    FOR EACH ROW EXECUTE FUNCTION trioindex_touch_updated_at();
-CREATE TRIGGER touch BEFORE UPDATE ON document_chunks
-    FOR EACH ROW EXECUTE FUNCTION trioindex_touch_updated_at();
-CREATE TRIGGER touch BEFORE UPDATE ON embeddings
-    FOR EACH ROW EXECUTE FUNCTION trioindex_touch_updated_at();
-CREATE TRIGGER touch BEFORE UPDATE ON indexing_workers
-    FOR EACH ROW EXECUTE FUNCTION trioindex_touch_updated_at();
-CREATE TRIGGER touch BEFORE UPDATE ON embedding_jobs
-    FOR EACH ROW EXECUTE FUNCTION trioindex_touch_updated_at();
-CREATE TRIGGER touch BEFORE UPDATE ON embedding_job_attempts
-    FOR EACH ROW EXECUTE FUNCTION trioindex_touch_updated_at();

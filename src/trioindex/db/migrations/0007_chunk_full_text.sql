@@ -1,4 +1,4 @@
--- Full-text search over chunk text, for `search --mode text|hybrid` (issue 15).
+-- Full-text search over chunk text, for `search --mode text|hybrid`.
 --
 -- search_vector holds every chunk's lexemes twice over: the `simple` configuration (each word
 -- lower-cased, no stemming, no stop words: works for Korean and any other language the default

@@ -1,14 +1,20 @@
-"""Versioned schema migrations, applied in order under a PostgreSQL advisory lock.
+"""The schema: versioned migrations for tables, indexes and data, and one repeatable file for
+every function and trigger, applied under a PostgreSQL advisory lock.
 
-Each ``NNNN_name.sql`` file in this package is one migration. :func:`migrate` takes a
-session-level advisory lock so that any number of processes may call it at once: the first
-applies what is missing, the others wait and then find nothing left to do. Each migration runs
-in its own transaction together with the row that records it, so a crash leaves either the
-whole migration or none of it.
+Each ``NNNN_name.sql`` file in this package is one versioned migration; ``functions.sql`` holds
+the current text of every ``trioindex_*`` function and trigger (Flyway's "repeatable
+migration"). :func:`migrate` takes a session-level advisory lock so that any number of
+processes may call it at once: the first applies what is missing, the others wait and then find
+nothing left to do. Each migration runs in its own transaction together with the row that
+records it, so a crash leaves either the whole migration or none of it. Then, when the text of
+``functions.sql`` differs from the one last applied (its SHA-256 is recorded), one transaction
+drops every ``trioindex_*`` function (and with them their triggers) and runs the file, so the
+database holds exactly the functions the tree defines, whatever it was migrated from.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from importlib import resources
@@ -25,6 +31,7 @@ logger = logging.getLogger(__name__)
 MIGRATION_LOCK_KEY = 0x74_72_69_6F_69_64_78
 
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+FUNCTIONS_FILE = "functions.sql"
 
 
 @attrs.frozen
@@ -48,8 +55,49 @@ def available_migrations() -> list[Migration]:
     return found
 
 
+def functions_sql() -> str:
+    """The text of every function and trigger (``functions.sql``)."""
+    return resources.files(__package__).joinpath(FUNCTIONS_FILE).read_text(encoding="utf-8")
+
+
+# Every trioindex_* function, as DROP FUNCTION takes it (name and argument types).
+_OUR_FUNCTIONS = """
+SELECT p.oid::regprocedure::text AS signature
+FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+WHERE n.nspname = current_schema() AND p.proname LIKE 'trioindex\\_%'
+"""
+
+
+def _apply_functions(conn: psycopg.Connection[Any]) -> bool:
+    """Re-create every function and trigger when ``functions.sql`` changed; True when it did."""
+    text = functions_sql()
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    conn.execute(
+        """CREATE TABLE IF NOT EXISTS trioindex_schema_functions (
+               id          boolean PRIMARY KEY DEFAULT true CHECK (id),
+               sha256      text NOT NULL,
+               applied_at  timestamptz NOT NULL DEFAULT now()
+           )"""
+    )
+    row = conn.execute("SELECT sha256 FROM trioindex_schema_functions").fetchone()
+    if row is not None and row[0] == digest:
+        return False
+    with conn.transaction():
+        for (signature,) in conn.execute(_OUR_FUNCTIONS).fetchall():
+            conn.execute(f"DROP FUNCTION {signature} CASCADE")
+        conn.execute(text.encode())
+        conn.execute(
+            """INSERT INTO trioindex_schema_functions (sha256) VALUES (%s)
+               ON CONFLICT (id) DO UPDATE SET sha256 = EXCLUDED.sha256, applied_at = now()""",
+            (digest,),
+        )
+    logger.info("applied %s (%s)", FUNCTIONS_FILE, digest[:12])
+    return True
+
+
 def migrate(conninfo: str) -> list[int]:
-    """Apply every pending migration; return the versions this call applied.
+    """Apply every pending migration, then ``functions.sql`` if its text changed; return the
+    versions this call applied.
 
     Blocking; safe to run from several processes at once.
     """
@@ -80,6 +128,7 @@ def migrate(conninfo: str) -> list[int]:
                     )
                 logger.info("applied migration %04d_%s", migration.version, migration.name)
                 applied_now.append(migration.version)
+            _apply_functions(conn)
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
     return applied_now

@@ -1,0 +1,629 @@
+-- Every trioindex function and trigger, in their one current text.
+--
+-- `migrate` applies the versioned migrations (NNNN_*.sql: tables, indexes, data), then this
+-- file whenever its text differs from the one last applied: in one transaction it drops every
+-- function named trioindex_* (and, by CASCADE, the triggers that call them) and runs this
+-- file, so the database holds exactly what is written here. A change to the fence is an edit
+-- of trioindex_lock_owned_job below, and nowhere else.
+--
+-- Lock order, everywhere: job rows, then version rows, then model rows (FOR KEY SHARE), then
+-- document rows. Refusals carry their own SQLSTATEs (trioindex.db.fence maps them):
+--   TI001  ownership lost (the write changed nothing; lease recovery owns the job)
+--   TI002  state inconsistent (job / attempt / version / chunks do not agree)
+--   TI003  the job no longer exists (its document was deleted or its model removed)
+-- The transitions each function performs are listed in docs/design/state-machine.md.
+
+-- updated_at on every update ----------------------------------------------------------------
+
+CREATE FUNCTION trioindex_touch_updated_at() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.updated_at := now();
+    RETURN NEW;
+END;
+$$;
+
+CREATE TRIGGER touch BEFORE UPDATE ON embedding_models
+    FOR EACH ROW EXECUTE FUNCTION trioindex_touch_updated_at();
+CREATE TRIGGER touch BEFORE UPDATE ON documents
+    FOR EACH ROW EXECUTE FUNCTION trioindex_touch_updated_at();
+CREATE TRIGGER touch BEFORE UPDATE ON document_versions
+    FOR EACH ROW EXECUTE FUNCTION trioindex_touch_updated_at();
+CREATE TRIGGER touch BEFORE UPDATE ON document_chunks
+    FOR EACH ROW EXECUTE FUNCTION trioindex_touch_updated_at();
+CREATE TRIGGER touch BEFORE UPDATE ON embeddings
+    FOR EACH ROW EXECUTE FUNCTION trioindex_touch_updated_at();
+CREATE TRIGGER touch BEFORE UPDATE ON indexing_workers
+    FOR EACH ROW EXECUTE FUNCTION trioindex_touch_updated_at();
+CREATE TRIGGER touch BEFORE UPDATE ON embedding_jobs
+    FOR EACH ROW EXECUTE FUNCTION trioindex_touch_updated_at();
+CREATE TRIGGER touch BEFORE UPDATE ON embedding_job_attempts
+    FOR EACH ROW EXECUTE FUNCTION trioindex_touch_updated_at();
+CREATE TRIGGER touch BEFORE UPDATE ON served_versions
+    FOR EACH ROW EXECUTE FUNCTION trioindex_touch_updated_at();
+
+-- the fence ----------------------------------------------------------------------------------
+
+-- "This claim still owns the job": under the job row lock, the job is PROCESSING, held by this
+-- worker with this claim token, its lease has not expired by a fresh clock, and the attempt is
+-- the job's current STARTED attempt. Every write after the claim runs it first.
+CREATE FUNCTION trioindex_lock_owned_job(p_job uuid, p_worker uuid, p_token uuid, p_attempt uuid)
+RETURNS embedding_jobs LANGUAGE plpgsql AS $$
+DECLARE
+    j embedding_jobs;
+    a embedding_job_attempts;
+BEGIN
+    SELECT * INTO j FROM embedding_jobs WHERE id = p_job FOR UPDATE;
+    IF NOT FOUND THEN
+        -- only a deleted document (or a removed model) takes its job rows with it
+        RAISE EXCEPTION USING ERRCODE = 'TI003',
+            MESSAGE = 'the job no longer exists: its document or model was removed';
+    END IF;
+    IF j.status <> 'PROCESSING' THEN
+        RAISE EXCEPTION USING ERRCODE = 'TI001',
+            MESSAGE = format('the job is %s, not PROCESSING', j.status);
+    END IF;
+    IF j.worker_id IS DISTINCT FROM p_worker THEN
+        RAISE EXCEPTION USING ERRCODE = 'TI001', MESSAGE = 'the job is claimed by another worker';
+    END IF;
+    IF j.claim_token IS DISTINCT FROM p_token THEN
+        RAISE EXCEPTION USING ERRCODE = 'TI001',
+            MESSAGE = 'the claim token belongs to an older claim';
+    END IF;
+    -- a fresh clock, not the transaction's start time
+    IF j.lease_expires_at <= clock_timestamp() THEN
+        RAISE EXCEPTION USING ERRCODE = 'TI001', MESSAGE = 'the lease has expired';
+    END IF;
+    SELECT * INTO a FROM embedding_job_attempts
+    WHERE id = p_attempt AND embedding_job_id = p_job;
+    IF NOT FOUND OR a.status <> 'STARTED' OR a.worker_id <> p_worker
+       OR a.attempt_no <> j.attempt_count THEN
+        RAISE EXCEPTION USING ERRCODE = 'TI001',
+            MESSAGE = 'the attempt is not the job''s current STARTED attempt';
+    END IF;
+    RETURN j;
+END;
+$$;
+
+-- The version row of a locked job, locked after it, checked to exist.
+CREATE FUNCTION trioindex_lock_version(p_version uuid) RETURNS document_versions
+LANGUAGE plpgsql AS $$
+DECLARE
+    v document_versions;
+BEGIN
+    SELECT * INTO v FROM document_versions WHERE id = p_version FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'TI002',
+            MESSAGE = 'the job''s document version does not exist';
+    END IF;
+    RETURN v;
+END;
+$$;
+
+-- lease and retry delay -----------------------------------------------------------------------
+
+-- The retry backoff in seconds: initial * 2^(attempt_no - 1), capped at maximum, spread by
+-- ± jitter. unit_random is a draw in [0, 1): lease recovery passes random(), a failure report
+-- its own draw (so a test can fix it).
+CREATE FUNCTION trioindex_retry_delay(
+    p_attempt_no integer, p_initial float8, p_maximum float8, p_jitter float8,
+    p_unit_random float8)
+RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
+    SELECT greatest(0,
+        least(p_maximum, p_initial * power(2::float8, greatest(p_attempt_no - 1, 0)))
+        * (1 + p_jitter * (2 * p_unit_random - 1)))
+$$;
+
+-- Extend the lease of a claim that still owns its job, from a fresh clock; never touches the
+-- worker, the token or locked_at.
+CREATE FUNCTION trioindex_renew_lease(
+    p_job uuid, p_worker uuid, p_token uuid, p_attempt uuid, p_lease_seconds float8)
+RETURNS timestamptz LANGUAGE plpgsql AS $$
+DECLARE
+    j embedding_jobs;
+    expires timestamptz;
+BEGIN
+    j := trioindex_lock_owned_job(p_job, p_worker, p_token, p_attempt);
+    UPDATE embedding_jobs
+    SET lease_expires_at = clock_timestamp() + make_interval(secs => p_lease_seconds)
+    WHERE id = j.id
+    RETURNING lease_expires_at INTO expires;
+    RETURN expires;
+END;
+$$;
+
+-- Hand a claim back unfinished (worker shutdown): PROCESSING -> PENDING at once, the attempt
+-- CANCELLED; the cancelled attempt keeps its number but does not spend the budget. The next
+-- claim resumes from what is stored (its chunk set, if the parse committed).
+CREATE FUNCTION trioindex_release_job(p_job uuid, p_worker uuid, p_token uuid, p_attempt uuid)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    j embedding_jobs;
+BEGIN
+    j := trioindex_lock_owned_job(p_job, p_worker, p_token, p_attempt);
+    UPDATE embedding_job_attempts SET status = 'CANCELLED', finished_at = now()
+    WHERE id = p_attempt;
+    UPDATE embedding_jobs
+    SET status = 'PENDING', available_at = now(), max_attempts = max_attempts + 1,
+        worker_id = NULL, claim_token = NULL, locked_at = NULL, lease_expires_at = NULL
+    WHERE id = p_job;
+    INSERT INTO indexing_events
+        (event_type, embedding_job_id, document_version_id, attempt_id, worker_id, detail)
+    VALUES ('JOB_RELEASED', p_job, j.document_version_id, p_attempt, p_worker,
+            jsonb_build_object('attempt_no', j.attempt_count, 'reason', 'shutdown'));
+    NOTIFY trioindex_jobs;
+    RETURN j.attempt_count;
+END;
+$$;
+
+-- the steps of a job, for many claims at once ------------------------------------------------
+--
+-- Each function takes parallel arrays, one element per job, and handles every job in its own
+-- subtransaction: a job refused with TI001, TI002 or TI003 changes nothing and is reported in
+-- its own result row (refusal, message) while the other jobs commit; any other error fails the
+-- call, and the caller writes each job alone. Callers pass jobs in version-id order, so two
+-- groups never wait on each other's version locks in opposite orders. Events carry ids and
+-- counts only.
+
+-- The job's chunk set in chunk order: what its vectors must match, one for one.
+CREATE FUNCTION trioindex_chunk_set(p_version uuid, p_chunking text)
+RETURNS uuid[] LANGUAGE sql STABLE AS $$
+    SELECT ARRAY(SELECT c.id FROM document_chunks c
+                 WHERE c.document_version_id = p_version AND c.chunking = p_chunking
+                 ORDER BY c.chunk_index)
+$$;
+
+-- The parse step's prepare: a snapshot of what to read, and chunk_count, the size of the job's
+-- chunk set when the version has it (a replay: nothing to parse) or NULL. A job that must parse
+-- gets progress 10 and PARSING_STARTED.
+CREATE FUNCTION trioindex_begin_parse_many(
+    p_jobs uuid[], p_workers uuid[], p_tokens uuid[], p_attempts uuid[])
+RETURNS TABLE (
+    job_id uuid, refusal text, message text, version_id uuid, document_id uuid,
+    storage_key text, original_name text, content_type text, byte_size bigint, sha256 text,
+    chunk_count integer)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    j embedding_jobs;
+    v document_versions;
+    n integer;
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(p_jobs, 1), 0) LOOP
+        job_id := p_jobs[i];
+        refusal := NULL; message := NULL; version_id := NULL; document_id := NULL;
+        storage_key := NULL; original_name := NULL; content_type := NULL; byte_size := NULL;
+        sha256 := NULL; chunk_count := NULL;
+        BEGIN
+            j := trioindex_lock_owned_job(p_jobs[i], p_workers[i], p_tokens[i], p_attempts[i]);
+            v := trioindex_lock_version(j.document_version_id);
+            SELECT count(*) INTO n FROM document_chunks c
+            WHERE c.document_version_id = v.id AND c.chunking = j.chunking;
+            chunk_count := nullif(n, 0);
+            IF chunk_count IS NULL AND j.progress < 10 THEN
+                UPDATE embedding_jobs SET progress = 10 WHERE id = j.id;
+                INSERT INTO indexing_events
+                    (event_type, embedding_job_id, document_version_id, attempt_id, worker_id)
+                VALUES ('PARSING_STARTED', j.id, v.id, p_attempts[i], p_workers[i]);
+            END IF;
+            version_id := v.id; document_id := v.document_id; storage_key := v.storage_key;
+            original_name := v.original_name; content_type := v.content_type;
+            byte_size := v.byte_size; sha256 := v.sha256;
+        EXCEPTION WHEN SQLSTATE 'TI001' OR SQLSTATE 'TI002' OR SQLSTATE 'TI003' THEN
+            refusal := SQLSTATE; message := SQLERRM;
+        END;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+
+-- The parse step's commit and the embed step's start, for many claims: store the job's chunk
+-- set (job i's chunks are elements p_first[i] .. p_first[i] + p_count[i] - 1 of the c_* arrays,
+-- in chunk order) with CHUNKS_STORED and EMBEDDING_STARTED (progress 50). The version must
+-- still match the snapshot the parse was prepared from. When the set is already stored (another
+-- model's job shares it, or a repeated commit) nothing is written and started_embedding is
+-- false: the caller prepares the embed step from the stored set.
+CREATE FUNCTION trioindex_store_chunks_many(
+    p_jobs uuid[], p_workers uuid[], p_tokens uuid[], p_attempts uuid[],
+    p_versions uuid[], p_storage_keys text[], p_sha256s text[], p_byte_sizes bigint[],
+    p_replaced integer[], p_first integer[], p_count integer[],
+    c_ids uuid[], c_content text[], c_start integer[], c_end integer[], c_tokens integer[],
+    c_sha256s text[])
+RETURNS TABLE (
+    job_id uuid, refusal text, message text, chunks integer, started_embedding boolean,
+    model_id uuid, model_name text, dimension integer)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    j embedding_jobs;
+    v document_versions;
+    m embedding_models;
+    first_i integer;
+    last_i integer;
+    stored integer;
+    detail jsonb;
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(p_jobs, 1), 0) LOOP
+        job_id := p_jobs[i];
+        refusal := NULL; message := NULL; chunks := NULL; started_embedding := false;
+        model_id := NULL; model_name := NULL; dimension := NULL;
+        BEGIN
+            IF p_count[i] < 1 THEN
+                RAISE EXCEPTION USING ERRCODE = 'TI002',
+                    MESSAGE = 'refusing to store an empty chunk set';
+            END IF;
+            j := trioindex_lock_owned_job(p_jobs[i], p_workers[i], p_tokens[i], p_attempts[i]);
+            v := trioindex_lock_version(j.document_version_id);
+            IF v.id <> p_versions[i] OR v.storage_key <> p_storage_keys[i]
+               OR v.sha256 <> p_sha256s[i] OR v.byte_size <> p_byte_sizes[i] THEN
+                RAISE EXCEPTION USING ERRCODE = 'TI002',
+                    MESSAGE = 'the version changed since parsing was prepared';
+            END IF;
+            SELECT * INTO m FROM embedding_models WHERE id = j.embedding_model_id;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION USING ERRCODE = 'TI002',
+                    MESSAGE = 'the job''s embedding model no longer exists';
+            END IF;
+            model_id := m.id; model_name := m.name; dimension := m.dimension;
+            SELECT count(*) INTO stored FROM document_chunks c
+            WHERE c.document_version_id = v.id AND c.chunking = j.chunking;
+            IF stored > 0 THEN
+                -- the set is stored already (under the version lock, so never half): converge
+                chunks := stored;
+            ELSE
+                first_i := p_first[i];
+                last_i := p_first[i] + p_count[i] - 1;
+                INSERT INTO document_chunks
+                    (id, document_id, document_version_id, chunking, chunk_index, content,
+                     char_start, char_end, token_count, content_sha256)
+                SELECT u.id, v.document_id, v.id, j.chunking, (u.ord - 1)::integer, u.content,
+                       u.s, u.e, u.t, u.h
+                FROM unnest(c_ids[first_i:last_i], c_content[first_i:last_i],
+                            c_start[first_i:last_i], c_end[first_i:last_i],
+                            c_tokens[first_i:last_i], c_sha256s[first_i:last_i])
+                     WITH ORDINALITY AS u(id, content, s, e, t, h, ord);
+                chunks := p_count[i];
+                UPDATE embedding_jobs SET progress = 50 WHERE id = j.id;
+                detail := jsonb_build_object('chunks', chunks, 'characters', c_end[last_i],
+                                             'chunking', j.chunking);
+                IF p_replaced[i] > 0 THEN
+                    detail := detail || jsonb_build_object('replaced_sequences', p_replaced[i]);
+                END IF;
+                INSERT INTO indexing_events
+                    (event_type, embedding_job_id, document_version_id, attempt_id, worker_id,
+                     detail)
+                VALUES ('CHUNKS_STORED', j.id, v.id, p_attempts[i], p_workers[i], detail),
+                       ('EMBEDDING_STARTED', j.id, v.id, p_attempts[i], p_workers[i],
+                        jsonb_build_object('chunks', chunks, 'model', m.name));
+                started_embedding := true;
+            END IF;
+        EXCEPTION WHEN SQLSTATE 'TI001' OR SQLSTATE 'TI002' OR SQLSTATE 'TI003' THEN
+            refusal := SQLSTATE; message := SQLERRM;
+            chunks := NULL; started_embedding := false;
+        END;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+
+-- The embed step's start from a stored chunk set (a claim whose set exists: another model's
+-- job stored it, or this job's earlier attempt did): the model, and EMBEDDING_STARTED with
+-- progress 50 the first time. existing is the number of this model's vectors already on the
+-- set: 0, or all of them (a replay). A partial set (an earlier attempt stopped between the
+-- slices of a large document) belongs to this job alone, which is fenced here: it is deleted
+-- and embedding starts again. One job; the chunks themselves are read by the caller.
+CREATE FUNCTION trioindex_begin_embedding(
+    p_job uuid, p_worker uuid, p_token uuid, p_attempt uuid)
+RETURNS TABLE (version_id uuid, document_id uuid, model_id uuid, model_name text,
+               dimension integer, chunking text, chunks integer, existing integer)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    j embedding_jobs;
+    v document_versions;
+    m embedding_models;
+BEGIN
+    j := trioindex_lock_owned_job(p_job, p_worker, p_token, p_attempt);
+    v := trioindex_lock_version(j.document_version_id);
+    SELECT * INTO m FROM embedding_models WHERE id = j.embedding_model_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'TI002',
+            MESSAGE = 'the job''s embedding model no longer exists';
+    END IF;
+    SELECT count(*) INTO chunks FROM document_chunks c
+    WHERE c.document_version_id = v.id AND c.chunking = j.chunking;
+    IF chunks = 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TI002', MESSAGE = 'the version has no chunks to embed';
+    END IF;
+    SELECT count(*) INTO existing FROM embeddings e
+    JOIN document_chunks c ON c.id = e.chunk_id AND c.chunking = j.chunking
+    WHERE e.document_version_id = v.id AND e.embedding_model_id = m.id;
+    IF existing <> 0 AND existing <> chunks THEN
+        DELETE FROM embeddings e USING document_chunks c
+        WHERE c.id = e.chunk_id AND c.chunking = j.chunking
+          AND e.document_version_id = v.id AND e.embedding_model_id = m.id;
+        existing := 0;
+    END IF;
+    IF j.progress < 50 THEN
+        UPDATE embedding_jobs SET progress = 50 WHERE id = j.id;
+        INSERT INTO indexing_events
+            (event_type, embedding_job_id, document_version_id, attempt_id, worker_id, detail)
+        VALUES ('EMBEDDING_STARTED', j.id, v.id, p_attempt, p_worker,
+                jsonb_build_object('chunks', chunks, 'model', m.name));
+    END IF;
+    version_id := v.id; document_id := v.document_id; model_id := m.id; model_name := m.name;
+    dimension := m.dimension; chunking := j.chunking;
+    RETURN NEXT;
+END;
+$$;
+
+-- The embed step's commit and the job's completion, for many claims: store a slice of job i's
+-- vectors (elements p_first[i] .. p_first[i] + p_count[i] - 1 of the e_* arrays, for chunks
+-- p_offsets[i] .. p_offsets[i] + p_count[i] - 1 of the job's chunk set, whose ids they must
+-- name in order) with EMBEDDINGS_STORED; the slice that ends the set completes the job in the
+-- same subtransaction (completed), so a set is served only once it is whole. A small document
+-- is one slice; a large one is several calls, each after the slice before it (a crash between
+-- them leaves a partial set that trioindex_begin_embedding clears for the next attempt). A
+-- complete set already stored (a repeated commit) is not written again (stored = false) and
+-- the job still completes.
+CREATE FUNCTION trioindex_store_embeddings_many(
+    p_jobs uuid[], p_workers uuid[], p_tokens uuid[], p_attempts uuid[],
+    p_versions uuid[], p_models uuid[], p_first integer[], p_count integer[],
+    p_offsets integer[], e_chunk_ids uuid[], e_vectors vector[], e_sha256s text[])
+RETURNS TABLE (
+    job_id uuid, refusal text, message text, stored boolean, completed boolean,
+    became_current boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    j embedding_jobs;
+    v document_versions;
+    m embedding_models;
+    set_ids uuid[];
+    set_size integer;
+    first_i integer;
+    last_i integer;
+    off integer;
+    existing integer;
+    detail jsonb;
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(p_jobs, 1), 0) LOOP
+        job_id := p_jobs[i];
+        refusal := NULL; message := NULL; stored := false; completed := false;
+        became_current := NULL;
+        BEGIN
+            j := trioindex_lock_owned_job(p_jobs[i], p_workers[i], p_tokens[i], p_attempts[i]);
+            v := trioindex_lock_version(j.document_version_id);
+            IF v.id <> p_versions[i] OR j.embedding_model_id <> p_models[i] THEN
+                RAISE EXCEPTION USING ERRCODE = 'TI002',
+                    MESSAGE = 'the job''s version or model changed since embedding began';
+            END IF;
+            set_ids := trioindex_chunk_set(v.id, j.chunking);
+            set_size := coalesce(array_length(set_ids, 1), 0);
+            first_i := p_first[i];
+            last_i := p_first[i] + p_count[i] - 1;
+            off := p_offsets[i];
+            IF p_count[i] < 1 OR off < 0 OR off + p_count[i] > set_size
+               OR set_ids[off + 1 : off + p_count[i]] IS DISTINCT FROM e_chunk_ids[first_i:last_i]
+            THEN
+                RAISE EXCEPTION USING ERRCODE = 'TI002',
+                    MESSAGE = 'the version''s chunks changed since embedding began';
+            END IF;
+            SELECT count(*) INTO existing FROM embeddings e
+            JOIN document_chunks c ON c.id = e.chunk_id AND c.chunking = j.chunking
+            WHERE e.document_version_id = v.id AND e.embedding_model_id = p_models[i];
+            IF existing <> set_size THEN
+                IF existing <> off THEN
+                    RAISE EXCEPTION USING ERRCODE = 'TI002',
+                        MESSAGE = format('partial embedding set: %s embeddings for %s chunks,'
+                                         ' slice at %s', existing, set_size, off);
+                END IF;
+                SELECT * INTO m FROM embedding_models WHERE id = p_models[i];
+                INSERT INTO embeddings
+                    (chunk_id, document_id, document_version_id, embedding_model_id, vector,
+                     dimension, vector_sha256)
+                SELECT u.c, v.document_id, v.id, m.id, u.vec, m.dimension, u.h
+                FROM unnest(e_chunk_ids[first_i:last_i], e_vectors[first_i:last_i],
+                            e_sha256s[first_i:last_i]) AS u(c, vec, h);
+                detail := jsonb_build_object('embeddings', p_count[i], 'model', m.name);
+                IF off > 0 OR off + p_count[i] < set_size THEN
+                    detail := detail || jsonb_build_object('offset', off, 'of', set_size);
+                END IF;
+                INSERT INTO indexing_events
+                    (event_type, embedding_job_id, document_version_id, attempt_id, worker_id,
+                     detail)
+                VALUES ('EMBEDDINGS_STORED', j.id, v.id, p_attempts[i], p_workers[i], detail);
+                stored := true;
+                existing := existing + p_count[i];
+            END IF;
+            IF existing = set_size THEN
+                -- fenced above, in this subtransaction: complete without a second fence
+                SELECT c.became_current INTO became_current
+                FROM trioindex_complete_owned(j, v, p_workers[i], p_attempts[i]) c;
+                completed := true;
+            END IF;
+        EXCEPTION WHEN SQLSTATE 'TI001' OR SQLSTATE 'TI002' OR SQLSTATE 'TI003' THEN
+            refusal := SQLSTATE; message := SQLERRM;
+            stored := false; completed := false; became_current := NULL;
+        END;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+
+-- completion ---------------------------------------------------------------------------------
+
+-- Complete a claim: fence it, then trioindex_complete_owned.
+CREATE FUNCTION trioindex_complete_job(p_job uuid, p_worker uuid, p_token uuid, p_attempt uuid)
+RETURNS TABLE (became_current boolean, chunks integer) LANGUAGE plpgsql AS $$
+DECLARE
+    j embedding_jobs;
+BEGIN
+    j := trioindex_lock_owned_job(p_job, p_worker, p_token, p_attempt);
+    RETURN QUERY SELECT * FROM trioindex_complete_owned(
+        j, trioindex_lock_version(j.document_version_id), p_worker, p_attempt);
+END;
+$$;
+
+-- The completion of job j on version v, both fenced and locked by the caller in this
+-- transaction: the job's chunk set must have exactly one of its model's vectors per chunk; the
+-- attempt and the job become SUCCEEDED (with the job's chunk count), and the model's served
+-- version of the document moves to v unless the model already serves a newer one
+-- (became_current). Nothing of another model changes.
+CREATE FUNCTION trioindex_complete_owned(
+    j embedding_jobs, v document_versions, p_worker uuid, p_attempt uuid)
+RETURNS TABLE (became_current boolean, chunks integer) LANGUAGE plpgsql AS $$
+DECLARE
+    n_chunks integer;
+    n_vectors integer;
+    served_no integer;
+    attempt integer;
+BEGIN
+    SELECT count(*) INTO n_chunks FROM document_chunks
+    WHERE document_version_id = v.id AND chunking = j.chunking;
+    SELECT count(*) INTO n_vectors FROM embeddings e
+    JOIN document_chunks c ON c.id = e.chunk_id AND c.chunking = j.chunking
+    WHERE e.document_version_id = v.id AND e.embedding_model_id = j.embedding_model_id;
+    IF n_chunks = 0 OR n_chunks <> n_vectors THEN
+        RAISE EXCEPTION USING ERRCODE = 'TI002',
+            MESSAGE = format('cannot complete: %s embeddings for %s chunks', n_vectors, n_chunks);
+    END IF;
+    -- Held to commit: trioindex_finish_switch locks the serving model's row FOR UPDATE, so it
+    -- waits for this model's completions in flight before it compares what each model serves.
+    -- Taken before the document row, so a switch never waits for a document while a
+    -- completion waits for it.
+    PERFORM 1 FROM embedding_models WHERE id = j.embedding_model_id FOR KEY SHARE;
+    -- Lock the document row on its own, then read the served version in a new statement: a
+    -- statement that waited for the lock sees only the locked row's new version, not rows it
+    -- joined, so reading both in one statement could miss a newer version committed meanwhile.
+    PERFORM 1 FROM documents WHERE id = v.document_id FOR UPDATE;
+    SELECT cur.version_no INTO served_no
+    FROM served_versions s JOIN document_versions cur ON cur.id = s.document_version_id
+    WHERE s.embedding_model_id = j.embedding_model_id AND s.document_id = v.document_id;
+    -- what a model serves only moves forward
+    became_current := served_no IS NULL OR served_no < v.version_no;
+    IF became_current THEN
+        INSERT INTO served_versions (document_id, embedding_model_id, document_version_id)
+        VALUES (v.document_id, j.embedding_model_id, v.id)
+        ON CONFLICT (embedding_model_id, document_id)
+        DO UPDATE SET document_version_id = EXCLUDED.document_version_id;
+    END IF;
+    UPDATE embedding_job_attempts SET status = 'SUCCEEDED', finished_at = now()
+    WHERE id = p_attempt
+    RETURNING attempt_no INTO attempt;
+    UPDATE embedding_jobs
+    SET status = 'SUCCEEDED', progress = 100, finished_at = now(), chunk_count = n_chunks,
+        worker_id = NULL, claim_token = NULL, locked_at = NULL, lease_expires_at = NULL,
+        last_failure_type = NULL, last_failure_message = NULL
+    WHERE id = j.id;
+    INSERT INTO indexing_events
+        (event_type, embedding_job_id, document_version_id, attempt_id, worker_id, detail)
+    VALUES ('JOB_SUCCEEDED', j.id, v.id, p_attempt, p_worker,
+            jsonb_build_object('attempt_no', attempt, 'chunks', n_chunks,
+                               'became_current', became_current));
+    chunks := n_chunks;
+    RETURN NEXT;
+END;
+$$;
+
+-- the model switch ---------------------------------------------------------------------------
+
+-- Work the switched-to model still owes: an open job, or a job FAILED on a version newer than
+-- the one the model serves for that document (retry it, or delete the document, to let the
+-- switch end: finishing would serve an older version than before).
+CREATE FUNCTION trioindex_switch_jobs_left(p_model uuid) RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM embedding_jobs j
+        JOIN document_versions v ON v.id = j.document_version_id
+        LEFT JOIN served_versions s
+          ON s.embedding_model_id = p_model AND s.document_id = v.document_id
+        LEFT JOIN document_versions sv ON sv.id = s.document_version_id
+        WHERE j.embedding_model_id = p_model
+          AND (j.status IN ('PENDING', 'PROCESSING')
+               OR (j.status = 'FAILED' AND coalesce(sv.version_no, 0) < v.version_no)))
+$$;
+
+-- End the model switch when the switched-to model serves, for every document the serving
+-- model serves, the same version or a newer one, and owes no work: it becomes the serving
+-- model in this transaction. True when it did. Called at every read of the serving model
+-- (db/models.py), after a delete and after an activation; not inside a completion, whose
+-- document locks it would wait for.
+CREATE FUNCTION trioindex_finish_switch() RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    target uuid;
+    previous uuid;
+    documents_covered bigint;
+BEGIN
+    SELECT id INTO target FROM embedding_models WHERE activating;
+    IF NOT FOUND OR trioindex_switch_jobs_left(target) THEN
+        RETURN false;  -- the cheap answer while the new model's jobs run: no lock taken
+    END IF;
+    -- Wait for the serving model's completions in flight (they hold its row FOR KEY SHARE
+    -- from before they lock a document until they commit), then compare. The serving row
+    -- first, then the new one without waiting: an ingest holds the first (its job's foreign
+    -- key) while it adds the new model's twin job.
+    SELECT id INTO previous FROM embedding_models WHERE is_active FOR UPDATE;
+    PERFORM 1 FROM embedding_models WHERE id = target AND activating FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND OR trioindex_switch_jobs_left(target) THEN
+        RETURN false;  -- a completion of the new model is in flight: it will check again
+    END IF;
+    IF EXISTS (SELECT 1 FROM served_versions a
+               JOIN document_versions av ON av.id = a.document_version_id
+               LEFT JOIN served_versions b
+                 ON b.embedding_model_id = target AND b.document_id = a.document_id
+               LEFT JOIN document_versions bv ON bv.id = b.document_version_id
+               WHERE a.embedding_model_id = previous
+                 AND coalesce(bv.version_no, 0) < av.version_no) THEN
+        RETURN false;
+    END IF;
+    -- two statements: the one-active index is checked row by row
+    UPDATE embedding_models SET is_active = false WHERE is_active;
+    UPDATE embedding_models SET is_active = true, activating = false WHERE id = target;
+    SELECT count(*) INTO documents_covered FROM served_versions
+    WHERE embedding_model_id = target;
+    INSERT INTO indexing_events (event_type, detail)
+    VALUES ('MODEL_SWITCHED',
+            jsonb_build_object('model_id', target, 'previous_model_id', previous,
+                               'documents', documents_covered));
+    RETURN true;
+END;
+$$;
+
+-- A new job for one model gets a twin for the serving model and for the model being switched
+-- to (if any), with the same budget and priority: during a switch a new version is indexed
+-- for both, so neither falls behind. The twins' own inserts do not fire it again.
+CREATE FUNCTION trioindex_jobs_follow_models() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF pg_trigger_depth() > 1 THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO embedding_jobs (document_version_id, embedding_model_id, max_attempts, priority)
+    SELECT NEW.document_version_id, m.id, NEW.max_attempts, NEW.priority
+    FROM embedding_models m
+    WHERE (m.is_active OR m.activating) AND m.id <> NEW.embedding_model_id
+    ON CONFLICT (document_version_id, embedding_model_id) DO NOTHING;
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER follow_models AFTER INSERT ON embedding_jobs
+    FOR EACH ROW WHEN (NEW.status = 'PENDING') EXECUTE FUNCTION trioindex_jobs_follow_models();
+
+-- plans ----------------------------------------------------------------------------------------
+
+-- Key lookups only. plpgsql caches a generic plan per connection after five calls; when that
+-- happens while these tables are small and analysed as small, a sequential scan is the
+-- cheapest plan and stays until the next analyse (measured: embedding_job_attempts and
+-- document_chunks scanned thousands of times in a 2,000-job run, docs/test-results/peer.md).
+-- Every statement in these functions has an index to use; the setting holds for the
+-- functions they call too.
+ALTER FUNCTION trioindex_lock_owned_job(uuid, uuid, uuid, uuid) SET enable_seqscan = off;
+ALTER FUNCTION trioindex_begin_parse_many(uuid[], uuid[], uuid[], uuid[]) SET enable_seqscan = off;
+ALTER FUNCTION trioindex_store_chunks_many(
+    uuid[], uuid[], uuid[], uuid[], uuid[], text[], text[], bigint[], integer[], integer[],
+    integer[], uuid[], text[], integer[], integer[], integer[], text[]) SET enable_seqscan = off;
+ALTER FUNCTION trioindex_store_embeddings_many(
+    uuid[], uuid[], uuid[], uuid[], uuid[], uuid[], integer[], integer[], integer[], uuid[],
+    vector[], text[]) SET enable_seqscan = off;
+ALTER FUNCTION trioindex_begin_embedding(uuid, uuid, uuid, uuid) SET enable_seqscan = off;
+ALTER FUNCTION trioindex_complete_owned(embedding_jobs, document_versions, uuid, uuid)
+    SET enable_seqscan = off;

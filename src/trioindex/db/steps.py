@@ -1,0 +1,380 @@
+"""The pipeline steps' writes: a job's parse prepare, its chunk set, its embed prepare, and its
+vectors with the completion — for many jobs at once, each fenced on its own.
+
+Each function here calls one SQL function of ``functions.sql`` (``trioindex_begin_parse_many``,
+``trioindex_store_chunks_many``, ``trioindex_begin_embedding``,
+``trioindex_store_embeddings_many``) and turns its rows into values. The group functions return
+one result per job, in the order given: a value, or the exception that refused that job alone
+(:func:`trioindex.db.fence.refusal_error`); the worker's group committers
+(:mod:`trioindex.worker.committer`) batch many jobs' writes into one call. Jobs are passed to
+SQL in version-id order, so two groups never take version locks in opposite orders.
+
+The values that cross from the pipeline to these writes and back live here too: what the parse
+reads (:class:`ParseSnapshot`), the chunks it stores (:class:`ChunkCommit`), what the embed step
+embeds (:class:`EmbedSnapshot`) and the vectors it stores (:class:`EmbeddingCommit`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any, Protocol
+from uuid import UUID
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from trioindex.db.fence import claim_arrays, fenced_errors, refusal_error
+from trioindex.db.pool import Connection
+from trioindex.errors import StateInconsistent
+from trioindex.values import Claim, CompleteResult
+
+# ---------------------------------------------------------------------------------------------
+# parse
+
+
+@attrs.frozen
+class ParseSnapshot:
+    """What the parse reads, as the prepare saw it; ``chunk_count`` is the size of the job's
+    chunk set when the version has it already (a replay: nothing to parse), else None."""
+
+    version_id: UUID
+    document_id: UUID
+    storage_key: str
+    original_name: str
+    content_type: str | None
+    byte_size: int
+    sha256: str
+    chunk_count: int | None
+
+    @property
+    def already_chunked(self) -> bool:
+        return self.chunk_count is not None
+
+
+class StoredChunk(Protocol):
+    """One chunk as the parse made it (:class:`trioindex.pipeline.chunking.ChunkDraft`)."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def start(self) -> int: ...
+    @property
+    def end(self) -> int: ...
+    @property
+    def token_count(self) -> int: ...
+    @property
+    def content_sha256(self) -> str: ...
+
+
+@attrs.frozen
+class ChunkCommit:
+    """One job's parsed chunks, ready for :func:`store_chunks_many`. Chunk ids are made here,
+    so the embed step knows them without reading the rows back."""
+
+    claim: Claim
+    snapshot: ParseSnapshot
+    chunks: Sequence[StoredChunk] = attrs.field(repr=False)
+    replaced: int = 0
+    ids: tuple[UUID, ...] = attrs.field(repr=False)
+
+    @ids.default
+    def _new_ids(self) -> tuple[UUID, ...]:
+        return tuple(uuid.uuid4() for _ in self.chunks)
+
+    @property
+    def weight(self) -> int:
+        return len(self.chunks)
+
+
+def _snapshot_from_row(row: dict[str, Any]) -> ParseSnapshot:
+    return ParseSnapshot(
+        version_id=row["version_id"],
+        document_id=row["document_id"],
+        storage_key=row["storage_key"],
+        original_name=row["original_name"],
+        content_type=row["content_type"],
+        byte_size=row["byte_size"],
+        sha256=row["sha256"],
+        chunk_count=row["chunk_count"],
+    )
+
+
+def begin_parse_many(conn: Connection, claims: Sequence[Claim]) -> list[ParseSnapshot | Exception]:
+    """The parse prepare for many claims in one statement; one result per claim, in order:
+    its snapshot, or the :class:`OwnershipLost` / :class:`StateInconsistent` that refused it."""
+    order = sorted(range(len(claims)), key=lambda i: claims[i].document_version_id)
+    ordered = [claims[i] for i in order]
+    rows = conn.execute(
+        """SELECT * FROM trioindex_begin_parse_many(
+               %b::uuid[], %b::uuid[], %b::uuid[], %b::uuid[])""",
+        claim_arrays(ordered),
+    ).fetchall()
+    results: list[ParseSnapshot | Exception] = [StateInconsistent("no result")] * len(claims)
+    for position, row in zip(order, rows, strict=True):
+        refused = refusal_error(row["refusal"], row["message"])
+        results[position] = refused if refused is not None else _snapshot_from_row(row)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# embed
+
+
+@attrs.frozen
+class ChunkRef:
+    id: UUID
+    index: int
+    text: str = attrs.field(repr=False)
+
+
+@attrs.frozen
+class EmbedSnapshot:
+    """What the embed step embeds: the job's chunk set in order and its pinned model
+    (never "the active model"); ``complete`` when the model's vectors are all stored."""
+
+    version_id: UUID
+    document_id: UUID
+    model_id: UUID
+    model_name: str
+    dimension: int
+    chunks: tuple[ChunkRef, ...]
+    complete: bool
+
+    def texts(self) -> list[str]:
+        """The chunk texts, in chunk order."""
+        return [chunk.text for chunk in self.chunks]
+
+    def without_texts(self) -> EmbedSnapshot:
+        """The same snapshot with every chunk's text dropped (``""``): what storing the
+        vectors needs (ids and indexes), without holding a large document's text."""
+        return attrs.evolve(
+            self, chunks=tuple(ChunkRef(chunk.id, chunk.index, "") for chunk in self.chunks)
+        )
+
+
+def store_chunks_many(
+    conn: Connection, commits: Sequence[ChunkCommit]
+) -> list[EmbedSnapshot | int | Exception]:
+    """Store each job's chunk set and start its embed step, for many jobs in one statement.
+    One result per commit, in order: the :class:`EmbedSnapshot` the embed step continues from;
+    the stored chunk count when the set was stored already (nothing written: the embed step
+    prepares itself with :func:`begin_embedding`); or the error that refused this job alone."""
+    results: list[EmbedSnapshot | int | Exception] = [StateInconsistent("no result")] * len(commits)
+    valid: list[int] = []
+    for position, commit in enumerate(commits):
+        if not commit.chunks:
+            results[position] = StateInconsistent("refusing to store an empty chunk set")
+        elif [c.index for c in commit.chunks] != list(range(len(commit.chunks))):
+            results[position] = StateInconsistent("chunk indexes are not contiguous from 0")
+        else:
+            valid.append(position)
+    if not valid:
+        return results
+    valid.sort(key=lambda i: commits[i].claim.document_version_id)
+    ordered = [commits[i] for i in valid]
+    firsts, counts = [], []
+    ids: list[UUID] = []
+    texts: list[str] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    tokens: list[int] = []
+    hashes: list[str] = []
+    for commit in ordered:
+        firsts.append(len(ids) + 1)
+        counts.append(len(commit.chunks))
+        ids.extend(commit.ids)
+        for chunk in commit.chunks:
+            texts.append(chunk.text)
+            starts.append(chunk.start)
+            ends.append(chunk.end)
+            tokens.append(chunk.token_count)
+            hashes.append(chunk.content_sha256)
+    rows = conn.execute(
+        """SELECT * FROM trioindex_store_chunks_many(
+               %b::uuid[], %b::uuid[], %b::uuid[], %b::uuid[],
+               %b::uuid[], %b::text[], %b::text[], %b::bigint[], %b::int[], %b::int[], %b::int[],
+               %b::uuid[], %b::text[], %b::int[], %b::int[], %b::int[], %b::text[])""",
+        (
+            *claim_arrays([c.claim for c in ordered]),
+            [c.snapshot.version_id for c in ordered],
+            [c.snapshot.storage_key for c in ordered],
+            [c.snapshot.sha256 for c in ordered],
+            [c.snapshot.byte_size for c in ordered],
+            [c.replaced for c in ordered],
+            firsts,
+            counts,
+            ids,
+            texts,
+            starts,
+            ends,
+            tokens,
+            hashes,
+        ),
+    ).fetchall()
+    for position, commit, row in zip(valid, ordered, rows, strict=True):
+        refused = refusal_error(row["refusal"], row["message"])
+        if refused is not None:
+            results[position] = refused
+        elif not row["started_embedding"]:
+            results[position] = int(row["chunks"])
+        else:
+            results[position] = EmbedSnapshot(
+                version_id=commit.snapshot.version_id,
+                document_id=commit.snapshot.document_id,
+                model_id=row["model_id"],
+                model_name=row["model_name"],
+                dimension=row["dimension"],
+                chunks=tuple(
+                    ChunkRef(chunk_id, chunk.index, chunk.text)
+                    for chunk_id, chunk in zip(commit.ids, commit.chunks, strict=True)
+                ),
+                complete=False,
+            )
+    return results
+
+
+def begin_embedding(conn: Connection, claim: Claim) -> EmbedSnapshot:
+    """The embed prepare of a claim whose chunk set is stored: the set in chunk order and the
+    job's model, in one transaction (``trioindex_begin_embedding``, which also clears a
+    partial vector set an earlier attempt left)."""
+    with conn.transaction():
+        with fenced_errors():
+            row = conn.execute(
+                "SELECT * FROM trioindex_begin_embedding(%s, %s, %s, %s)",
+                (claim.job_id, claim.worker_id, claim.claim_token, claim.attempt_id),
+            ).fetchone()
+        assert row is not None
+        chunks = conn.execute(
+            """SELECT id, chunk_index, content FROM document_chunks
+               WHERE document_version_id = %s AND chunking = %s ORDER BY chunk_index""",
+            (row["version_id"], row["chunking"]),
+        ).fetchall()
+    refs = tuple(ChunkRef(c["id"], c["chunk_index"], c["content"]) for c in chunks)
+    if [ref.index for ref in refs] != list(range(len(refs))):
+        raise StateInconsistent("the version's chunk indexes are not contiguous from 0")
+    return EmbedSnapshot(
+        version_id=row["version_id"],
+        document_id=row["document_id"],
+        model_id=row["model_id"],
+        model_name=row["model_name"],
+        dimension=row["dimension"],
+        chunks=refs,
+        complete=row["existing"] == len(refs),
+    )
+
+
+@attrs.frozen
+class EmbeddingDraft:
+    """One validated vector for one chunk. ``vector`` is a read-only float32 row: 4 bytes per
+    element instead of ~32 as a list of Python floats, and exactly what pgvector stores."""
+
+    chunk_id: UUID
+    chunk_index: int
+    vector: npt.NDArray[np.float32] = attrs.field(repr=False, eq=False)
+    dimension: int
+    vector_sha256: str
+
+
+@attrs.frozen
+class EmbeddingCommit:
+    """A slice of one job's validated vectors, ready for :func:`store_embeddings_many`: the
+    drafts for chunks ``offset .. offset + len(drafts) - 1`` of the snapshot's set. The slice
+    that ends the set completes the job."""
+
+    claim: Claim
+    snapshot: EmbedSnapshot
+    drafts: Sequence[EmbeddingDraft] = attrs.field(repr=False)
+    offset: int = 0
+
+    @property
+    def weight(self) -> int:
+        return len(self.drafts)
+
+    @property
+    def last(self) -> bool:
+        """Whether this slice ends the set (its commit completes the job)."""
+        return self.offset + len(self.drafts) == len(self.snapshot.chunks)
+
+    def problem(self) -> StateInconsistent | None:
+        """What would be refused before touching the database."""
+        snapshot = self.snapshot
+        expected = snapshot.chunks[self.offset : self.offset + len(self.drafts)]
+        if not self.drafts or [(d.chunk_id, d.chunk_index) for d in self.drafts] != [
+            (c.id, c.index) for c in expected
+        ]:
+            return StateInconsistent("the drafts do not match the chunk set")
+        if any(
+            d.dimension != snapshot.dimension or len(d.vector) != d.dimension for d in self.drafts
+        ):
+            return StateInconsistent("a draft's dimension differs from the model's")
+        return None
+
+
+@attrs.frozen
+class StoredSlice:
+    """What storing one slice did: ``result`` is the completion's, once the slice ended the
+    set (None before)."""
+
+    result: CompleteResult | None
+
+
+def store_embeddings_many(
+    conn: Connection, commits: Sequence[EmbeddingCommit]
+) -> list[StoredSlice | Exception]:
+    """Store slices of vectors and complete each job whose set they end, for many jobs in one
+    statement. One result per commit, in order: what it did, or the error that refused this
+    job alone (its slice is then not stored either)."""
+    results: list[StoredSlice | Exception] = [StateInconsistent("no result")] * len(commits)
+    valid: list[int] = []
+    for position, commit in enumerate(commits):
+        problem = commit.problem()
+        if problem is not None:
+            results[position] = problem
+        else:
+            valid.append(position)
+    if not valid:
+        return results
+    valid.sort(key=lambda i: commits[i].claim.document_version_id)
+    ordered = [commits[i] for i in valid]
+    firsts: list[int] = []
+    counts: list[int] = []
+    chunk_ids: list[UUID] = []
+    vectors: list[npt.NDArray[np.float32]] = []
+    hashes: list[str] = []
+    for commit in ordered:
+        firsts.append(len(chunk_ids) + 1)
+        counts.append(len(commit.drafts))
+        for draft in commit.drafts:
+            chunk_ids.append(draft.chunk_id)
+            vectors.append(draft.vector)
+            hashes.append(draft.vector_sha256)
+    with conn.cursor(binary=True) as cursor:
+        rows = cursor.execute(
+            """SELECT * FROM trioindex_store_embeddings_many(
+                   %b::uuid[], %b::uuid[], %b::uuid[], %b::uuid[], %b::uuid[], %b::uuid[],
+                   %b::int[], %b::int[], %b::int[], %b::uuid[], %b::vector[], %b::text[])""",
+            (
+                *claim_arrays([c.claim for c in ordered]),
+                [c.snapshot.version_id for c in ordered],
+                [c.snapshot.model_id for c in ordered],
+                firsts,
+                counts,
+                [c.offset for c in ordered],
+                chunk_ids,
+                vectors,
+                hashes,
+            ),
+        ).fetchall()
+    for position, row in zip(valid, rows, strict=True):
+        refused = refusal_error(row["refusal"], row["message"])
+        if refused is not None:
+            results[position] = refused
+        elif row["completed"]:
+            results[position] = StoredSlice(CompleteResult(bool(row["became_current"])))
+        else:
+            results[position] = StoredSlice(None)
+    return results
