@@ -44,7 +44,8 @@ def stage_embedded(
     dimension: int = 4,
     chunks: int = 1,
 ) -> None:
-    """Put the version in EMBEDDING with a full embedding set (what parse + embed leave)."""
+    """Give the version a chunk set with the model's full embedding set (what parse + embed
+    leave before the completion)."""
     vector = "[" + ",".join(["0.5"] * dimension) + "]"
     for index in range(chunks):
         chunk = conn.execute(
@@ -59,4 +60,3 @@ def stage_embedded(
                    vector, dimension, vector_sha256) VALUES (%s, %s, %s, %s, %s, %s, %s)""",
             (chunk["id"], document_id, version_id, model_id, vector, dimension, "c" * 64),
         )
-    conn.execute("UPDATE document_versions SET status = 'EMBEDDING' WHERE id = %s", (version_id,))

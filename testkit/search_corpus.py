@@ -58,9 +58,6 @@ def store_indexed(
                     doc.content_type,
                     size,
                     _sha(doc.key),
-                    "INDEXED",
-                    len(doc.texts),
-                    "now",
                 )
             )
             at = 0
@@ -86,7 +83,7 @@ def store_indexed(
                 copy.write_row(row)
         with conn.cursor().copy(
             """COPY document_versions (id, document_id, version_no, storage_key, original_name,
-                   content_type, byte_size, sha256, status, chunk_count, indexed_at)
+                   content_type, byte_size, sha256)
                FROM STDIN"""
         ) as copy:
             for version in versions:
@@ -108,8 +105,9 @@ def store_indexed(
                     (chunk_id, doc_id, version_id, model.id, vector, model.dimension, sha)
                 )
         conn.execute(
-            """UPDATE documents d SET current_version_id = v.id
-               FROM document_versions v WHERE v.document_id = d.id AND d.id = ANY(%s)""",
-            (list(ids.values()),),
+            """INSERT INTO served_versions (document_id, embedding_model_id, document_version_id)
+               SELECT v.document_id, %s, v.id FROM document_versions v
+               WHERE v.document_id = ANY(%s)""",
+            (model.id, list(ids.values())),
         )
     return ids

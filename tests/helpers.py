@@ -4,17 +4,26 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Sequence
 from uuid import UUID
 
 import attrs
+import trio
 
 from testkit import jobs as testkit_jobs
+from testkit.embed_server import fake_vector
 from testkit.jobs import enqueue_text
+from trioindex.config import default_settings
 from trioindex.db import jobs as lifecycle
 from trioindex.db.models import EmbeddingModel, ensure_model
-from trioindex.db.pool import Connection
+from trioindex.db.pool import Connection, Database
+from trioindex.embedding import Embedder, EmbedderInfo
 from trioindex.ingest import IngestResult
-from trioindex.values import BackoffPolicy, Claim
+from trioindex.pipeline.chunking import Chunker
+from trioindex.storage import AsyncObjectStore
+from trioindex.values import CHARACTER_CHUNKING, BackoffPolicy, Claim, CompleteResult
+from trioindex.worker.job import steps_for
+from trioindex.worker.wiring import PipelineSteps, build_chunker
 
 BACKOFF = BackoffPolicy(initial=10.0, maximum=600.0, jitter=0.0)
 
@@ -65,7 +74,8 @@ def make_available(conn: Connection, job_id: UUID) -> None:
 
 
 def stage_embedded(conn: Connection, claim: Claim, dimension: int = 4, chunks: int = 2) -> None:
-    """Put the claimed version in EMBEDDING with a full embedding set (what steps 5-6 leave)."""
+    """Give the claimed version a chunk set with a full embedding set (what the parse and
+    embed steps leave before the completion)."""
     version = conn.execute(
         "SELECT document_id FROM document_versions WHERE id = %s", (claim.document_version_id,)
     ).fetchone()
@@ -94,20 +104,29 @@ def events(conn: Connection, job_id: UUID) -> list[str]:
 
 
 def stage_chunked(conn: Connection, claim: Claim, texts: list[str]) -> None:
-    """Put the claimed version in CHUNKED with one chunk per text (what step 5 leaves)."""
+    """Give the claimed version a chunk set of one chunk per text (what the parse leaves)."""
+    stage_chunks(conn, claim.document_version_id, texts)
+
+
+def stage_chunks(
+    conn: Connection, version_id: UUID, texts: Sequence[str], chunking: str = CHARACTER_CHUNKING
+) -> None:
+    """Give the version the chunk set ``chunking`` of one chunk per text (what a parse leaves);
+    a job claimed after it has ``chunks_ready`` and only embeds."""
     version = conn.execute(
-        "SELECT document_id FROM document_versions WHERE id = %s", (claim.document_version_id,)
+        "SELECT document_id FROM document_versions WHERE id = %s", (version_id,)
     ).fetchone()
     assert version is not None
     offset = 0
     for index, text in enumerate(texts):
         conn.execute(
-            """INSERT INTO document_chunks (document_id, document_version_id, chunk_index, content,
-                   char_start, char_end, token_count, content_sha256)
-               VALUES (%s, %s, %s, %s, %s, %s, %s, %s)""",
+            """INSERT INTO document_chunks (document_id, document_version_id, chunking,
+                   chunk_index, content, char_start, char_end, token_count, content_sha256)
+               VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)""",
             (
                 version["document_id"],
-                claim.document_version_id,
+                version_id,
+                chunking,
                 index,
                 text,
                 offset,
@@ -117,10 +136,16 @@ def stage_chunked(conn: Connection, claim: Claim, texts: list[str]) -> None:
             ),
         )
         offset += len(text)
-    conn.execute(
-        "UPDATE document_versions SET status = 'CHUNKED', chunk_count = %s WHERE id = %s",
-        (len(texts), claim.document_version_id),
-    )
+
+
+def served(conn: Connection, document_id: UUID, model_id: UUID) -> UUID | None:
+    """The version ``model_id`` serves for the document (None when it serves none)."""
+    row = conn.execute(
+        """SELECT document_version_id FROM served_versions
+           WHERE document_id = %s AND embedding_model_id = %s""",
+        (document_id, model_id),
+    ).fetchone()
+    return None if row is None else row["document_version_id"]
 
 
 def count(conn: Connection, sql: str, *params: object) -> int:
@@ -154,3 +179,98 @@ def waits_on_a_lock(conn: Connection, pid: int) -> bool:
         "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
     ).fetchone()
     return row is not None and row["wait_event_type"] == "Lock"
+
+
+# -- the worker's own pipeline steps ----------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class FakeEmbedder:
+    """An in-process :class:`~trioindex.embedding.Embedder`: for each text the vector the fake
+    embedding server answers (``testkit.embed_server.fake_vector``); counts calls and texts."""
+
+    dimension: int = 4
+    batch_size: int = 256
+    model: str = "test-model"
+    calls: int = 0
+    texts: int = 0
+
+    @property
+    def info(self) -> EmbedderInfo:
+        return EmbedderInfo.configured(self.model, self.dimension, self.batch_size)
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        await trio.lowlevel.checkpoint()
+        self.calls += 1
+        self.texts += len(texts)
+        return [fake_vector(text, self.dimension) for text in texts]
+
+    async def aclose(self) -> None:
+        return None
+
+
+def pipeline_steps(
+    db: Database,
+    store: AsyncObjectStore,
+    embedder: Embedder,
+    *,
+    chunker: Chunker | None = None,
+    max_document_bytes: int | None = None,
+    parse_timeout: float | None = None,
+) -> PipelineSteps:
+    """The worker's steps bound as ``build_worker`` binds them, from the default settings
+    (the chunker, the size limit and the parse time limit may be given instead)."""
+    settings = default_settings()
+    parsing = settings.parsing
+    return PipelineSteps(
+        db=db,
+        store=store,
+        chunker=build_chunker(settings, embedder) if chunker is None else chunker,
+        embedder=embedder,
+        max_document_bytes=(
+            parsing.max_document_bytes if max_document_bytes is None else max_document_bytes
+        ),
+        parse_timeout=parsing.timeout if parse_timeout is None else parse_timeout,
+        max_in_flight=settings.embedding.max_in_flight,
+    )
+
+
+async def run_claim(steps: PipelineSteps, claim: Claim, *names: str) -> list[int | CompleteResult]:
+    """Run ``claim`` through the worker's steps as its job runner does: the steps
+    ``steps_for`` picks for it (or ``names``), one after the other, with ``steps.serve()``
+    running beside them (the coalescer and the group committers) and cancelled after. Returns
+    each step's result; a step's exception is raised as itself, not in an exception group.
+    Once the job has ended (its last step was ``complete``, or a step raised or was cancelled)
+    the steps forget the claim, as the runner does."""
+    names = names or steps_for(chunks_ready=claim.chunks_ready)
+    results: list[int | CompleteResult] = []
+    failure: Exception | None = None
+    ended = True
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(steps.serve)
+            try:
+                for name in names:
+                    results.append(await getattr(steps, name)(claim))
+            except Exception as exc:
+                failure = exc
+            finally:
+                nursery.cancel_scope.cancel()
+        ended = failure is not None or names[-1] == "complete"
+    finally:
+        if ended:
+            steps.forget(claim)
+    if failure is not None:
+        raise failure
+    return results
+
+
+def serves(conn: Connection, claim: Claim) -> bool:
+    """Whether the claim's model serves the claim's version of its document."""
+    version = conn.execute(
+        "SELECT document_id FROM document_versions WHERE id = %s", (claim.document_version_id,)
+    ).fetchone()
+    assert version is not None
+    return served(conn, version["document_id"], claim.embedding_model_id) == (
+        claim.document_version_id
+    )

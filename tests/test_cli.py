@@ -142,7 +142,8 @@ def test_search_finds_a_stored_chunk_by_its_own_text_first(indexed: Indexed) -> 
     (chunk,) = query(
         indexed.database_url,
         """SELECT c.content FROM document_chunks c
-           JOIN documents d ON d.current_version_id = c.document_version_id
+           JOIN served_versions s ON s.document_version_id = c.document_version_id
+           JOIN documents d ON d.id = s.document_id
            WHERE d.external_key = 'lease-0.txt' ORDER BY c.chunk_index LIMIT 1""",
     )
     # the .txt, .md, .html and .docx copies of a topic share paragraphs: any chunk with exactly
@@ -152,7 +153,8 @@ def test_search_finds_a_stored_chunk_by_its_own_text_first(indexed: Indexed) -> 
         for r in query(
             indexed.database_url,
             """SELECT d.external_key, c.chunk_index FROM document_chunks c
-               JOIN documents d ON d.current_version_id = c.document_version_id
+               JOIN served_versions s ON s.document_version_id = c.document_version_id
+               JOIN documents d ON d.id = s.document_id
                WHERE c.content = %s""",
             chunk["content"],
         )

@@ -69,13 +69,14 @@ def test_models_activate_list_and_remove(env: dict[str, str], tmp_path: Path) ->
     assert by_name["old-model"]["serving"] and by_name["new-model"]["activating"]
     # no worker ran: the version still being indexed gets a job for the new model too
     assert by_name["new-model"]["pending_jobs"] == 1
-    assert (by_name["new-model"]["covered"], by_name["new-model"]["documents"]) == (0, 0)
+    # no model indexed the one document yet: it counts, uncovered
+    assert (by_name["new-model"]["covered"], by_name["new-model"]["documents"]) == (0, 1)
     human = cli(env, "models", "list").stdout
     assert "old-model  4 dims  serving" in human and "switching to" in human
     status = cli(env, "status")
     assert status.returncode == 0, status.stderr
     assert "model:   old-model serves search" in status.stdout
-    assert "switch:  to new-model: 0/0 documents covered, 1 job(s) open" in status.stdout
+    assert "switch:  to new-model: 0/1 documents covered, 1 job(s) open" in status.stdout
     switch = json.loads(cli(env, "status", "--json").stdout)["switch"]
     assert (switch["name"], switch["covered"], switch["pending_jobs"]) == ("new-model", 0, 1)
 

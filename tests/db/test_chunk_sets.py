@@ -16,22 +16,20 @@ from trioindex.db import jobs as lifecycle
 from trioindex.db.models import EmbeddingModel, activate_model, remove_model, serving_model
 from trioindex.db.pool import Connection, Database
 from trioindex.errors import StateInconsistent
-from trioindex.pipeline.chunking import ChunkDraft
-from trioindex.pipeline.embed_step import (
+from trioindex.db.steps import (
+    ChunkCommit,
     EmbeddingCommit,
     EmbedSnapshot,
-    drafts_from_matrix,
-    prepare_embedding,
-    store_embeddings_many,
-)
-from trioindex.pipeline.parse_step import (
-    ChunkCommit,
     ParseSnapshot,
+    begin_embedding,
     begin_parse_many,
     store_chunks_many,
+    store_embeddings_many,
 )
+from trioindex.pipeline.chunking import ChunkDraft
+from trioindex.pipeline.embed_step import drafts_from_matrix
 from trioindex.search.ranking import text_ranking
-from trioindex.values import Claim, VersionStatus, token_chunking
+from trioindex.values import Claim, token_chunking
 from trioindex.worker.job import steps_for
 
 OLD, NEW = "old-model", "new-model"
@@ -67,7 +65,7 @@ def _parse(conn: Connection, claim: Claim, texts: list[str]) -> EmbedSnapshot | 
 
 
 def _embed_and_complete(conn: Connection, claim: Claim, value: float = 1.0) -> None:
-    snapshot = prepare_embedding(conn, claim)
+    snapshot = begin_embedding(conn, claim)
     matrix = np.full((len(snapshot.chunks), snapshot.dimension), value, dtype=np.float32)
     with conn.transaction():
         (result,) = store_embeddings_many(
@@ -122,20 +120,16 @@ def test_a_token_aware_model_chunks_an_indexed_version_again_beside_the_served_s
         new = activate_model(conn, NEW, 4, max_attempts=3).model
         tokens_worker = helpers.worker(conn, chunking=TOKENS)
         (claim,) = lifecycle.claim_jobs(conn, tokens_worker, 1, 300, model_id=new.id)
-        # the version is INDEXED, but not in this worker's chunking: it parses again
-        assert claim.version_status is VersionStatus.INDEXED
+        # the old model serves the version, but not in this worker's chunking: it parses again
         assert (claim.chunking, claim.chunks_ready) == (TOKENS, False)
-        assert steps_for(claim.version_status, chunks_ready=claim.chunks_ready)[0] == "parse"
+        assert steps_for(chunks_ready=claim.chunks_ready)[0] == "parse"
         result = _parse(conn, claim, ["alpha bravo charlie", "delta echo foxtrot"])
         assert isinstance(result, EmbedSnapshot) and len(result.chunks) == 2
         # a replay of the same commit converges: nothing written twice
         stored = helpers.count(conn, "SELECT count(*) FROM document_chunks")
         assert _parse(conn, claim, ["alpha bravo charlie", "delta echo foxtrot"]) == 2
         assert helpers.count(conn, "SELECT count(*) FROM document_chunks") == stored
-        row = conn.execute(
-            "SELECT status, chunk_count FROM document_versions WHERE id = %s", (version,)
-        ).fetchone()
-        assert row == {"status": "INDEXED", "chunk_count": 3}  # what the old model serves
+        assert helpers.job_row(conn, first.job_id)["chunk_count"] == 3  # what the old one serves
         # the old model still ranks its own set, and only it, while the new set is embedded
         assert [r.chunk_index for r in text_ranking(conn, old, "alpha", 10)] == [0]
         _embed_and_complete(conn, claim, value=0.5)
@@ -164,7 +158,7 @@ def test_a_model_with_the_same_chunking_embeds_the_stored_set_without_parsing(
         new = activate_model(conn, NEW, 4, max_attempts=3).model
         (claim,) = lifecycle.claim_jobs(conn, helpers.worker(conn), 1, 300, model_id=new.id)
         assert (claim.chunking, claim.chunks_ready) == ("characters", True)
-        assert steps_for(claim.version_status, chunks_ready=claim.chunks_ready)[0] == "embed"
+        assert steps_for(chunks_ready=claim.chunks_ready)[0] == "embed"
         _embed_and_complete(conn, claim)
         assert set(_sets(conn, first.document_version_id)) == {"characters"}
         assert _vector_sets(conn, new) == {"characters"}
@@ -177,7 +171,7 @@ def test_twin_jobs_of_a_switch_each_store_their_own_set_in_either_order(
     old, _ = indexed
     with db.connection() as conn:
         new = activate_model(conn, NEW, 4, max_attempts=3).model
-        # a new file during the switch: one job per model (migration 0006's twin), claimed
+        # a new file during the switch: one job per model (the follow_models trigger's twin), claimed
         # before the activation's own job by its priority
         helpers.enqueue(conn, old.id, "new.txt", content=b"golf hotel india", priority=10)
         workers = {
@@ -203,10 +197,9 @@ def test_twin_jobs_of_a_switch_each_store_their_own_set_in_either_order(
             _embed_and_complete(conn, claims[label])
         version = claims[first].document_version_id
         assert _sets(conn, version) == texts
-        row = conn.execute(
-            "SELECT status FROM document_versions WHERE id = %s", (version,)
-        ).fetchone()
-        assert row == {"status": "INDEXED"}
+        for label, claim in claims.items():
+            row = helpers.job_row(conn, claim.job_id)
+            assert (row["status"], row["chunk_count"]) == ("SUCCEEDED", len(texts[label]))
 
 
 def test_vectors_for_another_set_are_refused(
@@ -219,9 +212,9 @@ def test_vectors_for_another_set_are_refused(
         tokens_worker = helpers.worker(conn, chunking=TOKENS)
         (claim,) = lifecycle.claim_jobs(conn, tokens_worker, 1, 300, model_id=new.id)
         with pytest.raises(StateInconsistent, match="no chunks"):
-            prepare_embedding(conn, claim)  # its set does not exist yet
+            begin_embedding(conn, claim)  # its set does not exist yet
         assert _parse(conn, claim, ["alpha bravo charlie delta echo foxtrot"])
-        snapshot = prepare_embedding(conn, claim)
+        snapshot = begin_embedding(conn, claim)
         ids = conn.execute(
             """SELECT id FROM document_chunks WHERE document_version_id = %s
                AND chunking = 'characters' ORDER BY chunk_index LIMIT 1""",

@@ -14,21 +14,22 @@ from tests import helpers
 from trioindex.db import jobs as lifecycle
 from trioindex.db.pool import Connection, Database
 from trioindex.errors import OwnershipLost, StateInconsistent
-from trioindex.pipeline.chunking import ChunkDraft
-from trioindex.pipeline.embed_step import (
+from trioindex.db.steps import (
+    ChunkCommit,
     EmbeddingCommit,
     EmbedSnapshot,
-    drafts_from_matrix,
-    prepare_embedding,
-    store_embeddings_many,
-)
-from trioindex.pipeline.parse_step import (
-    ChunkCommit,
     ParseSnapshot,
+    StoredSlice,
+    begin_embedding,
     begin_parse_many,
     store_chunks_many,
+    store_embeddings_many,
 )
+from trioindex.pipeline.chunking import ChunkDraft
+from trioindex.pipeline.embed_step import drafts_from_matrix
 from trioindex.values import Claim, CompleteResult
+
+DONE = StoredSlice(CompleteResult(became_current=True))
 
 DIM = 4
 
@@ -90,7 +91,7 @@ def test_each_job_of_a_group_gets_exactly_its_own_vectors(db: Database) -> None:
         # handed in another order than the claims: results still come back per input position
         order = [3, 0, 4, 1, 2]
         results = store_embeddings_many(conn, [commits[i] for i in order])
-        assert results == [CompleteResult(became_current=True)] * 5
+        assert results == [DONE] * 5
         for claim, matrix in zip(group, matrices, strict=True):
             assert np.allclose(stored_vectors(conn, claim), matrix)
             assert helpers.job_row(conn, claim.job_id)["status"] == "SUCCEEDED"
@@ -126,7 +127,7 @@ def test_group_parameters_round_trip_bit_exact(db: Database) -> None:
         matrix = np.array([AWKWARD_VALUES] * len(AWKWARD_TEXTS), dtype=np.float32)
         matrix[1] = np.float32(1) / np.float32(3)
         commit = EmbeddingCommit(claim, started, drafts_from_matrix(started, matrix))
-        assert store_embeddings_many(conn, [commit]) == [CompleteResult(became_current=True)]
+        assert store_embeddings_many(conn, [commit]) == [DONE]
         stored = np.array(stored_vectors(conn, claim), dtype=np.float32)
         assert stored.tobytes() == matrix.tobytes()  # bit for bit, -0.0 and subnormals too
 
@@ -146,7 +147,7 @@ def test_a_job_that_lost_its_lease_is_refused_alone_and_the_others_commit(
         commits[1] = EmbeddingCommit(lost, started[1], commits[1].drafts)
         results = store_embeddings_many(conn, commits)
         assert isinstance(results[1], OwnershipLost)
-        assert results[0] == results[2] == CompleteResult(became_current=True)
+        assert results[0] == results[2] == DONE
         assert stored_vectors(conn, group[1]) == []
         assert helpers.job_row(conn, group[1].job_id)["status"] == "PROCESSING"
         assert "EMBEDDINGS_STORED" not in helpers.events(conn, group[1].job_id)
@@ -179,10 +180,7 @@ def test_parse_groups_fence_each_job_alone(db: Database) -> None:
             )
             == 0
         )
-        status = conn.execute(
-            "SELECT status FROM document_versions WHERE id = %s", (group[1].document_version_id,)
-        ).fetchone()
-        assert status is not None and status["status"] == "EMBEDDING"
+        assert helpers.job_row(conn, group[1].job_id)["progress"] == 50  # embedding began
 
 
 def test_a_version_changed_since_prepare_is_refused_as_inconsistent(db: Database) -> None:
@@ -203,7 +201,7 @@ def test_embeddings_are_stored_exactly_once_across_a_crash_between_steps(db: Dat
         # the worker stored the vectors and completed, then crashed before it heard back: the
         # same commit sent again (a retry of the group) is refused, nothing is stored twice
         commit = EmbeddingCommit(claim, started, drafts_from_matrix(started, matrix))
-        assert store_embeddings_many(conn, [commit]) == [CompleteResult(became_current=True)]
+        assert store_embeddings_many(conn, [commit]) == [DONE]
         (again,) = store_embeddings_many(conn, [commit])
         assert isinstance(again, OwnershipLost)
         assert len(stored_vectors(conn, claim)) == 2
@@ -218,8 +216,8 @@ def test_after_a_lost_claim_the_next_attempt_converges_on_the_stored_chunks(db: 
         lifecycle.recover_expired(conn, lifecycle_backoff())
         helpers.make_available(conn, claim.job_id)
         (second,) = lifecycle.claim_jobs(conn, helpers.worker(conn), 1, 300)
-        assert second.version_status.value == "EMBEDDING"
-        snapshot = prepare_embedding(conn, second)
+        assert second.chunks_ready
+        snapshot = begin_embedding(conn, second)
         (done,) = store_embeddings_many(
             conn,
             [
@@ -228,7 +226,7 @@ def test_after_a_lost_claim_the_next_attempt_converges_on_the_stored_chunks(db: 
                 )
             ],
         )
-        assert done == CompleteResult(became_current=True)
+        assert done == DONE
         assert len(stored_vectors(conn, claim)) == 2
         # the first claim's late commit is refused and stores nothing more
         (late,) = store_embeddings_many(

@@ -252,10 +252,14 @@ def _snapshot(conn: Any, claim: Claim) -> tuple[object, ...]:
         (claim.job_id,),
     ).fetchall()
     version = conn.execute(
-        "SELECT status, updated_at FROM document_versions WHERE id = %s",
+        "SELECT updated_at FROM document_versions WHERE id = %s",
         (claim.document_version_id,),
     ).fetchone()
-    return (job, attempts, version, helpers.events(conn, claim.job_id))
+    served = conn.execute(
+        "SELECT * FROM served_versions WHERE document_version_id = %s",
+        (claim.document_version_id,),
+    ).fetchall()
+    return (job, attempts, version, served, helpers.events(conn, claim.job_id))
 
 
 @pytest.mark.parametrize("write", WRITES)
@@ -631,7 +635,9 @@ def test_retryable_failure_is_scheduled_and_not_claimable_before_its_time(
         assert [c.attempt_no for c in again] == [2]
 
 
-def test_retries_spent_end_failed_with_the_version(db: Database, worker: Any) -> None:
+def test_retries_spent_end_the_job_failed_and_touch_no_other_state(
+    db: Database, worker: Any
+) -> None:
     claim = _claim_one(db, worker, max_attempts=2)
     with db.connection() as conn:
         first = lifecycle.fail_job(
@@ -645,13 +651,10 @@ def test_retries_spent_end_failed_with_the_version(db: Database, worker: Any) ->
         )
         assert second.outcome is FailOutcome.FAILED
         row = helpers.job_row(conn, claim.job_id)
-        version = conn.execute(
-            "SELECT status FROM document_versions WHERE id = %s", (claim.document_version_id,)
-        ).fetchone()
+        served = helpers.count(conn, "SELECT count(*) FROM served_versions")
     assert row["status"] == "FAILED"
     assert row["finished_at"] is not None
-    assert version is not None
-    assert version["status"] == "FAILED"
+    assert served == 0
 
 
 def test_non_retryable_failure_ends_failed_at_once(db: Database, worker: Any) -> None:
@@ -741,15 +744,20 @@ def test_expired_lease_on_the_last_attempt_ends_failed(db: Database, worker: Any
     assert row["last_failure_type"] == "WORKER_INTERNAL_ERROR"
 
 
-def test_expired_lease_on_the_last_attempt_fails_the_version_too(db: Database, worker: Any) -> None:
+def test_expired_lease_on_the_last_attempt_fails_the_job_alone(db: Database, worker: Any) -> None:
     claim = _claim_one(db, worker, max_attempts=1)
     with db.connection() as conn:
+        version_before = conn.execute(
+            "SELECT * FROM document_versions WHERE id = %s", (claim.document_version_id,)
+        ).fetchone()
         helpers.expire_lease(conn, claim.job_id)
         lifecycle.recover_expired(conn, helpers.BACKOFF)
-        version = conn.execute(
-            "SELECT status FROM document_versions WHERE id = %s", (claim.document_version_id,)
+        version_after = conn.execute(
+            "SELECT * FROM document_versions WHERE id = %s", (claim.document_version_id,)
         ).fetchone()
-    assert version == {"status": "FAILED"}
+        job = helpers.job_row(conn, claim.job_id)
+    assert job["status"] == "FAILED"
+    assert version_after == version_before
 
 
 # --- complete ---------------------------------------------------------------------------------
@@ -768,18 +776,13 @@ def test_an_older_version_completing_late_does_not_replace_the_current_one(
             helpers.stage_embedded(conn, claim)
         assert lifecycle.complete_job(conn, claims[v2.version_id]).became_current
         assert not lifecycle.complete_job(conn, claims[v1.version_id]).became_current
-        current = conn.execute(
-            "SELECT current_version_id FROM documents WHERE id = %s", (v1.document_id,)
-        ).fetchone()
-    assert current == {"current_version_id": v2.version_id}
+        served = helpers.served(conn, v1.document_id, model.id)
+    assert served == v2.version_id
 
 
 def _no_chunks(conn: Any, claim: Claim) -> None:
-    # EMBEDDING with nothing in it: zero chunks and zero vectors agree, yet nothing is indexed
-    conn.execute(
-        "UPDATE document_versions SET status = 'EMBEDDING' WHERE id = %s",
-        (claim.document_version_id,),
-    )
+    # nothing stored: zero chunks and zero vectors agree, yet nothing is indexed
+    pass
 
 
 def _one_vector_missing(conn: Any, claim: Claim) -> None:
@@ -801,11 +804,11 @@ def _one_vector_of_another_model(conn: Any, claim: Claim) -> None:
     )
 
 
-def _not_embedding(conn: Any, claim: Claim) -> None:
-    # a full embedding set, but the version is not in EMBEDDING
+def _another_chunk_set(conn: Any, claim: Claim) -> None:
+    # a full embedding set, but on a chunk set the job does not make (another chunking)
     helpers.stage_embedded(conn, claim)
     conn.execute(
-        "UPDATE document_versions SET status = 'CHUNKED' WHERE id = %s",
+        "UPDATE document_chunks SET chunking = 'tokens:other' WHERE document_version_id = %s",
         (claim.document_version_id,),
     )
 
@@ -814,7 +817,7 @@ NOT_COMPLETABLE: dict[str, Callable[[Any, Claim], None]] = {
     "no chunks": _no_chunks,
     "one vector missing": _one_vector_missing,
     "one vector of another model": _one_vector_of_another_model,
-    "version not EMBEDDING": _not_embedding,
+    "vectors on another chunk set": _another_chunk_set,
 }
 
 
@@ -892,10 +895,9 @@ def test_an_older_version_completing_while_a_newer_one_commits_does_not_replace_
     assert not isinstance(late, Exception), late
     assert not late.became_current  # type: ignore[attr-defined]
     with db.connection() as conn:
-        current = conn.execute(
-            "SELECT current_version_id FROM documents WHERE id = %s", (v3.document_id,)
-        ).fetchone()
-        assert current == {"current_version_id": v3.version_id}
+        assert helpers.served(conn, v3.document_id, claims[v3.version_id].embedding_model_id) == (
+            v3.version_id
+        )
         (event,) = conn.execute(
             "SELECT detail FROM indexing_events WHERE embedding_job_id = %s AND event_type = 'JOB_SUCCEEDED'",
             (v2.job_id,),
@@ -903,7 +905,7 @@ def test_an_older_version_completing_while_a_newer_one_commits_does_not_replace_
         assert event["detail"]["became_current"] is False
 
 
-# --- hand back at shutdown (issue 11 §3) ------------------------------------------------------
+# --- hand back at shutdown ------------------------------------------------------
 
 
 def test_a_released_claim_is_pending_at_once_and_costs_no_attempt(
@@ -924,15 +926,11 @@ def test_a_released_claim_is_pending_at_once_and_costs_no_attempt(
         ).fetchone()
         assert attempt["status"] == "CANCELLED"
         assert attempt["finished_at"] is not None
-        version = conn.execute(
-            "SELECT status FROM document_versions WHERE id = %s", (claim.document_version_id,)
-        ).fetchone()
-        assert version == {"status": "CHUNKED"}  # resumable where it stopped
         assert helpers.events(conn, claim.job_id)[-1] == "JOB_RELEASED"
         # claimable again at once, as the next consecutive attempt, resuming at embed
         (again,) = lifecycle.claim_jobs(conn, worker, 1, 300)
         assert (again.job_id, again.attempt_no) == (claim.job_id, 2)
-        assert again.version_status == "CHUNKED"
+        assert again.chunks_ready  # its chunk set is kept: the job resumes at embed
         # the one real attempt left still counts: a lapsed lease on it ends the job FAILED
         helpers.expire_lease(conn, again.job_id)
         (recovered,) = lifecycle.recover_expired(conn, helpers.BACKOFF)

@@ -24,13 +24,14 @@ from trioindex.db.models import (
     serving_model,
 )
 from trioindex.db.pool import Connection, Database
-from trioindex.errors import FailureType, TrioindexError
-from trioindex.pipeline.embed_step import (
+from trioindex.db.steps import (
     EmbeddingCommit,
-    drafts_from_matrix,
-    prepare_embedding,
+    StoredSlice,
+    begin_embedding,
     store_embeddings_many,
 )
+from trioindex.errors import FailureType, ModelRemoved, TrioindexError
+from trioindex.pipeline.embed_step import drafts_from_matrix
 
 OLD, NEW = "old-model", "new-model"
 
@@ -82,21 +83,34 @@ def _complete_pending(conn: Connection, worker: UUID, model: EmbeddingModel) -> 
 
 
 def _searchable(conn: Connection, model: EmbeddingModel) -> set[str]:
-    """Keys whose current version has ``model``'s vectors (what search over it can rank)."""
+    """Keys whose version ``model`` serves has its vectors (what search over it can rank)."""
     rows = conn.execute(
-        """SELECT DISTINCT d.external_key FROM documents d
-           JOIN embeddings e ON e.document_version_id = d.current_version_id
-           WHERE e.embedding_model_id = %s""",
+        """SELECT DISTINCT d.external_key FROM served_versions s
+           JOIN documents d ON d.id = s.document_id
+           JOIN embeddings e ON e.document_version_id = s.document_version_id
+                            AND e.embedding_model_id = s.embedding_model_id
+           WHERE s.embedding_model_id = %s""",
         (model.id,),
     ).fetchall()
     return {r["external_key"] for r in rows}
 
 
-def _current_keys(conn: Connection) -> set[str]:
+def _served(conn: Connection, model: EmbeddingModel | None = None) -> dict[str, int]:
+    """Key → version number that ``model`` (default: the serving model) serves."""
     rows = conn.execute(
-        "SELECT external_key FROM documents WHERE current_version_id IS NOT NULL"
+        """SELECT d.external_key, v.version_no FROM served_versions s
+           JOIN documents d ON d.id = s.document_id
+           JOIN document_versions v ON v.id = s.document_version_id
+           WHERE s.embedding_model_id = coalesce(%s, (SELECT id FROM embedding_models
+                                                      WHERE is_active))""",
+        (None if model is None else model.id,),
     ).fetchall()
-    return {r["external_key"] for r in rows}
+    return {r["external_key"]: r["version_no"] for r in rows}
+
+
+def _current_keys(conn: Connection) -> set[str]:
+    """Keys the serving model serves (what search finds)."""
+    return set(_served(conn))
 
 
 def test_the_first_model_serves_and_a_query_with_another_is_refused(db: Database) -> None:
@@ -121,12 +135,9 @@ def test_a_switch_enqueues_one_job_per_current_version_and_switches_when_all_are
         new = activation.model
         assert (activation.jobs, activation.switched) == (3, False)
         assert activate_model(conn, NEW, 8, max_attempts=3).jobs == 0  # no duplicate jobs
-        (claim, *rest) = lifecycle.claim_jobs(conn, worker, 3, 300, model_id=new.id)
-        for c in rest:
+        for c in lifecycle.claim_jobs(conn, worker, 3, 300, model_id=new.id):
             lifecycle.release_job(conn, c)
-        helpers.stage_embedded(conn, claim, dimension=8, chunks=0)  # status only
-        # the old model keeps serving while the new one covers 0..2 of 3 documents
-        lifecycle.release_job(conn, claim)
+        # the old model keeps serving while the new one covers none of the 3 documents
         views = {v.name: v for v in model_list(conn)}
         assert (views[OLD].serving, views[NEW].activating) == (True, True)
         assert (views[NEW].covered, views[NEW].documents) == (0, 3)
@@ -146,11 +157,12 @@ def test_a_switch_enqueues_one_job_per_current_version_and_switches_when_all_are
     assert switched == {"n": 1}
 
 
-def test_during_a_switch_every_current_version_stays_rankable_by_the_serving_model(
+def test_each_model_serves_its_own_versions_and_a_switch_never_serves_older_ones(
     db: Database, worker: UUID
 ) -> None:
-    """New versions ingested during a switch get jobs for both models; whichever finishes
-    first, the current version moves only with the serving model's vectors."""
+    """New versions ingested during a switch get jobs for both models. Each model's completion
+    moves only its own served version; the switch ends as soon as the new model serves every
+    document at least as new as the serving one does, whichever model finished first."""
     with db.connection() as conn:
         old = helpers.model(conn, OLD, 4)
         _index(conn, worker, old, "a.txt", b"a1")
@@ -171,19 +183,84 @@ def test_during_a_switch_every_current_version_stays_rankable_by_the_serving_mod
             ("b.txt", 1, NEW),
             ("b.txt", 1, OLD),
         ]
-        # the new model finishes first: nothing becomes current without the old model
+        assert _served(conn) == {"a.txt": 1}
+        # the new model finishes first: it serves a@2 and b@1 itself, which is no older than
+        # what the old model serves, so search switches to it at once
         _complete_pending(conn, worker, new)
-        assert serving_model(conn) == old
-        assert _current_keys(conn) == _searchable(conn, old) == {"a.txt"}
-        version = conn.execute(
-            """SELECT v.version_no FROM documents d
-               JOIN document_versions v ON v.id = d.current_version_id"""
-        ).fetchone()
-        assert version == {"version_no": 1}
-        # the old model catches up: current moves, and the new model covers all: switched
-        _complete_pending(conn, worker, old)
-        assert serving_model(conn) is not None and serving_model(conn).name == NEW  # type: ignore[union-attr]
+        assert _served(conn, old) == {"a.txt": 1}
+        assert serving_model(conn).name == NEW  # type: ignore[union-attr]
+        assert _served(conn) == {"a.txt": 2, "b.txt": 1}
         assert _current_keys(conn) == _searchable(conn, new) == {"a.txt", "b.txt"}
+        # the old model catches up on its own versions; what search serves does not change
+        _complete_pending(conn, worker, old)
+        assert _served(conn, old) == {"a.txt": 2, "b.txt": 1}
+        assert _served(conn) == {"a.txt": 2, "b.txt": 1}
+
+
+def test_a_new_models_failure_never_stops_the_serving_model_indexing_a_new_version(
+    db: Database, worker: UUID
+) -> None:
+    """The serving model indexes v2 although the new model's job for v2 failed for good (it
+    used to mark the shared version FAILED, and the serving model's job then failed
+    INDEXING_STATE_INCONSISTENT); the failure holds the switch, visibly, instead of serving
+    an older version after it."""
+    with db.connection() as conn:
+        old = helpers.model(conn, OLD, 4)
+        _index(conn, worker, old, "a.txt", b"a1")
+        new = activate_model(conn, NEW, 8, max_attempts=1).model
+        v2 = helpers.enqueue(conn, old.id, "a.txt", content=b"a2")
+        for claim in lifecycle.claim_jobs(conn, worker, 10, 300, model_id=new.id):
+            if claim.document_version_id == v2.version_id:
+                lifecycle.fail_job(
+                    conn, claim, FailureType.EMBEDDING_RESULT_INVALID, "NaN", helpers.BACKOFF
+                )
+            else:
+                lifecycle.release_job(conn, claim)
+        # the serving model's job on the same version still completes, and search moves
+        assert _complete_pending(conn, worker, old) == 1
+        assert _served(conn) == {"a.txt": 2}
+        _complete_pending(conn, worker, new)  # the new model indexes a@1 only
+        assert serving_model(conn) == old  # held: finishing would serve a@1
+        views = {v.name: v for v in model_list(conn)}
+        assert (views[NEW].failed_jobs, views[NEW].activating) == (1, True)
+
+
+def test_a_switch_the_old_model_cannot_follow_still_ends_with_the_newest_versions(
+    db: Database, worker: UUID
+) -> None:
+    """During a switch the old model's server rejects v2 (and the first version of a new
+    document) while the new model indexes both: the switch ends, and search serves v2 and the
+    new document (it used to keep v1 forever, and never show the new document)."""
+    with db.connection() as conn:
+        old = helpers.model(conn, OLD, 4)
+        _index(conn, worker, old, "a.txt", b"a1")
+        new = activate_model(conn, NEW, 8, max_attempts=1).model
+        helpers.enqueue(conn, old.id, "a.txt", content=b"a2", max_attempts=1)
+        helpers.enqueue(conn, old.id, "c.txt", content=b"c1", max_attempts=1)
+        for claim in lifecycle.claim_jobs(conn, worker, 10, 300, model_id=old.id):
+            lifecycle.fail_job(
+                conn, claim, FailureType.EMBEDDING_RESULT_INVALID, "413", helpers.BACKOFF
+            )
+        assert _complete_pending(conn, worker, new) == 3  # a@1, a@2, c@1
+        assert serving_model(conn).name == NEW  # type: ignore[union-attr]
+        assert _served(conn) == {"a.txt": 2, "c.txt": 1}
+
+
+def test_a_worker_whose_model_was_removed_is_told_so_at_its_next_claim(
+    db: Database, worker: UUID
+) -> None:
+    """``models remove B`` then ``models activate B`` registers B under a new id: a worker
+    started for the old id would claim nothing for ever; its claim says why instead."""
+    with db.connection() as conn:
+        old = helpers.model(conn, OLD, 4)
+        _index(conn, worker, old, "a.txt", b"a1")
+        removed = activate_model(conn, NEW, 8, max_attempts=1).model
+        remove_model(conn, NEW)
+        again = activate_model(conn, NEW, 8, max_attempts=1).model
+        assert again.id != removed.id
+        with pytest.raises(ModelRemoved, match="was removed"):
+            lifecycle.claim_jobs(conn, worker, 1, 300, model_id=removed.id)
+        assert len(lifecycle.claim_jobs(conn, worker, 1, 300, model_id=again.id)) == 1
 
 
 def test_an_activation_racing_an_ingest_still_covers_the_ingested_version(
@@ -236,15 +313,13 @@ def test_a_failed_switch_job_leaves_the_served_version_alone_and_retries_only_em
         lifecycle.fail_job(
             conn, claim, FailureType.EMBEDDING_RESULT_INVALID, "too long", helpers.BACKOFF
         )
-        status = "SELECT status FROM document_versions WHERE id = %s"
-        assert conn.execute(status, (claim.document_version_id,)).fetchone() == {
-            "status": "INDEXED"
-        }
+        assert _served(conn) == {"a.txt": 1}
         assert {v.name: v.failed_jobs for v in model_list(conn)}[NEW] == 1
         lifecycle.retry_failed(conn, claim.job_id, extra_attempts=1)
-        assert conn.execute(status, (claim.document_version_id,)).fetchone() == {
-            "status": "INDEXED"
-        }
+        (again,) = lifecycle.claim_jobs(conn, worker, 1, 300, model_id=new.id)
+        assert again.chunks_ready  # the stored chunks are reused: only embedding runs again
+        lifecycle.release_job(conn, again)
+        assert _served(conn) == {"a.txt": 1}
         chunks = conn.execute("SELECT count(*) AS n FROM document_chunks").fetchone()
         assert chunks == {"n": 2}
         _complete_pending(conn, worker, new)
@@ -307,8 +382,8 @@ def test_removing_the_model_being_switched_to_cancels_the_switch(
 
 
 def test_switch_jobs_store_through_the_workers_group_commit(db: Database, worker: UUID) -> None:
-    # The worker stores vectors with trioindex_store_embeddings_many (migration 0005); a switch
-    # job's version is already INDEXED (the old model serves it), which that function must accept.
+    # The worker stores vectors with trioindex_store_embeddings_many; a switch job's version is
+    # already served by the old model, which that function must accept.
     with db.connection() as conn:
         old = helpers.model(conn, OLD, 4)
         for i in range(2):
@@ -316,10 +391,10 @@ def test_switch_jobs_store_through_the_workers_group_commit(db: Database, worker
         new = activate_model(conn, NEW, 8, max_attempts=3).model
         commits = []
         for claim in lifecycle.claim_jobs(conn, worker, 2, 300, model_id=new.id):
-            snapshot = prepare_embedding(conn, claim)
+            snapshot = begin_embedding(conn, claim)
             matrix = np.ones((len(snapshot.chunks), 8), dtype=np.float32)
             commits.append(EmbeddingCommit(claim, snapshot, drafts_from_matrix(snapshot, matrix)))
         results = store_embeddings_many(conn, commits)
-        assert not [r for r in results if isinstance(r, Exception)], results
+        assert all(isinstance(r, StoredSlice) and r.result is not None for r in results), results
         assert serving_model(conn) == EmbeddingModel(new.id, NEW, 8, True)
         assert _searchable(conn, new) == _current_keys(conn) == {"doc0.txt", "doc1.txt"}

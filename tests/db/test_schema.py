@@ -114,13 +114,16 @@ def test_at_most_one_active_model(db: Database) -> None:
             _model(conn, "c", active=True)
 
 
-def test_current_version_must_belong_to_the_document(db: Database) -> None:
+def test_a_served_version_must_belong_to_the_document(db: Database) -> None:
     with db.connection() as conn:
+        model = _model(conn)
         doc, _ = _version(conn, "one")
         _, other_ver = _version(conn, "two")
         with pytest.raises(psycopg.errors.ForeignKeyViolation):
             conn.execute(
-                "UPDATE documents SET current_version_id = %s WHERE id = %s", (other_ver, doc)
+                """INSERT INTO served_versions (document_id, embedding_model_id, document_version_id)
+                   VALUES (%s, %s, %s)""",
+                (doc, model, other_ver),
             )
 
 

@@ -174,3 +174,48 @@ async def test_sync_of_the_current_folder_covers_every_key(
         ("sub/b.txt", "deleted"),
     ]
     assert _keys(db) == ["a.txt"]
+
+
+async def test_sync_keeps_a_document_whose_file_the_walk_leaves_out(
+    db: Database, store: AsyncObjectStore, work: Path
+) -> None:
+    """A dot-file ingested by name is not walked by a folder ingest, yet its file exists: the
+    sync must not call it gone (it used to delete it)."""
+    _write(work / "docs" / ".notes.md", "hidden but here")
+    _write(work / "docs" / "a.txt", "alpha")
+    await _ingest(db, store, work / "docs" / ".notes.md")
+    entries = await _ingest(db, store, work / "docs", sync=True)
+    assert not [e for e in entries if isinstance(e, DeletedDocument)]
+    assert _keys(db) == ["docs/.notes.md", "docs/a.txt"]
+    (work / "docs" / ".notes.md").unlink()  # now it is gone: the next sync deletes it
+    entries = await _ingest(db, store, work / "docs", sync=True)
+    assert [e.document_key for e in entries if isinstance(e, DeletedDocument)] == [
+        "docs/.notes.md"
+    ]
+
+
+async def test_sync_keeps_a_document_another_ingest_added_while_it_ran(
+    db: Database, store: AsyncObjectStore, work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forced order: right after the sync's walk, another writer registers docs/new.md (an
+    application's own enqueue: no file under docs/). The sync must keep it: it is newer than
+    the walk (it used to be deleted as 'gone')."""
+    import trioindex.ingest as ingest_module
+    from testkit.jobs import enqueue_text
+
+    _write(work / "docs" / "a.txt", "alpha")
+    await _ingest(db, store, work / "docs")
+    walk = ingest_module.discover
+
+    def walk_then_someone_ingests(*args: object, **kwargs: object) -> object:
+        found = walk(*args, **kwargs)  # type: ignore[arg-type]
+        with db.connection() as conn:
+            model = conn.execute("SELECT id FROM embedding_models").fetchone()
+            assert model is not None
+            enqueue_text(conn, model["id"], "docs/new.md", b"new", max_attempts=3)
+        return found
+
+    monkeypatch.setattr(ingest_module, "discover", walk_then_someone_ingests)
+    entries = await _ingest(db, store, work / "docs", sync=True)
+    assert not [e for e in entries if isinstance(e, DeletedDocument)]
+    assert _keys(db) == ["docs/a.txt", "docs/new.md"]

@@ -59,9 +59,7 @@ def test_vector_ranking_orders_by_cosine_over_current_versions_only(
         IndexedDocument("gone.txt", ["d"], [unit(1, 0, 0, 0)]),
     )
     with db.connection() as conn:
-        conn.execute(
-            "UPDATE documents SET current_version_id = NULL WHERE id = %s", (ids["gone.txt"],)
-        )
+        conn.execute("DELETE FROM served_versions WHERE document_id = %s", (ids["gone.txt"],))
         ranked = vector_ranking(conn, model, unit(1, 0, 0, 0), 10)
     assert keys(ranked) == [("near.txt", 0), ("mid.txt", 0), ("near.txt", 1)]
     assert ranked[0].score == pytest.approx(1.0)

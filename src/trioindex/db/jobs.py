@@ -84,18 +84,21 @@ def heartbeat(conn: Connection, worker_id: UUID) -> bool:
     return row is not None
 
 
+_WORKER_STATUS_SQL = {
+    WorkerStatus.STOPPING: """UPDATE indexing_workers SET status = 'STOPPING'
+                              WHERE id = %s AND status = 'RUNNING' RETURNING id""",
+    WorkerStatus.STOPPED: """UPDATE indexing_workers SET status = 'STOPPED', stopped_at = now()
+                             WHERE id = %s AND status <> 'STOPPED' RETURNING id""",
+}
+
+
 def set_worker_status(conn: Connection, worker_id: UUID, status: WorkerStatus) -> None:
-    """Move the worker to STOPPING or STOPPED (STOPPED is final)."""
-    if status not in (WorkerStatus.STOPPING, WorkerStatus.STOPPED):
+    """Move the worker RUNNING → STOPPING, or to STOPPED (final)."""
+    sql = _WORKER_STATUS_SQL.get(status)
+    if sql is None:
         raise ValueError(f"a worker can only be moved to STOPPING or STOPPED, not {status}")
     with conn.transaction():
-        row = conn.execute(
-            """UPDATE indexing_workers
-               SET status = %(status)s,
-                   stopped_at = CASE WHEN %(status)s = 'STOPPED' THEN now() END
-               WHERE id = %(id)s AND status <> 'STOPPED' RETURNING id""",
-            {"status": status.value, "id": worker_id},
-        ).fetchone()
+        row = conn.execute(sql, (worker_id,)).fetchone()
         if row is not None:
             record_event(conn, f"WORKER_{status.value}", worker_id=worker_id)
 

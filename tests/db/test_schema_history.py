@@ -1,0 +1,197 @@
+"""A database migrated from an earlier release ends up identical to one created fresh.
+
+The earlier releases' migration texts come from the repository's history (``git show``): the
+first release (version 1) and the last release before per-model state (version 8), whose
+files still held every function body. Each is applied as that release applied it, then
+today's :func:`migrate` runs; the catalogue (tables, columns, constraints, indexes, storage
+options, functions, triggers) must equal that of a fresh database, and the data the old
+release wrote must be converted: each model serves what it completed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from testkit.postgres import fresh_database
+from trioindex.db.migrations import migrate
+
+REPO = Path(__file__).resolve().parents[2]
+# the last commit whose migrations 0001-0008 still defined every function in place
+OLD_RELEASE = "6d473b3"
+MIGRATIONS = "src/trioindex/db/migrations"
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(REPO), *args], check=True, capture_output=True, text=True
+    ).stdout
+
+
+def _old_migrations(upto: int) -> list[tuple[int, str, str]]:
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("needs the repository's git history (git and .git)")
+    try:
+        names = _git("ls-tree", "--name-only", f"{OLD_RELEASE}:{MIGRATIONS}").split()
+    except subprocess.CalledProcessError:
+        pytest.skip(f"commit {OLD_RELEASE} is not in this clone's history (shallow clone?)")
+    found = []
+    for name in sorted(n for n in names if n[:4].isdigit() and n.endswith(".sql")):
+        version = int(name[:4])
+        if version <= upto:
+            text = _git("show", f"{OLD_RELEASE}:{MIGRATIONS}/{name}")
+            found.append((version, name[5:-4], text))
+    assert [v for v, _, _ in found] == list(range(1, upto + 1))
+    return found
+
+
+def _apply_old(url: str, upto: int) -> None:
+    """What the old release's ``migrate`` did: each file in its own transaction, recorded."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            """CREATE TABLE trioindex_schema_migrations (
+                   version integer PRIMARY KEY, name text NOT NULL,
+                   applied_at timestamptz NOT NULL DEFAULT now())"""
+        )
+        for version, name, text in _old_migrations(upto):
+            with conn.transaction():
+                conn.execute(text.encode())
+                conn.execute(
+                    "INSERT INTO trioindex_schema_migrations (version, name) VALUES (%s, %s)",
+                    (version, name),
+                )
+
+
+_CATALOGUE = {
+    "columns": """
+        SELECT table_name, column_name, data_type, is_nullable, column_default,
+               is_generated, generation_expression
+        FROM information_schema.columns WHERE table_schema = 'public'
+        ORDER BY 1, 2""",
+    "constraints": """
+        SELECT c.conrelid::regclass::text, c.conname, pg_get_constraintdef(c.oid)
+        FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace
+        WHERE n.nspname = 'public' ORDER BY 1, 2""",
+    "indexes": """
+        SELECT tablename, indexname, indexdef FROM pg_indexes
+        WHERE schemaname = 'public' ORDER BY 1, 2""",
+    "storage": """
+        SELECT c.relname, c.relkind, coalesce(c.reloptions, '{}')
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = 'public' AND c.relkind IN ('r', 'i') ORDER BY 1""",
+    "functions": """
+        SELECT p.oid::regprocedure::text, pg_get_functiondef(p.oid), p.proconfig
+        FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+        WHERE n.nspname = 'public' AND p.proname LIKE 'trioindex%%' ORDER BY 1""",
+    "triggers": """
+        SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(t.oid)
+        FROM pg_trigger t WHERE NOT tgisinternal ORDER BY 1, 2""",
+}
+
+
+def _catalogue(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    with psycopg.connect(url) as conn:
+        return {name: conn.execute(sql).fetchall() for name, sql in _CATALOGUE.items()}
+
+
+def _seed_old_release(url: str) -> dict[str, Any]:
+    """A document with two versions indexed by model A (v2 current), and v2 failed for B."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        a, b = (
+            conn.execute(
+                "INSERT INTO embedding_models (name, dimension, is_active)"
+                " VALUES (%s, 2, %s) RETURNING id",
+                (name, name == "a"),
+            ).fetchone()[0]  # type: ignore[index]
+            for name in ("a", "b")
+        )
+        doc = conn.execute(
+            "INSERT INTO documents (external_key) VALUES ('k') RETURNING id"
+        ).fetchone()[0]  # type: ignore[index]
+        versions = []
+        for no in (1, 2):
+            version = conn.execute(
+                """INSERT INTO document_versions (document_id, version_no, storage_key,
+                       original_name, byte_size, sha256, status, chunk_count)
+                   VALUES (%s, %s, 'sha256/x', 'k', 1, %s, 'INDEXED', 1) RETURNING id""",
+                (doc, no, "a" * 64),
+            ).fetchone()[0]  # type: ignore[index]
+            chunk = conn.execute(
+                """INSERT INTO document_chunks (document_id, document_version_id, chunk_index,
+                       content, char_start, char_end, token_count, content_sha256)
+                   VALUES (%s, %s, 0, 'x', 0, 1, 1, %s) RETURNING id""",
+                (doc, version, "b" * 64),
+            ).fetchone()[0]  # type: ignore[index]
+            conn.execute(
+                """INSERT INTO embeddings (chunk_id, document_id, document_version_id,
+                       embedding_model_id, vector, dimension, vector_sha256)
+                   VALUES (%s, %s, %s, %s, '[1,0]', 2, %s)""",
+                (chunk, doc, version, a, "c" * 64),
+            )
+            conn.execute(
+                """INSERT INTO embedding_jobs (document_version_id, embedding_model_id,
+                       status, attempt_count, max_attempts, finished_at)
+                   VALUES (%s, %s, 'SUCCEEDED', 1, 3, now())""",
+                (version, a),
+            )
+            versions.append(version)
+        conn.execute(
+            """INSERT INTO embedding_jobs (document_version_id, embedding_model_id, status,
+                   attempt_count, max_attempts, finished_at, last_failure_type)
+               VALUES (%s, %s, 'FAILED', 1, 1, now(), 'EMBEDDING_RESULT_INVALID')""",
+            (versions[1], b),
+        )
+        conn.execute(
+            "UPDATE documents SET current_version_id = %s WHERE id = %s", (versions[1], doc)
+        )
+    return {"a": a, "b": b, "doc": doc, "v2": versions[1]}
+
+
+@pytest.mark.parametrize("release", [1, 8], ids=["first release", "version 8"])
+def test_a_database_migrated_from_an_earlier_release_equals_a_fresh_one(
+    pg_server_url: str, release: int
+) -> None:
+    with (
+        fresh_database(pg_server_url, "trioindex_fresh") as fresh,
+        fresh_database(pg_server_url, "trioindex_old") as old,
+    ):
+        migrate(fresh)
+        _apply_old(old, release)
+        seeded = _seed_old_release(old) if release == 8 else None
+        migrate(old)
+        assert _catalogue(old) == _catalogue(fresh)
+        if seeded is not None:
+            with psycopg.connect(old) as conn:
+                served = conn.execute(
+                    "SELECT embedding_model_id, document_version_id FROM served_versions"
+                ).fetchall()
+                counts = conn.execute(
+                    "SELECT status, chunk_count FROM embedding_jobs ORDER BY status, chunk_count"
+                ).fetchall()
+            assert served == [(seeded["a"], seeded["v2"])]  # B completed nothing: serves none
+            assert counts == [("FAILED", None), ("SUCCEEDED", 1), ("SUCCEEDED", 1)]
+
+
+def test_functions_are_applied_again_only_when_their_text_changes(empty_database_url: str) -> None:
+    migrate(empty_database_url)
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        first = conn.execute("SELECT sha256, applied_at FROM trioindex_schema_functions").fetchone()
+        # an operator's stray function of ours is dropped when the file is applied again
+        conn.execute("CREATE FUNCTION trioindex_stray() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+    migrate(empty_database_url)
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        assert conn.execute(
+            "SELECT sha256, applied_at FROM trioindex_schema_functions"
+        ).fetchone() == first
+        conn.execute("UPDATE trioindex_schema_functions SET sha256 = 'changed'")
+    migrate(empty_database_url)
+    with psycopg.connect(empty_database_url) as conn:
+        row = conn.execute("SELECT sha256 FROM trioindex_schema_functions").fetchone()
+        stray = conn.execute("SELECT to_regproc('trioindex_stray')").fetchone()
+    assert row is not None and first is not None and row[0] == first[0]
+    assert stray == (None,)
