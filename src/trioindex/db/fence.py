@@ -1,14 +1,14 @@
 """The fence: the Python side of "this claim still owns its job".
 
 The checks themselves live in one place, the SQL function ``trioindex_lock_owned_job``
-(migration 0002): under the job row lock, the job is PROCESSING, held by this worker with this
+(``functions.sql``): under the job row lock, the job is PROCESSING, held by this worker with this
 claim token, its lease has not expired by a fresh database clock, and the attempt is the job's
 current STARTED attempt. Every write after the claim runs it first — the steps' commits through
 :func:`lock_owned_job`, and the SQL functions for renew, complete and release by calling it
 themselves. A refusal is SQLSTATE ``TI001``, which :func:`fenced_errors` turns into
 :class:`OwnershipLost`; the refused transaction changes nothing.
 
-The group-commit functions (migration 0005) fence each job of a group in its own
+The group-commit functions fence each job of a group in its own
 subtransaction and report a refusal in that job's result row instead of raising it:
 :func:`refusal_error` turns it into the same exceptions, so a job refused in a group ends
 exactly as a job refused alone, and the other jobs of the group commit.
@@ -37,13 +37,13 @@ class OwnedJob:
     embedding_model_id: UUID
     attempt_count: int
     max_attempts: int
-    chunking: str  # the chunk set the claim makes and embeds (migration 0008)
+    chunking: str  # the chunk set the claim makes and embeds
 
 
-# SQLSTATEs raised by the fenced SQL functions (migrations 0002 onwards).
+# SQLSTATEs raised by the fenced SQL functions.
 OWNERSHIP_LOST = "TI001"
 STATE_INCONSISTENT = "TI002"
-JOB_REMOVED = "TI003"  # migration 0006: the job row is gone (document deleted, model removed)
+JOB_REMOVED = "TI003"  # the job row is gone (document deleted, model removed)
 
 
 @contextmanager
@@ -90,8 +90,8 @@ def lock_owned_job(conn: Connection, claim: Claim) -> OwnedJob:
 
 
 def refusal_error(code: str | None, message: str | None) -> Exception | None:
-    """The error one job's result row of a fenced array function stands for (migration 0005:
-    each job is fenced in its own subtransaction and a refusal is reported, not raised).
+    """The error one job's result row of a fenced array function stands for (each job is
+    fenced in its own subtransaction and a refusal is reported, not raised).
 
     ``TI001`` → :class:`OwnershipLost`, ``TI003`` → :class:`JobRemoved`, ``TI002`` →
     :class:`StateInconsistent`, no code → None.

@@ -1,27 +1,27 @@
-"""Ranking queries: chunks of current versions ranked by vector similarity, by full-text
-match, or by both fused with reciprocal rank fusion (RRF).
+"""Ranking queries: chunks of the versions the serving model serves, ranked by vector
+similarity, by full-text match, or by both fused with reciprocal rank fusion (RRF).
 
 * **vector**: cosine similarity ``1 - (vector <=> query)`` over the model's own partial HNSW
   index (``vector::vector(dim)``), with pgvector's iterative scan (``strict_order``) so that
-  the filters (current version, key prefix, content type) still fill the list.
-* **text**: ``document_chunks.search_vector`` (migration 0007: ``simple`` ⊕ ``english``
-  lexemes, GIN index) against the query's terms: its English lexemes (stemmed, stop words
-  dropped) and its Hangul words as prefixes (``서울:*`` matches ``서울은``, ``서울입니다``:
-  Korean attaches particles to the word) — see :func:`hangul_terms`. Chunks matching every
-  term come first, then every term but one, and so on down to any term (:func:`match_tiers`);
-  within a tier ``ts_rank`` normalised by document length (flag 1) orders them. A tier is read
-  only while the list is short, so ``ts_rank`` scores a few hundred matches, not every chunk
-  sharing one common word with the query (OR-ing every term and ranking all matches cost
-  ~10x more at 100k chunks; docs/test-results/search.md).
+  the filters (served version, key prefix, content type) still fill the list.
+* **text**: ``document_chunks.search_vector`` (``simple`` ⊕ ``english`` lexemes, GIN index)
+  against the query's terms: its English lexemes (stemmed, stop words dropped) and its Hangul
+  words as prefixes (``서울:*`` matches ``서울은``, ``서울입니다``: Korean attaches
+  particles to the word) — see :func:`hangul_terms`. Chunks matching every term come first,
+  then every term but one, and so on down to any term (:func:`match_tiers`); within a tier
+  ``ts_rank`` normalised by document length (flag 1) orders them. A tier is read only while the list is short, so
+  ``ts_rank`` scores a few hundred matches, not every chunk sharing one common word with the
+  query (OR-ing every term and ranking all matches cost ~10x more at 100k chunks;
+  docs/test-results/search.md).
 * **hybrid**: both lists (each as deep as the requested candidates), fused by
   ``score = Σ 1 / (RRF_K + rank)`` over the lists a chunk appears in. :func:`hybrid_ranking`
   runs both on one connection; :class:`trioindex.Index` runs them concurrently and calls
   :func:`fuse` itself.
 
-Only chunks of each document's current version are ranked. Every current version has the
-serving model's full vector set (migration 0006: a model switch completes only when it covers
-every current version), so text ranking needs no look-up in ``embeddings`` (it cost a fifth of
-its time) and the three modes search the same set when the serving model ranks.
+Only chunks of the version the ranking model serves for each document (``served_versions``)
+are ranked, and of that version only the model's own chunk set (a version may hold one set per
+chunking): every served version has the model's full vector set on it, so the three modes
+search the same chunks.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 Each job task hands its write to :meth:`GroupCommitter.submit` and waits for its own result. A
 task in the worker's background nursery (:meth:`GroupCommitter.serve`) takes what has gathered
 — after a short linger, at most ``max_items`` writes and ``max_weight`` rows — and runs the
-group function once, in one thread call, one transaction and one round trip (the SQL functions
-of migration 0005). The group function fences every job on its own and returns one result per
-write: a value, or the exception that refused that job alone.
+group function once, in one thread call, one transaction and one round trip (the functions of
+:mod:`trioindex.db.steps`). The group function fences every job on its own and returns one
+result per write: a value, or the exception that refused that job alone.
 
 One job's failure never decides another's: if the group call itself fails (a constraint, a
 deadlock, a lost connection), every write of the group is retried alone and each gets the
