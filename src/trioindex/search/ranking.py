@@ -9,10 +9,10 @@ similarity, by full-text match, or by both fused with reciprocal rank fusion (RR
   words as prefixes (``서울:*`` matches ``서울은``, ``서울입니다``: Korean attaches
   particles to the word) — see :func:`hangul_terms`. Chunks matching every term come first,
   then every term but one, and so on down to any term (:func:`match_tiers`); within a tier
-  ``ts_rank`` normalised by document length (flag 1) orders them. A tier is read only while the list is short, so
-  ``ts_rank`` scores a few hundred matches, not every chunk sharing one common word with the
-  query (OR-ing every term and ranking all matches cost ~10x more at 100k chunks;
-  docs/test-results/search.md).
+  ``ts_rank`` normalised by document length (flag 1) orders them. A tier is read only while
+  the list is short, so ``ts_rank`` scores a few hundred matches, not every chunk sharing one
+  common word with the query (OR-ing every term and ranking all matches cost ~10x more at
+  100k chunks; docs/test-results/search.md).
 * **hybrid**: both lists (each as deep as the requested candidates), fused by
   ``score = Σ 1 / (RRF_K + rank)`` over the lists a chunk appears in. :func:`hybrid_ranking`
   runs both on one connection; :class:`trioindex.Index` runs them concurrently and calls
