@@ -6,11 +6,15 @@ what is left out
 (hidden names, names that are not UTF-8, anything not a regular file) and the symbolic link
 rules: a link inside a folder is followed only when it stays inside that folder (unless
 ``follow_symlinks``), and every folder is walked at most once, so links cannot make the walk
-loop. Anything wrong with one entry becomes a :class:`SkippedFile`, never an exception.
+loop. Every folder is read through a descriptor reached from the folder argument name by name,
+never through a link (:mod:`.nofollow`), so a folder someone swaps for a link while it is
+walked is never read. Anything wrong with one entry, or an entry that changes while it is
+read, becomes a :class:`SkippedFile`, never an exception.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections import deque
@@ -21,6 +25,8 @@ from typing import Final
 import attrs
 
 from trioindex.errors import TrioindexError
+from trioindex.ingest import nofollow
+from trioindex.ingest.nofollow import Identity, identity
 from trioindex.ingest.results import SkippedFile, printable
 
 __all__ = [
@@ -48,12 +54,20 @@ def _is_text(name: str) -> bool:
 
 @attrs.frozen
 class SourceFile:
-    """A file to ingest. ``inside``: the resolved folder it must still be in when it is opened
-    (None for a file named directly, or with ``follow_symlinks``)."""
+    """A file to ingest, as the walk found it.
+
+    ``inside``: the resolved folder it is opened from, and ``below`` its names under that
+    folder, each opened without following a link (:func:`nofollow.open_file`; ``below`` None:
+    the resolved ``path`` relative to ``inside``). ``inside`` None: a file named directly,
+    opened by ``path``. ``identity``: its ``(st_dev, st_ino)`` when the walk saw it; the file
+    opened must be that one (None: not checked).
+    """
 
     path: Path
     document_key: str
     inside: Path | None = None
+    below: tuple[str, ...] | None = None
+    identity: Identity | None = None
 
 
 @attrs.frozen
@@ -120,50 +134,62 @@ def discover(
     Keys follow :func:`argument_key` (``cwd``: default the working directory). Hidden files
     and folders (``.git``, ``.DS_Store``) are left out. A symbolic link inside a folder is
     followed only when its target is inside that folder, unless ``follow_symlinks``; every
-    folder is walked at most once, so links cannot make the walk loop. Paths named directly are
-    always followed. A missing argument raises ``FileNotFoundError``; two different files with
-    one key (``--as`` over several arguments, say) raise :class:`KeyCollision` before anything
-    is read; anything wrong with one entry of a folder becomes a :class:`SkippedFile`.
+    folder is walked at most once, so links cannot make the walk loop; no folder is read through
+    a link it did not resolve and check itself. Paths named directly are always followed. A
+    missing argument raises ``FileNotFoundError``; two different files with one key (``--as``
+    over several arguments, say) raise :class:`KeyCollision` before anything is read; anything
+    wrong with one entry of a folder, or an entry that changes while the walk reads it, becomes
+    a :class:`SkippedFile`.
     """
     entries: list[SourceFile | SkippedFile] = []
     for root in paths:
         key = argument_key(root, cwd=cwd, key_as=key_as)
-        if root.is_dir():
+        st = _argument_stat(root)
+        if st is not None and stat.S_ISDIR(st.st_mode):
             entries.extend(_FolderWalk(root, follow_symlinks, f"{key}/" if key else "").run())
-        elif root.is_file():
-            entries.append(_file_entry(root, key or root.name, None))
+        elif st is not None and stat.S_ISREG(st.st_mode):
+            entries.append(_file_entry(root, key or root.name, st, None, None))
         else:
             raise FileNotFoundError(f"no such file or folder: {printable(root)}")
     return Discovery(_one_file_per_key(entries))
 
 
+def _argument_stat(root: Path) -> os.stat_result | None:
+    """What a path named directly is, following links; None when there is nothing there."""
+    try:
+        return os.stat(root)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            return None
+        raise
+
+
 def _one_file_per_key(entries: list[SourceFile | SkippedFile]) -> list[SourceFile | SkippedFile]:
     """The same file reached twice (``ingest a a/x``) is kept once; two files, one key: refused."""
-    seen: dict[str, Path] = {}
+    seen: dict[str, SourceFile] = {}
     kept: list[SourceFile | SkippedFile] = []
     for entry in entries:
         if isinstance(entry, SourceFile):
-            real = Path(os.path.realpath(entry.path))
-            first = seen.get(entry.document_key)
-            if first is None:
-                seen[entry.document_key] = real
-            elif first != real:
+            first = seen.setdefault(entry.document_key, entry)
+            if first.identity != entry.identity:
                 raise KeyCollision(
-                    f"{printable(first)} and {printable(real)} would both be document "
-                    f"{entry.document_key!r}; ingest them separately or with --as"
+                    f"{printable(first.path)} and {printable(entry.path)} would both be "
+                    f"document {entry.document_key!r}; ingest them separately or with --as"
                 )
-            else:
+            if first is not entry:
                 continue  # the same file, named twice
         kept.append(entry)
     return kept
 
 
-def _file_entry(path: Path, key: str, inside: Path | None) -> SourceFile | SkippedFile:
+def _file_entry(
+    path: Path, key: str, st: os.stat_result, inside: Path | None, below: tuple[str, ...] | None
+) -> SourceFile | SkippedFile:
     if not _is_text(key):
         return _error(path, None, "file name is not valid UTF-8; rename it to ingest it")
     if len(key) > MAX_KEY_CHARS:
         return _error(path, None, f"document key longer than {MAX_KEY_CHARS} characters")
-    return SourceFile(path, key, inside)
+    return SourceFile(path, key, inside, below, identity(st))
 
 
 def _error(path: Path, key: str | None, reason: str) -> SkippedFile:
@@ -178,21 +204,21 @@ def _skipped(path: Path, key: str, reason: str) -> SkippedFile:
 class _Folder:
     path: Path  # as the user will see it (under the argument)
     key: str  # key prefix of its files: "" or "sub/"
-    real: Path  # resolved, where it is read from
-
-
-def _identity(path: Path) -> tuple[int, int]:
-    st = os.stat(path)
-    return st.st_dev, st.st_ino
+    start: Path  # resolved folder it is reached from (nofollow): the root, or a link's target
+    parts: tuple[str, ...]  # its names below ``start``
+    identity: Identity  # what the listing that found it saw; what is read must be that folder
 
 
 @attrs.define
 class _FolderWalk:
-    """Walks one folder argument.
+    """Walks one folder argument, each folder through a descriptor reached from the root name by
+    name without following a link (:mod:`.nofollow`).
 
     Real sub-folders are walked first and links to folders only afterwards, so each folder is
     walked once, under its own name when it has one, and a link to a folder already walked (a
-    loop, or a second name) is reported instead of walked again.
+    loop, or a second name) is reported instead of walked again. An entry that changes while
+    the walk reads it (gone, a link or a file now where a folder was, another folder in its
+    place) is ``skipped`` with its key, and the walk goes on.
     """
 
     root: Path
@@ -200,16 +226,18 @@ class _FolderWalk:
     prefix: str = ""  # the root's key with a slash, or "": the start of every key under it
     real_root: Path = attrs.field(init=False)
     found: list[tuple[list[str], SourceFile | SkippedFile]] = attrs.Factory(list)
-    walked: dict[tuple[int, int], str] = attrs.Factory(dict)  # folder identity → key shown
+    walked: dict[Identity, str] = attrs.Factory(dict)  # folder identity → key shown
     folders: deque[_Folder] = attrs.Factory(deque)
     linked: deque[_Folder] = attrs.Factory(deque)
 
-    def __attrs_post_init__(self) -> None:
-        self.real_root = Path(os.path.realpath(self.root))
-
     def run(self) -> list[SourceFile | SkippedFile]:
-        self.walked[_identity(self.real_root)] = ""
-        self.folders.append(_Folder(self.root, self.prefix, self.real_root))
+        try:
+            self.real_root = Path(os.path.realpath(self.root))
+            root = identity(os.stat(self.real_root))
+        except OSError as exc:
+            return [_error(self.root, None, f"cannot read folder: {exc.strerror}")]
+        self.walked[root] = ""
+        self.folders.append(_Folder(self.root, self.prefix, self.real_root, (), root))
         while self.folders or self.linked:
             if self.folders:
                 self._scan(self.folders.popleft())
@@ -223,13 +251,8 @@ class _FolderWalk:
 
     def _enter_link(self, link: _Folder) -> None:
         key = link.key.rstrip("/")
-        try:
-            identity = _identity(link.real)
-        except OSError as exc:
-            self._add(key, _error(link.path, key, f"cannot read folder: {exc.strerror}"))
-            return
-        if identity in self.walked:
-            where = self.walked[identity]
+        if link.identity in self.walked:
+            where = self.walked[link.identity]
             reason = (
                 f"symbolic link to a folder already walked as {where!r}"
                 if where
@@ -237,54 +260,85 @@ class _FolderWalk:
             )
             self._add(key, _skipped(link.path, key, reason))
             return
-        self.walked[identity] = key
+        self.walked[link.identity] = key
         self._scan(link)
 
     def _scan(self, folder: _Folder) -> None:
+        key = folder.key.rstrip("/")
         try:
-            with os.scandir(folder.real) as listing:
-                children = sorted(listing, key=lambda entry: entry.name)
+            with nofollow.folder(folder.start, folder.parts) as fd:
+                if identity(os.fstat(fd)) != folder.identity:
+                    self._add(key, _changed(folder.path, key, "another folder took its place"))
+                    return
+                with os.scandir(fd) as listing:
+                    children = sorted(listing, key=lambda entry: entry.name)
+                for child in children:  # while fd is open: the entries stat through it
+                    if not child.name.startswith("."):
+                        self._child(folder, child)
         except OSError as exc:
-            key = folder.key.rstrip("/") or "."
-            self._add(key, _error(folder.path, None, f"cannot read folder: {exc.strerror}"))
-            return
-        for child in children:
-            if child.name.startswith("."):
-                continue
-            path, key = folder.path / child.name, folder.key + child.name
-            try:
-                self._child(child, path, key)
-            except OSError as exc:  # vanished or unreadable while we looked
-                self._add(key, _error(path, key, f"cannot read: {exc.strerror}"))
+            change = nofollow.change(exc)
+            self._add(
+                key or ".",
+                _changed(folder.path, key, change)
+                if change
+                else _error(folder.path, None, f"cannot read folder: {exc.strerror}"),
+            )
 
-    def _child(self, child: os.DirEntry[str], path: Path, key: str) -> None:
-        if child.is_symlink():
-            self._link(Path(child.path), path, key)
-        elif child.is_dir(follow_symlinks=False):
-            self._subfolder(_Folder(path, key + "/", Path(child.path)))
-        elif child.is_file(follow_symlinks=False):
-            self._add(key, _file_entry(path, key, self._inside))
-        else:
-            self._add(key, _skipped(path, key, "not a regular file"))
-
-    @property
-    def _inside(self) -> Path | None:
-        return None if self.follow_symlinks else self.real_root
+    def _child(self, folder: _Folder, child: os.DirEntry[str]) -> None:
+        path, key = folder.path / child.name, folder.key + child.name
+        parts = (*folder.parts, child.name)
+        try:
+            st = child.stat(follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                self._link(folder.start.joinpath(*parts), path, key)
+            elif stat.S_ISDIR(st.st_mode):
+                self._subfolder(_Folder(path, key + "/", folder.start, parts, identity(st)))
+            elif stat.S_ISREG(st.st_mode):
+                self._add(key, _file_entry(path, key, st, folder.start, parts))
+            else:
+                self._add(key, _skipped(path, key, "not a regular file"))
+        except OSError as exc:  # vanished or unreadable while we looked
+            why = nofollow.change(exc)
+            self._add(
+                key,
+                _changed(path, key, why)
+                if why
+                else _error(path, key, f"cannot read: {exc.strerror}"),
+            )
 
     def _subfolder(self, folder: _Folder) -> None:
         if not _is_text(folder.key):
             reason = "folder name is not valid UTF-8; none of its files were ingested"
             self._add(folder.key.rstrip("/"), _error(folder.path, None, reason))
             return
-        self.walked[_identity(folder.real)] = folder.key.rstrip("/")
+        self.walked[folder.identity] = folder.key.rstrip("/")
         self.folders.append(folder)
 
+    def _reach(self, target: Path) -> tuple[Path, tuple[str, ...]]:
+        """Where a link's resolved ``target`` is read from: below the root when it is inside,
+        else (``follow_symlinks``) from the folder it is in."""
+        if target.is_relative_to(self.real_root):
+            return self.real_root, target.relative_to(self.real_root).parts
+        return (target.parent, (target.name,)) if target.name else (target, ())
+
     def _link(self, link: Path, path: Path, key: str) -> None:
-        target = Path(os.path.realpath(link))
         try:
-            st = os.stat(target)
+            target = Path(os.path.realpath(link))
+        except OSError:  # it stopped being a link while it was resolved
+            self._add(key, _changed(path, key, "the symbolic link changed"))
+            return
+        start, parts = self._reach(target)
+        try:
+            st = nofollow.lstat_below(start, parts)
         except OSError as exc:
             self._add(key, _error(path, key, f"broken symbolic link ({exc.strerror})"))
+            return
+        if stat.S_ISLNK(st.st_mode):  # a loop of links, or a link put on the way meanwhile
+            if _resolves_to(link, target):
+                reason = f"broken symbolic link ({os.strerror(errno.ELOOP)})"
+                self._add(key, _error(path, key, reason))
+            else:
+                self._add(key, _changed(path, key, "a folder on the link's way changed"))
             return
         kind = "folder" if stat.S_ISDIR(st.st_mode) else "file"
         if not self.follow_symlinks and not target.is_relative_to(self.real_root):
@@ -295,11 +349,24 @@ class _FolderWalk:
             self._add(key, _skipped(path, key, reason))
         elif stat.S_ISDIR(st.st_mode):
             if _is_text(key):
-                self.linked.append(_Folder(path, key + "/", target))
+                self.linked.append(_Folder(path, key + "/", start, parts, identity(st)))
             else:
                 reason = "folder name is not valid UTF-8; none of its files were ingested"
                 self._add(key, _error(path, None, reason))
         elif stat.S_ISREG(st.st_mode):
-            self._add(key, _file_entry(path, key, self._inside))
+            self._add(key, _file_entry(path, key, st, start, parts))
         else:
             self._add(key, _skipped(path, key, "symbolic link to something not a regular file"))
+
+
+def _resolves_to(link: Path, target: Path) -> bool:
+    """Whether ``link`` still resolves to ``target`` (it always does, unless the way changed)."""
+    try:
+        return Path(os.path.realpath(link)) == target
+    except OSError:
+        return False
+
+
+def _changed(path: Path, key: str, why: str) -> SkippedFile:
+    reason = f"changed while the folder was read ({why}); not ingested"
+    return _skipped(path, key, reason) if key else _error(path, None, reason)

@@ -3,6 +3,11 @@
 A run prepares many files at once (:func:`prepare_file`: read, hash, upload) and enqueues them
 in groups (:func:`enqueue_files`); :func:`ingest_file` is both for one file.
 
+A file under a folder is opened from the folder's descriptor, name by name, never through a
+symbolic link (:mod:`.nofollow`), and must be the very file the walk found (its
+``(st_dev, st_ino)``): a file, or a folder on its path, that someone replaced after the walk
+is an ``error`` for that file alone, and nothing outside the folder is read.
+
 Objects are content-addressed (:func:`storage_key_for`), so uploading the same bytes twice
 stores them once, and every upload is verified against the hash it is stored under: a file
 that changes while it is read is never stored under the wrong hash (it is read again once,
@@ -28,6 +33,7 @@ import psycopg
 
 from trioindex.db.pool import Database
 from trioindex.errors import ObjectNotFound
+from trioindex.ingest import nofollow
 from trioindex.ingest.discover import SourceFile
 from trioindex.ingest.enqueue import (
     NewVersion,
@@ -53,11 +59,8 @@ __all__ = [
 logger = logging.getLogger(__package__)
 
 _READ_CHUNK = 1 << 20
-# O_NOFOLLOW: the path was resolved just before, so a link in its place now is a swap.
-# O_NONBLOCK: a FIFO swapped in for the file must not hang the run (no effect on regular files).
-_OPEN_FLAGS: Final = (
-    os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | os.O_CLOEXEC
-)
+# A file named directly is opened as named, following links (the user named it).
+_NAMED_FLAGS: Final = nofollow.FILE_FLAGS & ~os.O_NOFOLLOW
 _DEADLOCK_RETRIES: Final = 3
 
 
@@ -66,19 +69,45 @@ def storage_key_for(sha256: str) -> str:
 
 
 def open_source(source: SourceFile) -> BinaryIO:
-    """Open the file for reading, re-checking what discovery checked (it may have changed)."""
-    real = Path(os.path.realpath(source.path))
-    if source.inside is not None and not real.is_relative_to(source.inside):
-        raise FileNotIngested("symbolic link now leads outside the folder; not ingested")
+    """Open the file for reading, re-checking what discovery saw (it may have changed): below
+    ``source.inside`` name by name without following a link, and it must be the regular file
+    the walk found."""
+    inside = source.inside
     try:
-        fd = os.open(real, _OPEN_FLAGS)
+        if inside is None:
+            fd = os.open(source.path, _NAMED_FLAGS)
+        else:
+            fd = nofollow.open_file(inside, _below(source, inside))
     except OSError as exc:
-        raise FileNotIngested(f"cannot open: {exc.strerror}") from None
+        why = nofollow.change(exc)
+        if why is None:
+            raise FileNotIngested(f"cannot open: {exc.strerror}") from None
+        raise FileNotIngested(f"changed since the walk found it ({why}); not ingested") from None
     handle = os.fdopen(fd, "rb")
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         handle.close()
         raise FileNotIngested("no longer a regular file; not ingested")
+    if source.identity is not None and nofollow.identity(st) != source.identity:
+        handle.close()
+        raise FileNotIngested(
+            "another file took its place since the walk found it; not ingested (ingest it again)"
+        )
     return handle
+
+
+def _below(source: SourceFile, inside: Path) -> tuple[str, ...]:
+    """The file's names under ``inside``: as the walk found them, else those of its resolved
+    path (a :class:`SourceFile` built without them)."""
+    if source.below is not None:
+        return source.below
+    try:
+        real = Path(os.path.realpath(source.path))
+    except OSError as exc:
+        raise FileNotIngested(f"cannot open: {exc.strerror}") from None
+    if real == inside or not real.is_relative_to(inside):
+        raise FileNotIngested("symbolic link now leads outside the folder; not ingested")
+    return real.relative_to(inside).parts
 
 
 def digest(handle: BinaryIO) -> tuple[str, int]:
