@@ -496,8 +496,8 @@ def test_secrets_are_not_in_error_messages(tmp_path: Path) -> None:
         toml="[embedding]\napi-key = 12345\n",
     )
     assert (
-        "database.url: must be a postgresql:// or postgres:// URL, got mysql://u:***@h/db"
-        in message
+        "database.url: must be a postgresql:// URL or a key=value connection string,"
+        " got mysql://u:***@h/db" in message
     )
     assert "storage.url: must name one bucket" in message
     assert "got s3://AKIA:***@minio:9000/" in message

@@ -1,30 +1,92 @@
 """What every ``trioindex`` command shares: the Typer application, settings and logging set-up,
-the error translation (:func:`friendly`), and small runners.
+argument checks, the error translation (:func:`friendly`), and small runners.
 
 Errors meant for people (bad configuration, a database that is down, an unknown job, a model
-mismatch) print one line and exit non-zero; anything else is a bug and keeps its traceback.
+mismatch) print one line and exit non-zero; anything else is a bug and keeps its traceback. A
+bad argument is one line too, ``trioindex: Invalid value for '--priority': ...``, exit code 2,
+before the command does anything: text arguments must be UTF-8 (:func:`text_problem`), and the
+options typed here (:func:`priority_option`, :data:`ModelName`) carry the database's bounds.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, ParamSpec, TypeVar
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Annotated, Any, Final, ParamSpec, TypeVar
 
 import psycopg
 import trio
 import typer
+from typer.core import TyperGroup
 
 from trioindex import admin
 from trioindex.config import Settings, load_settings
+from trioindex.config.settings import MODEL_NAME_MAX
+from trioindex.config.units import text_problem
 from trioindex.errors import ConfigError, TrioindexError
 from trioindex.logs import configure_logging
 
 logger = logging.getLogger("trioindex.cli")
 
+
+def _click() -> Any:
+    """The click Typer runs on: its own copy (``typer._click``) from 0.28 on, click before."""
+    try:
+        return importlib.import_module("typer._click")
+    except ImportError:  # pragma: no cover -- the lock file pins typer 0.28
+        return importlib.import_module("click")
+
+
+_CLICK: Final = _click()
+_get_current_context = importlib.import_module(_CLICK.__name__ + ".globals").get_current_context
+
+
+class OneLineUsageErrors(TyperGroup):
+    """The application's command group: a usage error (an unknown option, a value outside its
+    range, a missing argument) is one line on stderr naming the argument, exit code 2, instead
+    of the usage text and a framed panel."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        run_main = functools.partial(
+            super().main, args, prog_name, complete_var, windows_expand_args=windows_expand_args
+        )
+        if not standalone_mode:
+            return run_main(standalone_mode=False, **extra)
+        try:
+            code = run_main(standalone_mode=False, **extra)
+        except _CLICK.exceptions.ClickException as exc:
+            # the help asked for by giving no arguments has been printed already
+            if type(exc).__name__ != "NoArgsIsHelpError":
+                typer.echo(usage_line(exc), err=True)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            typer.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def usage_line(exc: Any) -> str:
+    """``trioindex: Invalid value for '--top-k': ... (try 'trioindex search -h')``."""
+    message = "; ".join(part.strip() for part in exc.format_message().splitlines() if part.strip())
+    ctx = getattr(exc, "ctx", None)
+    hint = f" (try '{ctx.command_path} -h')" if ctx is not None else ""
+    return f"trioindex: {message}{hint}"
+
+
 app = typer.Typer(
+    cls=OneLineUsageErrors,
     no_args_is_help=True,
     add_completion=False,
     help="Turn documents into searchable pgvector embeddings with a fleet of Trio workers.",
@@ -62,9 +124,46 @@ T = TypeVar("T")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 
+#: A job's priority is a PostgreSQL ``integer`` (embedding_jobs.priority).
+PRIORITY_MIN: Final = -(2**31)
+PRIORITY_MAX: Final = 2**31 - 1
+
+
+def priority_option(help: str) -> Any:
+    """A ``--priority`` option, refused at parse time outside the column's range."""
+    return typer.Option(min=PRIORITY_MIN, max=PRIORITY_MAX, help=help)
+
+
+def _model_name(name: str) -> str:
+    if not 1 <= len(name) <= MODEL_NAME_MAX:
+        raise typer.BadParameter(f"a model name is 1 to {MODEL_NAME_MAX} characters")
+    return name
+
+
+#: A model NAME argument, as long as embedding_models.name allows.
+ModelName = Annotated[str, typer.Argument(callback=_model_name, help="The model's name.")]
+
+
+def refuse_bad_text(arguments: dict[str, Any]) -> None:
+    """Refuse a text argument that :func:`text_problem` refuses, naming it (a usage error).
+
+    Bytes in argv that are not UTF-8 arrive as lone surrogates: no database query, HTTP request
+    or printed line can carry them. Paths are left alone: a file name may be any bytes, and
+    ``ingest`` reports such files one by one.
+    """
+    for name, value in arguments.items():
+        for item in value if isinstance(value, list | tuple) else [value]:
+            problem = text_problem(item) if isinstance(item, str) else None
+            if problem is not None:
+                ctx = _get_current_context(silent=True)
+                params = ctx.command.params if ctx is not None else []
+                param = next((p for p in params if p.name == name), None)
+                raise typer.BadParameter(problem, ctx=ctx, param=param)
+
 
 def friendly(fn: Callable[P, T]) -> Callable[P, T]:
-    """Turn trioindex's own errors into one line on stderr and a non-zero exit.
+    """Refuse undecodable text arguments (:func:`refuse_bad_text`), then turn trioindex's own
+    errors into one line on stderr and a non-zero exit.
 
     Errors raised inside Trio nurseries arrive wrapped in exception groups; a group holding one
     error is explained as that error (a database that went away while the worker registers is
@@ -73,6 +172,7 @@ def friendly(fn: Callable[P, T]) -> Callable[P, T]:
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        refuse_bad_text(kwargs)
         try:
             return fn(*args, **kwargs)
         except Exception as exc:

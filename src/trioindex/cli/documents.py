@@ -4,6 +4,7 @@ or chunks, one query or JSON lines) and ``delete``."""
 from __future__ import annotations
 
 import functools
+import io
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -19,9 +20,11 @@ from trioindex.cli.common import (
     command_settings,
     friendly,
     print_json,
+    priority_option,
     run,
 )
 from trioindex.config import Settings
+from trioindex.config.units import text_problem
 
 # --- ingest --------------------------------------------------------------------------------------
 
@@ -34,7 +37,7 @@ def ingest(
     ],
     *,
     wait: Annotated[bool, typer.Option(help="Wait until every job ends; show progress.")] = False,
-    priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
+    priority: Annotated[int, priority_option("Higher runs first.")] = 0,
     follow_symlinks: Annotated[
         bool,
         typer.Option(
@@ -169,7 +172,7 @@ def search(
         typer.Option(help="Only documents of this type (text/markdown) or family (text); repeat."),
     ] = None,
     queries: Annotated[
-        str | None,
+        Path | None,
         typer.Option(
             metavar="FILE|-",
             help='Many queries: JSON lines {"id", "text"} in, JSON lines {"id", "results"} out.',
@@ -200,7 +203,7 @@ def search(
         return index.search_many(texts, chunks_per_document=chunks_per_document, **options)
 
     if queries is not None:
-        stream = sys.stdin if queries == "-" else open(queries, encoding="utf-8")  # noqa: SIM115
+        stream = _query_stream(queries)
         with stream:
             run(functools.partial(_search_query_lines, settings, stream, ranked))
         return
@@ -257,6 +260,16 @@ async def _search_query_lines(
                 return
 
 
+def _query_stream(queries: Path) -> TextIO:
+    """The ``--queries`` file, or stdin for ``-``; bytes that are not UTF-8 are kept as lone
+    surrogates, for :func:`_query_line` to refuse with the line's number."""
+    if str(queries) != "-":
+        return open(queries, encoding="utf-8", errors="surrogateescape")
+    if isinstance(sys.stdin, io.TextIOWrapper):
+        sys.stdin.reconfigure(encoding="utf-8", errors="surrogateescape")
+    return sys.stdin
+
+
 def _read_lines(stream: TextIO, count: int) -> list[str]:
     lines = []
     for line in stream:
@@ -273,6 +286,14 @@ def _query_line(line: str, line_no: int) -> tuple[Any, str]:
         raise typer.BadParameter(f"--queries line {line_no}: not JSON") from None
     if not isinstance(query, dict) or not isinstance(query.get("text"), str):
         raise typer.BadParameter(f'--queries line {line_no}: expected {{"id": ..., "text": "..."}}')
+    # the id is only printed back, as JSON (which escapes a NUL); the text is embedded and queried
+    for field, text in (
+        ("id", json.dumps(query.get("id"), ensure_ascii=False)),
+        ("text", query["text"]),
+    ):
+        problem = text_problem(text)
+        if problem is not None:
+            raise typer.BadParameter(f'--queries line {line_no}: "{field}" {problem}')
     return query.get("id"), query["text"]
 
 

@@ -13,12 +13,14 @@ import typer
 from trioindex import admin
 from trioindex.cli.common import (
     JsonFlag,
+    ModelName,
     app,
     command_settings,
     database_call,
     friendly,
     logger,
     print_json,
+    priority_option,
     run,
 )
 from trioindex.config import Settings
@@ -287,11 +289,11 @@ def models_list(as_json: JsonFlag = False) -> None:
 @models_app.command("activate")
 @friendly
 def models_activate(
-    name: str,
+    name: ModelName,
     dimension: Annotated[
         int | None, typer.Option(min=1, max=16000, help="Needed for a new model.")
     ] = None,
-    priority: Annotated[int, typer.Option(help="Priority of the switch's jobs.")] = 0,
+    priority: Annotated[int, priority_option("Priority of the switch's jobs.")] = 0,
     as_json: JsonFlag = False,
 ) -> None:
     """Switch search to model NAME: enqueue one job per document for it; search keeps the
@@ -323,7 +325,7 @@ def models_activate(
 
 @models_app.command("remove")
 @friendly
-def models_remove(name: str, as_json: JsonFlag = False) -> None:
+def models_remove(name: ModelName, as_json: JsonFlag = False) -> None:
     """Drop a model that does not serve search: its vectors, jobs and HNSW index."""
     settings = command_settings(quiet=True)
     from trioindex.db.models import remove_model

@@ -27,8 +27,13 @@ def value_problem(key: str, value: object) -> str | None:
     if spec.kind is Kind.URL:
         url = cast(str, value)
         return spec.grammar(url) if spec.grammar is not None else _url_problem(spec, url)
-    if spec.kind is Kind.TEXT and isinstance(value, str) and not value.strip():
+    text = value if isinstance(value, str) else ""
+    if spec.kind is Kind.TEXT and not text.strip():
         return "must not be empty"
+    if spec.max_chars is not None and len(text) > spec.max_chars:
+        return f"must be at most {spec.max_chars} characters"
+    if spec.kind is Kind.SECRET and not (text.isascii() and text.isprintable()):
+        return "must be printable ASCII (it is sent in an HTTP header)"
     return None
 
 
@@ -98,7 +103,7 @@ def cross_checks(values: Mapping[str, Any], origins: Mapping[str, Origin]) -> li
 
 
 def _url_problem(spec: KeySpec, url: str) -> str | None:
-    """The database and embedding URL rules (``storage.url`` has its own grammar)."""
+    """The embedding URL rule (``storage.url`` and ``database.url`` have their own grammar)."""
     schemes = " or ".join(f"{scheme}://" for scheme in spec.schemes)
     try:
         parts = urlsplit(url)
@@ -118,11 +123,4 @@ def _url_problem(spec: KeySpec, url: str) -> str | None:
             httpx.URL(url)
         except httpx.InvalidURL:
             return f"must be a {schemes} URL"
-    if parts.scheme in ("postgresql", "postgres"):
-        # libpq's own parser: a bad %-escape would otherwise surface at connect time, quoted
-        from trioindex.db.pool import conninfo_problem
-
-        problem = conninfo_problem(url)
-        if problem is not None:
-            return f"must be a valid PostgreSQL URL ({problem})"
     return None

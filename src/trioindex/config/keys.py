@@ -17,6 +17,7 @@ import attrs
 from trioindex.config.settings import (
     LOCAL_CONCURRENCY,
     LOCAL_MODEL,
+    MODEL_NAME_MAX,
     REMOTE_CONCURRENCY,
     SERVER_MODEL,
 )
@@ -87,10 +88,11 @@ class KeySpec:
 
     ``default`` is written as it would be in the TOML file (``"5m"``, ``4``), None for "unset",
     or :class:`Derived` when it follows from other keys. ``field`` is the dotted attribute path
-    in :class:`Settings`. ``bound``/``choices``/``schemes`` are the single-key rules that
-    ``rule`` describes; ``grammar``, when set, is a URL key's whole rule, owned by the module
-    that reads such URLs (it returns the problem, or None). Rules between keys live in
-    :func:`trioindex.config.checks.cross_checks`.
+    in :class:`Settings`. ``bound``/``choices``/``schemes``/``max_chars`` are the single-key
+    rules that ``rule`` describes; ``grammar``, when set, is a URL key's whole rule, owned by
+    the module that reads such URLs (it returns the problem, or None), and ``redact`` how such
+    a value is shown (:func:`~trioindex.storage.urls.redact_url` when unset). Rules between
+    keys live in :func:`trioindex.config.checks.cross_checks`.
     """
 
     key: str
@@ -104,6 +106,8 @@ class KeySpec:
     choices: tuple[str, ...] = ()
     schemes: tuple[str, ...] = ()
     grammar: Callable[[str], str | None] | None = None
+    redact: Callable[[str], str] | None = None
+    max_chars: int | None = None
     secret: bool = False
 
 
@@ -125,6 +129,8 @@ def _key(
     choices: tuple[str, ...] = (),
     schemes: tuple[str, ...] = (),
     grammar: Callable[[str], str | None] | None = None,
+    redact: Callable[[str], str] | None = None,
+    max_chars: int | None = None,
     secret: bool = False,
 ) -> KeySpec:
     return KeySpec(
@@ -139,8 +145,24 @@ def _key(
         choices=choices,
         schemes=schemes,
         grammar=grammar,
+        redact=redact,
+        max_chars=max_chars,
         secret=secret,
     )
+
+
+# database.url's grammar and redaction are libpq's, in the database layer: imported when used,
+# so that reading the configuration does not load psycopg.
+def _database_url_problem(url: str) -> str | None:
+    from trioindex.db.pool import database_url_problem
+
+    return database_url_problem(url)
+
+
+def _redact_database_url(url: str) -> str:
+    from trioindex.db.pool import redact_conninfo
+
+    return redact_conninfo(url)
 
 
 _POSITIVE = Bound(low=0, low_inclusive=False)
@@ -160,10 +182,12 @@ KEYS: Final[tuple[KeySpec, ...]] = (
         "database.url",
         None,
         Kind.URL,
-        "postgresql:// URL; (none) = embedded PostgreSQL under home",
+        "postgresql:// URL or key=value connection string (host=db user=u password=p);"
+        " (none) = embedded PostgreSQL under home",
         "PostgreSQL to use (password is a secret)",
         field="database.url",
-        schemes=("postgresql", "postgres"),
+        grammar=_database_url_problem,
+        redact=_redact_database_url,
         secret=True,
     ),
     _key(
@@ -208,9 +232,10 @@ KEYS: Final[tuple[KeySpec, ...]] = (
         "embedding.model",
         Derived(f"{LOCAL_MODEL} for local, {SERVER_MODEL} otherwise"),
         Kind.TEXT,
-        "model name",
+        f"model name, 1 to {MODEL_NAME_MAX} characters",
         "embedding model; a job is pinned to it when created",
         field="embedding.model",
+        max_chars=MODEL_NAME_MAX,
     ),
     _key(
         "embedding.dimension",
@@ -225,7 +250,7 @@ KEYS: Final[tuple[KeySpec, ...]] = (
         "embedding.api-key",
         None,
         Kind.SECRET,
-        "secret",
+        "secret; printable ASCII (it is sent in an HTTP header)",
         "bearer token for the embedding server",
         field="embedding.api_key",
         secret=True,

@@ -40,7 +40,14 @@ from trioindex.config.settings import (
     StorageSettings,
     WorkerSettings,
 )
-from trioindex.config.units import Invalid, format_number, read_duration, read_size, show
+from trioindex.config.units import (
+    Invalid,
+    format_number,
+    read_duration,
+    read_size,
+    show,
+    text_problem,
+)
 from trioindex.errors import ConfigError
 
 # The package's name, not this module's: operators and tests filter on "trioindex.config".
@@ -103,10 +110,15 @@ def _config_path(env: Mapping[str, str], base: Path, errors: list[str]) -> Path 
 
 def _read_file(path: Path, errors: list[str]) -> dict[str, Origin]:
     try:
-        with path.open("rb") as file:
-            document = tomllib.load(file)
+        data = path.read_bytes()
+        document = tomllib.loads(data.decode("utf-8"))
     except OSError as exc:
         errors.append(f"{path}: cannot read: {exc.strerror}")
+        return {}
+    except UnicodeDecodeError as exc:
+        # TOML is UTF-8; say where the first other byte is, not what is around it.
+        line_no = data.count(b"\n", 0, exc.start) + 1
+        errors.append(f"{path}: not UTF-8 text (line {line_no}); TOML files must be UTF-8")
         return {}
     except tomllib.TOMLDecodeError as exc:
         # tomllib's messages give a position, never the offending text (which may be a secret).
@@ -195,6 +207,9 @@ def _parse(spec: KeySpec, raw: object, base: Path) -> object:
         return _fraction(raw)
     if not isinstance(raw, str):
         raise Invalid("must be a string")
+    problem = None if spec.kind is Kind.PATH else text_problem(raw)  # a path may be any bytes
+    if problem is not None:
+        raise Invalid(problem)
     if spec.kind is Kind.PATH:
         if not raw.strip():
             raise Invalid("must be a path")

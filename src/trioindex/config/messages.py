@@ -2,8 +2,9 @@
 
 Every problem found while loading is collected and raised as one
 :class:`~trioindex.errors.ConfigError`, one line per problem. Secrets (database URL password,
-storage URL secret, embedding API key) are never shown: every URL goes through
-:func:`~trioindex.storage.urls.redact_url` and a secret key's value is ``<hidden>``.
+storage URL secret, embedding API key) are never shown: every URL goes through its key's
+redaction (:func:`~trioindex.storage.urls.redact_url` unless the key names another) and a secret
+key's value is ``<hidden>``.
 """
 
 from __future__ import annotations
@@ -45,5 +46,5 @@ def show_value(spec: KeySpec, raw: object) -> str:
     """``raw`` as written, safe to show for ``spec``."""
     # Every URL is redacted, not only the secret ones: credentials turn up in any of them.
     if isinstance(raw, str) and spec.kind is Kind.URL:
-        return show(redact_url(raw))
+        return show((spec.redact or redact_url)(raw))
     return "<hidden>" if spec.secret else show(raw)

@@ -15,6 +15,8 @@ import attrs
 
 LOCAL_MODEL: Final = "sentence-transformers/all-MiniLM-L6-v2"
 SERVER_MODEL: Final = "BAAI/bge-m3"
+#: The longest model name (the CHECK on embedding_models.name); a name is at least 1 character.
+MODEL_NAME_MAX: Final = 200
 #: Models whose vector size is known, so ``embedding.dimension`` may be left out.
 KNOWN_DIMENSIONS: Final[Mapping[str, int]] = {LOCAL_MODEL: 384, SERVER_MODEL: 1024}
 # indexing.worker.max-concurrency by embedder: the local model embeds in this process, while a

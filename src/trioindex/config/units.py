@@ -1,8 +1,10 @@
-"""How values are written: durations and sizes, and how a value is shown back in a message.
+"""How values are written: durations and sizes, the text every string value must be, and how a
+value is shown back in a message.
 
 :func:`parse_duration` and :func:`parse_size` are public for other inputs (CLI options, bench);
 the loader uses the same parsers, raising :class:`Invalid` whose text is the rule, and adds the
-key, the value and its source.
+key, the value and its source. :func:`text_problem` is the rule for any text from outside
+(settings, command-line arguments, query lines).
 """
 
 from __future__ import annotations
@@ -51,6 +53,22 @@ def parse_size(text: str | int) -> int:
         return read_size(text)
     except Invalid as exc:
         raise ValueError(f"{exc}, got {show(text)}") from None
+
+
+def text_problem(text: str) -> str | None:
+    """The rule ``text`` breaks as text to store or send, or None.
+
+    Bytes that are not UTF-8 (in argv, the environment or a file name) reach Python as lone
+    surrogates, which no UTF-8 encoder, HTTP body or PostgreSQL ``text`` takes; PostgreSQL text
+    cannot hold a NUL character either.
+    """
+    if "\x00" in text:
+        return "must not contain a NUL character"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "must be UTF-8 text"
+    return None
 
 
 class Invalid(Exception):

@@ -15,6 +15,7 @@ Owns three things:
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -30,6 +31,7 @@ from psycopg_pool import ConnectionPool
 
 from trioindex.db.migrations import migrate
 from trioindex.errors import ConfigError, DatabaseUnavailable
+from trioindex.storage.urls import redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -43,20 +45,74 @@ def describe_conninfo(conninfo: str) -> str:
     """``user@host:port/dbname`` — the connection target without any password, for logs."""
     try:
         parts = conninfo_to_dict(conninfo)
-    except psycopg.ProgrammingError:
+    except (psycopg.ProgrammingError, UnicodeError):
         return "an unparseable database URL"
     host = parts.get("host") or "localhost"
     port = parts.get("port") or "5432"
     where = f"{host}" if str(host).startswith("/") else f"{host}:{port}"
-    return f"{parts.get('user') or '?'}@{where}/{parts.get('dbname') or '?'}"
+    user = parts.get("user") or "?"
+    # libpq's default database is the user's name
+    return f"{user}@{where}/{parts.get('dbname') or user}"
 
 
 def with_dbname(conninfo: str, dbname: str) -> str:
-    """The same server and credentials, another database (a URL stays a URL)."""
+    """The same server and credentials, another database (a URL stays a URL, a key=value
+    string stays one)."""
     parts = urlsplit(conninfo)
     if parts.scheme in ("postgres", "postgresql"):
-        return urlunsplit(parts._replace(path="/" + quote(dbname)))
+        # a dbname= query parameter would win over the path: it goes
+        query = [pair for pair in parts.query.split("&") if pair.partition("=")[0] != "dbname"]
+        return urlunsplit(parts._replace(path="/" + quote(dbname), query="&".join(query)))
     return make_conninfo(conninfo, dbname=dbname)
+
+
+# --- database URLs as people write them ---------------------------------------------------------
+
+#: What libpq takes for a URL; any other text is a ``key=value`` connection string to it.
+_LIBPQ_URL_PREFIXES = ("postgresql://", "postgres://")
+_ANY_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+#: A password-like option in text libpq could not parse: ``password=x``, ``sslpassword = 'a b'``.
+_PASSWORD_OPTION = re.compile(
+    r"(\w*pass\w*) \s*=\s* (?: '(?:[^'\\]|\\.)*'? | (?:\\.|[^\s\\])* )", re.I | re.X
+)
+DATABASE_URL_FORMS = "a postgresql:// URL or a key=value connection string"
+
+
+def database_url_problem(conninfo: str) -> str | None:
+    """Why ``conninfo`` is not a database URL libpq takes (None when it is), quoting none of it.
+
+    Both of libpq's forms are accepted, as psycopg connects with either: a ``postgresql://``
+    (or ``postgres://``) URL and a ``key=value`` string (``host=db user=ti password=...``).
+    """
+    if _ANY_URL.match(conninfo) and not conninfo.startswith(_LIBPQ_URL_PREFIXES):
+        return f"must be {DATABASE_URL_FORMS}"
+    problem = conninfo_problem(conninfo)
+    if problem is None:
+        ports = str(conninfo_to_dict(conninfo).get("port") or "")
+        if not all(port.strip().isdigit() for port in ports.split(",") if port.strip()):
+            problem = "the port must be a number"
+    return None if problem is None else f"must be {DATABASE_URL_FORMS} ({problem})"
+
+
+def redact_conninfo(conninfo: str) -> str:
+    """``conninfo`` safe to show, in either form: every password becomes ``***``.
+
+    A URL goes through :func:`redact_url` (user-info and secret-looking query values), a
+    ``key=value`` string is rewritten with each password option ``***``. Text libpq cannot parse
+    is shown only when it looks like a URL, redacted and with every ``...pass...=value`` hidden
+    too; otherwise it is ``<hidden>``, since where its password ends is unknown.
+    """
+    try:
+        options = conninfo_to_dict(conninfo)
+    except (psycopg.ProgrammingError, UnicodeError):
+        if _ANY_URL.match(conninfo):
+            return _PASSWORD_OPTION.sub(r"\1=***", redact_url(conninfo))
+        return "<hidden>"
+    if conninfo.startswith(_LIBPQ_URL_PREFIXES):
+        return redact_url(conninfo)
+    return make_conninfo(
+        "", **{name: "***" if "pass" in name else value for name, value in options.items()}
+    )
 
 
 def start_embedded(home: Path) -> str:
@@ -120,6 +176,8 @@ def conninfo_problem(conninfo: str) -> str | None:
     """
     try:
         conninfo_to_dict(conninfo)
+    except UnicodeError:
+        return "not UTF-8 text"
     except psycopg.ProgrammingError as exc:
         reason = _first_line(exc).split('"', 1)[0].rstrip(" :")
         return reason if len(reason.split()) > 1 else "a syntax error"
@@ -130,7 +188,7 @@ def check_conninfo(conninfo: str) -> None:
     """:class:`ConfigError` (one line, nothing of the URL) when libpq cannot parse it."""
     problem = conninfo_problem(conninfo)
     if problem is not None:
-        raise ConfigError(f"the database URL is not a valid PostgreSQL URL ({problem})")
+        raise ConfigError(f"the database URL is not {DATABASE_URL_FORMS} ({problem})")
 
 
 def _configure(conn: Connection) -> None:
