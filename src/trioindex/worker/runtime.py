@@ -1,4 +1,4 @@
-"""The worker runtime: the only module that opens long-lived nurseries.
+"""The worker runtime: the root, background and jobs nurseries of one worker.
 
 ::
 
