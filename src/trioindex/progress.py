@@ -10,7 +10,7 @@ import attrs
 import trio
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from trioindex.admin import jobs_progress, live_worker_count
+from trioindex.db.operations import jobs_progress, live_worker_count
 from trioindex.db.pool import Database
 
 POLL_SECONDS = 0.5

@@ -17,7 +17,7 @@ from datetime import datetime
 import attrs
 
 from trioindex.db import documents
-from trioindex.db.pool import Connection, Database
+from trioindex.db.pool import Database
 from trioindex.errors import StorageUnavailable
 from trioindex.storage import AsyncObjectStore
 
@@ -40,13 +40,6 @@ class DeleteReport:
         return attrs.asdict(self)
 
 
-def _still_unreferenced(conn: Connection, storage_key: str) -> bool:
-    row = conn.execute(
-        "SELECT 1 FROM document_versions WHERE storage_key = %s LIMIT 1", (storage_key,)
-    ).fetchone()
-    return row is None
-
-
 async def delete_documents(
     db: Database,
     store: AsyncObjectStore,
@@ -64,7 +57,7 @@ async def delete_documents(
     removed = left = 0
     for blob in result.unreferenced_blobs:
         try:
-            if await db.run(_still_unreferenced, blob):
+            if await db.run(documents.blob_unreferenced, blob):
                 await store.delete(blob)
                 removed += 1
         except StorageUnavailable as exc:

@@ -210,3 +210,17 @@ class JobView:
             finished_at=row["finished_at"],
             attempts=attempts,
         )
+
+
+def as_json(value: object) -> object:
+    """attrs values → JSON-ready dicts (UUIDs and datetimes as strings)."""
+    if attrs.has(type(value)):
+        fields = attrs.asdict(value, recurse=False)  # type: ignore[arg-type]
+        return {k: as_json(v) for k, v in fields.items()}
+    if isinstance(value, (list, tuple)):
+        return [as_json(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): as_json(v) for k, v in value.items()}
+    if isinstance(value, (UUID, datetime)):
+        return str(value) if isinstance(value, UUID) else value.isoformat()
+    return value

@@ -23,12 +23,12 @@ import trio
 import typer
 from typer.core import TyperGroup
 
-from trioindex import admin
 from trioindex.config import Settings, load_settings
 from trioindex.config.settings import MODEL_NAME_MAX
 from trioindex.config.units import text_problem
 from trioindex.errors import ConfigError, TrioindexError
 from trioindex.logs import configure_logging
+from trioindex.values import as_json
 
 logger = logging.getLogger("trioindex.cli")
 
@@ -230,7 +230,7 @@ def run(fn: Callable[[], Awaitable[T]]) -> T:
 
 
 def print_json(value: object) -> None:
-    typer.echo(json.dumps(admin.as_json(value), ensure_ascii=False, indent=2))
+    typer.echo(json.dumps(as_json(value), ensure_ascii=False, indent=2))
 
 
 def database_call(settings: Settings, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

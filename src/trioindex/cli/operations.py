@@ -10,7 +10,7 @@ from uuid import UUID
 
 import typer
 
-from trioindex import admin
+from trioindex import values
 from trioindex.cli.common import (
     JsonFlag,
     ModelName,
@@ -24,6 +24,7 @@ from trioindex.cli.common import (
     run,
 )
 from trioindex.config import Settings
+from trioindex.db import operations as admin
 from trioindex.db.pool import migrate_or_explain
 from trioindex.errors import ConfigError
 from trioindex.values import JobStatus
@@ -79,9 +80,9 @@ def status(as_json: JsonFlag = False) -> None:
         settings, admin.queue_status, heartbeat_timeout=settings.worker.heartbeat_timeout
     )
     if as_json:
-        payload = admin.as_json(result)
+        payload = values.as_json(result)
         assert isinstance(payload, dict)
-        payload["workers"] = [{**admin.as_json(w), "state": w.state} for w in result.workers]  # type: ignore[dict-item]
+        payload["workers"] = [{**values.as_json(w), "state": w.state} for w in result.workers]  # type: ignore[dict-item]
         print_json(payload)
         return
     typer.echo("jobs:    " + "  ".join(f"{k} {v}" for k, v in result.jobs_by_status.items()))

@@ -46,6 +46,14 @@ def keys_under(conn: Connection, prefix: str) -> list[str]:
     return [row["external_key"] for row in rows]
 
 
+def blob_unreferenced(conn: Connection, storage_key: str) -> bool:
+    """Whether no version names ``storage_key`` (its blob may be removed from the store)."""
+    row = conn.execute(
+        "SELECT 1 FROM document_versions WHERE storage_key = %s LIMIT 1", (storage_key,)
+    ).fetchone()
+    return row is None
+
+
 def database_now(conn: Connection) -> datetime:
     """The database's clock: the start of a run that must not touch what comes after it."""
     row = conn.execute("SELECT clock_timestamp() AS now").fetchone()

@@ -7,8 +7,8 @@ One module per stage of a run:
   asked to;
 * :mod:`.files` — one file (:func:`ingest_file`): read + hash once, upload (or restore a lost
   blob) (:func:`prepare_file`), enqueue (:func:`enqueue_files`, many files at once);
-* :mod:`.enqueue` — :func:`enqueue_versions`: document + version + job per file + one
-  ``NOTIFY``, many files in one transaction;
+* :mod:`trioindex.db.enqueue` — :func:`enqueue_versions`: document + version + job per file
+  + one ``NOTIFY``, many files in one transaction;
 * :mod:`.results` — what is reported per file (:class:`IngestResult`, :class:`SkippedFile`,
   :class:`DeletedDocument`);
 * :mod:`.sync` — ``sync``: which documents under the folders' key prefixes lost their files;
@@ -28,9 +28,7 @@ from uuid import UUID
 import trio
 
 from trioindex.db.documents import database_now
-from trioindex.db.pool import Database
-from trioindex.ingest.discover import MAX_KEY_CHARS, Discovery, SourceFile, discover
-from trioindex.ingest.enqueue import (
+from trioindex.db.enqueue import (
     NOTIFY_CHANNEL,
     NewVersion,
     enqueue_version,
@@ -39,6 +37,8 @@ from trioindex.ingest.enqueue import (
     latest_versions,
     requeue_failed_job,
 )
+from trioindex.db.pool import Database
+from trioindex.ingest.discover import MAX_KEY_CHARS, Discovery, SourceFile, discover
 from trioindex.ingest.files import (
     PreparedFile,
     digest,

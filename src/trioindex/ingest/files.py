@@ -31,16 +31,16 @@ from uuid import UUID
 import attrs
 import psycopg
 
-from trioindex.db.pool import Database
-from trioindex.errors import ObjectNotFound
-from trioindex.ingest import nofollow
-from trioindex.ingest.discover import SourceFile
-from trioindex.ingest.enqueue import (
+from trioindex.db.enqueue import (
     NewVersion,
     enqueue_versions,
     latest_version,
     requeue_failed_job,
 )
+from trioindex.db.pool import Database
+from trioindex.errors import ObjectNotFound
+from trioindex.ingest import nofollow
+from trioindex.ingest.discover import SourceFile
 from trioindex.ingest.results import FileChanged, FileNotIngested, IngestResult, printable
 from trioindex.storage import AsyncObjectStore, ObjectStore
 

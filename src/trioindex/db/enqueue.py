@@ -15,8 +15,8 @@ from uuid import UUID
 
 import attrs
 
-from trioindex import admin
 from trioindex.db.events import record_events
+from trioindex.db.operations import retry_failed_job
 from trioindex.db.pool import Connection
 from trioindex.errors import NotFound
 from trioindex.ingest.results import IngestResult
@@ -247,7 +247,7 @@ def requeue_failed_job(conn: Connection, job_id: UUID, *, extra_attempts: int) -
     """Put a FAILED job back to PENDING with a fresh budget (``jobs retry``'s own transaction,
     event and NOTIFY); False, changing nothing, when the job is not FAILED."""
     try:
-        admin.retry_failed_job(conn, job_id, extra_attempts=extra_attempts)
+        retry_failed_job(conn, job_id, extra_attempts=extra_attempts)
     except NotFound:
         return False
     return True

@@ -1,12 +1,12 @@
-"""Operator functions: queue counts, job listings with attempts, workers, and manual retry.
+"""What operators read and do: queue counts, job listings with attempts, workers, manual retry
+and the progress of waited-for jobs.
 
-Synchronous core (one transaction each) used by the CLI through :meth:`Database.call`. Nothing
-here returns a claim token, chunk text or vector.
+Synchronous, one transaction each, used by the CLI and the wait through :meth:`Database.run`.
+Nothing here returns a claim token, chunk text or vector.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -196,17 +196,3 @@ def jobs_progress(conn: Connection, job_ids: list[UUID]) -> list[dict[str, Any]]
            WHERE j.id = ANY(%s)""",
         (job_ids,),
     ).fetchall()
-
-
-def as_json(value: object) -> object:
-    """attrs values → JSON-ready dicts (UUIDs and datetimes as strings)."""
-    if attrs.has(type(value)):
-        fields = attrs.asdict(value, recurse=False)  # type: ignore[arg-type]
-        return {k: as_json(v) for k, v in fields.items()}
-    if isinstance(value, (list, tuple)):
-        return [as_json(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): as_json(v) for k, v in value.items()}
-    if isinstance(value, (UUID, datetime)):
-        return str(value) if isinstance(value, UUID) else value.isoformat()
-    return value
