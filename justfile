@@ -17,8 +17,19 @@ worker *ARGS: setup
     {{bin}}/trioindex worker "$@"
 
 # Run the whole test suite.
-test *ARGS: setup
+test *ARGS: setup setup-jdbc
     {{bin}}/pytest "$@"
+
+# The PostgreSQL JDBC driver for the Java example's test (Debian's libpostgresql-jdbc-java),
+# installed when running as root and missing; otherwise that one test skips and says why.
+setup-jdbc:
+    #!/usr/bin/env bash
+    ls /usr/share/java/postgresql*.jar >/dev/null 2>&1 && exit 0
+    [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null && command -v javac >/dev/null || exit 0
+    echo "installing the PostgreSQL JDBC driver (libpostgresql-jdbc-java), once" >&2
+    install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q libpostgresql-jdbc-java >/dev/null 2>&1; }
+    install || { apt-get update -q >/dev/null 2>&1 && install; } \
+        || echo "could not install libpostgresql-jdbc-java; the JDBC test will skip" >&2
 
 # Lint and type-check.
 lint: setup
