@@ -111,9 +111,11 @@ def test_bad_input_is_refused_naming_the_field_and_writes_nothing(
 
 
 def test_without_a_serving_model_enqueue_says_what_to_do(database_url: str) -> None:
-    with psycopg.connect(database_url) as app:
-        with pytest.raises(psycopg.errors.InvalidParameterValue, match="start a worker"):
-            _enqueue(app, "k", b"x")
+    with (
+        psycopg.connect(database_url) as app,
+        pytest.raises(psycopg.errors.InvalidParameterValue, match="start a worker"),
+    ):
+        _enqueue(app, "k", b"x")
 
 
 def test_delete_from_sql_removes_the_document_and_reports_unnamed_blobs(app_db: str) -> None:
