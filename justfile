@@ -76,6 +76,11 @@ bench *ARGS: setup
 bench-queue *ARGS: setup
     {{bin}}/python -m bench.queue "$@"
 
+# Enqueue from SQL (trioindex_enqueue_documents) against the raw rows, one connection, in
+# batches (docs/test-results/enqueue.md).
+bench-enqueue *ARGS: setup
+    {{bin}}/python -m bench.enqueue "$@"
+
 # pgai installs into its own venv under ~/.cache on first use.
 # `--profile`: where one trioindex run's CPU goes (statements, functions; py-spy stacks if installed).
 # trioindex next to pgai's vectorizer worker (docs/test-results/peer.md); `--ingest 5000`: ingest alone.

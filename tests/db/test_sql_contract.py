@@ -237,3 +237,20 @@ def test_the_jdbc_example_enqueues_from_java_in_its_own_transaction(
         keys = conn.execute("SELECT external_key FROM documents ORDER BY 1").fetchall()
         own = conn.execute("SELECT document_key FROM app_uploads ORDER BY 1").fetchall()
     assert keys == own == [("jvm.txt",)]
+
+
+def test_a_key_given_twice_in_one_call_becomes_two_versions_in_that_order(app_db: str) -> None:
+    data = [b"a1", b"b1", b"a2", b"a2"]
+    keys = ["a", "b", "a", "a"]
+    with psycopg.connect(app_db) as app:
+        rows = app.execute(
+            """SELECT ord, document_key, status, version_no
+               FROM trioindex_enqueue_documents(%s, %s, %s, %s) ORDER BY ord""",
+            (keys, [f"s/{_sha(d)}" for d in data], [_sha(d) for d in data], [2] * 4),
+        ).fetchall()
+    assert rows == [
+        (1, "a", "created", 1),
+        (2, "b", "created", 1),
+        (3, "a", "created", 2),
+        (4, "a", "unchanged", 2),
+    ]

@@ -138,7 +138,7 @@ def enqueue_versions(
             row["version_no"],
             row["job_id"],
         )
-        for new, row in zip(versions, rows, strict=True)
+        for new, row in zip(versions, sorted(rows, key=lambda r: r["ord"]), strict=True)
     ]
 
 

@@ -181,13 +181,8 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     n integer := coalesce(array_length(p_keys, 1), 0);
     model uuid := p_model;
-    latest record;
     created boolean := false;
-    doc uuid;
-    vid uuid;
-    vno integer;
-    jid uuid;
-    state text;
+    row_out record;
 BEGIN
     IF coalesce(array_length(p_storage_keys, 1), 0) <> n
        OR coalesce(array_length(p_sha256s, 1), 0) <> n
@@ -231,38 +226,70 @@ BEGIN
     ON CONFLICT (external_key) DO NOTHING;
     PERFORM 1 FROM documents d WHERE d.external_key = ANY(p_keys)
     ORDER BY d.external_key FOR UPDATE;
-    FOR i IN 1 .. n LOOP
-        -- locals, not the output columns: under use_column those names mean table columns
-        SELECT d.id INTO doc FROM documents d WHERE d.external_key = p_keys[i];
-        SELECT v.id, v.version_no, v.sha256 INTO latest FROM document_versions v
-        WHERE v.document_id = doc ORDER BY v.version_no DESC LIMIT 1;
-        IF FOUND AND latest.sha256 = p_sha256s[i] THEN
-            state := 'unchanged'; vid := latest.id; vno := latest.version_no;
-            SELECT j.id INTO jid FROM embedding_jobs j
-            WHERE j.document_version_id = latest.id AND j.embedding_model_id = model;
-        ELSE
-            state := 'created';
-            vno := CASE WHEN FOUND THEN latest.version_no + 1 ELSE 1 END;
-            INSERT INTO document_versions
-                (document_id, version_no, storage_key, original_name, content_type, byte_size,
-                 sha256)
-            VALUES (doc, vno, p_storage_keys[i],
-                    coalesce(p_original_names[i], regexp_replace(p_keys[i], '^.*/', '')),
-                    p_content_types[i], p_byte_sizes[i], p_sha256s[i])
-            RETURNING id INTO vid;
-            INSERT INTO embedding_jobs (document_version_id, embedding_model_id, max_attempts,
-                                        priority)
-            VALUES (vid, model, p_max_attempts, p_priority)
-            RETURNING id INTO jid;
-            INSERT INTO indexing_events (event_type, embedding_job_id, document_version_id, detail)
-            VALUES ('JOB_ENQUEUED', jid, vid,
-                    jsonb_build_object('version_no', vno, 'byte_size', p_byte_sizes[i]));
-            created := true;
-        END IF;
-        ord := i; document_key := p_keys[i]; status := state; document_id := doc;
-        version_id := vid; version_no := vno; job_id := jid;
-        jid := NULL;
-        RETURN NEXT;
+    -- Set-based, one statement per round: round r takes each key's r-th occurrence in the
+    -- call (one round when the keys are distinct), so a key given twice is compared with the
+    -- version its first occurrence made.
+    FOR r IN 1 .. (SELECT coalesce(max(c), 0) FROM (SELECT count(*) AS c FROM unnest(p_keys) AS k
+                                                     GROUP BY k) AS counts) LOOP
+        FOR row_out IN
+            WITH input AS (
+                SELECT u.o::integer AS o, u.k, u.s, u.h, u.n, u.ct, u.nm,
+                       row_number() OVER (PARTITION BY u.k ORDER BY u.o) AS occurrence
+                FROM unnest(p_keys, p_storage_keys, p_sha256s, p_byte_sizes,
+                            coalesce(p_content_types, array_fill(NULL::text, ARRAY[n])),
+                            coalesce(p_original_names, array_fill(NULL::text, ARRAY[n])))
+                     WITH ORDINALITY AS u(k, s, h, n, ct, nm, o)
+            ), batch AS (
+                SELECT i.*, d.id AS doc FROM input i
+                JOIN documents d ON d.external_key = i.k
+                WHERE i.occurrence = r
+            ), latest AS (
+                SELECT DISTINCT ON (v.document_id) v.document_id, v.id, v.version_no, v.sha256
+                FROM document_versions v WHERE v.document_id IN (SELECT b.doc FROM batch b)
+                ORDER BY v.document_id, v.version_no DESC
+            ), fresh AS (
+                SELECT b.*, coalesce(l.version_no, 0) + 1 AS vno FROM batch b
+                LEFT JOIN latest l ON l.document_id = b.doc
+                WHERE l.sha256 IS DISTINCT FROM b.h
+            ), new_versions AS (
+                INSERT INTO document_versions
+                    (document_id, version_no, storage_key, original_name, content_type,
+                     byte_size, sha256)
+                SELECT f.doc, f.vno, f.s, coalesce(f.nm, regexp_replace(f.k, '^.*/', '')),
+                       f.ct, f.n, f.h
+                FROM fresh f ORDER BY f.o
+                RETURNING id, document_id, version_no, byte_size
+            ), new_jobs AS (
+                INSERT INTO embedding_jobs
+                    (document_version_id, embedding_model_id, max_attempts, priority)
+                SELECT nv.id, model, p_max_attempts, p_priority FROM new_versions nv
+                RETURNING id, document_version_id
+            ), events AS (
+                INSERT INTO indexing_events
+                    (event_type, embedding_job_id, document_version_id, detail)
+                SELECT 'JOB_ENQUEUED', nj.id, nv.id,
+                       jsonb_build_object('version_no', nv.version_no, 'byte_size', nv.byte_size)
+                FROM new_jobs nj JOIN new_versions nv ON nv.id = nj.document_version_id
+            )
+            SELECT b.o, b.k, b.doc,
+                   (nv.id IS NOT NULL) AS made,
+                   coalesce(nv.id, l.id) AS vid,
+                   coalesce(nv.version_no, l.version_no) AS vno,
+                   coalesce(nj.id, (SELECT j.id FROM embedding_jobs j
+                                    WHERE j.document_version_id = l.id
+                                      AND j.embedding_model_id = model)) AS jid
+            FROM batch b
+            LEFT JOIN latest l ON l.document_id = b.doc
+            LEFT JOIN new_versions nv ON nv.document_id = b.doc
+            LEFT JOIN new_jobs nj ON nj.document_version_id = nv.id
+            ORDER BY b.o
+        LOOP
+            ord := row_out.o; document_key := row_out.k; document_id := row_out.doc;
+            status := CASE WHEN row_out.made THEN 'created' ELSE 'unchanged' END;
+            version_id := row_out.vid; version_no := row_out.vno; job_id := row_out.jid;
+            created := created OR row_out.made;
+            RETURN NEXT;
+        END LOOP;
     END LOOP;
     IF created THEN
         NOTIFY trioindex_jobs;
