@@ -628,6 +628,7 @@ async def test_character_chunks_fit_the_input_limit_a_tei_server_reports(
     assert max(len(chunk.text) for chunk in chunks) <= chunker.policy.max_size
     # filled up to the limit as the chunker counts (MiniLM sees an unspaced run as one [UNK])
     bounds = sorted(token_bound(chunk.text) for chunk in chunks)
+    assert bounds[-1] <= 512
     assert bounds[len(bounds) // 2] > 300, "chunks are filled, not crumbs"
     if name in ("korean", "mixed"):  # neighbours overlap by whole words where there are words
         overlapping = sum(c.start < p.end for p, c in itertools.pairwise(chunks))
