@@ -15,12 +15,11 @@ import trio
 
 from testkit.embed_server import BODY_MARKER, FakeEmbedServer, fake_vector
 from tests.cjk_texts import KOREAN_PARAGRAPHS, document, minilm_tokenizer, real_count
-from trioindex.embedding import Embedder, open_embedder
+from tests.embedding.http_clients import DIM, open_http, openai_through, served
 from trioindex.embedding.fitting import MAX_PIECES, mean_vector
 from trioindex.embedding.transport import InputTooLong, parse_json
 from trioindex.errors import FailureType, ProviderRejectedInput
 
-DIM = 16
 LIMIT = 512
 SECRET = "chunk-text-5d2a-do-not-leak"
 
@@ -52,26 +51,6 @@ class Recording(httpx.AsyncBaseTransport):
         await self._inner.aclose()
 
 
-async def open_client(
-    server: FakeEmbedServer, api: str, transport: httpx.AsyncBaseTransport | None = None
-) -> Embedder:
-    return await open_embedder(
-        api=api,
-        url=server.url,
-        model="BAAI/bge-m3",
-        dimension=DIM,
-        batch_size=8,
-        max_in_flight=2,
-        request_timeout=10,
-        transport=transport,
-    )
-
-
-def served(text: str, api: str) -> np.ndarray:
-    # OpenAI's base64 answer travels as float32
-    return np.asarray(fake_vector(text, DIM), dtype=np.float32 if api == "openai" else np.float64)
-
-
 @pytest.mark.parametrize("api", ["tei", "openai"])
 async def test_a_chunk_over_the_limit_is_embedded_in_pieces(
     server: FakeEmbedServer, api: str, caplog: pytest.LogCaptureFixture
@@ -87,7 +66,9 @@ async def test_a_chunk_over_the_limit_is_embedded_in_pieces(
     caplog.set_level(logging.WARNING)
     recording = Recording()
     with trio.fail_after(30):
-        embedder = await open_client(server, api, recording)
+        embedder = await open_http(
+            server, api, batch_size=8, request_timeout=10, transport=recording
+        )
         try:
             vectors = await embedder.embed(items)
         finally:
@@ -107,7 +88,7 @@ async def test_a_chunk_over_the_limit_is_embedded_in_pieces(
     ]
     assert "".join(pieces) == long
     assert all(real_count(counter, piece) <= LIMIT for piece in pieces)
-    expected = mean_vector([served(p, api).tolist() for p in pieces], [len(p) for p in pieces])
+    expected = mean_vector([served(p, api) for p in pieces], [len(p) for p in pieces])
     assert np.allclose(vectors[5], expected, atol=1e-6)
     assert np.isclose(np.linalg.norm(vectors[5]), 1.0)
     # found by halving the refused request, then cut by the server's stated count
@@ -124,7 +105,7 @@ async def test_the_coalesced_worker_path_splits_too(server: FakeEmbedServer) -> 
 
     long = document(KOREAN_PARAGRAPHS, 3_000)[:3_000]
     with trio.fail_after(30):
-        embedder = await open_client(server, "tei")
+        embedder = await open_http(server, "tei", batch_size=8, request_timeout=10)
         try:
             coalescer = EmbeddingCoalescer(embedder.embed, max_batch_size=8, max_in_flight=2)
             async with trio.open_nursery() as nursery:
@@ -149,7 +130,7 @@ async def test_an_input_that_cannot_be_cut_fails_in_one_line_naming_the_limit(
     server.configure(max_input_length=4)
     caplog.set_level(logging.DEBUG)
     with trio.fail_after(30):
-        embedder = await open_client(server, "tei")
+        embedder = await open_http(server, "tei", batch_size=8, request_timeout=10)
         try:
             with pytest.raises(ProviderRejectedInput) as caught:
                 await embedder.embed(["fits", text])
@@ -159,8 +140,8 @@ async def test_an_input_that_cannot_be_cut_fails_in_one_line_naming_the_limit(
     assert type(exc) is ProviderRejectedInput
     assert exc.failure_type is FailureType.EMBEDDING_RESULT_INVALID and not exc.retryable
     assert exc.message == (
-        f"embedding server refuses an input of {len(text)} characters as longer than its input "
-        f"limit of 4 tokens, {how} (HTTP 413)"
+        f"embedding server refuses an input of {len(text)} characters as too long, {how} "
+        "(HTTP 413; input limit 4 tokens)"
     )
     assert "\n" not in exc.message
     for seen in (exc.message, caplog.text):
@@ -176,9 +157,9 @@ async def test_a_server_that_refuses_everything_ends_after_bounded_requests(
     # a final refusal; never a loop.
     server.set_mode("status_413")
     with trio.fail_after(30):
-        embedder = await open_client(server, "tei")
+        embedder = await open_http(server, "tei", batch_size=8, request_timeout=10)
         try:
-            with pytest.raises(ProviderRejectedInput, match="its input limit, even cut into"):
+            with pytest.raises(ProviderRejectedInput, match="as too long, even cut into"):
                 await embedder.embed([f"{SECRET} {i}" for i in range(8)])
         finally:
             await embedder.aclose()
@@ -210,16 +191,7 @@ def _vllm(limit: int) -> httpx.MockTransport:
 async def test_an_openai_compatible_400_stating_the_limit_is_split_too() -> None:
     text = "word " * 300
     with trio.fail_after(10):
-        embedder = await open_embedder(
-            api="openai",
-            url="http://embedder.invalid",
-            model="m",
-            dimension=DIM,
-            batch_size=8,
-            max_in_flight=1,
-            request_timeout=5,
-            transport=_vllm(400),
-        )
+        embedder = await openai_through(_vllm(400))
         try:
             [vector] = await embedder.embed([text])
         finally:

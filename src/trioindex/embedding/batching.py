@@ -26,15 +26,13 @@ import numpy as np
 import numpy.typing as npt
 import trio
 
-from trioindex.embedding.fitting import LimitFitter
+from trioindex.embedding.fitting import EmbedBatch, LimitFitter
 from trioindex.errors import ResultInvalid, StepFailure
 
 if TYPE_CHECKING:
     from trioindex.embedding.base import EmbedderInfo
 
 logger = logging.getLogger(__name__)
-
-EmbedBatch = Callable[[Sequence[str]], Awaitable[list[list[float]]]]
 
 
 def estimate_tokens(text: str) -> int:

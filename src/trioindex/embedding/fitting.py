@@ -11,9 +11,9 @@ message that states a token limit) does not fail the document:
   for (``given / limit``, a quarter more), else two. The pieces are embedded like any texts,
   and the text's vector is their mean weighted by characters, scaled to their mean norm (unit
   vectors give a unit vector). A piece refused again cuts the text into twice as many pieces;
-* a text that cannot be cut (one grapheme cluster), or would need more than
-  :data:`MAX_PIECES` pieces, fails the call with a one-line
-  :class:`~trioindex.errors.ProviderRejectedInput` that names the server's limit.
+* a text that cannot be cut finer (one character), or would need more than :data:`MAX_PIECES`
+  pieces, fails the call with a one-line :class:`~trioindex.errors.ProviderRejectedInput`
+  naming the server's limit (stated in a refusal, else from its ``/info``) when it is known.
 
 The smaller requests run one after another in the request slot of the refused one.
 """
@@ -30,10 +30,12 @@ from trioindex.embedding.transport import InputTooLong
 from trioindex.errors import ProviderRejectedInput, ResultInvalid
 from trioindex.pipeline.text_cuts import segments
 
+#: Embeds one request's texts: one vector per text, in order.
 EmbedBatch = Callable[[Sequence[str]], Awaitable[list[list[float]]]]
 Plan = Callable[[Sequence[str]], list[range]]
 
-#: The most pieces one text is cut into before the server's refusal is final.
+#: The most pieces a text is asked to be cut into (a cut may make up to twice as many) before
+#: the server's refusal is final.
 MAX_PIECES = 64
 # Pieces beyond the server's stated count: a piece's share of the tokens is not exact.
 _MARGIN = 1.25
@@ -95,11 +97,11 @@ class LimitFitter:
 def _final(
     text: str, refused: InputTooLong, limit: int | None, pieces: int
 ) -> ProviderRejectedInput:
-    stated = f"its input limit of {limit} tokens" if limit else "its input limit"
     how = f"even cut into {pieces} pieces" if pieces > 1 else "and it cannot be cut"
+    stated = f"; input limit {limit} tokens" if limit else ""
     return ProviderRejectedInput(
-        f"embedding server refuses an input of {len(text)} characters as longer than "
-        f"{stated}, {how} (HTTP {refused.status})"
+        f"embedding server refuses an input of {len(text)} characters as too long, {how} "
+        f"(HTTP {refused.status}{stated})"
     )
 
 
