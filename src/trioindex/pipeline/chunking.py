@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -79,11 +78,12 @@ from trioindex.pipeline.text_cuts import (
     trimmed,
 )
 from trioindex.pipeline.token_counts import (
+    character_size,
     count_tokens,
     in_batches,
     largest_token_bound,
+    overlap_reach,
     special_token_count,
-    token_bound,
 )
 
 logger = logging.getLogger(__name__)
@@ -270,7 +270,10 @@ class Chunker:
         del shadow
         if self._tokenizer is None:
             spans = self._fit_token_bound(text, spans)
-            counted = [(start, piece, self._char_size(piece)) for start, piece in spans]
+            counted = [
+                (start, piece, character_size(piece, self._chars_per_token))
+                for start, piece in spans
+            ]
         else:
             spans = self._cap_characters(text, spans)
             counted = self._fit_tokens(self._tokenizer, text, spans)
@@ -309,13 +312,6 @@ class Chunker:
                 capped.extend(self._split(self._char_splitter, text, start, start + len(piece)))
         return capped
 
-    def _char_size(self, piece: str) -> int:
-        """A character chunk's size: its characters, or its token bound in characters when
-        that is larger (module docstring)."""
-        if self._chars_per_token is None:
-            return len(piece)
-        return max(len(piece), math.ceil(token_bound(piece) * self._chars_per_token))
-
     def _fit_token_bound(self, text: str, spans: list[tuple[int, str]]) -> list[tuple[int, str]]:
         """Split again, by characters, every character span whose size (token bound included)
         is over the room the splitter had; each piece at its own density, until it fits."""
@@ -327,7 +323,7 @@ class Chunker:
             todo = [span]
             while todo:
                 start, piece = todo.pop()
-                size = self._char_size(piece)
+                size = character_size(piece, self._chars_per_token)
                 if size <= room or len(piece) < 2:
                     fitted.append((start, piece))
                     continue
@@ -418,7 +414,7 @@ class Chunker:
     def _measure(self, pieces: list[str]) -> list[int]:
         """Sizes as :attr:`_limit` counts them."""
         if self._tokenizer is None:
-            return [self._char_size(p) for p in pieces]
+            return [character_size(p, self._chars_per_token) for p in pieces]
         return count_tokens(self._tokenizer, pieces)
 
     def _merge_fragments(
@@ -507,7 +503,8 @@ class Chunker:
         """For each chunk, the earliest offset an overlap taken from its end may start at."""
         if self._tokenizer is None:
             return [
-                self._reach_back(text, start, start + len(piece)) for start, piece, _ in counted
+                overlap_reach(text, start, start + len(piece), self._overlap, self._chars_per_token)
+                for start, piece, _ in counted
             ]
         reach: list[int] = []
         for batch in in_batches(counted):
@@ -519,17 +516,6 @@ class Chunker:
                 first = len(offsets) - self._overlap
                 reach.append(start + (offsets[first][0] if first > 0 else 0))
         return reach
-
-    def _reach_back(self, text: str, start: int, end: int) -> int:
-        """An offset ``o`` in ``[start, end]``, as early as found, whose ``text[o:end]`` sizes
-        at most the overlap (:meth:`_char_size`); ``end`` when none does."""
-        lo = max(start, end - self._overlap)
-        if self._chars_per_token is None:
-            return lo
-        # Each step keeps what fits at the density measured so far: a few steps, not a search.
-        while lo < end and (size := self._char_size(text[lo:end])) > self._overlap:
-            lo = max(lo + 1, end - (end - lo) * self._overlap // size)
-        return lo
 
 
 # -- pickling -----------------------------------------------------------------------------------

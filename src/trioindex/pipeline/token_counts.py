@@ -52,9 +52,11 @@ from tokenizers import Tokenizer
 __all__ = [
     "COUNT_BATCH",
     "UNKNOWN_SPECIAL_TOKENS",
+    "character_size",
     "count_tokens",
     "in_batches",
     "largest_token_bound",
+    "overlap_reach",
     "special_token_count",
     "token_bound",
 ]
@@ -126,3 +128,26 @@ def token_bound(text: str) -> int:
 def largest_token_bound(characters: int) -> int:
     """The largest :func:`token_bound` of any text of ``characters`` characters."""
     return UNKNOWN_SPECIAL_TOKENS + math.ceil(max(_WEIGHTS) * characters)
+
+
+def character_size(piece: str, chars_per_token: float | None) -> int:
+    """A character chunk's size: its characters, or, under a token limit of
+    ``chars_per_token`` characters a token, its :func:`token_bound` in characters when that is
+    larger."""
+    if chars_per_token is None:
+        return len(piece)
+    return max(len(piece), math.ceil(token_bound(piece) * chars_per_token))
+
+
+def overlap_reach(
+    text: str, start: int, end: int, overlap: int, chars_per_token: float | None
+) -> int:
+    """An offset ``o`` in ``[start, end]``, as early as found, whose ``text[o:end]`` has a
+    :func:`character_size` of at most ``overlap``; ``end`` when none has."""
+    lo = max(start, end - overlap)
+    if chars_per_token is None:
+        return lo
+    # Each step keeps what fits at the density measured so far: a few steps, not a search.
+    while lo < end and (size := character_size(text[lo:end], chars_per_token)) > overlap:
+        lo = max(lo + 1, end - (end - lo) * overlap // size)
+    return lo
