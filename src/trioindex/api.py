@@ -26,6 +26,7 @@ from trioindex.config import Settings, load_settings
 from trioindex.db.models import EmbeddingModel, check_serving, serving_model
 from trioindex.embedding import Embedder
 from trioindex.ingest import IngestEntry, IngestResult, ingest_paths
+from trioindex.ingest.bucket import ingest_bucket, plain_paths
 from trioindex.removal import DeleteReport, delete_documents
 from trioindex.search import (
     DEFAULT_HNSW,
@@ -249,22 +250,38 @@ class Index:
     ) -> IngestReport:
         """Upload files and folders and enqueue a job per new or changed document, as
         ``trioindex ingest`` does (``key_as`` is ``--as``; ``sync`` is ``--sync``: delete the
-        documents under each folder's key prefix whose files are gone). ``wait=True`` returns
+        documents under each folder's key prefix whose files are gone). An ``s3://BUCKET/PREFIX``
+        argument registers the objects already in the configured bucket in place, without
+        uploading them (:mod:`trioindex.ingest.bucket`). ``wait=True`` returns
         once every job it queued has ended (a worker must be running; ``show_progress`` draws
         the progress bar and says when no live worker is registered), and lists the documents
         that failed."""
         services = self._services
-        entries = await ingest_paths(
-            [Path(p) for p in paths],
-            db=services.db,
-            store=services.storage,
-            model_id=services.model.id,
-            max_attempts=self._settings.worker.max_attempts,
-            priority=priority,
-            follow_symlinks=follow_symlinks,
-            key_as=key_as,
-            sync=sync,
-        )
+        local, buckets = plain_paths(paths)
+        entries: list[IngestEntry] = []
+        for location in buckets:
+            entries += await ingest_bucket(
+                location,
+                db=services.db,
+                store=services.storage,
+                model_id=services.model.id,
+                max_attempts=self._settings.worker.max_attempts,
+                max_bytes=self._settings.parsing.max_document_bytes,
+                priority=priority,
+                sync=sync,
+            )
+        if local or not buckets:
+            entries += await ingest_paths(
+                local,
+                db=services.db,
+                store=services.storage,
+                model_id=services.model.id,
+                max_attempts=self._settings.worker.max_attempts,
+                priority=priority,
+                follow_symlinks=follow_symlinks,
+                key_as=key_as,
+                sync=sync,
+            )
         failed: tuple[tuple[str, str], ...] = ()
         removed: tuple[str, ...] = ()
         if wait:

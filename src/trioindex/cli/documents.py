@@ -33,7 +33,10 @@ from trioindex.config.units import text_problem
 @friendly
 def ingest(
     paths: Annotated[
-        list[Path], typer.Argument(metavar="PATH...", help="Files or folders (recursive).")
+        list[Path],
+        typer.Argument(
+            metavar="PATH...", help="Files or folders (recursive), or s3://BUCKET/PREFIX."
+        ),
     ],
     *,
     wait: Annotated[bool, typer.Option(help="Wait until every job ends; show progress.")] = False,
@@ -65,6 +68,9 @@ def ingest(
 ) -> None:
     """Upload files and enqueue one indexing job per new or changed document.
 
+    An `s3://BUCKET/PREFIX` argument registers the objects already in the configured bucket
+    in place (keys are the object names; nothing is uploaded; unchanged objects are not read).
+
     A document's key is its path relative to the current folder (`ingest a/` → `a/README.md`);
     a folder outside it is keyed from itself, unless --as gives the prefix. A file that cannot
     be ingested is reported and the rest go on; the exit code is 1 when any was. --sync then
@@ -74,6 +80,7 @@ def ingest(
         raise typer.BadParameter("--as needs a non-empty key")
     settings = command_settings(quiet=as_json)
     from trioindex.api import Index, IngestReport
+    from trioindex.ingest.bucket import bucket_location
 
     async def go() -> IngestReport:
         async with Index.open(settings) as index:
@@ -93,7 +100,7 @@ def ingest(
         typer.echo(json.dumps(entry.as_json()) if as_json else _ingest_line(entry))
     if not as_json:
         typer.echo(_ingest_summary(entries, sync=sync))
-        _outside_note(paths, key_as)
+        _outside_note([p for p in paths if bucket_location(p) is None], key_as)
     errors = sum(1 for e in entries if e.status == "error")
     if errors:
         typer.echo(f"trioindex: {errors} file(s) could not be ingested (see above)", err=True)

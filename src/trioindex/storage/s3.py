@@ -8,8 +8,10 @@ never wait on ``Retry-After``) and the mapping of S3 and transport errors onto
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
+from collections.abc import Iterator
 from typing import BinaryIO, Final, Unpack
 
 import attrs
@@ -33,6 +35,15 @@ from trioindex.storage.contract import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class ListedObject:
+    """One object of a bucket listing: its key, size and ETag (quotes stripped)."""
+
+    key: str
+    size: int
+    etag: str
 
 
 def default_http_client(
@@ -179,6 +190,38 @@ class S3Store:
         except (MinioException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise self._error("delete", key, exc) from exc
         logger.debug("deleted %r from %s", key, self.description)
+
+    def list_objects(self, prefix: str) -> Iterator[ListedObject]:
+        """Every object whose key starts with ``prefix``, in key order (S3's listing order),
+        with its size and ETag; the listing is paged by the client."""
+        try:
+            for obj in self._client.list_objects(self.bucket, prefix=prefix, recursive=True):
+                if obj.is_dir or obj.object_name is None:
+                    continue
+                yield ListedObject(obj.object_name, int(obj.size or 0), (obj.etag or "").strip('"'))
+        except (MinioException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise self._error("list", prefix or None, exc) from exc
+
+    def digest(self, key: str, *, max_bytes: int) -> tuple[str, int]:
+        """The SHA-256 and size of an object, read once as a stream (never held whole);
+        ``ContentInvalid`` past ``max_bytes``."""
+        check_max_bytes(max_bytes)
+        check_key(key)
+        hasher, size = hashlib.sha256(), 0
+        try:
+            response = self._client.get_object(self.bucket, key, offset=0, length=max_bytes + 1)
+            try:
+                for block in response.stream(1 << 20):
+                    size += len(block)
+                    if size > max_bytes:
+                        raise too_large(key, size, max_bytes)
+                    hasher.update(block)
+            finally:
+                response.close()
+                response.release_conn()
+        except (MinioException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise self._error("read", key, exc) from exc
+        return hasher.hexdigest(), size
 
     def stat(self, key: str) -> ObjectInfo:
         check_key(key)
