@@ -560,19 +560,19 @@ def test_base64_vectors_are_checked_like_lists(second: str, fragment: str) -> No
 
 
 async def test_openai_reads_numbers_from_a_server_that_ignores_base64() -> None:
-    data = [{"index": i, "embedding": [0.25 * i] * DIM} for i in range(2)]
+    data = [{"index": i, "embedding": [0.25 * (i + 1)] * DIM} for i in range(2)]
     embedder = await _openai_answering(data)
     try:
-        assert await embedder.embed(["a", "b"]) == [[0.0] * DIM, [0.25] * DIM]
+        assert await embedder.embed(["a", "b"]) == [[0.25] * DIM, [0.5] * DIM]
     finally:
         await embedder.aclose()
 
 
 async def test_openai_without_indexes_takes_list_order() -> None:
-    data = [{"embedding": [float(i)] * DIM} for i in range(2)]
+    data = [{"embedding": [float(i + 1)] * DIM} for i in range(2)]
     embedder = await _openai_answering(data)
     try:
-        assert await embedder.embed(["a", "b"]) == [[0.0] * DIM, [1.0] * DIM]
+        assert await embedder.embed(["a", "b"]) == [[1.0] * DIM, [2.0] * DIM]
     finally:
         await embedder.aclose()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import math
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -24,7 +25,6 @@ from trioindex.cli.common import (
     run,
 )
 from trioindex.config import Settings
-from trioindex.config.units import text_problem
 
 # --- ingest --------------------------------------------------------------------------------------
 
@@ -182,13 +182,14 @@ def search(
         Path | None,
         typer.Option(
             metavar="FILE|-",
-            help='Many queries: JSON lines {"id", "text"} in, JSON lines {"id", "results"} out.',
+            help='Many queries: JSON lines {"id", "text"} in, JSON lines {"id", "results"} '
+            '(or {"id", "error"}) out.',
         ),
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Search the current version of every document: documents with their best chunks."""
-    from trioindex.search import SEARCH_MODES
+    from trioindex.search import SEARCH_MODES, QueryRefused, json_text
 
     if (text is None) == (queries is None):
         raise typer.BadParameter("give a query TEXT or --queries FILE|- (not both)")
@@ -204,26 +205,32 @@ def search(
         "content_types": tuple(content_type or ()),
     }
 
-    def ranked(index: Index, texts: list[str]) -> Awaitable[list[list[Any]]]:
+    def ranked(index: Index, texts: list[str]) -> Awaitable[list[Any]]:
         if chunks:
             return index.search_chunks_many(texts, **options)
         return index.search_many(texts, chunks_per_document=chunks_per_document, **options)
 
     if queries is not None:
-        stream = _query_stream(queries)
-        with stream:
-            run(functools.partial(_search_query_lines, settings, stream, ranked))
+        with _query_stream(queries) as stream:
+            count, refused = run(functools.partial(_search_query_lines, settings, stream, ranked))
+        if refused:
+            typer.echo(
+                f"trioindex: {refused} of {count} queries refused (see their errors)", err=True
+            )
+            raise typer.Exit(1)
         return
     assert text is not None
 
     async def go() -> list[Any]:
         async with Index.open(settings) as index:
             (hits,) = await ranked(index, [text])
-            return hits
+            if isinstance(hits, QueryRefused):
+                raise hits
+            return list(hits)
 
     hits = run(go)
     if as_json:
-        print_json([h.as_json() for h in hits])
+        typer.echo(json_text([h.as_json() for h in hits], indent=2))
         return
     if not hits:
         typer.echo("no results (is anything indexed yet? try `trioindex status`)")
@@ -244,11 +251,15 @@ QUERY_BATCH = 64
 async def _search_query_lines(
     settings: Settings,
     stream: TextIO,
-    ranked: Callable[[Any, list[str]], Awaitable[list[list[Any]]]],
-) -> None:
-    """`search --queries`: read JSON lines in batches, print one JSON line per query."""
+    ranked: Callable[[Any, list[str]], Awaitable[list[Any]]],
+) -> tuple[int, int]:
+    """`search --queries`: read JSON lines in batches, print one JSON line per query: its
+    results, or an error object for a line that is not a query or a query that was refused.
+    Returns how many queries there were and how many were refused."""
     from trioindex.api import Index
+    from trioindex.search import QueryRefused, json_text
 
+    count = refused = 0
     async with Index.open(settings) as index:
         line_no = 0
         while True:
@@ -258,22 +269,29 @@ async def _search_query_lines(
                 line_no += 1
                 if line.strip():
                     batch.append(_query_line(line, line_no))
-            if batch:
-                results = await ranked(index, [q for _, q in batch])
-                for (query_id, _), hits in zip(batch, results, strict=True):
-                    out = {"id": query_id, "results": [h.as_json() for h in hits]}
-                    typer.echo(json.dumps(out, ensure_ascii=False))
+            texts = [q for _, q in batch if isinstance(q, str)]
+            answers = iter(await ranked(index, texts) if texts else [])
+            for query_id, query in batch:
+                answer = query if isinstance(query, QueryRefused) else next(answers)
+                if isinstance(answer, QueryRefused):
+                    out = {"id": query_id, "error": answer.as_json()}
+                    refused += 1
+                else:
+                    out = {"id": query_id, "results": [h.as_json() for h in answer]}
+                typer.echo(json_text(out))
+            count += len(batch)
             if len(lines) < QUERY_BATCH:
-                return
+                return count, refused
 
 
 def _query_stream(queries: Path) -> TextIO:
-    """The ``--queries`` file, or stdin for ``-``; bytes that are not UTF-8 are kept as lone
-    surrogates, for :func:`_query_line` to refuse with the line's number."""
+    """The ``--queries`` file, or stdin for ``-``, without a leading byte order mark; bytes that
+    are not UTF-8 are kept as lone surrogates, so that search refuses the query holding them
+    (:func:`trioindex.search.prepare_query`) and an ``id`` holding them comes back escaped."""
     if str(queries) != "-":
-        return open(queries, encoding="utf-8", errors="surrogateescape")
+        return open(queries, encoding="utf-8-sig", errors="surrogateescape")
     if isinstance(sys.stdin, io.TextIOWrapper):
-        sys.stdin.reconfigure(encoding="utf-8", errors="surrogateescape")
+        sys.stdin.reconfigure(encoding="utf-8-sig", errors="surrogateescape")
     return sys.stdin
 
 
@@ -286,22 +304,29 @@ def _read_lines(stream: TextIO, count: int) -> list[str]:
     return lines
 
 
-def _query_line(line: str, line_no: int) -> tuple[Any, str]:
+def _query_line(line: str, line_no: int) -> tuple[Any, Any]:
+    """A line's ``(id, text)``, or ``(id, QueryRefused)`` for a line that is not a query."""
+    from trioindex.search import QueryRefused
+
     try:
-        query = json.loads(line)
-    except json.JSONDecodeError:
-        raise typer.BadParameter(f"--queries line {line_no}: not JSON") from None
+        query = json.loads(line, parse_constant=_not_json, parse_float=_finite)
+    except (ValueError, RecursionError):  # JSONDecodeError, NaN, 1e999, 5000 digits, [[[[...
+        return None, QueryRefused(f"--queries line {line_no}: not JSON")
     if not isinstance(query, dict) or not isinstance(query.get("text"), str):
-        raise typer.BadParameter(f'--queries line {line_no}: expected {{"id": ..., "text": "..."}}')
-    # the id is only printed back, as JSON (which escapes a NUL); the text is embedded and queried
-    for field, text in (
-        ("id", json.dumps(query.get("id"), ensure_ascii=False)),
-        ("text", query["text"]),
-    ):
-        problem = text_problem(text)
-        if problem is not None:
-            raise typer.BadParameter(f'--queries line {line_no}: "{field}" {problem}')
+        expected = f'--queries line {line_no}: expected {{"id": ..., "text": "..."}}'
+        return query.get("id") if isinstance(query, dict) else None, QueryRefused(expected)
     return query.get("id"), query["text"]
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _finite(number: str) -> float:
+    value = float(number)
+    if not math.isfinite(value):
+        raise ValueError("a number beyond float64")
+    return value
 
 
 # --- delete / models (the index over time) ------------------------------------------------------

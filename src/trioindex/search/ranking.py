@@ -12,7 +12,8 @@ similarity, by full-text match, or by both fused with reciprocal rank fusion (RR
   ``ts_rank`` normalised by document length (flag 1) orders them. A tier is read only while
   the list is short, so ``ts_rank`` scores a few hundred matches, not every chunk sharing one
   common word with the query (OR-ing every term and ranking all matches cost ~10x more at
-  100k chunks; docs/test-results/search.md).
+  100k chunks; docs/test-results/search.md). The text is prepared and its terms bounded by
+  :mod:`trioindex.search.query`.
 * **hybrid**: both lists (each as deep as the requested candidates), fused by
   ``score = Σ 1 / (RRF_K + rank)`` over the lists a chunk appears in. :func:`hybrid_ranking`
   runs both on one connection; :class:`trioindex.Index` runs them concurrently and calls
@@ -38,7 +39,8 @@ import psycopg
 
 from trioindex.db.models import EmbeddingModel
 from trioindex.db.pool import Connection
-from trioindex.search.results import RankedChunk
+from trioindex.search.query import check_terms, prepare_query
+from trioindex.search.results import RankedChunk, ranked_chunks
 
 SearchMode = Literal["vector", "text", "hybrid"]
 SEARCH_MODES: tuple[SearchMode, ...] = get_args(SearchMode)
@@ -115,7 +117,7 @@ def vector_ranking(
                 LIMIT %(limit)s""",
             {"q": np.asarray(vector, dtype=np.float32), "model": model.id, "limit": limit} | params,
         ).fetchall()
-    return [RankedChunk.from_row(row) for row in rows]
+    return ranked_chunks(rows)
 
 
 def _set_hnsw(conn: Connection, hnsw: HnswSettings) -> None:
@@ -141,9 +143,11 @@ def text_ranking(
     search, best first: chunks
     matching more of the query's terms first (all of them, then all but one, ...), each tier
     ordered by ``ts_rank``; a tier is read only while the ones before it leave the list short
-    (see :func:`match_tiers`)."""
+    (see :func:`match_tiers`). ``text`` goes through :func:`prepare_query` and its terms
+    through :func:`check_terms`: either may raise :class:`~trioindex.search.query.QueryRefused`."""
     where, params = filters.sql()
-    terms = [*_english_terms(conn, text), *hangul_terms(text)]
+    text = prepare_query(text)
+    terms = check_terms([*_english_terms(conn, text), *hangul_terms(text)])
     if not terms:
         return []
     tiers = match_tiers(terms)
@@ -172,7 +176,7 @@ def text_ranking(
             f"SELECT * FROM ({' UNION ALL '.join(branches)}) AS tiers LIMIT %(limit)s",
             {"any": tiers[-1], "limit": limit, "model": model.id} | tier_params | params,
         ).fetchall()
-    return [RankedChunk.from_row(row) for row in rows]
+    return ranked_chunks(rows)
 
 
 def _not_above(tier: int) -> str:
@@ -182,22 +186,27 @@ def _not_above(tier: int) -> str:
 
 #: The most AND-clauses one tier may OR (``C(terms, k)``); past it the next tier is "any term".
 MAX_TIER_CLAUSES = 64
+#: The longest tier, in bytes of ``tsquery`` text; past it the next tier is "any term".
+#: PostgreSQL refuses a ``tsquery`` whose operands add up to 1 MB ("value is too big").
+MAX_TIER_BYTES = 256 * 1024
 
 
 def match_tiers(terms: Sequence[str]) -> list[str]:
     """``tsquery`` texts, one per tier: "all ``terms``", "all but one", ... down to "any term",
     each OR-ing the AND of every ``k``-subset. Tiers whose subsets exceed
-    :data:`MAX_TIER_CLAUSES` are skipped (a long query goes from its last affordable tier
-    straight to "any term"). A term is a ``tsquery`` operand, possibly itself an OR group."""
+    :data:`MAX_TIER_CLAUSES` or whose text exceeds :data:`MAX_TIER_BYTES` are skipped (a long
+    query goes from its last affordable tier straight to "any term"). A term is a ``tsquery``
+    operand, possibly itself an OR group."""
     tiers = []
     for k in range(len(terms), 1, -1):
         if math.comb(len(terms), k) > MAX_TIER_CLAUSES:
             break
-        tiers.append(
-            " | ".join(
-                "(" + " & ".join(subset) + ")" for subset in itertools.combinations(terms, k)
-            )
+        tier = " | ".join(
+            "(" + " & ".join(subset) + ")" for subset in itertools.combinations(terms, k)
         )
+        if len(tier.encode()) > MAX_TIER_BYTES:
+            break
+        tiers.append(tier)
     tiers.append(" | ".join(terms))
     return tiers
 
@@ -251,6 +260,9 @@ def fuse(rankings: Sequence[Sequence[RankedChunk]]) -> list[RankedChunk]:
 # -- Korean -------------------------------------------------------------------------------------
 
 _HANGUL_WORD = re.compile(r"[\uac00-\ud7a3]+")
+# PostgreSQL's longest word, in UTF-8 bytes (MAXSTRLEN): to_tsvector drops longer words, so no
+# chunk holds one, and a tsquery refuses them. A Hangul syllable is 3 bytes.
+_MAX_WORD_BYTES = 2047
 # Particles and endings Korean attaches to a word, longest first: a query word is also searched
 # without them ("서울에서" → "서울:*"), as long as two syllables stay.
 _PARTICLES = sorted(
@@ -264,9 +276,12 @@ _PARTICLES = sorted(
 
 def hangul_terms(text: str) -> list[str]:
     """One ``tsquery`` operand per distinct Hangul word of ``text``: the word as a prefix,
-    OR-ed with the word without a trailing particle when two syllables stay."""
+    OR-ed with the word without a trailing particle when two syllables stay. A word longer than
+    PostgreSQL's longest word matches nothing and is left out."""
     terms: list[str] = []
     for word in _HANGUL_WORD.findall(text):
+        if 3 * len(word) > _MAX_WORD_BYTES:
+            continue
         stem = _without_particle(word)
         term = f"('{word}':* | '{stem}':*)" if stem else f"'{word}':*"
         if term not in terms:
