@@ -1,7 +1,7 @@
-"""Query side: rank the chunks of current versions, group them by document.
+"""Query side: rank the chunks of the versions the serving model serves, group them by document.
 
-* :mod:`.ranking` — the ranking queries (vector, text, hybrid by reciprocal rank fusion) and
-  the filters (key prefix, content type);
+* :mod:`.ranking` — the rankings (vector, text, hybrid by reciprocal rank fusion), their queries
+  and filters (key prefix, content type) being :mod:`trioindex.db.search`'s;
 * :mod:`.results` — chunk hits, document hits and their JSON shapes;
 * :mod:`.query` — a query text cleaned, normalised and bounded, or refused (:class:`QueryRefused`);
 * here — :func:`embed_queries`, the one way a query text becomes a vector.
@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import trio
 
 from trioindex.db.models import EmbeddingModel
+from trioindex.db.search import DEFAULT_HNSW, NO_FILTERS, Filters, HnswSettings
 from trioindex.embedding import Embedder
 from trioindex.embedding.vectors import validate_vectors
 from trioindex.errors import ResultInvalid
@@ -29,13 +30,9 @@ from trioindex.search.query import (
     prepare_query,
 )
 from trioindex.search.ranking import (
-    DEFAULT_HNSW,
     DEFAULT_MODE,
-    NO_FILTERS,
     RRF_K,
     SEARCH_MODES,
-    Filters,
-    HnswSettings,
     SearchMode,
     fuse,
     hangul_terms,
