@@ -20,6 +20,7 @@ One module per concern:
 ``html``        visible text of HTML, streamed through lxml
 ``pdf``         pypdf, with the content budget checked page by page
 ``docx``        python-docx, after the ZIP's inflation is capped
+``compressed``  gzip, inflated in blocks up to its cap, then read as the document inside
 ``limits``      every bound on one document's work (README "Limits on one document")
 ``messages``    how a refusal names sizes and parser failures
 ==============  ====================================================================

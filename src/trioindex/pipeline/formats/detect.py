@@ -27,6 +27,7 @@ class DocumentFormat(enum.StrEnum):
     HTML = "HTML"
     PDF = "PDF"
     DOCX = "DOCX"
+    GZIP = "GZIP"  # read as the document it holds (:mod:`.compressed`)
 
 
 _MARKDOWN_EXTENSIONS = {".md", ".markdown", ".mdown", ".mkd", ".mkdn"}
@@ -46,7 +47,7 @@ _BINARY_SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"MM\x00*", "TIFF image"),
     (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "legacy Office (OLE2, e.g. .doc/.xls)"),
     (b"{\\rtf", "RTF"),
-    (b"\x1f\x8b", "gzip archive"),
+    (b"\x1f\x8b", "gzip archive of an unknown method"),  # deflate ones are read
     (b"\xfd7zXZ\x00", "xz archive"),
     (b"(\xb5/\xfd", "zstd archive"),
     (b"7z\xbc\xaf'\x1c", "7z archive"),
@@ -65,6 +66,7 @@ _WEAK_SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"RIFF", "RIFF media"),
 )
 _ZIP_SIGNATURES = (b"PK\x03\x04", b"PK\x05\x06")
+_GZIP_SIGNATURE = b"\x1f\x8b\x08"  # the magic, then deflate: the only method gzip defines
 
 # Byte order marks, longest first (the UTF-32 LE mark begins with the UTF-16 LE one).
 _BOMS: tuple[tuple[bytes, str], ...] = (
@@ -171,6 +173,8 @@ def detect_format(data: bytes, name: str, content_type: str | None = None) -> Do
         if is_docx is None:
             raise ContentInvalid("unsupported format: unreadable ZIP archive")
         raise ContentInvalid("unsupported format: ZIP archive that is not a DOCX")
+    if data.startswith(_GZIP_SIGNATURE):
+        return DocumentFormat.GZIP
     if says_pdf:
         raise ContentInvalid("corrupt PDF: no PDF header")
     if says_docx:
