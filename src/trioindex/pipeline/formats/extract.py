@@ -1,14 +1,17 @@
 """The entry point: :func:`extract_text`, uploaded bytes in, normalised text out.
 
 Checks the size, detects the format (:mod:`.detect`), hands the bytes to that format's reader
-(:mod:`.text`, :mod:`.html`, :mod:`.pdf`, :mod:`.docx`) and normalises what comes back. This is
+(:mod:`.text`, :mod:`.html`, :mod:`.pdf`, and one module per structured format, listed in
+:data:`_READERS`) and normalises what comes back. This is
 the layer boundary: every problem with the bytes is a :class:`ContentInvalid`, and nothing else
 escapes for any input (the readers translate their parsers' exceptions).
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
+from collections.abc import Callable
 
 import attrs
 
@@ -17,10 +20,24 @@ from trioindex.pipeline.formats.detect import DocumentFormat, detect_format
 from trioindex.pipeline.formats.limits import TEXT_EXPANSION_LIMIT
 from trioindex.pipeline.formats.text import decode, normalise
 
-# The PDF, DOCX and HTML readers are imported when a document of their format arrives: their
-# parsers (pypdf with cryptography and fontTools, python-docx, lxml) cost ~0.3 s of CPU to import,
-# which every worker start paid although small text files are parsed in the worker itself and
-# everything else in a parse process (docs/test-results/peer.md, "Where the CPU goes").
+# The readers of every format but plain text are imported when a document of their format
+# arrives: their parsers (pypdf with cryptography and fontTools, python-docx, lxml) cost ~0.3 s of
+# CPU to import, which every worker start paid although small text files are parsed in the worker
+# itself and everything else in a parse process (docs/test-results/peer.md, "Where the CPU goes").
+# Each reader of a structured format: (module, function), called as (data, max_bytes, max_chars).
+_READERS = {
+    DocumentFormat.DOCX: ("docx", "docx_text"),
+    DocumentFormat.PPTX: ("pptx", "pptx_text"),
+    DocumentFormat.XLSX: ("xlsx", "xlsx_text"),
+    DocumentFormat.ODT: ("odf", "odt_text"),
+    DocumentFormat.ODS: ("odf", "ods_text"),
+    DocumentFormat.ODP: ("odf", "odp_text"),
+    DocumentFormat.EPUB: ("epub", "epub_text"),
+    DocumentFormat.HWPX: ("hwpx", "hwpx_text"),
+    DocumentFormat.HWP: ("hwp", "hwp_text"),
+    DocumentFormat.RTF: ("rtf", "rtf_text"),
+    DocumentFormat.EML: ("eml", "eml_text"),
+}
 
 __all__ = ["ExtractedText", "extract_text"]
 
@@ -111,10 +128,12 @@ def _read(
 
         raw, page_count = pdf_text(data, max_chars)
         return raw, page_count, 0
-    if fmt is DocumentFormat.DOCX:
-        from trioindex.pipeline.formats.docx import docx_text
-
-        return docx_text(data, max_bytes, max_chars), None, 0
+    if fmt in _READERS:
+        module, function = _READERS[fmt]
+        reader: Callable[[bytes, int, int], str] = getattr(
+            importlib.import_module(f"{__package__}.{module}"), function
+        )
+        return reader(data, max_bytes, max_chars), None, 0
     decoded, replaced = decode(data, fmt, content_type)
     if fmt is DocumentFormat.HTML:
         from trioindex.pipeline.formats.html import html_text
