@@ -87,7 +87,8 @@ def test_a_gzip_bomb_is_refused_by_its_ratio_after_inflating_no_more_than_the_ca
     assert message.startswith("gzip expands to more than ")
     assert message.endswith(" file; decompression bomb or oversized)")
     assert "\n" not in message
-    assert peak < 2 * cap + 2 * MiB, "stopped at the cap, not after inflating everything"
+    # the output grows by an eighth at a time, so a little over the cap; never 256 MiB
+    assert peak < cap * 5 // 4 + 2 * MiB, "stopped at the cap, not after inflating everything"
     assert elapsed < 2.0
 
 

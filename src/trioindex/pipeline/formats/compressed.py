@@ -11,12 +11,13 @@ as ``gzip -d`` does. :func:`inner_name` is the name the inflated document is det
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 from trioindex.errors import ContentInvalid
 from trioindex.pipeline.formats.limits import GZIP_EXPANSION_RATIO, GZIP_MIN_CAP, GZIP_READ_BLOCK
 from trioindex.pipeline.formats.messages import failure_name, size_text
 
-__all__ = ["GZIP_MEDIA_TYPES", "gunzip", "inner_name"]
+__all__ = ["GZIP_MEDIA_TYPES", "CutShort", "OverCap", "gunzip", "inflate_into", "inner_name"]
 
 GZIP_MEDIA_TYPES = frozenset({"application/gzip", "application/x-gzip"})
 _MAGIC = b"\x1f\x8b"
@@ -35,32 +36,54 @@ def _gzip_cap(size: int, max_bytes: int) -> tuple[int, str]:
     return max_bytes, "indexing.parsing.max-document-size, the limit uncompressed too"
 
 
+class OverCap(Exception):
+    """Inflating went one byte past the cap (the caller words the refusal)."""
+
+
+class CutShort(Exception):
+    """The compressed stream ended before its end marker."""
+
+
+def inflate_into(
+    out: bytearray, inflater: Any, data: bytes | memoryview, pos: int, cap: int
+) -> int:
+    """Inflate one compressed stream of ``data`` from ``pos`` into ``out``, never more than
+    one byte past ``cap`` bytes in all (:class:`OverCap`), and return where the stream ended.
+
+    Input goes in :data:`GZIP_READ_BLOCK` bytes at a time and each step gives at most as
+    much output, so memory stays at ``out`` plus a block."""
+    view = memoryview(data)
+    while not inflater.eof:
+        block: bytes | memoryview = inflater.unconsumed_tail
+        if not block and pos < len(view):
+            block = view[pos : pos + GZIP_READ_BLOCK]
+            pos += len(block)
+        before = len(out)
+        # len(out) <= cap here, so the length is at least 1 (0 would mean unlimited)
+        out += inflater.decompress(block, min(GZIP_READ_BLOCK, cap + 1 - len(out)))
+        if len(out) > cap:
+            raise OverCap
+        if not block and len(out) == before:
+            raise CutShort  # no input left, and nothing more comes out
+    return pos - len(inflater.unused_data)
+
+
 def gunzip(data: bytes, max_bytes: int) -> bytes:
     """The inflated content of the gzip file ``data``; :class:`ContentInvalid` past its cap
     (the message names the limit), or for a corrupt or truncated stream."""
     cap, which = _gzip_cap(len(data), max_bytes)
     out = bytearray()
-    view = memoryview(data)
     pos = 0
     try:
         while True:
-            inflater = zlib.decompressobj(wbits=31)  # one gzip member: header, deflate, trailer
-            while not inflater.eof:
-                block: bytes | memoryview = inflater.unconsumed_tail
-                if not block:
-                    if pos >= len(view):
-                        raise ContentInvalid("corrupt gzip: the stream is cut short")
-                    block = view[pos : pos + GZIP_READ_BLOCK]
-                    pos += len(block)
-                # at most one byte past the cap (len(out) <= cap here, so never 0: unlimited)
-                out += inflater.decompress(block, cap + 1 - len(out))
-                if len(out) > cap:
-                    raise ContentInvalid(f"gzip expands to more than {size_text(cap)} ({which})")
-            pos -= len(inflater.unused_data)  # the bytes after this member, back to the file
-            if view[pos : pos + len(_MAGIC)] != _MAGIC:
+            # one gzip member: header, deflate stream, trailer
+            pos = inflate_into(out, zlib.decompressobj(wbits=31), data, pos, cap)
+            if data[pos : pos + len(_MAGIC)] != _MAGIC:
                 break  # the end, or trailing padding (gzip -d ignores it too)
-    except ContentInvalid:
-        raise
+    except OverCap:
+        raise ContentInvalid(f"gzip expands to more than {size_text(cap)} ({which})") from None
+    except CutShort:
+        raise ContentInvalid("corrupt gzip: the stream is cut short") from None
     except zlib.error as exc:
         raise ContentInvalid(f"corrupt gzip ({failure_name(exc)})") from exc
     return bytes(out)

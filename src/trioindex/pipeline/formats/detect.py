@@ -102,6 +102,7 @@ _BINARY_SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"(\xb5/\xfd", "zstd archive"),
     (b"7z\xbc\xaf'\x1c", "7z archive"),
     (b"Rar!\x1a\x07", "RAR archive"),
+    (b"HWP Document File V3", "HWP 3.0 document (only HWP 5.0 and HWPX are read)"),
     (b"\x7fELF", "executable"),
     (b"SQLite format 3\x00", "SQLite database"),
     (b"\x00asm", "WebAssembly"),

@@ -36,11 +36,12 @@ from trioindex.pipeline.formats.limits import (
 )
 from trioindex.pipeline.formats.messages import size_text
 
-__all__ = ["ZipPackage", "local_name", "release", "texts"]
+__all__ = ["ZipPackage", "inflation_cap", "local_name", "release", "texts"]
 
 
-def _zip_cap(size: int, max_bytes: int) -> int:
-    """Total uncompressed bytes a package of ``size`` bytes may hold (see :mod:`.limits`)."""
+def inflation_cap(size: int, max_bytes: int) -> int:
+    """Total uncompressed bytes a package of ``size`` bytes may hold (see :mod:`.limits`); also
+    what an HWP 5.0 file's compressed sections may inflate to."""
     relative = max(ZIP_MIN_UNCOMPRESSED_CAP, ZIP_EXPANSION_RATIO * size)
     return min(relative, max(ZIP_EXPANSION_LIMIT * max_bytes, ZIP_MIN_UNCOMPRESSED_CAP))
 
@@ -106,7 +107,7 @@ class ZipPackage:
         inflation = _Inflation(
             kind,
             len(data),
-            _zip_cap(len(data), max_bytes),
+            inflation_cap(len(data), max_bytes),
             ZIP_MAX_XML_BYTES if cap_all_xml else None,
         )
         for info in infos:
@@ -147,7 +148,6 @@ class ZipPackage:
         (:func:`release`) to keep memory near one element's worth."""
         with self._archive.open(name) as part:
             yield from _depth_checked(_xml_parser(part), self.kind)
-
 
     def check_depth(self, name: str) -> None:
         """Stream one XML part only to refuse it when nested too deep (for a part a library
