@@ -15,6 +15,7 @@ __all__ = [
     "PDF_MAX_PAGES",
     "PDF_MAX_PAGE_CONTENT",
     "PDF_MIN_CONTENT_BUDGET",
+    "RTF_MAX_DEPTH",
     "TEXT_EXPANSION_LIMIT",
     "UTF8_EVIDENCE_PER_REPAIR",
     "UTF8_MIN_REPAIRS",
@@ -45,6 +46,8 @@ ZIP_MAX_XML_BYTES = 32 * MiB
 ZIP_MAX_ENTRIES = 10_000
 ZIP_READ_BLOCK = 256 * 1024  # inflation is counted one block at a time, never kept
 XML_MAX_DEPTH = 128
+# RTF groups ({...}) nest at most this deep (Word writes under 20).
+RTF_MAX_DEPTH = 128
 # A gzip file inflates to at most GZIP_EXPANSION_RATIO x its size (floor GZIP_MIN_CAP) and never
 # past the configured maximum size (the limit the same file would meet uncompressed). Text
 # compresses 3-10x; of 1,939 gzip files under /usr/share/doc the densest inflated 28x.
