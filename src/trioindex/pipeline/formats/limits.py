@@ -8,6 +8,8 @@ document" lists them for users, with the message each refusal gives.
 from __future__ import annotations
 
 __all__ = [
+    "EML_MAX_DEPTH",
+    "EML_MAX_PARTS",
     "GZIP_EXPANSION_RATIO",
     "GZIP_MIN_CAP",
     "GZIP_READ_BLOCK",
@@ -46,6 +48,10 @@ ZIP_MAX_XML_BYTES = 32 * MiB
 ZIP_MAX_ENTRIES = 10_000
 ZIP_READ_BLOCK = 256 * 1024  # inflation is counted one block at a time, never kept
 XML_MAX_DEPTH = 128
+# An e-mail's MIME parts: at most EML_MAX_PARTS, nested at most EML_MAX_DEPTH deep (real
+# messages: a few parts, 3-4 deep).
+EML_MAX_PARTS = 1000
+EML_MAX_DEPTH = 32
 # RTF groups ({...}) nest at most this deep (Word writes under 20).
 RTF_MAX_DEPTH = 128
 # A gzip file inflates to at most GZIP_EXPANSION_RATIO x its size (floor GZIP_MIN_CAP) and never

@@ -46,7 +46,8 @@ class Outline:
             self.paragraph(f"{'#' * max(1, min(level, 6))} {title}")
 
     def paragraph(self, text: str) -> None:
-        """A block of its own (blank ones are left out)."""
+        """A block of its own, without blank lines around it (blank ones are left out)."""
+        text = text.strip("\r\n")
         if text.strip():
             self.end_lines()
             self._count(len(text) + 2)
