@@ -281,7 +281,7 @@ def test_docx_name_on_other_bytes() -> None:
 def test_zip_without_word_tree_is_unsupported() -> None:
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w") as archive:
-        archive.writestr("xl/workbook.xml", "<workbook/>")
+        archive.writestr("data/records.csv", "a,b")
     assert invalid(out.getvalue(), "book.zip").startswith("unsupported format")
     assert "corrupt DOCX" in invalid(out.getvalue(), "book.docx")
 

@@ -98,9 +98,10 @@ def _leaves(message: Message) -> Iterator[Message]:
         if not part.is_multipart() or _is_attachment(part):
             yield part
             continue
-        children = part.get_payload()
-        if not isinstance(children, list):
-            continue
+        payload = part.get_payload()
+        children = (
+            [c for c in payload if isinstance(c, Message)] if isinstance(payload, list) else []
+        )
         if part.get_content_subtype() == "alternative":
             children = _chosen_alternative(children)
         stack.extend((child, depth + 1) for child in reversed(children))
