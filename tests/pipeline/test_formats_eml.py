@@ -82,6 +82,9 @@ def test_detected_by_its_headers_and_by_its_name() -> None:
     assert detect_format(b"Note: this is text.\nTo: whom it may concern", "a.txt") is (
         DocumentFormat.TEXT
     )
+    # a changelog of "field: value" lines (libisl's, under /usr/share/doc) is no e-mail
+    changelog = b"version: 0.25\ndate: Sat 02 Jul 2022\nchanges:\n\t- more bindings\n---\n" * 5
+    assert detect_format(changelog, "changelog") is DocumentFormat.TEXT
 
 
 def _nested(depth: int) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import tarfile
 import time
 import tracemalloc
 
@@ -122,6 +123,10 @@ def test_what_gzip_may_not_hold() -> None:
     assert invalid(gz(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40), "a.png.gz") == (
         "unsupported format: PNG image"
     )
+    tar = io.BytesIO()
+    with tarfile.open(fileobj=tar, mode="w") as archive:
+        archive.addfile(tarfile.TarInfo("notes.txt"), io.BytesIO(b""))
+    assert invalid(gz(tar.getvalue()), "logs.tar.gz") == "unsupported format: tar archive"
     assert invalid(b"\x1f\x8b\x00" + b"\x00" * 20, "odd.gz") == (
         "unsupported format: gzip archive of an unknown method"
     )

@@ -78,12 +78,15 @@ _OOXML_ROOTS = {
 _MIMETYPE_MAX = 256
 _EML_EXTENSIONS = {".eml", ".mht", ".mhtml"}
 _EML_TYPES = {"message/rfc822", "multipart/related"}
-# Header fields an e-mail starts with; a text that starts with three of them is a message.
-_EML_HEADER = re.compile(
+# An e-mail starts with a block of header fields (continuation lines folded in), among them at
+# least two of these names, one of which only mail has.
+_EML_BLOCK = re.compile(rb"\A(?:[!-9;-~]+:[^\r\n]*\r?\n(?:[ \t][^\r\n]*\r?\n)*){3,}")
+_EML_FIELD = re.compile(
     rb"(?im)^(from|to|cc|subject|date|message-id|mime-version|received|"
-    rb"return-path|content-type|reply-to|delivered-to|x-[a-z-]+):[ \t]"
+    rb"return-path|reply-to|delivered-to|content-type):"
 )
-_EML_HEADER_LINE = re.compile(rb"\A(?:[!-9;-~]+:[^\r\n]*\r?\n(?:[ \t][^\r\n]*\r?\n)*){3,}")
+_EML_ONLY = frozenset({b"from", b"message-id", b"mime-version", b"received", b"return-path",
+                       b"delivered-to"})  # fmt: skip
 _HWP_SIGNATURE = b"HWP Document File"
 _HTML_TYPES = {"text/html", "application/xhtml+xml"}
 _MARKDOWN_TYPES = {"text/markdown", "text/x-markdown"}
@@ -183,6 +186,8 @@ def _binary_kind(data: bytes) -> str | None:
             return kind
     if data[4:8] == b"ftyp":
         return "MP4/QuickTime media"
+    if data[257:262] == b"ustar":
+        return "tar archive"
     return "binary content"
 
 
@@ -248,8 +253,11 @@ def _ole_format(data: bytes) -> DocumentFormat:
 
 
 def _looks_like_email(data: bytes) -> bool:
-    head = data[:4096]
-    return bool(_EML_HEADER_LINE.match(head)) and len(_EML_HEADER.findall(head)) >= 3
+    block = _EML_BLOCK.match(data[:8192])
+    if block is None:
+        return False
+    names = {name.lower() for name in _EML_FIELD.findall(block.group(0))}
+    return len(names) >= 2 and bool(names & _EML_ONLY)
 
 
 def detect_format(data: bytes, name: str, content_type: str | None = None) -> DocumentFormat:
