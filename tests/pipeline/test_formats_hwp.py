@@ -249,9 +249,13 @@ def test_protected_documents_are_refused_with_the_reason(properties: int, messag
     assert invalid(make_hwp(properties=properties), "secret.hwp") == message
 
 
-def test_other_ole2_files_and_hwp_3_stay_unsupported() -> None:
+def test_other_ole2_files_encrypted_office_and_hwp_3_are_refused() -> None:
     doc = make_cfb({"WordDocument": b"\x00" * 600, "1Table": b"\x00" * 100})
     assert invalid(doc, "letter.doc") == "unsupported format: legacy Office (OLE2, e.g. .doc/.xls)"
+    encrypted = make_cfb({"EncryptionInfo": b"\x04\x00" * 100, "EncryptedPackage": b"\x00" * 5000})
+    assert invalid(encrypted, "salary.xlsx") == (
+        "Office document is password-protected (encrypted DOCX/XLSX/PPTX)"
+    )
     hwp3 = b"HWP Document File V3.00 \x1a\x01\x02\x03\x04\x05" + b"\x00" * 100
     assert invalid(hwp3, "old.hwp") == (
         "unsupported format: HWP 3.0 document (only HWP 5.0 and HWPX are read)"

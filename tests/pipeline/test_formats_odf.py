@@ -5,7 +5,7 @@ test_formats_packages.py."""
 from __future__ import annotations
 
 from tests.pipeline import format_samples as samples
-from tests.pipeline.test_formats import extract
+from tests.pipeline.test_formats import extract, invalid
 from trioindex.pipeline.formats import DocumentFormat, detect_format
 
 
@@ -50,3 +50,17 @@ def test_templates_read_like_documents() -> None:
 
     data = samples.rezip(samples.make_odt(), replace={"mimetype": template})
     assert detect_format(data, "form.ott") is DocumentFormat.ODT
+
+
+def test_a_password_protected_file_is_refused() -> None:
+    manifest = (
+        b'<manifest:manifest xmlns:manifest="urn:oasis:names:tc:opendocument:xmlns:manifest:1.0">'
+        b'<manifest:file-entry manifest:full-path="content.xml" manifest:media-type="text/xml">'
+        b'<manifest:encryption-data manifest:checksum-type="SHA1"/></manifest:file-entry>'
+        b"</manifest:manifest>"
+    )
+    data = samples.rezip(
+        samples.make_ods(),
+        replace={"META-INF/manifest.xml": manifest, "content.xml": b"\x8f\x03 encrypted bytes"},
+    )
+    assert invalid(data, "budget.ods") == "ODS is password-protected"

@@ -62,3 +62,22 @@ def test_detected_from_content_whatever_the_name() -> None:
     assert detect_format(data, "upload.bin") is DocumentFormat.XLSX
     assert detect_format(data, "notes.docx") is DocumentFormat.XLSX  # content first
     assert zipfile.is_zipfile(io.BytesIO(data))
+
+
+def test_packages_made_elsewhere_backslashes_and_a_main_part_named_by_its_relationships() -> None:
+    data = samples.make_xlsx()
+    # a Windows tool writing "xl\worksheets\sheet1.xml"
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as original, zipfile.ZipFile(out, "w") as copy:
+        for info in original.infolist():
+            copy.writestr(info.filename.replace("/", "\\"), original.read(info))
+    assert extract(out.getvalue(), "a.xlsx").text.startswith("# 매출\n\n지역 | 매출 | 비고")
+    # a minimal package: the workbook at the root, found through _rels/.rels
+    moved = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as original, zipfile.ZipFile(moved, "w") as copy:
+        for info in original.infolist():
+            content = original.read(info).replace(b"/xl/", b"/").replace(b'"xl/', b'"')
+            copy.writestr(info.filename.removeprefix("xl/"), content)
+    assert "xl/workbook.xml" not in zipfile.ZipFile(moved).namelist()
+    assert detect_format(moved.getvalue(), "book.bin") is DocumentFormat.XLSX
+    assert extract(moved.getvalue(), "a.xlsx").text.startswith("# 매출\n\n지역 | 매출 | 비고")

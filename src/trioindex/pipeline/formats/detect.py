@@ -14,11 +14,12 @@ import enum
 import io
 import re
 import zipfile
+from collections.abc import Callable
 from pathlib import PurePosixPath
 
 from trioindex.errors import ContentInvalid
 
-__all__ = ["DocumentFormat", "bom", "detect_format"]
+__all__ = ["DocumentFormat", "bom", "detect_format", "office_document", "zip_name"]
 
 
 class DocumentFormat(enum.StrEnum):
@@ -74,6 +75,16 @@ _OOXML_ROOTS = {
     "ppt/presentation.xml": DocumentFormat.PPTX,
     "xl/workbook.xml": DocumentFormat.XLSX,
 }
+# ... or the main part that _rels/.rels names (a minimal or Strict OOXML package), by its type
+_OOXML_CONTENT_TYPES = {
+    "wordprocessingml": DocumentFormat.DOCX,
+    "presentationml": DocumentFormat.PPTX,
+    "spreadsheetml": DocumentFormat.XLSX,
+}
+_SMALL_PART = 1024 * 1024  # relationships and content types: read no further than this
+_RELATIONSHIP = re.compile(rb"<(?:\w+:)?Relationship\b([^>]*)>")
+_OVERRIDE = re.compile(rb"<(?:\w+:)?Override\b([^>]*)>")
+_ATTRIBUTE = re.compile(rb"""(\w+)\s*=\s*["']([^"']*)["']""")
 # OpenDocument, EPUB and HWPX name their type in a first, stored part called "mimetype".
 _MIMETYPE_MAX = 256
 _EML_EXTENSIONS = {".eml", ".mht", ".mhtml"}
@@ -139,6 +150,11 @@ _HTML_START = re.compile(
 )
 
 
+def zip_name(info: zipfile.ZipInfo) -> str:
+    """A ZIP entry's name with ``/`` separators (some Windows tools write ``\\``)."""
+    return info.filename.replace("\\", "/")
+
+
 def _extension(name: str) -> str:
     # Names come from uploaders: take the last path component whatever the separator.
     base = name.replace("\\", "/").rsplit("/", 1)[-1]
@@ -191,6 +207,29 @@ def _binary_kind(data: bytes) -> str | None:
     return "binary content"
 
 
+def office_document(names: frozenset[str], read: Callable[[str], bytes]) -> tuple[str, str]:
+    """The main part of an Office Open XML package and its content type, from the package's
+    relationships (``_rels/.rels``) and ``[Content_Types].xml``; ``("", "")`` when it names
+    none. Read with patterns, not a parser: these parts are small and only two attributes are
+    needed (and detection stays free of lxml's import)."""
+    if "_rels/.rels" not in names or "[Content_Types].xml" not in names:
+        return "", ""
+    target = ""
+    for attributes in _RELATIONSHIP.findall(read("_rels/.rels")[:_SMALL_PART]):
+        found = {key.lower(): value for key, value in _ATTRIBUTE.findall(attributes)}
+        if found.get(b"type", b"").endswith(b"/officeDocument"):
+            target = found.get(b"target", b"").decode("utf-8", "replace").lstrip("/")
+            break
+    if target not in names:
+        return "", ""
+    types = read("[Content_Types].xml")[:_SMALL_PART]
+    for attributes in _OVERRIDE.findall(types):
+        found = {key.lower(): value for key, value in _ATTRIBUTE.findall(attributes)}
+        if found.get(b"partname", b"").decode("utf-8", "replace").lstrip("/") == target:
+            return target, found.get(b"contenttype", b"").decode("ascii", "replace")
+    return target, ""
+
+
 def _zip_format(data: bytes) -> DocumentFormat | None:
     """The document format of a ZIP package; None for another ZIP.
 
@@ -198,17 +237,22 @@ def _zip_format(data: bytes) -> DocumentFormat | None:
     (the caller words it for the format the name says)."""
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            names = set(archive.namelist())
-            mimetype = archive.getinfo("mimetype") if "mimetype" in names else None
+            infos = {zip_name(info): info for info in archive.infolist()}
+            names = frozenset(infos)
+            mimetype = infos.get("mimetype")
             declared = (
                 archive.read(mimetype).decode("ascii", "replace").strip()
                 if mimetype is not None and mimetype.file_size <= _MIMETYPE_MAX
                 else ""
             )
+            for root, fmt in _OOXML_ROOTS.items():
+                if root in names:
+                    return fmt
+            _main, content_type = office_document(names, lambda n: archive.read(infos[n]))
     except Exception as exc:  # zipfile raises BadZipFile, ValueError, OSError, ... on damage
         raise ContentInvalid("unreadable ZIP package") from exc
-    for root, fmt in _OOXML_ROOTS.items():
-        if root in names:
+    for marker, fmt in _OOXML_CONTENT_TYPES.items():
+        if marker in content_type:
             return fmt
     if declared.endswith("-template"):  # .ott, .ots, .otp: read like the documents
         declared = declared.removesuffix("-template")
@@ -247,8 +291,11 @@ def _ole_format(data: bytes) -> DocumentFormat:
             header = ole.exists("FileHeader") and ole.get_size("FileHeader") <= 4096
             if header and ole.openstream("FileHeader").read(32).startswith(_HWP_SIGNATURE):
                 return DocumentFormat.HWP
+            encrypted = ole.exists("EncryptedPackage")
     except Exception:  # olefile raises OSError, struct.error, ... on damaged input
-        pass
+        encrypted = False
+    if encrypted:  # Office keeps a password-protected DOCX/XLSX/PPTX in an OLE2 file
+        raise ContentInvalid("Office document is password-protected (encrypted DOCX/XLSX/PPTX)")
     raise ContentInvalid("unsupported format: legacy Office (OLE2, e.g. .doc/.xls)")
 
 

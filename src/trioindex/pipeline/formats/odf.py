@@ -4,7 +4,8 @@ Read with zipfile and lxml under the package bounds (:mod:`.package`): ``content
 streamed through :mod:`.flow`. Headings (``text:h``) become heading lines at their outline
 level, a spreadsheet's sheets are headed by their names with each row a line, a presentation's
 title frames are its slides' headings and its speaker notes follow each slide. Comments and
-tracked deletions are left out; headers and footers (in ``styles.xml``) are not read.
+tracked deletions are left out; headers and footers (in ``styles.xml``) are not read. A
+password-protected file (its manifest says ``content.xml`` is encrypted) is refused.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from trioindex.errors import ContentInvalid
 from trioindex.pipeline.formats.flow import FlowTags, write_flow
 from trioindex.pipeline.formats.messages import refused_as_corrupt
 from trioindex.pipeline.formats.outline import Outline
@@ -65,11 +67,24 @@ _TAGS = FlowTags(
 )
 
 
+def _encrypted(package: ZipPackage) -> bool:
+    """Whether the manifest says ``content.xml`` is encrypted (a password-protected file)."""
+    if "META-INF/manifest.xml" not in package.names:
+        return False
+    for entry in package.tree("META-INF/manifest.xml").iter("{*}file-entry"):
+        path = next((v for k, v in entry.attrib.items() if k.endswith("}full-path")), "")
+        if path == "content.xml" and entry.find("{*}encryption-data") is not None:
+            return True
+    return False
+
+
 def _odf_text(kind: str, data: bytes, max_bytes: int, max_chars: int) -> str:
     """The body of an OpenDocument file (module docstring); ``kind`` names it in messages."""
     out = Outline(kind, max_chars)
     with refused_as_corrupt(kind):
         package = ZipPackage.open(data, kind, max_bytes)
+        if _encrypted(package):
+            raise ContentInvalid(f"{kind} is password-protected")
         write_flow(package.events("content.xml"), _TAGS, out)
     return out.text()
 

@@ -1,15 +1,30 @@
-"""What PPTX and XLSX share as Office Open XML packages: relationship parts, which name the
-part each reference (a slide, a sheet, a slide's notes) points to."""
+"""What PPTX and XLSX share as Office Open XML packages: the main part, and relationship parts,
+which name the part each reference (a slide, a sheet, a slide's notes) points to. Element names
+are matched in any namespace, so Strict OOXML reads like the transitional kind."""
 
 from __future__ import annotations
 
 import posixpath
+from typing import Any
 
+from trioindex.pipeline.formats.detect import office_document
 from trioindex.pipeline.formats.package import ZipPackage, local_name
 
-__all__ = ["R_NS", "relationships"]
+__all__ = ["main_part", "relationship_id", "relationships"]
 
-R_NS = "http://schemas.openxmlformats.org/officeDocument/2006/relationships"
+
+def main_part(package: ZipPackage, usual: str) -> str:
+    """The package's main part: the one ``_rels/.rels`` names, else where Office puts it."""
+    named, _content_type = office_document(package.names, package.read)
+    return named or usual
+
+
+def relationship_id(element: Any) -> str:
+    """An element's ``r:id`` (transitional or Strict namespace), "" when it has none."""
+    for key, value in element.attrib.items():
+        if key.endswith("}id"):
+            return str(value)
+    return ""
 
 
 def relationships(package: ZipPackage, part: str) -> dict[str, tuple[str, str]]:

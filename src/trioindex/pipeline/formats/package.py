@@ -25,6 +25,7 @@ import attrs
 from lxml import etree  # type: ignore[import-untyped]
 
 from trioindex.errors import ContentInvalid
+from trioindex.pipeline.formats.detect import zip_name
 from trioindex.pipeline.formats.limits import (
     XML_MAX_DEPTH,
     ZIP_EXPANSION_LIMIT,
@@ -84,7 +85,8 @@ class ZipPackage:
         self._archive = archive
         self._inflation = inflation
         self.kind = kind
-        self.names = frozenset(info.filename for info in archive.infolist())
+        self._infos = {zip_name(info): info for info in archive.infolist()}
+        self.names = frozenset(self._infos)
 
     @classmethod
     def open(
@@ -124,18 +126,18 @@ class ZipPackage:
                     counted.add(info.filename, len(block))
 
     def read(self, name: str) -> bytes:
-        """One part's bytes (``KeyError`` when there is none)."""
-        return self._archive.read(name)
+        """One part's bytes (``KeyError`` when there is none). Names use ``/``."""
+        return self._archive.read(self._infos[name])
 
     def tree(self, name: str) -> Any:
         """One XML part parsed whole: at most :data:`ZIP_MAX_XML_BYTES`, depth bounded."""
-        size = self._archive.getinfo(name).file_size
+        size = self._infos[name].file_size
         if size > ZIP_MAX_XML_BYTES:
             raise ContentInvalid(
                 f"{self.kind} has an XML part of more than {size_text(ZIP_MAX_XML_BYTES)} "
                 "(the limit for a part read whole)"
             )
-        with self._archive.open(name) as part:
+        with self._archive.open(self._infos[name]) as part:
             parser = _xml_parser(part)
             for _event in _depth_checked(parser, self.kind):
                 pass
@@ -146,7 +148,7 @@ class ZipPackage:
 
         The tree grows as it is read: the caller drops what it is done with
         (:func:`release`) to keep memory near one element's worth."""
-        with self._archive.open(name) as part:
+        with self._archive.open(self._infos[name]) as part:
             yield from _depth_checked(_xml_parser(part), self.kind)
 
     def check_depth(self, name: str) -> None:

@@ -15,15 +15,15 @@ from lxml import etree  # type: ignore[import-untyped]
 
 from trioindex.pipeline.formats.flow import FlowTags, write_flow
 from trioindex.pipeline.formats.messages import refused_as_corrupt
-from trioindex.pipeline.formats.ooxml import R_NS, relationships
+from trioindex.pipeline.formats.ooxml import main_part, relationship_id, relationships
 from trioindex.pipeline.formats.outline import Outline
 from trioindex.pipeline.formats.package import ZipPackage
 
 __all__ = ["pptx_text"]
 
-_P_NS = "http://schemas.openxmlformats.org/presentationml/2006/main"
-_SHAPE = f"{{{_P_NS}}}sp"
-_PLACEHOLDER = f"{{{_P_NS}}}nvSpPr/{{{_P_NS}}}nvPr/{{{_P_NS}}}ph"
+# any namespace: transitional and Strict OOXML name these alike
+_SHAPE = "{*}sp"
+_PLACEHOLDER = "{*}nvSpPr/{*}nvPr/{*}ph"
 _TITLES = frozenset({"title", "ctrTitle"})
 # placeholders whose text is not the slide's: numbers, dates, footers, the notes' slide image
 _LEFT_OUT = frozenset({"sldNum", "dt", "ftr", "hdr", "sldImg"})
@@ -69,11 +69,11 @@ def pptx_text(data: bytes, max_bytes: int, max_chars: int) -> str:
     out = Outline("PPTX", max_chars)
     with refused_as_corrupt("PPTX"):
         package = ZipPackage.open(data, "PPTX", max_bytes)
-        root = "ppt/presentation.xml"
+        root = main_part(package, "ppt/presentation.xml")
         slides = relationships(package, root)
-        order = package.tree(root).find(f"{{{_P_NS}}}sldIdLst")
+        order = package.tree(root).find("{*}sldIdLst")
         for number, ref in enumerate(() if order is None else order, 1):
-            kind, part = slides.get(ref.get(f"{{{R_NS}}}id") or "", ("", ""))
+            kind, part = slides.get(relationship_id(ref), ("", ""))
             if kind != "slide" or part not in package.names:
                 continue
             slide = package.tree(part)

@@ -11,13 +11,12 @@ value the file stores: text, a number as written (dates are serial numbers), ``T
 from __future__ import annotations
 
 from trioindex.pipeline.formats.messages import refused_as_corrupt
-from trioindex.pipeline.formats.ooxml import R_NS, relationships
+from trioindex.pipeline.formats.ooxml import main_part, relationship_id, relationships
 from trioindex.pipeline.formats.outline import Outline
 from trioindex.pipeline.formats.package import ZipPackage, local_name, release
 
 __all__ = ["xlsx_text"]
 
-_WORKBOOK = "xl/workbook.xml"
 _CELL_SEPARATOR = " | "
 _BOOLEANS = {"0": "FALSE", "1": "TRUE"}
 
@@ -85,12 +84,13 @@ def xlsx_text(data: bytes, max_bytes: int, max_chars: int) -> str:
     out = Outline("XLSX", max_chars)
     with refused_as_corrupt("XLSX"):
         package = ZipPackage.open(data, "XLSX", max_bytes)
-        parts = relationships(package, _WORKBOOK)
+        workbook = main_part(package, "xl/workbook.xml")
+        parts = relationships(package, workbook)
         shared = next((p for kind, p in parts.values() if kind == "sharedStrings"), None)
         strings = _shared_strings(package, shared)
-        sheets = package.tree(_WORKBOOK).find("{*}sheets")
+        sheets = package.tree(workbook).find("{*}sheets")
         for sheet in () if sheets is None else sheets:
-            kind, part = parts.get(sheet.get(f"{{{R_NS}}}id") or "", ("", ""))
+            kind, part = parts.get(relationship_id(sheet), ("", ""))
             if kind != "worksheet" or part not in package.names:
                 continue  # a chart sheet, or a missing part
             out.heading(sheet.get("name") or "")
