@@ -23,7 +23,8 @@ import trio
 import typer
 from typer.core import TyperGroup
 
-from trioindex.config import Settings, load_settings
+from trioindex.config import Settings, ensure_home, load_settings
+from trioindex.config.home import CREATED_HOME
 from trioindex.config.settings import MODEL_NAME_MAX
 from trioindex.config.units import text_problem
 from trioindex.errors import ConfigError, TrioindexError
@@ -216,12 +217,22 @@ def _explain(exc: BaseException) -> tuple[int, str] | None:
     return None
 
 
-def command_settings(json_logs: bool = False, quiet: bool = False) -> Settings:
+def command_settings(
+    json_logs: bool = False, quiet: bool = False, *, database: bool = True, storage: bool = False
+) -> Settings:
+    """The settings, with logging set up. The home is created (and where it is said on stderr,
+    one line) when the command will use it: with ``database`` for the embedded database, with
+    ``storage`` for the folder store."""
     settings = load_settings()
     configure_logging(
         "json" if json_logs else settings.log_format,
         logging.WARNING if quiet else logging.INFO,
     )
+    uses_home = (database and settings.database.url is None) or (
+        storage and settings.storage.url is None
+    )
+    if uses_home and ensure_home(settings.home):
+        typer.echo(f"trioindex: {CREATED_HOME.format(home=settings.home)}", err=True)
     return settings
 
 

@@ -72,7 +72,7 @@ def ingest(
     """
     if key_as is not None and not key_as.strip().strip("/"):
         raise typer.BadParameter("--as needs a non-empty key")
-    settings = command_settings(quiet=as_json)
+    settings = command_settings(quiet=as_json, storage=True)
     from trioindex.api import Index, IngestReport
 
     async def go() -> IngestReport:
@@ -187,7 +187,7 @@ def search(
         raise typer.BadParameter("give a query TEXT or --queries FILE|- (not both)")
     if mode not in SEARCH_MODES:
         raise typer.BadParameter(f"--mode must be one of {', '.join(SEARCH_MODES)}")
-    settings = command_settings(quiet=True)
+    settings = command_settings(quiet=True, storage=True)
     from trioindex.api import Index
 
     options: dict[str, Any] = {
@@ -314,7 +314,7 @@ def delete(
     if not keys and not prefix:
         typer.echo("trioindex: give document keys or a non-empty --prefix", err=True)
         raise typer.Exit(2)
-    settings = command_settings(quiet=as_json)
+    settings = command_settings(quiet=as_json, storage=True)
     from trioindex.removal import DeleteReport, delete_documents
     from trioindex.services import open_services
 

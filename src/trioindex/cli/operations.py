@@ -44,7 +44,7 @@ def worker(
     json_logs: Annotated[bool, typer.Option(help="Log one JSON object per line.")] = False,
 ) -> None:
     """Run a worker: migrate, register, then claim and index jobs until SIGTERM/SIGINT."""
-    settings = command_settings(json_logs)
+    settings = command_settings(json_logs, storage=True)
     from trioindex.worker.wiring import run_worker
 
     if metrics_port is not None:
@@ -135,7 +135,7 @@ app.add_typer(db_app, name="db")
 @friendly
 def db_stop() -> None:
     """Stop the embedded PostgreSQL under home now, whoever started it."""
-    settings = command_settings(quiet=True)
+    settings = command_settings(quiet=True, database=False)
     pgdata = settings.home.resolve() / "pgdata"
     running = _embedded_running(settings)
     if running is None:

