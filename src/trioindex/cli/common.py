@@ -10,16 +10,16 @@ options typed here (:func:`priority_option`, :data:`ModelName`) carry the databa
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import json
 import logging
+import os
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Annotated, Any, Final, ParamSpec, TypeVar
 
-import psycopg
-import trio
 import typer
 from typer.core import TyperGroup
 
@@ -78,6 +78,38 @@ class OneLineUsageErrors(TyperGroup):
         sys.exit(code if isinstance(code, int) else 0)
 
 
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        with closed_pipe_is_the_end():  # the help, printed while the arguments are parsed
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        with closed_pipe_is_the_end():
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def closed_pipe_is_the_end() -> Iterator[None]:
+    """A reader that went away (``trioindex status | head -1``) ends the command quietly with
+    exit code 0: a closed pipe is not an error."""
+    try:
+        yield
+    except BaseException as exc:
+        if not _closed_pipe(exc):
+            raise
+        # later writes (the interpreter's final flush included) go nowhere
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        raise typer.Exit(0) from None
+
+
+def _closed_pipe(exc: BaseException) -> bool:
+    """A BrokenPipeError, alone or as every member of (nested) exception groups."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_closed_pipe(e) for e in exc.exceptions)
+    return isinstance(exc, BrokenPipeError)
+
+
 def usage_line(exc: Any) -> str:
     """``trioindex: Invalid value for '--top-k': ... (try 'trioindex search -h')``."""
     message = "; ".join(part.strip() for part in exc.format_message().splitlines() if part.strip())
@@ -94,6 +126,8 @@ app = typer.Typer(
     # a bug's traceback must not print local variables: they hold URLs with passwords
     pretty_exceptions_show_locals=False,
     context_settings={"help_option_names": ["-h", "--help"]},
+    # plain help: rich would load its Markdown stack (0.15 s of CPU) for every `--help`
+    rich_markup_mode=None,
 )
 
 
@@ -114,9 +148,9 @@ def _main(
         ),
     ] = False,
 ) -> None:
-    # Start-up stays lean: each command imports what it needs (torch, minio, the parsers, the
-    # embedding clients) inside its own body, so `status`, `jobs` and `--help` answer in about
-    # a second and `search` against an embedding server never loads torch.
+    # Start-up stays lean: each command imports what it needs (psycopg, Trio, torch, minio, the
+    # parsers, the embedding clients) inside its own body, so `--help` and `--version` load
+    # none of them and `search` against an embedding server never loads torch.
     pass
 
 
@@ -196,6 +230,7 @@ def _sole_error(exc: BaseException) -> BaseException:
 
 def _explain(exc: BaseException) -> tuple[int, str] | None:
     """Exit code and message for an error meant for people; None for a bug."""
+    import psycopg
     from psycopg_pool import PoolTimeout
 
     if isinstance(exc, ConfigError):
@@ -237,6 +272,8 @@ def command_settings(
 
 
 def run(fn: Callable[[], Awaitable[T]]) -> T:
+    import trio
+
     return trio.run(fn)
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import socket
 from typing import Annotated, Any
@@ -24,9 +25,7 @@ from trioindex.cli.common import (
     run,
 )
 from trioindex.config import Settings
-from trioindex.db import operations as admin
 from trioindex.db.embedded_users import ServerState, server_state
-from trioindex.db.pool import migrate_or_explain
 from trioindex.errors import ConfigError
 from trioindex.values import JobStatus
 
@@ -61,6 +60,7 @@ def worker(
 def migrate() -> None:
     """Apply pending schema migrations (safe to run from several processes at once)."""
     settings = command_settings()
+    from trioindex.db.pool import migrate_or_explain
     from trioindex.services import resolve_database_url
 
     url = run(functools.partial(resolve_database_url, settings))
@@ -76,6 +76,8 @@ def migrate() -> None:
 def status(as_json: JsonFlag = False) -> None:
     """Jobs by status, oldest pending age, retries, failures by type, and workers."""
     settings = command_settings(quiet=True)
+    from trioindex.db import operations as admin
+
     embedded = _embedded_state(settings)
     result = database_call(
         settings, admin.queue_status, heartbeat_timeout=settings.worker.heartbeat_timeout
@@ -171,6 +173,8 @@ def db_stop() -> None:
 def healthcheck() -> None:
     """Exit 0 when the database answers and this host's worker heartbeat is fresh."""
     settings = command_settings(quiet=True)
+    from trioindex.db import operations as admin
+
     fresh = database_call(
         settings,
         admin.fresh_worker_on_host,
@@ -198,35 +202,83 @@ def jobs_list(
 ) -> None:
     """List jobs, newest first."""
     settings = command_settings(quiet=True)
-    jobs = database_call(settings, admin.list_jobs, status=status, limit=limit)
+    from trioindex.db import operations as admin
+
+    page = database_call(settings, admin.job_page, status=status, limit=limit)
     if as_json:
-        print_json(jobs)
+        print_json(list(page.jobs))
         return
-    if not jobs:
+    if not page.jobs:
         typer.echo("no jobs" + (f" with status {status.value}" if status else ""))
         return
-    typer.echo(f"{'JOB':36}  {'STATUS':10} {'DONE':>4}  ATTEMPTS  DOCUMENT (VERSION)  FAILURE")
-    for job in jobs:
+    documents = [f"{job.document_key} (v{job.version_no})" for job in page.jobs]
+    width = max(len("DOCUMENT (VERSION)"), *(len(d) for d in documents))
+    typer.echo(
+        f"{'JOB':36}  {'STATUS':10} {'DONE':>4}  ATTEMPTS  {'DOCUMENT (VERSION)':{width}}  FAILURE"
+    )
+    for job, document in zip(page.jobs, documents, strict=True):
         failure = ""
         if job.last_failure_type:
             message = " ".join((job.last_failure_message or "").split())
-            failure = f"  {job.last_failure_type}" + (f": {message[:120]}" if message else "")
+            failure = f"{job.last_failure_type}" + (f": {message[:120]}" if message else "")
         typer.echo(
-            f"{job.id}  {job.status:10} {job.progress:>3}%  {job.attempt_count:>3}/"
-            f"{job.max_attempts:<4}  {job.document_key} (v{job.version_no}){failure}"
+            f"{job.id}  {job.status:10} {_done(job):>4}  {job.attempt_count:>3}/"
+            f"{job.max_attempts:<4}  {document:{width}}  {failure}".rstrip()
         )
+    if page.total > len(page.jobs):
+        typer.echo(f"{len(page.jobs)} of {page.total} jobs (--limit shows more)")
+
+
+def _done(job: Any) -> str:
+    """The DONE column: the progress of a job that runs or ran to the end; a FAILED job's
+    progress says nothing about the document, so none is shown."""
+    return "-" if job.status == JobStatus.FAILED else f"{job.progress}%"
+
+
+def _job_ref(given: str | None) -> str | None:
+    """A job id or the start of one, as ids are printed (hex digits and hyphens); a usage
+    error naming the argument otherwise."""
+    if given is None:
+        return None
+    text = given.strip().lower()
+    if not text or not set(text) <= set("0123456789abcdef-"):
+        raise typer.BadParameter(f"not a job id or the start of one: {given!r}")
+    return text
+
+
+def _job_id(conn: Any, ref: str) -> UUID:
+    """The job a full id or a unique start of one names (logs print short ids)."""
+    from trioindex.db import operations as admin
+    from trioindex.errors import NotFound
+
+    if len(ref.replace("-", "")) == 32:
+        with contextlib.suppress(ValueError):  # hyphens in odd places: a prefix, then
+            return UUID(ref)
+    found = admin.job_ids_with_prefix(conn, ref, limit=2)
+    if not found:
+        raise NotFound(f"no job with an id that starts with {ref}")
+    if len(found) > 1:
+        raise NotFound(f"more than one job id starts with {ref}; give more of it")
+    return found[0]
 
 
 @jobs_app.command("show")
 @friendly
-def jobs_show(job_id: UUID, as_json: JsonFlag = False) -> None:
+def jobs_show(
+    job_id: Annotated[
+        str, typer.Argument(callback=_job_ref, help="The job's id, or a unique start of it.")
+    ],
+    as_json: JsonFlag = False,
+) -> None:
     """One job with its attempts, failure types and timings."""
     settings = command_settings(quiet=True)
-    job = database_call(settings, admin.show_job, job_id)
+    from trioindex.db import operations as admin
+
+    job = database_call(settings, lambda conn: admin.show_job(conn, _job_id(conn, job_id)))
     if as_json:
         print_json(job)
         return
-    typer.echo(f"job {job.id}: {job.status} ({job.progress}%)")
+    typer.echo(f"job {job.id}: {job.status} ({_done(job)})")
     served = "served by its model" if job.version_served else "not served by its model"
     typer.echo(f"document {job.document_key} version {job.version_no} ({served})")
     typer.echo(
@@ -248,7 +300,10 @@ def jobs_show(job_id: UUID, as_json: JsonFlag = False) -> None:
 @jobs_app.command("retry")
 @friendly
 def jobs_retry(
-    job_id: Annotated[UUID | None, typer.Argument()] = None,
+    job_id: Annotated[
+        str | None,
+        typer.Argument(callback=_job_ref, help="The job's id, or a unique start of it."),
+    ] = None,
     all_failed: Annotated[
         bool, typer.Option("--all-failed", help="Retry every FAILED job.")
     ] = False,
@@ -259,9 +314,10 @@ def jobs_retry(
         typer.echo("trioindex: give a job id or --all-failed (not both)", err=True)
         raise typer.Exit(2)
     settings = command_settings(quiet=True)
+    from trioindex.db import operations as admin
 
     def retry(conn: Any) -> list[Any]:
-        ids = admin.failed_job_ids(conn) if job_id is None else [job_id]
+        ids = admin.failed_job_ids(conn) if job_id is None else [_job_id(conn, job_id)]
         return [
             admin.retry_failed_job(conn, i, extra_attempts=settings.worker.max_attempts)
             for i in ids

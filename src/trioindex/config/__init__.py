@@ -32,6 +32,7 @@ from trioindex.config.keys import (
     env_name,
 )
 from trioindex.config.loading import CONFIG_ENV, default_settings, load_settings
+from trioindex.config.messages import redact_url
 from trioindex.config.reference import reference_markdown
 from trioindex.config.settings import (
     KNOWN_DIMENSIONS,
@@ -45,7 +46,6 @@ from trioindex.config.settings import (
     WorkerSettings,
 )
 from trioindex.config.units import parse_duration, parse_size
-from trioindex.storage.urls import redact_url
 
 __all__ = [
     "CONFIG_ENV",

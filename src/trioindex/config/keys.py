@@ -22,7 +22,6 @@ from trioindex.config.settings import (
     SERVER_MODEL,
 )
 from trioindex.config.units import format_number
-from trioindex.storage.urls import storage_url_problem
 
 ENV_PREFIX: Final = "TRIOINDEX_"
 
@@ -159,6 +158,13 @@ def _database_url_problem(url: str) -> str | None:
     return database_url_problem(url)
 
 
+def _storage_url_problem(url: str) -> str | None:
+    # imported when used: the storage package loads Trio, which reading settings does not need
+    from trioindex.storage.urls import storage_url_problem
+
+    return storage_url_problem(url)
+
+
 def _redact_database_url(url: str) -> str:
     from trioindex.db.pool import redact_conninfo
 
@@ -212,7 +218,7 @@ KEYS: Final[tuple[KeySpec, ...]] = (
         "(none) = folder under home/blobs",
         "object storage for uploaded documents (SECRET is a secret)",
         field="storage.url",
-        grammar=storage_url_problem,
+        grammar=_storage_url_problem,
         secret=True,
     ),
     _key(
