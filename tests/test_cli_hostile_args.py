@@ -103,7 +103,7 @@ def written(database_url: str, blobs: Path) -> tuple[int, ...]:
         (["models", "activate", "m" * 201, "--dimension", "8"], ["'name'", "1 to 200"]),
         (["models", "remove", ""], ["'name'", "1 to 200 characters"]),
         (["search", "q", "--top-k", "0"], ["'--top-k'", "1<=x<=1000", "search -h"]),
-        (["jobs", "show", "nope"], ["'job_id'", "not a valid UUID"]),
+        (["jobs", "show", "nope"], ["'job_id'", "not a job id or the start of one"]),
     ],
     ids=lambda value: " ".join(map(str, value)) if isinstance(value, list) else "",
 )

@@ -1,5 +1,5 @@
 """Commands over documents: ``ingest`` (upload and enqueue, ``--sync``), ``search`` (documents
-or chunks, one query or JSON lines) and ``delete``."""
+or chunks, one query or JSON lines), ``delete`` and ``documents list``."""
 
 from __future__ import annotations
 
@@ -10,21 +10,24 @@ import math
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, TextIO
+from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
-import trio
 import typer
 
 from trioindex.cli.common import (
     JsonFlag,
     app,
     command_settings,
+    database_call,
     friendly,
     print_json,
     priority_option,
     run,
 )
 from trioindex.config import Settings
+
+if TYPE_CHECKING:  # the database layer loads psycopg: imported by the commands that use it
+    from trioindex.db.operations import ModelState
 
 # --- ingest --------------------------------------------------------------------------------------
 
@@ -78,9 +81,13 @@ def ingest(
     """
     if key_as is not None and not key_as.strip().strip("/"):
         raise typer.BadParameter("--as needs a non-empty key")
-    settings = command_settings(quiet=as_json)
-    from trioindex.api import Index, IngestReport
     from trioindex.ingest.bucket import bucket_location
+    from trioindex.ingest.discover import check_arguments
+
+    # a missing path is one line, before anything is opened (s3:// arguments are listed later)
+    check_arguments([p for p in paths if bucket_location(p) is None])
+    settings = command_settings(quiet=as_json, storage=True)
+    from trioindex.api import Index, IngestReport
 
     async def go() -> IngestReport:
         async with Index.open(settings) as index:
@@ -193,9 +200,11 @@ def search(
 
     if (text is None) == (queries is None):
         raise typer.BadParameter("give a query TEXT or --queries FILE|- (not both)")
+    if text is not None and not text.strip():
+        raise typer.BadParameter("the query is empty: give words to look for")
     if mode not in SEARCH_MODES:
         raise typer.BadParameter(f"--mode must be one of {', '.join(SEARCH_MODES)}")
-    settings = command_settings(quiet=True)
+    settings = command_settings(quiet=True, storage=True)
     from trioindex.api import Index
 
     options: dict[str, Any] = {
@@ -256,6 +265,8 @@ async def _search_query_lines(
     """`search --queries`: read JSON lines in batches, print one JSON line per query: its
     results, or an error object for a line that is not a query or a query that was refused.
     Returns how many queries there were and how many were refused."""
+    import trio
+
     from trioindex.api import Index
     from trioindex.search import QueryRefused, json_text
 
@@ -346,7 +357,7 @@ def delete(
     if not keys and not prefix:
         typer.echo("trioindex: give document keys or a non-empty --prefix", err=True)
         raise typer.Exit(2)
-    settings = command_settings(quiet=as_json)
+    settings = command_settings(quiet=as_json, storage=True)
     from trioindex.removal import DeleteReport, delete_documents
     from trioindex.services import open_services
 
@@ -365,3 +376,50 @@ def delete(
         typer.echo(f"{len(report.deleted)} deleted, {report.blobs_removed} blob(s) removed")
     if report.missing:
         raise typer.Exit(1)
+
+
+# --- documents list ------------------------------------------------------------------------------
+
+documents_app = typer.Typer(no_args_is_help=True, help="List documents and their indexing state.")
+app.add_typer(documents_app, name="documents")
+
+
+@documents_app.command("list")
+@friendly
+def documents_list(
+    prefix: Annotated[
+        str | None, typer.Option(help="Only documents whose key starts with this (a folder).")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=100_000)] = 100,
+    as_json: JsonFlag = False,
+) -> None:
+    """Documents by key: the newest version and, per model, its job's state for that version
+    and the version the model serves."""
+    settings = command_settings(quiet=True)
+    from trioindex.db.operations import document_page
+
+    page = database_call(settings, document_page, prefix=prefix, limit=limit)
+    if as_json:
+        print_json(list(page.documents))
+        return
+    if not page.documents:
+        typer.echo("no documents" + (f" under {prefix}" if prefix else ""))
+        return
+    width = max(len(d.key) for d in page.documents)
+    for doc in page.documents:
+        states = "  ".join(_model_state(m, doc.version_no) for m in doc.models)
+        typer.echo(f"{doc.key:{width}}  v{doc.version_no:<3} {states}".rstrip())
+    if page.total > len(page.documents):
+        typer.echo(f"{len(page.documents)} of {page.total} documents (--limit shows more)")
+
+
+def _model_state(state: ModelState, newest: int) -> str:
+    """``MODEL: SUCCEEDED`` (serving the newest version), ``MODEL: PENDING, serves v2``,
+    ``MODEL: FAILED DOCUMENT_CONTENT_INVALID, serves nothing``."""
+    job = "no job" if state.job_status is None else str(state.job_status)
+    if state.failure_type and state.job_status == "FAILED":
+        job += f" {state.failure_type}"
+    if state.served_version_no == newest:
+        return f"{state.model}: {job}"
+    served = "nothing" if state.served_version_no is None else f"v{state.served_version_no}"
+    return f"{state.model}: {job}, serves {served}"

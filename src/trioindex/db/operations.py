@@ -1,5 +1,6 @@
-"""What operators read and do: queue counts, job listings with attempts, workers, manual retry
-and the progress of waited-for jobs.
+"""What operators read and do: queue counts, job listings with attempts (a page of them, or the
+jobs an id prefix names), documents with each model's state, workers, manual retry and the
+progress of waited-for jobs.
 
 Synchronous, one transaction each, used by the CLI and the wait through :meth:`Database.run`.
 Nothing here returns a claim token, chunk text or vector.
@@ -7,6 +8,7 @@ Nothing here returns a claim token, chunk text or vector.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -196,3 +198,133 @@ def jobs_progress(conn: Connection, job_ids: list[UUID]) -> list[dict[str, Any]]
            WHERE j.id = ANY(%s)""",
         (job_ids,),
     ).fetchall()
+
+
+# --- pages of jobs, jobs by id prefix, documents -----------------------------------------------
+
+
+@attrs.frozen
+class JobPage:
+    """The newest ``jobs`` (each with its attempts) and how many jobs the filter matches."""
+
+    jobs: tuple[JobView, ...]
+    total: int
+
+
+def job_page(conn: Connection, *, status: JobStatus | None = None, limit: int = 50) -> JobPage:
+    """:func:`list_jobs` with every listed job's attempts, and the count of all it matched."""
+    with conn.transaction():
+        jobs = list_jobs(conn, status=status, limit=limit)
+        row = conn.execute(
+            "SELECT count(*) AS n FROM embedding_jobs WHERE %s::text IS NULL OR status = %s",
+            (status.value if status else None,) * 2,
+        ).fetchone()
+        attempts: dict[UUID, list[AttemptView]] = {}
+        for a in conn.execute(
+            """SELECT * FROM embedding_job_attempts WHERE embedding_job_id = ANY(%s)
+               ORDER BY embedding_job_id, attempt_no""",
+            ([j.id for j in jobs],),
+        ).fetchall():
+            attempts.setdefault(a["embedding_job_id"], []).append(AttemptView.from_row(a))
+    listed = tuple(attrs.evolve(j, attempts=tuple(attempts.get(j.id, ()))) for j in jobs)
+    return JobPage(listed, int(row["n"]) if row else 0)
+
+
+def job_ids_with_prefix(conn: Connection, prefix: str, *, limit: int = 2) -> list[UUID]:
+    """Up to ``limit`` job ids whose text form starts with ``prefix`` (lower-case hex and
+    hyphens, as the ids are printed)."""
+    return [
+        row["id"]
+        for row in conn.execute(
+            "SELECT id FROM embedding_jobs WHERE starts_with(id::text, %s) ORDER BY id LIMIT %s",
+            (prefix, limit),
+        ).fetchall()
+    ]
+
+
+@attrs.frozen
+class ModelState:
+    """One model's state for a document: its job for the newest version (None: no job) and
+    the version it serves (None: none)."""
+
+    model: str
+    job_status: JobStatus | None
+    failure_type: str | None
+    chunk_count: int | None
+    served_version_no: int | None
+
+
+@attrs.frozen
+class DocumentView:
+    """A document's newest version and, per model that has a job or serves a version (and
+    always the serving model), that model's state."""
+
+    key: str
+    version_no: int
+    content_type: str | None
+    byte_size: int
+    created_at: datetime
+    models: tuple[ModelState, ...]
+
+
+@attrs.frozen
+class DocumentPage:
+    documents: tuple[DocumentView, ...]
+    total: int
+
+
+def document_page(conn: Connection, *, prefix: str | None = None, limit: int = 100) -> DocumentPage:
+    """The documents whose key starts with ``prefix`` (all without one), by key, at most
+    ``limit``, each with every model's state of its newest version; and how many matched."""
+    key_filter = "%(prefix)s::text IS NULL OR starts_with(d.external_key, %(prefix)s)"
+    params = {"prefix": prefix, "limit": limit}
+    with conn.transaction():
+        total = conn.execute(
+            f"SELECT count(*) AS n FROM documents d WHERE {key_filter}", params
+        ).fetchone()
+        rows = conn.execute(
+            f"""WITH page AS (
+                    SELECT d.id, d.external_key FROM documents d WHERE {key_filter}
+                    ORDER BY d.external_key LIMIT %(limit)s),
+                newest AS (
+                    SELECT DISTINCT ON (v.document_id) v.*
+                    FROM document_versions v JOIN page p ON p.id = v.document_id
+                    ORDER BY v.document_id, v.version_no DESC)
+                SELECT p.external_key, n.version_no, n.content_type, n.byte_size, n.created_at,
+                       m.name AS model, j.status AS job_status, j.last_failure_type,
+                       j.chunk_count, sv.version_no AS served_version_no
+                FROM page p
+                JOIN newest n ON n.document_id = p.id
+                CROSS JOIN embedding_models m
+                LEFT JOIN embedding_jobs j
+                       ON j.document_version_id = n.id AND j.embedding_model_id = m.id
+                LEFT JOIN served_versions s
+                       ON s.document_id = p.id AND s.embedding_model_id = m.id
+                LEFT JOIN document_versions sv ON sv.id = s.document_version_id
+                WHERE j.id IS NOT NULL OR s.document_id IS NOT NULL OR m.is_active
+                ORDER BY p.external_key, m.is_active DESC, m.name""",
+            params,
+        ).fetchall()
+    documents: dict[str, DocumentView] = {}
+    for row in rows:
+        state = ModelState(
+            model=row["model"],
+            job_status=JobStatus(row["job_status"]) if row["job_status"] else None,
+            failure_type=row["last_failure_type"],
+            chunk_count=row["chunk_count"],
+            served_version_no=row["served_version_no"],
+        )
+        key = row["external_key"]
+        known = documents.get(key)
+        if known is None:
+            documents[key] = DocumentView(
+                key=key,
+                version_no=row["version_no"],
+                content_type=row["content_type"],
+                byte_size=row["byte_size"],
+                created_at=row["created_at"],
+                models=(state,),
+            )
+        else:
+            documents[key] = attrs.evolve(known, models=(*known.models, state))
+    return DocumentPage(tuple(documents.values()), int(total["n"]) if total else 0)
