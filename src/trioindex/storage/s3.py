@@ -21,6 +21,7 @@ from minio.error import MinioException, S3Error
 from trioindex.errors import ObjectNotFound, StorageUnavailable
 from trioindex.storage.contract import (
     DEFAULT_CONTENT_TYPE,
+    READ_PIECE,
     SHA256_METADATA,
     ObjectInfo,
     PutOptions,
@@ -29,6 +30,7 @@ from trioindex.storage.contract import (
     check_key,
     check_max_bytes,
     check_put_args,
+    digest_pieces,
     too_large,
 )
 
@@ -171,6 +173,25 @@ class S3Store:
         if len(body) > max_bytes:
             raise too_large(key, len(body), max_bytes)
         return body
+
+    def digest(self, key: str, *, max_bytes: int) -> ObjectInfo:
+        check_max_bytes(max_bytes)
+        info = self.stat(key)
+        if info.size > max_bytes:
+            raise too_large(key, info.size, max_bytes)
+        if info.size == 0:
+            return attrs.evolve(info, sha256=digest_pieces(key, (), max_bytes)[0])
+        try:
+            # ranged as in get: never more than max_bytes + 1, even if the object was replaced
+            response = self._client.get_object(self.bucket, key, offset=0, length=max_bytes + 1)
+            try:
+                sha256, size = digest_pieces(key, response.stream(READ_PIECE), max_bytes)
+            finally:
+                response.close()
+                response.release_conn()
+        except (MinioException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise self._error("get", key, exc) from exc
+        return attrs.evolve(info, size=size, sha256=sha256)
 
     def delete(self, key: str) -> None:
         check_key(key)
