@@ -35,6 +35,7 @@ from trioindex.config.settings import (
     SERVER_MODEL,
     DatabaseSettings,
     EmbeddingSettings,
+    HttpSettings,
     ParsingSettings,
     Settings,
     StorageSettings,
@@ -279,6 +280,7 @@ def _build(values: Mapping[str, Any]) -> Settings:
         embedding=EmbeddingSettings(**sections["embedding"]),
         worker=WorkerSettings(**sections["worker"]),
         parsing=ParsingSettings(**sections["parsing"]),
+        http=HttpSettings(**sections["http"]),
         **top,
     )
 
