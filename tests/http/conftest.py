@@ -44,7 +44,8 @@ class Running:
 
     def client(self, token: str | None = None, **kwargs: Any) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=60, **kwargs)
+        kwargs.setdefault("timeout", 60)
+        return httpx.Client(base_url=self.url, headers=headers, **kwargs)
 
     def key(self, name: str, role: str) -> str:
         with connect(self.database_url) as conn:
@@ -106,7 +107,7 @@ def service(
     env = service_env(database_url, s3_url, tmp_path / "home", embed_server, **extra)
     log = tmp_path / "serve.log"
     url, process = start(env, log)
-    bucket = s3_url.split("/")[-1].split("?")[0]
+    bucket = s3_url.rsplit("/", maxsplit=1)[-1].split("?", maxsplit=1)[0]
     try:
         yield Running(url, process, log, env, database_url, bucket)
     finally:

@@ -16,12 +16,12 @@ from typing import Any, Final
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from trioindex.db.enqueue import latest_version
 from trioindex.db.operations import DocumentView, VersionView, list_documents, show_document
 from trioindex.http.context import service
 from trioindex.http.errors import ApiError
 from trioindex.http.limits import check_text, int_param, priority_param
 from trioindex.http.upload import spooled_body
+from trioindex.ingest import latest_version
 from trioindex.ingest.files import enqueue_files, prepare_bytes
 from trioindex.values import as_json
 

@@ -53,9 +53,12 @@ class ApiError(Exception):
         self.message = bounded(message)
         self.headers = dict(headers or {})
 
-    def response(self) -> Response:
+    def response(self, *, close: bool = False) -> Response:
+        """The JSON answer; ``close`` ends the connection after it (a request body was left
+        unread, so the connection cannot carry another request)."""
         body = {"error": {"code": self.code, "message": self.message}}
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
+        headers = {**self.headers, "Connection": "close"} if close else self.headers
+        return JSONResponse(body, status_code=self.status, headers=headers)
 
 
 def invalid(message: str) -> ApiError:
@@ -123,7 +126,9 @@ async def http_exception(request: Request, exc: Exception) -> Response:
 
 class ErrorMiddleware:
     """Answers any error raised below it with its JSON body (:func:`classify`), if no response
-    has started; an error after the response started ends the connection (re-raised)."""
+    has started; an error after the response started ends the connection (re-raised). An error
+    answered before the request's body was read to its end (a refused upload, an overloaded
+    service) closes the connection after the answer: the rest of the body is never read."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -133,14 +138,22 @@ class ErrorMiddleware:
             await self.app(scope, receive, send)
             return
         started = False
+        body_read = not _has_body(scope)
 
         async def tracking(message: Message) -> None:
             nonlocal started
             started = started or message["type"] == "http.response.start"
             await send(message)
 
+        async def reading() -> Message:
+            nonlocal body_read
+            message = await receive()
+            ended = message["type"] == "http.disconnect" or not message.get("more_body", False)
+            body_read = body_read or ended
+            return message
+
         try:
-            await self.app(scope, receive, tracking)
+            await self.app(scope, reading, tracking)
         except Exception as exc:
             error = classify(exc)
             if error is None:
@@ -148,7 +161,14 @@ class ErrorMiddleware:
                 error = INTERNAL
             if started:
                 raise
-            await error.response()(scope, receive, send)
+            await error.response(close=not body_read)(scope, receive, send)
+
+
+def _has_body(scope: Scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"):
+            return True
+    return False
 
 
 def _route(scope: Mapping[str, Any]) -> str:

@@ -27,11 +27,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from trioindex.db.documents import delete_documents
-from trioindex.db.enqueue import NewVersion
 from trioindex.errors import ContentInvalid, ObjectNotFound
 from trioindex.http.context import Service, service
 from trioindex.http.errors import ApiError, invalid
 from trioindex.http.limits import MAX_KEY_CHARS, read_json
+from trioindex.ingest import NewVersion
 from trioindex.ingest.files import PreparedFile, enqueue_files, storage_key_for
 from trioindex.storage import S3Location, check_key, parse_storage_url
 from trioindex.storage.contract import DEFAULT_CONTENT_TYPE

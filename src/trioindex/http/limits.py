@@ -61,13 +61,12 @@ class ConcurrencyLimit:
             finally:
                 self.limiter.release()
             return
-        busy = ApiError(
+        raise ApiError(
             503,
             "overloaded",
             f"{self.limiter.total_tokens:g} requests are being served; retry shortly",
             {"Retry-After": "1"},
         )
-        await busy.response()(scope, receive, send)
 
 
 def declared_length(request: Request, limit: int, code: str) -> None:
