@@ -5,14 +5,16 @@ searches in every mode and filter over documents a real worker indexed."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from testkit.documents import TOPICS, document_bytes, paragraph
-from testkit.processes import cli, query
-from tests.http.conftest import Running
+from testkit.embed_server import FakeEmbedServer
+from testkit.processes import cli, query, stop_process
+from tests.http.conftest import Running, service_env, start
 from trioindex.http.app import ENDPOINTS
 
 pytestmark = pytest.mark.slow
@@ -333,10 +335,19 @@ def test_searches_in_every_mode_and_filter_over_what_a_worker_indexed(service: R
         assert {d["latest"]["models"][0]["served_version_no"] for d in docs} == {1}
 
 
-def test_no_auth_serves_loopback_only(service: Running) -> None:
-    refused = cli(service.env, "serve", "--no-auth", "--host", "0.0.0.0", "--port", "1")
-    assert refused.returncode == 2 and "loopback only" in refused.stderr
-    assert (
-        cli(service.env, "serve", "--no-auth", "--host", "db.example", "--port", "1").returncode
-        == 2
-    )
+def test_no_auth_answers_without_keys_on_loopback_and_refuses_other_hosts(
+    database_url: str, s3_url: str, tmp_path: Path, embed_server: FakeEmbedServer
+) -> None:
+    env = service_env(database_url, s3_url, tmp_path / "home", embed_server)
+    for host in ("0.0.0.0", "db.example", "10.1.2.3"):
+        refused = cli(env, "serve", "--no-auth", "--host", host, "--port", "1")
+        assert refused.returncode == 2 and "loopback only" in refused.stderr, host
+    url, process = start(env, tmp_path / "serve.log", "--no-auth")
+    try:
+        assert (
+            httpx.post(f"{url}/v1/documents/open.txt", content=b"no key needed").status_code == 201
+        )
+        assert httpx.get(f"{url}/v1/jobs").json()["jobs"][0]["document_key"] == "open.txt"
+    finally:
+        stop_process(process)
+    assert "NO authentication" in (tmp_path / "serve.log").read_text()
