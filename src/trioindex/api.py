@@ -265,6 +265,11 @@ class Index:
                 answers.append(by_txt if mode == "text" else by_vec)
         return answers
 
+    async def open_model(self) -> None:
+        """Open the embedding model now instead of at the first search that needs it (a
+        service that answers searches keeps it open from its start)."""
+        await self._query_embedder()
+
     async def _query_embedder(self) -> Embedder:
         async with self._embedder_lock:
             if self._embedder is None:

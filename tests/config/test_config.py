@@ -199,6 +199,8 @@ def test_every_key_is_settable_from_the_environment(tmp_path: Path) -> None:
         "indexing.chunking.max-characters": ("50", 50),
         "indexing.chunking.overlap": ("0.25", 0.25),
         "log.format": ("json", "json"),
+        "http.webhook-token": ("hook-1", "hook-1"),
+        "http.max-concurrent-requests": ("3", 3),
     }
     assert set(values) == {spec.key for spec in KEYS}
     env = {env_name(key): text for key, (text, _) in values.items()}

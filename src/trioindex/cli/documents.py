@@ -396,9 +396,9 @@ def documents_list(
     """Documents by key: the newest version and, per model, its job's state for that version
     and the version the model serves."""
     settings = command_settings(quiet=True)
-    from trioindex.db.operations import document_page
+    from trioindex.db.operations import list_documents
 
-    page = database_call(settings, document_page, prefix=prefix, limit=limit)
+    page = database_call(settings, list_documents, prefix=prefix or "", limit=limit)
     if as_json:
         print_json(list(page.documents))
         return
@@ -407,10 +407,13 @@ def documents_list(
         return
     width = max(len(d.key) for d in page.documents)
     for doc in page.documents:
-        states = "  ".join(_model_state(m, doc.version_no) for m in doc.models)
-        typer.echo(f"{doc.key:{width}}  v{doc.version_no:<3} {states}".rstrip())
-    if page.total > len(page.documents):
-        typer.echo(f"{len(page.documents)} of {page.total} documents (--limit shows more)")
+        newest = doc.versions[0]
+        states = "  ".join(_model_state(m, newest.version_no) for m in newest.models)
+        typer.echo(f"{doc.key:{width}}  v{newest.version_no:<3} {states}".rstrip())
+    if page.next_after is not None:
+        typer.echo(
+            f"{len(page.documents)} shown; more after {page.next_after} (--limit shows more)"
+        )
 
 
 def _model_state(state: ModelState, newest: int) -> str:

@@ -85,6 +85,15 @@ class ParsingSettings:
 
 
 @attrs.frozen
+class HttpSettings:
+    """``http.*``: the HTTP service (``trioindex serve``); ``webhook_token`` None refuses bucket
+    notifications."""
+
+    webhook_token: str | None = attrs.field(default=None, repr=False)
+    max_concurrent_requests: int = 64
+
+
+@attrs.frozen
 class Settings:
     """Everything configurable, validated. ``home`` is absolute."""
 
@@ -95,6 +104,7 @@ class Settings:
     worker: WorkerSettings
     parsing: ParsingSettings
     log_format: str
+    http: HttpSettings = HttpSettings()
 
     def with_overrides(self, **changes: Any) -> Settings:
         """A validated copy with ``changes`` applied.

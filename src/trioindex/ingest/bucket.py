@@ -168,11 +168,13 @@ def _digest(bucket: S3Store, _: object, *, key: str, max_bytes: int) -> tuple[st
     """The object's hash and size; an object too large or gone is this object's error (an
     outage of the bucket is raised as itself and ends the run)."""
     try:
-        return bucket.digest(key, max_bytes=max_bytes)
+        info = bucket.digest(key, max_bytes=max_bytes)
     except ContentInvalid as exc:
         raise FileNotIngested(str(exc)) from None
     except ObjectNotFound:
         raise FileNotIngested("the object was removed while the bucket was listed") from None
+    assert info.sha256 is not None
+    return info.sha256, info.size
 
 
 async def _delete_gone(

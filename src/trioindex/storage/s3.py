@@ -8,7 +8,6 @@ never wait on ``Retry-After``) and the mapping of S3 and transport errors onto
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from minio.error import MinioException, S3Error
 from trioindex.errors import ObjectNotFound, StorageUnavailable
 from trioindex.storage.contract import (
     DEFAULT_CONTENT_TYPE,
+    READ_PIECE,
     SHA256_METADATA,
     ObjectInfo,
     PutOptions,
@@ -31,6 +31,7 @@ from trioindex.storage.contract import (
     check_key,
     check_max_bytes,
     check_put_args,
+    digest_pieces,
     too_large,
 )
 
@@ -183,6 +184,25 @@ class S3Store:
             raise too_large(key, len(body), max_bytes)
         return body
 
+    def digest(self, key: str, *, max_bytes: int) -> ObjectInfo:
+        check_max_bytes(max_bytes)
+        info = self.stat(key)
+        if info.size > max_bytes:
+            raise too_large(key, info.size, max_bytes)
+        if info.size == 0:
+            return attrs.evolve(info, sha256=digest_pieces(key, (), max_bytes)[0])
+        try:
+            # ranged as in get: never more than max_bytes + 1, even if the object was replaced
+            response = self._client.get_object(self.bucket, key, offset=0, length=max_bytes + 1)
+            try:
+                sha256, size = digest_pieces(key, response.stream(READ_PIECE), max_bytes)
+            finally:
+                response.close()
+                response.release_conn()
+        except (MinioException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise self._error("get", key, exc) from exc
+        return attrs.evolve(info, size=size, sha256=sha256)
+
     def delete(self, key: str) -> None:
         check_key(key)
         try:
@@ -201,27 +221,6 @@ class S3Store:
                 yield ListedObject(obj.object_name, int(obj.size or 0), (obj.etag or "").strip('"'))
         except (MinioException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise self._error("list", prefix or None, exc) from exc
-
-    def digest(self, key: str, *, max_bytes: int) -> tuple[str, int]:
-        """The SHA-256 and size of an object, read once as a stream (never held whole);
-        ``ContentInvalid`` past ``max_bytes``."""
-        check_max_bytes(max_bytes)
-        check_key(key)
-        hasher, size = hashlib.sha256(), 0
-        try:
-            response = self._client.get_object(self.bucket, key, offset=0, length=max_bytes + 1)
-            try:
-                for block in response.stream(1 << 20):
-                    size += len(block)
-                    if size > max_bytes:
-                        raise too_large(key, size, max_bytes)
-                    hasher.update(block)
-            finally:
-                response.close()
-                response.release_conn()
-        except (MinioException, urllib3.exceptions.HTTPError, OSError) as exc:
-            raise self._error("read", key, exc) from exc
-        return hasher.hexdigest(), size
 
     def stat(self, key: str) -> ObjectInfo:
         check_key(key)
