@@ -31,6 +31,25 @@ setup-jdbc:
     install || { apt-get update -q >/dev/null 2>&1 && install; } \
         || echo "could not install libpostgresql-jdbc-java; the JDBC test will skip" >&2
 
+# The random-interleaving property test (tests/test_interleavings.py) with a longer budget than
+# `test`'s fixed seed: the seed (new unless given) and the figures are printed; other arguments
+# go to pytest (docs/test-results/interleavings.md).
+# Interleavings on real PostgreSQL: `--steps N` per example (40), `--examples N` (100), `--seed N`.
+fuzz *ARGS: setup
+    #!/usr/bin/env bash
+    set -euo pipefail
+    export TRIOINDEX_FUZZ_STEPS=40 TRIOINDEX_FUZZ_EXAMPLES=100
+    rest=()
+    while (($#)); do
+        case $1 in
+            --steps) export TRIOINDEX_FUZZ_STEPS=$2; shift 2 ;;
+            --examples) export TRIOINDEX_FUZZ_EXAMPLES=$2; shift 2 ;;
+            --seed) export TRIOINDEX_FUZZ_SEED=$2; shift 2 ;;
+            *) rest+=("$1"); shift ;;
+        esac
+    done
+    {{bin}}/pytest tests/test_interleavings.py -p no:cacheprovider "${rest[@]}"
+
 # Lint and type-check.
 lint: setup
     {{bin}}/ruff check src tests bench testkit deploy
