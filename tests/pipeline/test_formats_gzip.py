@@ -120,9 +120,7 @@ def test_truncated_and_corrupt_gzip_files_are_corrupt() -> None:
 def test_what_gzip_may_not_hold() -> None:
     assert invalid(gz(gz(b"twice")), "a.txt.gz.gz") == "unsupported format: gzip inside gzip"
     assert invalid(gz(b""), "empty.gz") == "empty file: the gzip file holds no bytes"
-    assert invalid(gz(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40), "a.png.gz") == (
-        "unsupported format: PNG image"
-    )
+    assert invalid(gz(b"GIF89a" + b"\x00" * 40), "a.gif.gz") == "unsupported format: GIF image"
     tar = io.BytesIO()
     with tarfile.open(fileobj=tar, mode="w") as archive:
         archive.addfile(tarfile.TarInfo("notes.txt"), io.BytesIO(b""))
