@@ -313,6 +313,18 @@ def timed_invalid(data: bytes, name: str, **kw: int) -> tuple[str, float]:
     return message, time.perf_counter() - started
 
 
+def refusal_cost(data: bytes, name: str, **kw: int) -> tuple[str, float, int]:
+    """The one-line refusal of ``data``, the seconds it took and tracemalloc's peak bytes."""
+    tracemalloc.start()
+    try:
+        message, elapsed = timed_invalid(data, name, **kw)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "\n" not in message
+    return message, elapsed, peak
+
+
 def test_pdf_pages_sharing_one_heavy_content_stream_are_refused_before_interpretation() -> None:
     # main: 26 s (about 4 s per page), and max_chars never tripped: the pages emit no text
     data = hostile.pdf_sharing_one_heavy_stream(pages=6, content_bytes=3_600_000)
