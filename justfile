@@ -13,11 +13,11 @@ bin := ".venv/bin"
 torch_cpu_index := "https://download.pytorch.org/whl/cpu"
 
 # Run a worker (embedded PostgreSQL + folder store + local model when nothing is configured).
-worker *ARGS: setup
+worker *ARGS: setup setup-ocr
     {{bin}}/trioindex worker "$@"
 
 # Run the whole test suite.
-test *ARGS: setup setup-jdbc
+test *ARGS: setup setup-jdbc setup-ocr
     {{bin}}/pytest "$@"
 
 # The PostgreSQL JDBC driver for the Java example's test (Debian's libpostgresql-jdbc-java),
@@ -83,6 +83,25 @@ setup:
     pip=(python3.11 -m pip --python {{bin}}/python install -q -r requirements-local.txt)
     "${pip[@]}" 2>/dev/null || "${pip[@]}" --extra-index-url {{torch_cpu_index}}
     key > "$stamp"
+
+# Tesseract OCR with Korean and English (Debian's packages), which reads scanned PDFs and images.
+# Installed when missing and running as root with apt-get; otherwise it says so, OCR stays off
+# (such files are refused, naming why) and the OCR tests are skipped with that reason.
+setup-ocr:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    have() { command -v tesseract >/dev/null && tesseract --list-langs 2>/dev/null | grep -qx kor \
+        && tesseract --list-langs 2>/dev/null | grep -qx eng; }
+    have && exit 0
+    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+        echo "installing Tesseract OCR (Korean and English), once" >&2
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            tesseract-ocr tesseract-ocr-kor tesseract-ocr-eng >/dev/null; } \
+            || echo "setup-ocr: could not install Tesseract; OCR is off and its tests skip" >&2
+    else
+        echo "setup-ocr: no Tesseract with Korean and English; as root:" \
+            "apt-get install tesseract-ocr tesseract-ocr-kor tesseract-ocr-eng (OCR is off)" >&2
+    fi
 
 # Benchmarks (figures, not pass/fail): queue, embedding step, pipeline, memory, pgai peer. `--quick` for a smoke run.
 bench *ARGS: setup

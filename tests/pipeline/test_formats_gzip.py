@@ -9,13 +9,11 @@ from __future__ import annotations
 import gzip
 import io
 import tarfile
-import time
-import tracemalloc
 
 import pytest
 
 from testkit.documents import make_docx, make_pdf
-from tests.pipeline.test_formats import KOREAN, extract, invalid
+from tests.pipeline.test_formats import KOREAN, extract, invalid, refusal_cost
 from trioindex.pipeline.formats import DocumentFormat, detect_format
 
 MiB = 1024 * 1024
@@ -76,18 +74,10 @@ def test_concatenated_members_are_read_as_one_document() -> None:
 def test_a_gzip_bomb_is_refused_by_its_ratio_after_inflating_no_more_than_the_cap() -> None:
     data = gz(b"\x00" * (256 * MiB))  # 256 MiB of zeros in ~250 KiB
     assert len(data) < 300 * 1024
-    tracemalloc.start()
-    try:
-        started = time.perf_counter()
-        message = invalid(data, "bomb.txt.gz", max_bytes=512 * MiB)
-        elapsed = time.perf_counter() - started
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    message, elapsed, peak = refusal_cost(data, "bomb.txt.gz", max_bytes=512 * MiB)
     cap = 100 * len(data)  # GZIP_EXPANSION_RATIO x the file
     assert message.startswith("gzip expands to more than ")
     assert message.endswith(" file; decompression bomb or oversized)")
-    assert "\n" not in message
     # the output grows by an eighth at a time, so a little over the cap; never 256 MiB
     assert peak < cap * 5 // 4 + 2 * MiB, "stopped at the cap, not after inflating everything"
     assert elapsed < 2.0
@@ -120,9 +110,7 @@ def test_truncated_and_corrupt_gzip_files_are_corrupt() -> None:
 def test_what_gzip_may_not_hold() -> None:
     assert invalid(gz(gz(b"twice")), "a.txt.gz.gz") == "unsupported format: gzip inside gzip"
     assert invalid(gz(b""), "empty.gz") == "empty file: the gzip file holds no bytes"
-    assert invalid(gz(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40), "a.png.gz") == (
-        "unsupported format: PNG image"
-    )
+    assert invalid(gz(b"GIF89a" + b"\x00" * 40), "a.gif.gz") == "unsupported format: GIF image"
     tar = io.BytesIO()
     with tarfile.open(fileobj=tar, mode="w") as archive:
         archive.addfile(tarfile.TarInfo("notes.txt"), io.BytesIO(b""))

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import itertools
 import struct
-import time
-import tracemalloc
 import zlib
 
 import pytest
 
-from tests.pipeline.test_formats import extract, invalid
+from tests.pipeline.test_formats import extract, invalid, refusal_cost
 from trioindex.pipeline.formats import DocumentFormat, detect_format
 
 MiB = 1024 * 1024
@@ -265,14 +263,7 @@ def test_other_ole2_files_encrypted_office_and_hwp_3_are_refused() -> None:
 def test_a_section_bomb_is_refused_by_the_cap_after_inflating_no_more() -> None:
     data = make_hwp((record(PARA_TEXT, 0, b"\x00" * (64 * MiB)),))  # deflated by make_hwp
     assert len(data) < 256 * 1024
-    tracemalloc.start()
-    try:
-        started = time.perf_counter()
-        message = invalid(data, "bomb.hwp", max_bytes=64 * MiB)
-        elapsed = time.perf_counter() - started
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    message, elapsed, peak = refusal_cost(data, "bomb.hwp", max_bytes=64 * MiB)
     assert message.startswith("HWP body text expands to more than ")
     assert message.endswith("file); decompression bomb or oversized")
     cap = max(8 * MiB, 200 * len(data))  # the ZIP packages' cap, for all sections together

@@ -429,6 +429,15 @@ KEYS: Final[tuple[KeySpec, ...]] = (
         bound=_POSITIVE,
     ),
     _key(
+        "indexing.parsing.ocr",
+        "auto",
+        Kind.CHOICE,
+        "one of auto|off",
+        "OCR of scanned PDFs and images: auto (when Tesseract reads Korean and English) or off",
+        field="parsing.ocr",
+        choices=("auto", "off"),
+    ),
+    _key(
         "indexing.chunking.max-tokens",
         256,
         Kind.INT,

@@ -82,6 +82,7 @@ class ParsingSettings:
     chunk_max_tokens: int
     chunk_max_characters: int
     chunk_overlap: float
+    ocr: str = "auto"  # "off": scanned PDFs and images are refused without OCR
 
 
 @attrs.frozen

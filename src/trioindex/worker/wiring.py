@@ -82,6 +82,7 @@ class PipelineSteps:
     embedder: Embedder
     max_document_bytes: int
     parse_timeout: float = DEFAULT_TIMEOUT
+    ocr: bool = True  # indexing.parsing.ocr is not "off"
     cpu_limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))
     max_in_flight: int = 4
     # large documents reserve their size from before their bytes are read until the job ends
@@ -135,6 +136,7 @@ class PipelineSteps:
             chunker=self.chunker,
             max_bytes=self.max_document_bytes,
             parse_timeout=self.parse_timeout,
+            ocr=self.ocr,
             cpu_limiter=self.cpu_limiter,
         )
         self.large_documents.phase_done(claim.job_id)  # the statement's parameters are freed
@@ -229,6 +231,7 @@ def build_worker(
         embedder=embedder,
         max_document_bytes=settings.parsing.max_document_bytes,
         parse_timeout=settings.parsing.timeout,
+        ocr=settings.parsing.ocr != "off",
         max_in_flight=settings.embedding.max_in_flight,
         index_keeper=index_keeper,
     )

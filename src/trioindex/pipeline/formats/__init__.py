@@ -28,6 +28,7 @@ One module per concern:
 ``hwp``         Hangul 5.0 (OLE2) body text records
 ``rtf``         RTF: text of the body, code pages and Unicode escapes
 ``eml``         e-mail: headers, text and HTML parts, attachments' names
+``ocr``         scanned PDFs and images through Tesseract, Korean and English
 ``compressed``  gzip, inflated in blocks up to its cap, then read as the document inside
 ``package``     ZIP packages under the zip-bomb bounds, XML without entities, depth bounded
 ``flow``        paragraphs, tables and notes of streamed XML into an outline
@@ -41,12 +42,14 @@ One module per concern:
 from trioindex.pipeline.formats.detect import DocumentFormat, detect_format
 from trioindex.pipeline.formats.extract import ExtractedText, extract_text
 from trioindex.pipeline.formats.limits import PDF_MAX_PAGES
+from trioindex.pipeline.formats.ocr import OcrPolicy
 
 # What the parse step, the tests and the benchmarks import; the rest stays in its module.
 __all__ = [
     "PDF_MAX_PAGES",
     "DocumentFormat",
     "ExtractedText",
+    "OcrPolicy",
     "detect_format",
     "extract_text",
 ]

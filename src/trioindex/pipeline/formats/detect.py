@@ -19,7 +19,7 @@ from pathlib import PurePosixPath
 
 from trioindex.errors import ContentInvalid
 
-__all__ = ["DocumentFormat", "bom", "detect_format", "office_document", "zip_name"]
+__all__ = ["DocumentFormat", "bom", "detect_format", "image_kind", "office_document", "zip_name"]
 
 
 class DocumentFormat(enum.StrEnum):
@@ -38,6 +38,7 @@ class DocumentFormat(enum.StrEnum):
     EPUB = "EPUB"
     HWPX = "HWPX"
     HWP = "HWP"
+    IMAGE = "IMAGE"  # PNG, JPEG, TIFF: read by OCR (:mod:`.ocr`)
     RTF = "RTF"
     EML = "EML"
     GZIP = "GZIP"  # read as the document it holds (:mod:`.compressed`)
@@ -104,12 +105,8 @@ _MARKDOWN_TYPES = {"text/markdown", "text/x-markdown"}
 
 # Signatures of common binary formats we do not index, named so the message helps the uploader.
 _BINARY_SIGNATURES: tuple[tuple[bytes, str], ...] = (
-    (b"\x89PNG\r\n\x1a\n", "PNG image"),
-    (b"\xff\xd8\xff", "JPEG image"),
     (b"GIF87a", "GIF image"),
     (b"GIF89a", "GIF image"),
-    (b"II*\x00", "TIFF image"),
-    (b"MM\x00*", "TIFF image"),
     (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "legacy Office (OLE2, e.g. .doc/.xls)"),
     (b"\x1f\x8b", "gzip archive of an unknown method"),  # deflate ones are read
     (b"\xfd7zXZ\x00", "xz archive"),
@@ -132,6 +129,13 @@ _WEAK_SIGNATURES: tuple[tuple[bytes, str], ...] = (
 )
 _ZIP_SIGNATURES = (b"PK\x03\x04", b"PK\x05\x06")
 _GZIP_SIGNATURE = b"\x1f\x8b\x08"  # the magic, then deflate: the only method gzip defines
+# Images OCR reads, and what a refusal calls them.
+_IMAGE_SIGNATURES: tuple[tuple[bytes, str], ...] = (
+    (b"\x89PNG\r\n\x1a\n", "PNG image"),
+    (b"\xff\xd8\xff", "JPEG image"),
+    (b"II*\x00", "TIFF image"),
+    (b"MM\x00*", "TIFF image"),
+)
 _OLE_SIGNATURE = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
 _RTF_SIGNATURE = b"{\\rtf"
 
@@ -299,6 +303,11 @@ def _ole_format(data: bytes) -> DocumentFormat:
     raise ContentInvalid("unsupported format: legacy Office (OLE2, e.g. .doc/.xls)")
 
 
+def image_kind(data: bytes) -> str | None:
+    """``PNG image``, ``JPEG image``, ``TIFF image``, or None for other bytes."""
+    return next((kind for signature, kind in _IMAGE_SIGNATURES if data.startswith(signature)), None)
+
+
 def _looks_like_email(data: bytes) -> bool:
     block = _EML_BLOCK.match(data[:8192])
     if block is None:
@@ -333,6 +342,8 @@ def detect_format(data: bytes, name: str, content_type: str | None = None) -> Do
         return _ole_format(data)
     if data.startswith(_RTF_SIGNATURE):
         return DocumentFormat.RTF
+    if image_kind(data) is not None:
+        return DocumentFormat.IMAGE
     if says_pdf:
         raise ContentInvalid("corrupt PDF: no PDF header")
     if says_package is not None:

@@ -13,6 +13,9 @@ __all__ = [
     "GZIP_EXPANSION_RATIO",
     "GZIP_MIN_CAP",
     "GZIP_READ_BLOCK",
+    "IMAGE_MAX_PIXELS",
+    "OCR_MAX_PAGES",
+    "OCR_MAX_PIXELS",
     "PDF_CONTENT_EXPANSION",
     "PDF_MAX_PAGES",
     "PDF_MAX_PAGE_CONTENT",
@@ -48,6 +51,13 @@ ZIP_MAX_XML_BYTES = 32 * MiB
 ZIP_MAX_ENTRIES = 10_000
 ZIP_READ_BLOCK = 256 * 1024  # inflation is counted one block at a time, never kept
 XML_MAX_DEPTH = 128
+# OCR: an image declaring more than IMAGE_MAX_PIXELS is refused before it is decoded (40 MP of
+# grey is 40 MB); what Tesseract reads is scaled down to OCR_MAX_PIXELS (an A4 page at 400 dpi
+# is 15.5 MP, at 300 dpi 8.7 MP); at most OCR_MAX_PAGES pages, each within the OCR policy's
+# page_seconds.
+IMAGE_MAX_PIXELS = 40_000_000
+OCR_MAX_PIXELS = 12_000_000
+OCR_MAX_PAGES = 200
 # An e-mail's MIME parts: at most EML_MAX_PARTS, nested at most EML_MAX_DEPTH deep (real
 # messages: a few parts, 3-4 deep).
 EML_MAX_PARTS = 1000
