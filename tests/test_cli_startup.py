@@ -68,6 +68,16 @@ def test_admin_commands_and_help_import_nothing_heavy(env: dict[str, str], args:
     assert not loaded & NOT_FOR_ADMIN, sorted(loaded & NOT_FOR_ADMIN)
 
 
+@pytest.mark.parametrize("args", [["--version"], ["--help"], ["jobs", "--help"]], ids=" ".join)
+def test_version_and_help_load_neither_the_database_driver_nor_trio_nor_rich(
+    env: dict[str, str], args: list[str]
+) -> None:
+    """They answer before any command runs: nothing a command needs is loaded (about 0.2 s
+    of CPU here, against 0.45 s when the command modules imported psycopg and Trio)."""
+    unwanted = imported(env, *args) & (NOT_FOR_ADMIN | {"psycopg", "psycopg_pool", "trio", "rich"})
+    assert not unwanted, sorted(unwanted)
+
+
 def test_search_with_a_server_model_imports_nothing_from_torch(
     env: dict[str, str], embed_server: FakeEmbedServer
 ) -> None:

@@ -31,7 +31,7 @@ from trioindex.db.pool import Connection, Database
 from trioindex.db.steps import ChunkCommit, ParseSnapshot, begin_parse_many, store_chunks_many
 from trioindex.errors import FailureType
 from trioindex.pipeline.chunking import ChunkDraft
-from trioindex.values import Claim
+from trioindex.values import Claim, WorkerStatus
 
 OLD, NEW = "old-model", "new-model"
 
@@ -376,3 +376,26 @@ def test_twins_storing_the_set_at_once_wait_on_the_version_and_converge(
             first.claim.document_version_id,
         )
     assert rows == 3
+
+
+# -- workers ------------------------------------------------------------------------------------
+
+
+def test_a_second_stopped_write_changes_nothing(db: Database, worker: UUID) -> None:
+    """STOPPED is final for the STOPPED write too: a repeated one (a cleanup write retried after
+    a timeout whose first try did commit) neither moves stopped_at nor records a second
+    WORKER_STOPPED."""
+    with db.connection() as conn:
+        lifecycle.set_worker_status(conn, worker, WorkerStatus.STOPPED)
+        first = conn.execute(
+            "SELECT stopped_at FROM indexing_workers WHERE id = %s", (worker,)
+        ).fetchone()
+        lifecycle.set_worker_status(conn, worker, WorkerStatus.STOPPED)
+        again = conn.execute(
+            "SELECT stopped_at FROM indexing_workers WHERE id = %s", (worker,)
+        ).fetchone()
+        events = conn.execute(
+            "SELECT event_type FROM indexing_events WHERE worker_id = %s ORDER BY id", (worker,)
+        ).fetchall()
+    assert again == first
+    assert [e["event_type"] for e in events] == ["WORKER_REGISTERED", "WORKER_STOPPED"]

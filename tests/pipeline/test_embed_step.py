@@ -27,6 +27,7 @@ from trioindex.db.pool import Connection, Database
 from trioindex.db.steps import (
     ChunkRef,
     EmbeddingCommit,
+    EmbeddingDraft,
     EmbedSnapshot,
     StoredSlice,
     begin_embedding,
@@ -40,7 +41,12 @@ from trioindex.errors import (
     ResultInvalid,
     StateInconsistent,
 )
-from trioindex.pipeline.embed_step import HASH_SLICE_ROWS, SLICE_ROWS, build_drafts
+from trioindex.pipeline.embed_step import (
+    HASH_SLICE_ROWS,
+    SLICE_ROWS,
+    as_float32,
+    drafts_from_matrix,
+)
 from trioindex.storage import AsyncObjectStore, FolderStore
 from trioindex.values import Claim, CompleteResult
 from trioindex.worker.wiring import PipelineSteps
@@ -126,6 +132,12 @@ def _independent_hash(vector: Any) -> str:
 def _snapshot(db: Database, claim: Claim) -> EmbedSnapshot:
     with db.connection() as conn:
         return begin_embedding(conn, claim)
+
+
+def build_drafts(snapshot: EmbedSnapshot, vectors: object) -> list[EmbeddingDraft]:
+    """The worker's two steps from an embedder's answer: validate it, then hash each row."""
+    matrix = as_float32(vectors, expected_count=len(snapshot.chunks), dimension=snapshot.dimension)
+    return drafts_from_matrix(snapshot, matrix)
 
 
 def _commit(

@@ -10,25 +10,29 @@ options typed here (:func:`priority_option`, :data:`ModelName`) carry the databa
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import json
 import logging
+import os
 import sys
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Annotated, Any, Final, ParamSpec, TypeVar
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Final, ParamSpec, TypeVar
 
-import psycopg
-import trio
 import typer
 from typer.core import TyperGroup
 
-from trioindex.config import Settings, load_settings
+from trioindex.config import Settings, ensure_home, load_settings
+from trioindex.config.home import CREATED_HOME
 from trioindex.config.settings import MODEL_NAME_MAX
 from trioindex.config.units import text_problem
 from trioindex.errors import ConfigError, TrioindexError
 from trioindex.logs import configure_logging
 from trioindex.values import as_json
+
+if TYPE_CHECKING:  # psycopg loads libpq: imported only by the commands that use it
+    import psycopg
 
 logger = logging.getLogger("trioindex.cli")
 
@@ -76,6 +80,37 @@ class OneLineUsageErrors(TyperGroup):
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
 
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        with closed_pipe_is_the_end():  # the help, printed while the arguments are parsed
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        with closed_pipe_is_the_end():
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def closed_pipe_is_the_end() -> Iterator[None]:
+    """A reader that went away (``trioindex status | head -1``) ends the command quietly with
+    exit code 0: a closed pipe is not an error."""
+    try:
+        yield
+    except BaseException as exc:
+        if not _closed_pipe(exc):
+            raise
+        # later writes (the interpreter's final flush included) go nowhere
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        raise typer.Exit(0) from None
+
+
+def _closed_pipe(exc: BaseException) -> bool:
+    """A BrokenPipeError, alone or as every member of (nested) exception groups."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_closed_pipe(e) for e in exc.exceptions)
+    return isinstance(exc, BrokenPipeError)
+
 
 def usage_line(exc: Any) -> str:
     """``trioindex: Invalid value for '--top-k': ... (try 'trioindex search -h')``."""
@@ -93,6 +128,8 @@ app = typer.Typer(
     # a bug's traceback must not print local variables: they hold URLs with passwords
     pretty_exceptions_show_locals=False,
     context_settings={"help_option_names": ["-h", "--help"]},
+    # plain help: rich would load its Markdown stack (0.15 s of CPU) for every `--help`
+    rich_markup_mode=None,
 )
 
 
@@ -113,9 +150,9 @@ def _main(
         ),
     ] = False,
 ) -> None:
-    # Start-up stays lean: each command imports what it needs (torch, minio, the parsers, the
-    # embedding clients) inside its own body, so `status`, `jobs` and `--help` answer in about
-    # a second and `search` against an embedding server never loads torch.
+    # Start-up stays lean: each command imports what it needs (psycopg, Trio, torch, minio, the
+    # parsers, the embedding clients) inside its own body, so `--help` and `--version` load
+    # none of them and `search` against an embedding server never loads torch.
     pass
 
 
@@ -165,9 +202,9 @@ def friendly(fn: Callable[P, T]) -> Callable[P, T]:
     """Refuse undecodable text arguments (:func:`refuse_bad_text`), then turn trioindex's own
     errors into one line on stderr and a non-zero exit.
 
-    Errors raised inside Trio nurseries arrive wrapped in exception groups; a group holding one
-    error is explained as that error (a database that went away while the worker registers is
-    still one line, not a traceback).
+    Errors raised inside Trio nurseries arrive wrapped in exception groups; a group holding
+    errors of one type is explained as its first (a database that went away while the worker
+    registers, or under several search tasks at once, is still one line, not a traceback).
     """
 
     @functools.wraps(fn)
@@ -187,21 +224,39 @@ def friendly(fn: Callable[P, T]) -> Callable[P, T]:
 
 
 def _sole_error(exc: BaseException) -> BaseException:
-    """The one error inside (nested) single-member exception groups, else ``exc`` itself."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+    """The one error inside (nested) exception groups whose members are all of one type (the
+    same failure met by several tasks), else ``exc`` itself."""
+    while isinstance(exc, BaseExceptionGroup) and len({type(e) for e in exc.exceptions}) == 1:
         exc = exc.exceptions[0]
     return exc
 
 
+# SQLSTATEs of a connection that went away: connection exceptions (08), and the server shutting
+# down, not accepting connections yet, or ending an idle session (57P01-57P05).
+_CONNECTION_LOST = ("08", "57P0")
+
+
+def _connection_lost(exc: psycopg.Error) -> bool:
+    """Whether ``exc`` means the connection is gone (a client-side operational failure, or a
+    server-sent one of :data:`_CONNECTION_LOST`), rather than a statement that failed on a
+    connection still there (a value the server refused, a statement too complex)."""
+    import psycopg
+
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    return exc.sqlstate is None or exc.sqlstate.startswith(_CONNECTION_LOST)
+
+
 def _explain(exc: BaseException) -> tuple[int, str] | None:
     """Exit code and message for an error meant for people; None for a bug."""
+    import psycopg
     from psycopg_pool import PoolTimeout
 
     if isinstance(exc, ConfigError):
         return 2, f"configuration error: {exc}"
     if isinstance(exc, TrioindexError | FileNotFoundError):
         return 1, str(exc)
-    if isinstance(exc, psycopg.OperationalError | PoolTimeout):
+    if isinstance(exc, PoolTimeout) or (isinstance(exc, psycopg.Error) and _connection_lost(exc)):
         # the server went away mid-command (restart, failover, network); every command is
         # safe to re-run: ingest skips what it already enqueued. A client-side failure's first
         # line names host and port, never the password; a server-sent one (it has a SQLSTATE)
@@ -216,16 +271,28 @@ def _explain(exc: BaseException) -> tuple[int, str] | None:
     return None
 
 
-def command_settings(json_logs: bool = False, quiet: bool = False) -> Settings:
+def command_settings(
+    json_logs: bool = False, quiet: bool = False, *, database: bool = True, storage: bool = False
+) -> Settings:
+    """The settings, with logging set up. The home is created (and where it is said on stderr,
+    one line) when the command will use it: with ``database`` for the embedded database, with
+    ``storage`` for the folder store."""
     settings = load_settings()
     configure_logging(
         "json" if json_logs else settings.log_format,
         logging.WARNING if quiet else logging.INFO,
     )
+    uses_home = (database and settings.database.url is None) or (
+        storage and settings.storage.url is None
+    )
+    if uses_home and ensure_home(settings.home):
+        typer.echo(f"trioindex: {CREATED_HOME.format(home=settings.home)}", err=True)
     return settings
 
 
 def run(fn: Callable[[], Awaitable[T]]) -> T:
+    import trio
+
     return trio.run(fn)
 
 

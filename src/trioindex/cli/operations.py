@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import socket
 from typing import Annotated, Any
@@ -24,8 +25,7 @@ from trioindex.cli.common import (
     run,
 )
 from trioindex.config import Settings
-from trioindex.db import operations as admin
-from trioindex.db.pool import migrate_or_explain
+from trioindex.db.embedded_users import ServerState, server_state
 from trioindex.errors import ConfigError
 from trioindex.values import JobStatus
 
@@ -44,7 +44,7 @@ def worker(
     json_logs: Annotated[bool, typer.Option(help="Log one JSON object per line.")] = False,
 ) -> None:
     """Run a worker: migrate, register, then claim and index jobs until SIGTERM/SIGINT."""
-    settings = command_settings(json_logs)
+    settings = command_settings(json_logs, storage=True)
     from trioindex.worker.wiring import run_worker
 
     if metrics_port is not None:
@@ -60,6 +60,7 @@ def worker(
 def migrate() -> None:
     """Apply pending schema migrations (safe to run from several processes at once)."""
     settings = command_settings()
+    from trioindex.db.pool import migrate_or_explain
     from trioindex.services import resolve_database_url
 
     url = run(functools.partial(resolve_database_url, settings))
@@ -75,7 +76,9 @@ def migrate() -> None:
 def status(as_json: JsonFlag = False) -> None:
     """Jobs by status, oldest pending age, retries, failures by type, and workers."""
     settings = command_settings(quiet=True)
-    embedded_was_up = _embedded_running(settings)
+    from trioindex.db import operations as admin
+
+    embedded = _embedded_state(settings)
     result = database_call(
         settings, admin.queue_status, heartbeat_timeout=settings.worker.heartbeat_timeout
     )
@@ -109,22 +112,37 @@ def status(as_json: JsonFlag = False) -> None:
             f"  running {w.running_jobs}/{w.max_concurrency}"
             f"  heartbeat {w.heartbeat_age_seconds:.0f}s ago"
         )
-    if embedded_was_up is not None:
-        pgdata = settings.home.resolve() / "pgdata"
-        typer.echo(
-            f"database: embedded PostgreSQL under {pgdata}, running"
-            " (it stops when the last trioindex process using it exits; `trioindex db stop`"
-            " stops it now)"
-            if embedded_was_up
-            else f"database: embedded PostgreSQL under {pgdata}, started for this command only"
+    if embedded is not None:
+        typer.echo(_embedded_line(settings, embedded))
+
+
+def _embedded_state(settings: Settings) -> ServerState | None:
+    """None with database.url set; else the embedded server's state before this command."""
+    if settings.database.url:
+        return None
+    return server_state(settings.home.resolve() / "pgdata")
+
+
+def _embedded_line(settings: Settings, state: ServerState) -> str:
+    where = f"database: embedded PostgreSQL under {settings.home.resolve() / 'pgdata'}"
+    if state.running and state.users:
+        return (
+            f"{where}, running (it stops when the last trioindex process using it exits;"
+            " `trioindex db stop` stops it now)"
         )
+    if state.running:
+        died = ", ".join(str(pid) for pid in state.gone) or "unknown"
+        return (
+            f"{where}, left running by a process that died (pid {died});"
+            " it stops when this command exits"
+        )
+    return f"{where}, started for this command only"
 
 
 def _embedded_running(settings: Settings) -> bool | None:
     """None with database.url set; else whether the embedded server under home is running."""
-    if settings.database.url:
-        return None
-    return (settings.home.resolve() / "pgdata" / "postmaster.pid").exists()
+    state = _embedded_state(settings)
+    return None if state is None else state.running
 
 
 db_app = typer.Typer(no_args_is_help=True, help="The embedded PostgreSQL (no database.url).")
@@ -135,7 +153,7 @@ app.add_typer(db_app, name="db")
 @friendly
 def db_stop() -> None:
     """Stop the embedded PostgreSQL under home now, whoever started it."""
-    settings = command_settings(quiet=True)
+    settings = command_settings(quiet=True, database=False)
     pgdata = settings.home.resolve() / "pgdata"
     running = _embedded_running(settings)
     if running is None:
@@ -155,6 +173,8 @@ def db_stop() -> None:
 def healthcheck() -> None:
     """Exit 0 when the database answers and this host's worker heartbeat is fresh."""
     settings = command_settings(quiet=True)
+    from trioindex.db import operations as admin
+
     fresh = database_call(
         settings,
         admin.fresh_worker_on_host,
@@ -182,35 +202,83 @@ def jobs_list(
 ) -> None:
     """List jobs, newest first."""
     settings = command_settings(quiet=True)
-    jobs = database_call(settings, admin.list_jobs, status=status, limit=limit)
+    from trioindex.db import operations as admin
+
+    page = database_call(settings, admin.job_page, status=status, limit=limit)
     if as_json:
-        print_json(jobs)
+        print_json(list(page.jobs))
         return
-    if not jobs:
+    if not page.jobs:
         typer.echo("no jobs" + (f" with status {status.value}" if status else ""))
         return
-    typer.echo(f"{'JOB':36}  {'STATUS':10} {'DONE':>4}  ATTEMPTS  DOCUMENT (VERSION)  FAILURE")
-    for job in jobs:
+    documents = [f"{job.document_key} (v{job.version_no})" for job in page.jobs]
+    width = max(len("DOCUMENT (VERSION)"), *(len(d) for d in documents))
+    typer.echo(
+        f"{'JOB':36}  {'STATUS':10} {'DONE':>4}  ATTEMPTS  {'DOCUMENT (VERSION)':{width}}  FAILURE"
+    )
+    for job, document in zip(page.jobs, documents, strict=True):
         failure = ""
         if job.last_failure_type:
             message = " ".join((job.last_failure_message or "").split())
-            failure = f"  {job.last_failure_type}" + (f": {message[:120]}" if message else "")
+            failure = f"{job.last_failure_type}" + (f": {message[:120]}" if message else "")
         typer.echo(
-            f"{job.id}  {job.status:10} {job.progress:>3}%  {job.attempt_count:>3}/"
-            f"{job.max_attempts:<4}  {job.document_key} (v{job.version_no}){failure}"
+            f"{job.id}  {job.status:10} {_done(job):>4}  {job.attempt_count:>3}/"
+            f"{job.max_attempts:<4}  {document:{width}}  {failure}".rstrip()
         )
+    if page.total > len(page.jobs):
+        typer.echo(f"{len(page.jobs)} of {page.total} jobs (--limit shows more)")
+
+
+def _done(job: Any) -> str:
+    """The DONE column: the progress of a job that runs or ran to the end; a FAILED job's
+    progress says nothing about the document, so none is shown."""
+    return "-" if job.status == JobStatus.FAILED else f"{job.progress}%"
+
+
+def _job_ref(given: str | None) -> str | None:
+    """A job id or the start of one, as ids are printed (hex digits and hyphens); a usage
+    error naming the argument otherwise."""
+    if given is None:
+        return None
+    text = given.strip().lower()
+    if not text or not set(text) <= set("0123456789abcdef-"):
+        raise typer.BadParameter(f"not a job id or the start of one: {given!r}")
+    return text
+
+
+def _job_id(conn: Any, ref: str) -> UUID:
+    """The job a full id or a unique start of one names (logs print short ids)."""
+    from trioindex.db import operations as admin
+    from trioindex.errors import NotFound
+
+    if len(ref.replace("-", "")) == 32:
+        with contextlib.suppress(ValueError):  # hyphens in odd places: a prefix, then
+            return UUID(ref)
+    found = admin.job_ids_with_prefix(conn, ref, limit=2)
+    if not found:
+        raise NotFound(f"no job with an id that starts with {ref}")
+    if len(found) > 1:
+        raise NotFound(f"more than one job id starts with {ref}; give more of it")
+    return found[0]
 
 
 @jobs_app.command("show")
 @friendly
-def jobs_show(job_id: UUID, as_json: JsonFlag = False) -> None:
+def jobs_show(
+    job_id: Annotated[
+        str, typer.Argument(callback=_job_ref, help="The job's id, or a unique start of it.")
+    ],
+    as_json: JsonFlag = False,
+) -> None:
     """One job with its attempts, failure types and timings."""
     settings = command_settings(quiet=True)
-    job = database_call(settings, admin.show_job, job_id)
+    from trioindex.db import operations as admin
+
+    job = database_call(settings, lambda conn: admin.show_job(conn, _job_id(conn, job_id)))
     if as_json:
         print_json(job)
         return
-    typer.echo(f"job {job.id}: {job.status} ({job.progress}%)")
+    typer.echo(f"job {job.id}: {job.status} ({_done(job)})")
     served = "served by its model" if job.version_served else "not served by its model"
     typer.echo(f"document {job.document_key} version {job.version_no} ({served})")
     typer.echo(
@@ -232,7 +300,10 @@ def jobs_show(job_id: UUID, as_json: JsonFlag = False) -> None:
 @jobs_app.command("retry")
 @friendly
 def jobs_retry(
-    job_id: Annotated[UUID | None, typer.Argument()] = None,
+    job_id: Annotated[
+        str | None,
+        typer.Argument(callback=_job_ref, help="The job's id, or a unique start of it."),
+    ] = None,
     all_failed: Annotated[
         bool, typer.Option("--all-failed", help="Retry every FAILED job.")
     ] = False,
@@ -243,9 +314,10 @@ def jobs_retry(
         typer.echo("trioindex: give a job id or --all-failed (not both)", err=True)
         raise typer.Exit(2)
     settings = command_settings(quiet=True)
+    from trioindex.db import operations as admin
 
     def retry(conn: Any) -> list[Any]:
-        ids = admin.failed_job_ids(conn) if job_id is None else [job_id]
+        ids = admin.failed_job_ids(conn) if job_id is None else [_job_id(conn, job_id)]
         return [
             admin.retry_failed_job(conn, i, extra_attempts=settings.worker.max_attempts)
             for i in ids

@@ -2,6 +2,8 @@
 
 Modules, in the order a value travels:
 
+* ``home`` — where the home and the file are: the project above the working directory, or the
+  user's data folder;
 * ``settings`` — the validated values (:class:`Settings` and its sections) and model constants;
 * ``keys`` — :data:`KEYS`, every key named once with its default, kind, rule and meaning;
 * ``units`` — durations and sizes as people write them, and how a value is shown back;
@@ -17,6 +19,7 @@ docs/design/configuration.md describes the keys, the layers and the error format
 from __future__ import annotations
 
 from trioindex.config.checks import value_problem
+from trioindex.config.home import CONFIG_FILENAME, ensure_home, find_project, user_data_home
 from trioindex.config.keys import (
     EMBEDDING_APIS,
     ENV_PREFIX,
@@ -28,7 +31,8 @@ from trioindex.config.keys import (
     Kind,
     env_name,
 )
-from trioindex.config.loading import CONFIG_ENV, CONFIG_FILENAME, default_settings, load_settings
+from trioindex.config.loading import CONFIG_ENV, default_settings, load_settings
+from trioindex.config.messages import redact_url
 from trioindex.config.reference import reference_markdown
 from trioindex.config.settings import (
     KNOWN_DIMENSIONS,
@@ -43,7 +47,6 @@ from trioindex.config.settings import (
     WorkerSettings,
 )
 from trioindex.config.units import parse_duration, parse_size
-from trioindex.storage.urls import redact_url
 
 __all__ = [
     "CONFIG_ENV",
@@ -67,11 +70,14 @@ __all__ = [
     "StorageSettings",
     "WorkerSettings",
     "default_settings",
+    "ensure_home",
     "env_name",
+    "find_project",
     "load_settings",
     "parse_duration",
     "parse_size",
     "redact_url",
     "reference_markdown",
+    "user_data_home",
     "value_problem",
 ]

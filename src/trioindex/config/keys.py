@@ -22,7 +22,6 @@ from trioindex.config.settings import (
     SERVER_MODEL,
 )
 from trioindex.config.units import format_number
-from trioindex.storage.urls import storage_url_problem
 
 ENV_PREFIX: Final = "TRIOINDEX_"
 
@@ -159,6 +158,13 @@ def _database_url_problem(url: str) -> str | None:
     return database_url_problem(url)
 
 
+def _storage_url_problem(url: str) -> str | None:
+    # imported when used: the storage package loads Trio, which reading settings does not need
+    from trioindex.storage.urls import storage_url_problem
+
+    return storage_url_problem(url)
+
+
 def _redact_database_url(url: str) -> str:
     from trioindex.db.pool import redact_conninfo
 
@@ -172,9 +178,14 @@ _AT_LEAST_ONE = Bound(low=1)
 KEYS: Final[tuple[KeySpec, ...]] = (
     _key(
         "home",
-        "./.trioindex",
+        Derived(
+            "`.trioindex` in the nearest folder at or above the working directory with a"
+            " `trioindex.toml` or `.trioindex/`, else `$XDG_DATA_HOME/trioindex`"
+            " (`~/.local/share/trioindex`)"
+        ),
         Kind.PATH,
-        "a directory; relative paths start at the working directory",
+        "a directory; relative paths start at the folder of the file that sets it"
+        " (the working directory for TRIOINDEX_HOME)",
         "embedded database and folder store live here",
         field="home",
     ),
@@ -207,7 +218,7 @@ KEYS: Final[tuple[KeySpec, ...]] = (
         "(none) = folder under home/blobs",
         "object storage for uploaded documents (SECRET is a secret)",
         field="storage.url",
-        grammar=storage_url_problem,
+        grammar=_storage_url_problem,
         secret=True,
     ),
     _key(

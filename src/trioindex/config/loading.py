@@ -4,6 +4,10 @@ Values come from three layers, later ones winning::
 
     defaults  <  trioindex.toml (or the file named by TRIOINDEX_CONFIG)  <  TRIOINDEX_* variables
 
+The file is the project's (:mod:`trioindex.config.home`: the nearest ``trioindex.toml`` at or
+above the working directory), and so is the default home; a relative ``home`` in the file starts
+at the file's folder, one from the environment at the working directory.
+
 Each value keeps its :class:`~trioindex.config.messages.Origin` so that every problem found is
 reported with the key, the value and where it came from, all in one
 :class:`~trioindex.errors.ConfigError` (:mod:`trioindex.config.messages`). The same validation
@@ -25,6 +29,7 @@ from typing import Any, Final
 import attrs
 
 from trioindex.config.checks import check
+from trioindex.config.home import CONFIG_FILENAME, default_home, find_project
 from trioindex.config.keys import BY_KEY, ENV_PREFIX, KEYS, Derived, KeySpec, Kind
 from trioindex.config.messages import Origin, join, line, where
 from trioindex.config.settings import (
@@ -55,15 +60,15 @@ from trioindex.errors import ConfigError
 logger = logging.getLogger("trioindex.config")
 
 CONFIG_ENV: Final = "TRIOINDEX_CONFIG"
-CONFIG_FILENAME: Final = "trioindex.toml"
 
 
 def load_settings(*, environ: Mapping[str, str] | None = None, cwd: Path | None = None) -> Settings:
     """Settings from defaults, the TOML file and ``TRIOINDEX_*`` variables, validated.
 
     ``environ`` defaults to ``os.environ``, ``cwd`` to the working directory. The file is
-    ``$TRIOINDEX_CONFIG`` (relative to ``cwd``; it must exist) or ``cwd/trioindex.toml`` if
-    present. Raises :class:`ConfigError` listing every problem found.
+    ``$TRIOINDEX_CONFIG`` (relative to ``cwd``; it must exist) or the project's
+    ``trioindex.toml`` (:func:`~trioindex.config.home.find_project`). Raises
+    :class:`ConfigError` listing every problem found.
     """
     env = os.environ if environ is None else environ
     base = Path.cwd() if cwd is None else cwd
@@ -78,7 +83,8 @@ def load_settings(*, environ: Mapping[str, str] | None = None, cwd: Path | None 
             origins[spec.key] = Origin(env[spec.env], spec.env)
     _warn_unknown_env(env)
 
-    settings = _resolve(origins, base, errors)
+    home = default_home(base, env)
+    settings = _resolve(origins, base, errors, home_default=home, file=path)
     if errors or settings is None:
         # Registry order reads like the file; file-level problems come first.
         rank = {spec.key: n for n, spec in enumerate(KEYS)}
@@ -91,7 +97,8 @@ def load_settings(*, environ: Mapping[str, str] | None = None, cwd: Path | None 
 def default_settings(**overrides: Any) -> Settings:
     """The defaults (no file, no environment), with ``overrides`` as in ``with_overrides``."""
     errors: list[str] = []
-    settings = _resolve({}, Path.cwd(), errors)
+    cwd = Path.cwd()
+    settings = _resolve({}, cwd, errors, home_default=default_home(cwd, os.environ))
     # The registry's own defaults are valid; a failure here is a bug in KEYS.
     assert settings is not None and not errors, errors
     return apply_overrides(settings, overrides) if overrides else settings
@@ -105,8 +112,9 @@ def _config_path(env: Mapping[str, str], base: Path, errors: list[str]) -> Path 
             errors.append(f"{CONFIG_ENV}: no such file, got {show(named)}")
             return None
         return path
-    default = base / CONFIG_FILENAME
-    return default if default.is_file() else None
+    project = find_project(base)
+    default = None if project is None else project / CONFIG_FILENAME
+    return default if default is not None and default.is_file() else None
 
 
 def _read_file(path: Path, errors: list[str]) -> dict[str, Origin]:
@@ -164,8 +172,17 @@ def _warn_unknown_env(env: Mapping[str, str]) -> None:
             logger.warning("ignoring unknown environment variable %s", name)
 
 
-def _resolve(origins: Mapping[str, Origin], base: Path, errors: list[str]) -> Settings | None:
+def _resolve(
+    origins: Mapping[str, Origin],
+    base: Path,
+    errors: list[str],
+    *,
+    home_default: Path,
+    file: Path | None = None,
+) -> Settings | None:
     """Parse every key, fill the derived defaults, check the rules, build the settings.
+
+    A relative path from ``file`` starts at the file's folder, any other at ``base``.
 
     A key that fails to parse is left out of ``values``; the checks skip what depends on it,
     so every other problem is still reported in the same error.
@@ -179,11 +196,15 @@ def _resolve(origins: Mapping[str, Origin], base: Path, errors: list[str]) -> Se
             if isinstance(spec.default, Derived):
                 continue
             origin = shown[spec.key] = Origin(spec.default, "default")
+        root = file.parent if file is not None and origin.source == str(file) else base
         try:
-            values[spec.key] = _parse(spec, origin.raw, base)
+            values[spec.key] = _parse(spec, origin.raw, root)
         except Invalid as exc:
             errors.append(line(spec, str(exc), origin))
             failed.add(spec.key)
+    if values.get("home") is None and "home" not in failed:
+        values["home"] = home_default
+        shown["home"] = Origin(str(home_default), "default")
     _derive_embedding(values, shown, failed, errors)
     errors.extend(check(values, shown))
     return None if errors else _build(values)

@@ -13,7 +13,6 @@ import attrs
 
 from trioindex.config.keys import KeySpec, Kind
 from trioindex.config.units import show
-from trioindex.storage.urls import redact_url
 
 
 @attrs.frozen
@@ -40,6 +39,14 @@ def join(errors: list[str]) -> str:
     if len(errors) == 1:
         return errors[0]
     return f"{len(errors)} configuration errors:\n" + "\n".join(f"  {e}" for e in errors)
+
+
+def redact_url(url: str) -> str:
+    """:func:`trioindex.storage.urls.redact_url`, imported when first used (the storage package
+    loads Trio, which reading the settings does not need)."""
+    from trioindex.storage.urls import redact_url as redact
+
+    return redact(url)
 
 
 def show_value(spec: KeySpec, raw: object) -> str:

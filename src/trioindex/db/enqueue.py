@@ -45,10 +45,12 @@ class NewVersion:
     byte_size: int
     sha256: str
     path: str = ""  # as reported (printable), never read
+    source_etag: str | None = None  # the bucket object's ETag, for objects registered in place
 
 
 def latest_version(conn: Connection, document_key: str) -> dict[str, object] | None:
-    """The newest version of a document (id, number, sha256, storage key), or None."""
+    """The newest version of a document (id, number, sha256, storage key, size, source ETag),
+    or None."""
     return latest_versions(conn, [document_key]).get(document_key)
 
 
@@ -56,7 +58,8 @@ def latest_versions(conn: Connection, document_keys: Sequence[str]) -> dict[str,
     """:func:`latest_version` of many documents in one query, by key (absent: no document)."""
     rows = conn.execute(
         """SELECT DISTINCT ON (d.external_key) d.external_key, d.id AS document_id,
-                  v.id AS version_id, v.version_no, v.sha256, v.storage_key
+                  v.id AS version_id, v.version_no, v.sha256, v.storage_key, v.byte_size,
+                  v.source_etag
            FROM documents d JOIN document_versions v ON v.document_id = d.id
            WHERE d.external_key = ANY(%s) ORDER BY d.external_key, v.version_no DESC""",
         (list(document_keys),),
@@ -115,7 +118,7 @@ def enqueue_versions(
         rows = conn.execute(
             """SELECT * FROM trioindex_enqueue_documents(
                    %s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[], %s::text[],
-                   %s, %s, %s)""",
+                   %s, %s, %s, %s::text[])""",
             (
                 [v.document_key for v in versions],
                 [v.storage_key for v in versions],
@@ -126,6 +129,7 @@ def enqueue_versions(
                 priority,
                 max_attempts,
                 model_id,
+                [v.source_etag for v in versions],
             ),
         ).fetchall()
     return [

@@ -1,5 +1,6 @@
-"""What operators read and do: queue counts, job listings with attempts, workers, manual retry,
-the progress of waited-for jobs, and documents with each model's state of them.
+"""What operators read and do: queue counts, job listings with attempts (a page of them, or the
+jobs an id prefix names), workers, manual retry, the progress of waited-for jobs, and documents
+with each model's state of them.
 
 Synchronous, one transaction each, used by the CLI and the wait through :meth:`Database.run`.
 Nothing here returns a claim token, chunk text or vector.
@@ -198,6 +199,48 @@ def jobs_progress(conn: Connection, job_ids: list[UUID]) -> list[dict[str, Any]]
            WHERE j.id = ANY(%s)""",
         (job_ids,),
     ).fetchall()
+
+
+# --- pages of jobs, jobs by id prefix, documents -----------------------------------------------
+
+
+@attrs.frozen
+class JobPage:
+    """The newest ``jobs`` (each with its attempts) and how many jobs the filter matches."""
+
+    jobs: tuple[JobView, ...]
+    total: int
+
+
+def job_page(conn: Connection, *, status: JobStatus | None = None, limit: int = 50) -> JobPage:
+    """:func:`list_jobs` with every listed job's attempts, and the count of all it matched."""
+    with conn.transaction():
+        jobs = list_jobs(conn, status=status, limit=limit)
+        row = conn.execute(
+            "SELECT count(*) AS n FROM embedding_jobs WHERE %s::text IS NULL OR status = %s",
+            (status.value if status else None,) * 2,
+        ).fetchone()
+        attempts: dict[UUID, list[AttemptView]] = {}
+        for a in conn.execute(
+            """SELECT * FROM embedding_job_attempts WHERE embedding_job_id = ANY(%s)
+               ORDER BY embedding_job_id, attempt_no""",
+            ([j.id for j in jobs],),
+        ).fetchall():
+            attempts.setdefault(a["embedding_job_id"], []).append(AttemptView.from_row(a))
+    listed = tuple(attrs.evolve(j, attempts=tuple(attempts.get(j.id, ()))) for j in jobs)
+    return JobPage(listed, int(row["n"]) if row else 0)
+
+
+def job_ids_with_prefix(conn: Connection, prefix: str, *, limit: int = 2) -> list[UUID]:
+    """Up to ``limit`` job ids whose text form starts with ``prefix`` (lower-case hex and
+    hyphens, as the ids are printed)."""
+    return [
+        row["id"]
+        for row in conn.execute(
+            "SELECT id FROM embedding_jobs WHERE starts_with(id::text, %s) ORDER BY id LIMIT %s",
+            (prefix, limit),
+        ).fetchall()
+    ]
 
 
 # --- documents and each model's state of them ----------------------------------------------------

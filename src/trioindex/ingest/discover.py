@@ -150,8 +150,21 @@ def discover(
         elif st is not None and stat.S_ISREG(st.st_mode):
             entries.append(_file_entry(root, key or root.name, st, None, None))
         else:
-            raise FileNotFoundError(f"no such file or folder: {printable(root)}")
+            raise _missing(root)
     return Discovery(_one_file_per_key(entries))
+
+
+def check_arguments(paths: Sequence[Path]) -> None:
+    """Raise for the first path that is neither a file nor a folder, as :func:`discover` would,
+    before anything else is done (a command checks its arguments first)."""
+    for root in paths:
+        st = _argument_stat(root)
+        if st is None or not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+            raise _missing(root)
+
+
+def _missing(root: Path) -> FileNotFoundError:
+    return FileNotFoundError(f"no such file or folder: {printable(root)}")
 
 
 def _argument_stat(root: Path) -> os.stat_result | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from typing import BinaryIO, Final, Unpack
 
 import attrs
@@ -35,6 +36,15 @@ from trioindex.storage.contract import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class ListedObject:
+    """One object of a bucket listing: its key, size and ETag (quotes stripped)."""
+
+    key: str
+    size: int
+    etag: str
 
 
 def default_http_client(
@@ -200,6 +210,17 @@ class S3Store:
         except (MinioException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise self._error("delete", key, exc) from exc
         logger.debug("deleted %r from %s", key, self.description)
+
+    def list_objects(self, prefix: str) -> Iterator[ListedObject]:
+        """Every object whose key starts with ``prefix``, in key order (S3's listing order),
+        with its size and ETag; the listing is paged by the client."""
+        try:
+            for obj in self._client.list_objects(self.bucket, prefix=prefix, recursive=True):
+                if obj.is_dir or obj.object_name is None:
+                    continue
+                yield ListedObject(obj.object_name, int(obj.size or 0), (obj.etag or "").strip('"'))
+        except (MinioException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise self._error("list", prefix or None, exc) from exc
 
     def stat(self, key: str) -> ObjectInfo:
         check_key(key)

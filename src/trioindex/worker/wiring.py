@@ -192,7 +192,8 @@ def build_chunker(settings: Settings, embedder: Embedder) -> Chunker:
         policy = ChunkingPolicy(max_size=size, overlap=int(size * p.chunk_overlap))
         return Chunker.for_model_dir(policy, model_dir)
     size = p.chunk_max_characters
-    return Chunker(ChunkingPolicy(max_size=size, overlap=int(size * p.chunk_overlap)))
+    server_limit = embedder.info.max_input_tokens  # character chunks stay under it
+    return Chunker(ChunkingPolicy(size, int(size * p.chunk_overlap), server_limit))
 
 
 def chunk_set_of(chunker: Chunker, model_name: str) -> str:

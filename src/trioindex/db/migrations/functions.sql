@@ -173,7 +173,8 @@ $$;
 CREATE FUNCTION trioindex_enqueue_documents(
     p_keys text[], p_storage_keys text[], p_sha256s text[], p_byte_sizes bigint[],
     p_content_types text[] DEFAULT NULL, p_original_names text[] DEFAULT NULL,
-    p_priority integer DEFAULT 0, p_max_attempts integer DEFAULT 5, p_model uuid DEFAULT NULL)
+    p_priority integer DEFAULT 0, p_max_attempts integer DEFAULT 5, p_model uuid DEFAULT NULL,
+    p_source_etags text[] DEFAULT NULL)
 RETURNS TABLE (ord integer, document_key text, status text, document_id uuid,
                version_id uuid, version_no integer, job_id uuid)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
@@ -189,6 +190,7 @@ BEGIN
        OR coalesce(array_length(p_byte_sizes, 1), 0) <> n
        OR (p_content_types IS NOT NULL AND coalesce(array_length(p_content_types, 1), 0) <> n)
        OR (p_original_names IS NOT NULL AND coalesce(array_length(p_original_names, 1), 0) <> n)
+       OR (p_source_etags IS NOT NULL AND coalesce(array_length(p_source_etags, 1), 0) <> n)
     THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = 'trioindex_enqueue_documents: the arrays must all have one element per key';
@@ -233,12 +235,13 @@ BEGIN
                                                      GROUP BY k) AS counts) LOOP
         FOR row_out IN
             WITH input AS (
-                SELECT u.o::integer AS o, u.k, u.s, u.h, u.n, u.ct, u.nm,
+                SELECT u.o::integer AS o, u.k, u.s, u.h, u.n, u.ct, u.nm, u.et,
                        row_number() OVER (PARTITION BY u.k ORDER BY u.o) AS occurrence
                 FROM unnest(p_keys, p_storage_keys, p_sha256s, p_byte_sizes,
                             coalesce(p_content_types, array_fill(NULL::text, ARRAY[n])),
-                            coalesce(p_original_names, array_fill(NULL::text, ARRAY[n])))
-                     WITH ORDINALITY AS u(k, s, h, n, ct, nm, o)
+                            coalesce(p_original_names, array_fill(NULL::text, ARRAY[n])),
+                            coalesce(p_source_etags, array_fill(NULL::text, ARRAY[n])))
+                     WITH ORDINALITY AS u(k, s, h, n, ct, nm, et, o)
             ), batch AS (
                 SELECT i.*, d.id AS doc FROM input i
                 JOIN documents d ON d.external_key = i.k
@@ -254,9 +257,9 @@ BEGIN
             ), new_versions AS (
                 INSERT INTO document_versions
                     (document_id, version_no, storage_key, original_name, content_type,
-                     byte_size, sha256)
+                     byte_size, sha256, source_etag)
                 SELECT f.doc, f.vno, f.s, coalesce(f.nm, regexp_replace(f.k, '^.*/', '')),
-                       f.ct, f.n, f.h
+                       f.ct, f.n, f.h, f.et
                 FROM fresh f ORDER BY f.o
                 RETURNING id, document_id, version_no, byte_size
             ), new_jobs AS (
@@ -391,7 +394,7 @@ LEFT JOIN document_versions sv ON sv.id = s.document_version_id;
 -- only roles granted EXECUTE (docs/design/integration.md) may call them.
 REVOKE EXECUTE ON FUNCTION
     trioindex_enqueue_documents(text[], text[], text[], bigint[], text[], text[], integer,
-                                integer, uuid),
+                                integer, uuid, text[]),
     trioindex_enqueue_document(text, text, text, bigint, text, text, integer, integer),
     trioindex_delete_documents(text[], text, timestamptz),
     trioindex_delete_document(text)
