@@ -99,15 +99,12 @@ def service(
     s3_server: S3Server,
     tmp_path: Path,
     embed_server: FakeEmbedServer,
-    request: pytest.FixtureRequest,
 ) -> Iterator[Running]:
-    """``trioindex serve`` with API keys required; extra environment from a
-    ``service_extra_env`` marker-free fixture parameter (``request.param``) when given."""
-    extra: dict[str, str] = getattr(request, "param", {}) or {}
-    env = service_env(database_url, s3_url, tmp_path / "home", embed_server, **extra)
+    """``trioindex serve`` with API keys required, on S3, with the webhook token set."""
+    env = service_env(database_url, s3_url, tmp_path / "home", embed_server)
     log = tmp_path / "serve.log"
     url, process = start(env, log)
-    bucket = s3_url.rsplit("/", maxsplit=1)[-1].split("?", maxsplit=1)[0]
+    bucket = s3_url.rsplit("/", 1)[-1].split("?", maxsplit=1)[0]
     try:
         yield Running(url, process, log, env, database_url, bucket)
     finally:

@@ -20,6 +20,7 @@ from trioindex.db.operations import DocumentView, VersionView, list_documents, s
 from trioindex.http.context import service
 from trioindex.http.errors import ApiError
 from trioindex.http.limits import check_text, int_param, priority_param
+from trioindex.http.metrics import UPLOADED
 from trioindex.http.upload import spooled_body
 from trioindex.ingest import latest_version
 from trioindex.ingest.files import enqueue_files, prepare_bytes
@@ -51,6 +52,7 @@ async def upload(request: Request) -> Response:
     content_type = _declared_type(request)
     db, store = svc.services.db, svc.services.storage
     async with spooled_body(request, limit=svc.settings.parsing.max_document_bytes) as body:
+        UPLOADED.inc(body.size)
         latest = await db.run(latest_version, key)
         prepared = await store.run(
             functools.partial(
