@@ -188,3 +188,17 @@ def test_the_cli_registers_a_bucket_prefix(
     (line,) = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]
     assert (line["document_key"], line["status"]) == ("cli/a.txt", "created")
     assert "s3cr3t" not in run.stdout + run.stderr
+
+
+async def test_deleting_a_registered_document_never_removes_the_applications_object(
+    db: Database, store: AsyncObjectStore, s3_server: S3Server, s3_url: str
+) -> None:
+    from trioindex.removal import delete_documents
+
+    bucket = _bucket(s3_url)
+    _put(s3_server, bucket, "own/keep.txt", b"the application's bytes")
+    await _ingest(db, store, f"s3://{bucket}/own/")
+    report = await delete_documents(db, store, ["own/keep.txt"])
+    assert report.deleted == ("own/keep.txt",) and report.blobs_removed == 0
+    objects = [o.object_name for o in s3_server.client().list_objects(bucket, recursive=True)]
+    assert objects == ["own/keep.txt"]

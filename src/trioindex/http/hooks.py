@@ -32,15 +32,13 @@ from trioindex.http.context import Service, service
 from trioindex.http.errors import ApiError, invalid
 from trioindex.http.limits import MAX_KEY_CHARS, read_json
 from trioindex.ingest import NewVersion
-from trioindex.ingest.files import PreparedFile, enqueue_files, storage_key_for
+from trioindex.ingest.files import PreparedFile, enqueue_files
 from trioindex.storage import S3Location, check_key, parse_storage_url
-from trioindex.storage.contract import DEFAULT_CONTENT_TYPE
+from trioindex.storage.contract import DEFAULT_CONTENT_TYPE, OWN_BLOB_PREFIX
 
 MAX_RECORDS: Final = 1000
 _CREATED: Final = ("ObjectCreated:",)
 _REMOVED: Final = ("ObjectRemoved:", "LifecycleExpiration:", "LifecycleDelMarkerExpiration:")
-# the first segment of every key trioindex stores its own uploads under
-_OWN_BLOBS: Final = storage_key_for("0" * 64).partition("/")[0] + "/"
 
 
 class RecordRefused(Exception):
@@ -130,7 +128,7 @@ async def _record(svc: Service, bucket: str, record: Any) -> dict[str, Any]:
     if _field(record, "s3", "bucket", "name") != bucket:
         raise RecordRefused("wrong_bucket", "the event is for another bucket than storage.url's")
     key = _object_key(record)
-    if key.startswith(_OWN_BLOBS):
+    if key.startswith(OWN_BLOB_PREFIX):
         return {"key": key, "status": "ignored", "event": event}
     return {"event": event, **await _follow(svc, key)}
 

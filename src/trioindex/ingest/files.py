@@ -43,6 +43,7 @@ from trioindex.ingest import nofollow
 from trioindex.ingest.discover import SourceFile
 from trioindex.ingest.results import FileChanged, FileNotIngested, IngestResult, printable
 from trioindex.storage import AsyncObjectStore, ObjectStore
+from trioindex.storage.contract import OWN_BLOB_PREFIX
 
 __all__ = [
     "PreparedFile",
@@ -66,7 +67,7 @@ _DEADLOCK_RETRIES: Final = 3
 
 
 def storage_key_for(sha256: str) -> str:
-    return f"sha256/{sha256[:2]}/{sha256}"
+    return f"{OWN_BLOB_PREFIX}{sha256[:2]}/{sha256}"
 
 
 def open_source(source: SourceFile) -> BinaryIO:

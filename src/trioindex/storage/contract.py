@@ -31,6 +31,9 @@ import attrs
 from trioindex.errors import ContentInvalid
 
 DEFAULT_CONTENT_TYPE: Final = "application/octet-stream"
+#: Where trioindex stores the bytes it uploads itself: ``sha256/ab/<sha256>``. Any other key is
+#: an object someone else put (registered in place), which trioindex never deletes.
+OWN_BLOB_PREFIX: Final = "sha256/"
 #: The piece :meth:`ObjectStore.digest` reads at a time.
 READ_PIECE: Final = 1 << 20
 SHA256_METADATA: Final = "sha256"  # travels as the x-amz-meta-sha256 header
