@@ -118,6 +118,7 @@ def _seen(
             faults={},
             last_authorization=None,
             last_payload=None,
+            too_long=0,
         ),
         fault_rates={},
         outages=[],

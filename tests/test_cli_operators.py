@@ -145,8 +145,13 @@ def test_documents_list_shows_each_models_state_of_the_newest_version(drained: D
                                             "docs/sub/note-05.txt"]  # fmt: skip
     assert footer == f"3 of {GOOD // 2} documents (--limit shows more)"
     docs = json.loads(cli(drained.env, "documents", "list", "--json").stdout)
-    assert docs[1]["key"] == "docs/note-00.txt" and docs[1]["version_no"] == 1
-    assert docs[1]["models"] == [
+    (newest,) = docs[1]["versions"]
+    assert docs[1]["key"] == "docs/note-00.txt" and newest["version_no"] == 1
+    assert [
+        {k: m[k] for k in ("model", "job_status", "failure_type", "chunk_count",
+                           "served_version_no")}
+        for m in newest["models"]
+    ] == [
         {
             "model": "BAAI/bge-m3",
             "job_status": "SUCCEEDED",
@@ -154,7 +159,7 @@ def test_documents_list_shows_each_models_state_of_the_newest_version(drained: D
             "chunk_count": 1,
             "served_version_no": 1,
         }
-    ]
+    ]  # fmt: skip
     nothing = cli(drained.env, "documents", "list", "--prefix", "elsewhere/")
     assert nothing.stdout.strip() == "no documents under elsewhere/"
 

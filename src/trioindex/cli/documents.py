@@ -396,7 +396,7 @@ def documents_list(
     """Documents by key: the newest version and, per model, its job's state for that version
     and the version the model serves."""
     settings = command_settings(quiet=True)
-    from trioindex.db.operations import list_documents
+    from trioindex.db.operations import count_documents, list_documents
 
     page = database_call(settings, list_documents, prefix=prefix or "", limit=limit)
     if as_json:
@@ -411,9 +411,8 @@ def documents_list(
         states = "  ".join(_model_state(m, newest.version_no) for m in newest.models)
         typer.echo(f"{doc.key:{width}}  v{newest.version_no:<3} {states}".rstrip())
     if page.next_after is not None:
-        typer.echo(
-            f"{len(page.documents)} shown; more after {page.next_after} (--limit shows more)"
-        )
+        total = database_call(settings, count_documents, prefix=prefix or "")
+        typer.echo(f"{len(page.documents)} of {total} documents (--limit shows more)")
 
 
 def _model_state(state: ModelState, newest: int) -> str:

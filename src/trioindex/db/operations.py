@@ -383,6 +383,14 @@ def list_documents(
     return DocumentPage(documents, documents[-1].key if more and documents else None)
 
 
+def count_documents(conn: Connection, *, prefix: str = "") -> int:
+    """How many documents have a key starting with ``prefix`` (all for "")."""
+    row = conn.execute(
+        "SELECT count(*) AS n FROM documents WHERE starts_with(external_key, %s)", (prefix,)
+    ).fetchone()
+    return int(row["n"]) if row else 0
+
+
 def show_document(conn: Connection, key: str) -> DocumentView:
     """One document with every version, oldest first, and every model's job for each;
     :class:`NotFound` when no document has that key."""
