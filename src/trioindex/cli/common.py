@@ -77,7 +77,6 @@ class OneLineUsageErrors(TyperGroup):
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
 
-
     def make_context(self, *args: Any, **kwargs: Any) -> Any:
         with closed_pipe_is_the_end():  # the help, printed while the arguments are parsed
             return super().make_context(*args, **kwargs)
