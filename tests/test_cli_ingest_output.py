@@ -96,3 +96,36 @@ def test_ingest_wait_says_each_change_once_notes_first_and_failures_with_their_r
     assert "0 added, 1 changed, 3 unchanged" in second.stdout.splitlines()
     verbose = ingest(env, elsewhere, str(docs), "--verbose")
     assert sum("unchanged " in line for line in verbose.stdout.splitlines()) == 4, verbose.stdout
+
+
+def test_files_that_are_not_documents_are_skipped_one_line_each_and_counted(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    docs = tmp_path / "mixed"
+    docs.mkdir()
+    (docs / "notes.md").write_text("# Notes\n\nOn leases.\n")
+    (docs / "draft.md").write_text("# Draft\n")
+    (docs / "tool").write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(200))
+    (docs / "noise.bin").write_bytes(bytes(range(256)) * 4)
+
+    result = ingest(env, tmp_path, "mixed", "--exclude", "draft.*")
+    assert result.returncode == 0, result.stdout
+    lines = result.stdout.splitlines()
+    skipped = [line for line in lines if line.startswith("skipped ")]
+    assert skipped == [
+        "skipped   mixed/noise.bin  not a document trioindex indexes"
+        " (unsupported format: binary content)",
+        "skipped   mixed/tool  not a document trioindex indexes (unsupported format: executable)",
+    ]
+    assert "1 added, 0 changed, 0 unchanged, 2 skipped" in lines
+    assert not any("draft.md" in line for line in lines)  # left out by --exclude, silently
+    jobs = subprocess.run(
+        [sys.executable, "-m", "trioindex.cli", "jobs", "list"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert [line.split()[-1] for line in jobs.stdout.splitlines()[1:]] == ["(v1)"], jobs.stdout
+    assert "mixed/notes.md" in jobs.stdout

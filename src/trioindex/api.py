@@ -270,12 +270,16 @@ class Index:
         follow_symlinks: bool = False,
         key_as: str | None = None,
         sync: bool = False,
+        include: Sequence[str] = (),
+        exclude: Sequence[str] = (),
         show_progress: bool = False,
     ) -> IngestReport:
         """Upload files and folders and enqueue a job per new or changed document, as
         ``trioindex ingest`` does (``key_as`` is ``--as``; ``sync`` is ``--sync``: delete the
-        documents under each folder's key prefix whose files are gone). ``wait=True`` returns
-        once every job it queued has ended, as :meth:`wait` does."""
+        documents under each folder's key prefix whose files are gone; ``include`` /
+        ``exclude`` are the globs of ``--include`` / ``--exclude``). Files of a format
+        trioindex does not index are ``skipped``. ``wait=True`` returns once every job it
+        queued has ended, as :meth:`wait` does."""
         services = self._services
         entries = await ingest_paths(
             [Path(p) for p in paths],
@@ -287,6 +291,9 @@ class Index:
             follow_symlinks=follow_symlinks,
             key_as=key_as,
             sync=sync,
+            include=include,
+            exclude=exclude,
+            max_document_bytes=self._settings.parsing.max_document_bytes,
         )
         report = IngestReport(tuple(entries))
         return await self.wait(report, show_progress=show_progress) if wait else report
@@ -493,6 +500,8 @@ class SyncIndex:
         follow_symlinks: bool = False,
         key_as: str | None = None,
         sync: bool = False,
+        include: Sequence[str] = (),
+        exclude: Sequence[str] = (),
     ) -> IngestReport:
         """:meth:`Index.ingest`, blocking."""
         return self._call(
@@ -503,6 +512,8 @@ class SyncIndex:
                 follow_symlinks=follow_symlinks,
                 key_as=key_as,
                 sync=sync,
+                include=include,
+                exclude=exclude,
             )
         )
 

@@ -66,6 +66,18 @@ def ingest(
             help="Also delete the documents under each folder's key prefix whose files are gone.",
         ),
     ] = False,
+    include: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="GLOB",
+            help="Only files matching this (`*.md`; with a / the path below the folder:"
+            " `notes/*`); repeat.",
+        ),
+    ] = None,
+    exclude: Annotated[
+        list[str] | None,
+        typer.Option(metavar="GLOB", help="Leave out files matching this (as --include); repeat."),
+    ] = None,
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Also list the files that did not change.")
     ] = False,
@@ -74,9 +86,10 @@ def ingest(
     """Upload files and enqueue one indexing job per new or changed document.
 
     A document's key is its path relative to the current folder (`ingest a/` → `a/README.md`);
-    a folder outside it is keyed from itself, unless --as gives the prefix. One line per file
-    that changed (--verbose: every file), then counts. A file that cannot be ingested is
-    reported and the rest go on; the exit code is 1 when any was. --sync then deletes the
+    a folder outside it is keyed from itself, unless --as gives the prefix. Files of a format
+    trioindex does not index (images, archives, programs) are skipped. One line per file that
+    changed (--verbose: every file), then counts. A file that cannot be ingested is reported
+    and the rest go on; the exit code is 1 when any was. --sync then deletes the
     documents under each folder's key prefix (`a/`) that have no file any more.
     """
     if key_as is not None and not key_as.strip().strip("/"):
@@ -100,6 +113,8 @@ def ingest(
                 follow_symlinks=follow_symlinks,
                 key_as=key_as,
                 sync=sync,
+                include=include or (),
+                exclude=exclude or (),
             )
             _print_entries(list(report.entries), as_json=as_json, verbose=verbose, sync=sync)
             return await index.wait(report, show_progress=not as_json) if wait else report
