@@ -13,12 +13,42 @@ bin := ".venv/bin"
 torch_cpu_index := "https://download.pytorch.org/whl/cpu"
 
 # Run a worker (embedded PostgreSQL + folder store + local model when nothing is configured).
-worker *ARGS: setup
+worker *ARGS: setup setup-ocr
     {{bin}}/trioindex worker "$@"
 
 # Run the whole test suite.
-test *ARGS: setup
+test *ARGS: setup setup-jdbc setup-ocr
     {{bin}}/pytest "$@"
+
+# The PostgreSQL JDBC driver for the Java example's test (Debian's libpostgresql-jdbc-java),
+# installed when running as root and missing; otherwise that one test skips and says why.
+setup-jdbc:
+    #!/usr/bin/env bash
+    ls /usr/share/java/postgresql*.jar >/dev/null 2>&1 && exit 0
+    [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null && command -v javac >/dev/null || exit 0
+    echo "installing the PostgreSQL JDBC driver (libpostgresql-jdbc-java), once" >&2
+    install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q libpostgresql-jdbc-java >/dev/null 2>&1; }
+    install || { apt-get update -q >/dev/null 2>&1 && install; } \
+        || echo "could not install libpostgresql-jdbc-java; the JDBC test will skip" >&2
+
+# The random-interleaving property test (tests/test_interleavings.py) with a longer budget than
+# `test`'s fixed seed: the seed (new unless given) and the figures are printed; other arguments
+# go to pytest (docs/test-results/interleavings.md).
+# Interleavings on real PostgreSQL: `--steps N` per example (40), `--examples N` (100), `--seed N`.
+fuzz *ARGS: setup
+    #!/usr/bin/env bash
+    set -euo pipefail
+    export TRIOINDEX_FUZZ_STEPS=40 TRIOINDEX_FUZZ_EXAMPLES=100
+    rest=()
+    while (($#)); do
+        case $1 in
+            --steps) export TRIOINDEX_FUZZ_STEPS=$2; shift 2 ;;
+            --examples) export TRIOINDEX_FUZZ_EXAMPLES=$2; shift 2 ;;
+            --seed) export TRIOINDEX_FUZZ_SEED=$2; shift 2 ;;
+            *) rest+=("$1"); shift ;;
+        esac
+    done
+    {{bin}}/pytest tests/test_interleavings.py -p no:cacheprovider "${rest[@]}"
 
 # Lint and type-check.
 lint: setup
@@ -54,6 +84,25 @@ setup:
     "${pip[@]}" 2>/dev/null || "${pip[@]}" --extra-index-url {{torch_cpu_index}}
     key > "$stamp"
 
+# Tesseract OCR with Korean and English (Debian's packages), which reads scanned PDFs and images.
+# Installed when missing and running as root with apt-get; otherwise it says so, OCR stays off
+# (such files are refused, naming why) and the OCR tests are skipped with that reason.
+setup-ocr:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    have() { command -v tesseract >/dev/null && tesseract --list-langs 2>/dev/null | grep -qx kor \
+        && tesseract --list-langs 2>/dev/null | grep -qx eng; }
+    have && exit 0
+    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+        echo "installing Tesseract OCR (Korean and English), once" >&2
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            tesseract-ocr tesseract-ocr-kor tesseract-ocr-eng >/dev/null; } \
+            || echo "setup-ocr: could not install Tesseract; OCR is off and its tests skip" >&2
+    else
+        echo "setup-ocr: no Tesseract with Korean and English; as root:" \
+            "apt-get install tesseract-ocr tesseract-ocr-kor tesseract-ocr-eng (OCR is off)" >&2
+    fi
+
 # Benchmarks (figures, not pass/fail): queue, embedding step, pipeline, memory, pgai peer. `--quick` for a smoke run.
 bench *ARGS: setup
     {{bin}}/python -m bench.queue "$@"
@@ -64,6 +113,11 @@ bench *ARGS: setup
 
 bench-queue *ARGS: setup
     {{bin}}/python -m bench.queue "$@"
+
+# Enqueue from SQL (trioindex_enqueue_documents) against the raw rows, one connection, in
+# batches (docs/test-results/enqueue.md).
+bench-enqueue *ARGS: setup
+    {{bin}}/python -m bench.enqueue "$@"
 
 # pgai installs into its own venv under ~/.cache on first use.
 # `--profile`: where one trioindex run's CPU goes (statements, functions; py-spy stacks if installed).

@@ -48,17 +48,17 @@ _COUNT_ROWS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
         "documents (valid / invalid)",
         lambda c: f"{c['documents']} ({c['valid_documents']} / {c['invalid_documents']})",
     ),
-    ("INDEXED", lambda c: str(c["outcomes"].get("INDEXED", 0))),
+    ("SUCCEEDED (served)", lambda c: str(c["outcomes"].get("SUCCEEDED", 0))),
     *[
         (outcome, lambda c, o=outcome: str(c["outcomes"].get(o, 0)))
         for outcome in ("FAILED DOCUMENT_CONTENT_INVALID", "FAILED EMBEDDING_RESULT_INVALID")
     ],
     (
-        "docs served an invalid vector (INDEXED by a later attempt)",
+        "docs served an invalid vector (SUCCEEDED by a later attempt)",
         lambda c: f"{c['documents_with_invalid_vector']} ({c['invalid_vector_absorbed']})",
     ),
     (
-        "chunks of INDEXED versions = embeddings",
+        "chunks of SUCCEEDED jobs = embeddings",
         lambda c: f"{c['chunks_indexed']:,} = {c['embeddings']:,}",
     ),
     ("kill -9", lambda c: str(c["kills"])),

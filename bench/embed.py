@@ -1,12 +1,14 @@
-"""Embedding-step benchmark: chunks/s through prepare → embed → commit, next to what the
-embedding backend itself delivers in the same run (each scenario on a fresh database).
+"""Embedding-step benchmark: chunks/s through prepare → embed → store + complete, next to what
+the embedding backend itself delivers in the same run (each scenario on a fresh database).
 
 1. **HTTP (TEI)** against ``testkit.embed_server`` in its own process (1024 dimensions, fixed
    latency 0 / 20 / 50 ms; batch sizes 1, 8, 32). Capacity = a minimal Trio + ``httpx`` client
    with ``max-in-flight`` (4) requests and nothing else, before and after the step run (mean).
-   The step: jobs of 64 chunks staged ``CHUNKED`` and claimed for real, :func:`run_embed_step`
-   on each, 8 jobs at once, one shared ``TeiEmbedder`` and a pool of 4 (the defaults). The
-   step's own ceiling: the same with an in-process embedder (and once without the HNSW index).
+   The step: jobs of 64 chunks staged (their chunk set stored) and claimed for real, then the
+   worker's own steps (:class:`~trioindex.worker.wiring.PipelineSteps`: ``embed`` and
+   ``complete``, its coalescer and group committers serving beside them) on each, 8 jobs at
+   once, one shared ``TeiEmbedder`` and a pool of 4 (the defaults). The step's own ceiling:
+   the same with an in-process embedder (and once without the HNSW index).
 2. **The local model** (all-MiniLM-L6-v2 through ``open_embedder(api="local")``) against
    ``SentenceTransformer.encode`` on the same texts in the same batches, in the same process.
 
@@ -25,6 +27,7 @@ import logging
 import math
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -62,6 +65,7 @@ from bench.harness import (
     vector_costs,
 )
 from testkit.embed_process import EmbedServerProcess
+from trioindex.config import default_settings
 from trioindex.db import jobs as lifecycle
 from trioindex.db.models import EmbeddingModel, ensure_model
 from trioindex.db.pool import Database, connect
@@ -69,8 +73,9 @@ from trioindex.db.vector_index import build_vector_index
 from trioindex.embedding import Embedder, EmbedderInfo, open_embedder
 from trioindex.embedding.local import DEFAULT_MODEL
 from trioindex.embedding.vectors import validate_vectors
-from trioindex.pipeline.embed_step import run_embed_step
+from trioindex.storage import AsyncObjectStore, FolderStore
 from trioindex.values import Claim
+from trioindex.worker.wiring import PipelineSteps, build_chunker
 
 HTTP_MODEL = "BAAI/bge-m3"
 HTTP_DIMENSION = 1024
@@ -226,7 +231,7 @@ class LocalResult:
 
 
 # ---------------------------------------------------------------------------------------------
-# staging: CHUNKED versions with claimed jobs
+# staging: versions with their chunk set stored, and claimed jobs
 
 _STAGE_SQL = """
 WITH docs AS (
@@ -235,9 +240,9 @@ WITH docs AS (
     RETURNING id, external_key
 ), versions AS (
     INSERT INTO document_versions (document_id, version_no, storage_key, original_name,
-                                   content_type, byte_size, sha256, status, chunk_count)
+                                   content_type, byte_size, sha256)
     SELECT id, 1, 'sha256/bench/' || external_key, external_key || '.txt', 'text/plain', 1,
-           repeat('a', 64), 'CHUNKED', %(chunks)s
+           repeat('a', 64)
     FROM docs
     RETURNING id, document_id
 ), jobs AS (
@@ -260,14 +265,13 @@ def stage_claims(
     model: str = HTTP_MODEL,
     dimension: int = HTTP_DIMENSION,
 ) -> list[Claim]:
-    """``jobs`` versions in CHUNKED with ``chunks_per_job`` chunks each (texts taken in turn
-    from ``texts``), their PENDING jobs, all claimed by one registered worker."""
+    """``jobs`` versions with a chunk set of ``chunks_per_job`` chunks each (texts taken in
+    turn from ``texts``), their PENDING jobs, all claimed by one registered worker (each claim
+    finds its chunk set stored: it only embeds)."""
     with contextlib.closing(connect(url)) as conn:
         model_id = ensure_model(conn, model, dimension).id
         with conn.transaction():
-            versions = conn.execute(
-                _STAGE_SQL, {"jobs": jobs, "chunks": chunks_per_job, "model": model_id}
-            ).fetchall()
+            versions = conn.execute(_STAGE_SQL, {"jobs": jobs, "model": model_id}).fetchall()
             n = 0
             with conn.cursor().copy(_COPY_CHUNKS) as copy:
                 for version in versions:
@@ -281,8 +285,8 @@ def stage_claims(
             conn, hostname="bench-embed", pid=os.getpid(), version="bench", max_concurrency=jobs
         )
         claims = lifecycle.claim_jobs(conn, worker, jobs, 3600.0)
-    if len(claims) != jobs:
-        raise RuntimeError(f"claimed {len(claims)} of {jobs} staged jobs")
+    if len(claims) != jobs or not all(claim.chunks_ready for claim in claims):
+        raise RuntimeError(f"claimed {len(claims)} of {jobs} staged jobs (or a set is missing)")
     return claims
 
 
@@ -306,7 +310,8 @@ async def _loop_lag(samples: list[float]) -> None:
 async def _run_steps(
     url: str, claims: Sequence[Claim], open_: Callable[[], Any]
 ) -> tuple[int, float, float, list[float]]:
-    """Open the embedder and the pool, then run every claim's step, JOB_CONCURRENCY at once.
+    """Open the embedder and the pool, then run every claim's steps (the worker's
+    :class:`PipelineSteps`, bound as ``build_worker`` binds them), JOB_CONCURRENCY at once.
 
     Returns embeddings stored, wall seconds, client CPU seconds of the step runs only, and the
     event-loop lag samples (ms) taken meanwhile.
@@ -314,6 +319,17 @@ async def _run_steps(
     embedder: Embedder = await open_()
     db = Database(url, pool_size=POOL_SIZE)
     await trio.to_thread.run_sync(db.open)
+    settings = default_settings()
+    steps = PipelineSteps(
+        db=db,
+        # never read: every claim finds its chunk set stored, so no step parses
+        store=AsyncObjectStore(FolderStore(Path(tempfile.gettempdir())), trio.CapacityLimiter(1)),
+        chunker=build_chunker(settings, embedder),
+        embedder=embedder,
+        max_document_bytes=settings.parsing.max_document_bytes,
+        parse_timeout=settings.parsing.timeout,
+        max_in_flight=IN_FLIGHT,
+    )
     try:
         # hold every connection once so the pool is full before the clock starts
         await trio.to_thread.run_sync(warm_pool, db.connection, POOL_SIZE)
@@ -324,13 +340,18 @@ async def _run_steps(
         async def one(claim: Claim) -> None:
             nonlocal stored
             async with jobs:
-                # not `stored += await ...`: that reads `stored` before the await
-                count = await run_embed_step(claim, db=db, embedder=embedder)
+                try:
+                    # not `stored += await ...`: that reads `stored` before the await
+                    count = await steps.embed(claim)
+                    await steps.complete(claim)
+                finally:
+                    steps.forget(claim)
                 stored += count
 
         began, cpu0 = trio.current_time(), cpu_seconds()
         async with trio.open_nursery() as outer:
             outer.start_soon(_loop_lag, lag)
+            outer.start_soon(steps.serve)
             async with trio.open_nursery() as nursery:
                 for claim in claims:
                     nursery.start_soon(one, claim)

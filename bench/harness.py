@@ -77,8 +77,9 @@ def vector_costs(dimension: int, batch: int = 32) -> dict[str, float]:
     import orjson
 
     from testkit.embed_server import fake_vector
+    from trioindex.db.steps import ChunkRef, EmbedSnapshot
     from trioindex.embedding.vectors import validate_vectors
-    from trioindex.pipeline.embed_step import ChunkRef, EmbedSnapshot, build_drafts
+    from trioindex.pipeline.embed_step import build_drafts
 
     vectors = [fake_vector(f"breakdown {i}", dimension) for i in range(batch)]
     body = ("[" + ",".join(json.dumps(v) for v in vectors) + "]").encode()

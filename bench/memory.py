@@ -10,8 +10,9 @@ server in its own process (1024 dimensions, no latency):
    kernel's ``VmHWM``. The model's HNSW index is not built (``embedding.index-min-vectors``
    above any chunk count): it is PostgreSQL's work, not the worker's memory.
 2. **Parse + chunk of one large file.** A fresh process per mode runs
-   :func:`trioindex.pipeline.parse_step.parse_and_chunk_bytes` on a ``--parse-mb`` /
-   ``--token-mb`` MB file; peak RSS delta = ``VmHWM`` after − RSS before reading the file.
+   :func:`trioindex.pipeline.parse_process.parse_document` (what the parse step runs in its
+   parse process) on a ``--parse-mb`` / ``--token-mb`` MB file; peak RSS delta = ``VmHWM``
+   after − RSS before reading the file.
 3. **RSS over many jobs.** ``--leak-jobs`` tiny documents staged in one statement, drained by
    one worker while RSS and finished jobs are sampled; the slope is fitted from job 1,000 on.
    A run past ``--leak-limit`` seconds is stopped (SIGTERM) and reported as far as it got.
@@ -34,7 +35,6 @@ import signal
 import subprocess
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -267,8 +267,7 @@ def child_parse(mode: str, path: Path) -> dict[str, Any]:
     from trioindex.embedding.local import DEFAULT_MODEL, packaged_model_path
     from trioindex.pipeline.chunking import Chunker, ChunkingPolicy
     from trioindex.pipeline.formats import extract_text
-    from trioindex.pipeline.parse_step import ParseSnapshot, parse_and_chunk_bytes
-    from trioindex.values import VersionStatus
+    from trioindex.pipeline.parse_process import ParseRequest, parse_document
 
     model_dir = None
     if mode == "token":
@@ -287,19 +286,11 @@ def child_parse(mode: str, path: Path) -> dict[str, Any]:
         # "5" resets VmHWM to the current RSS (Linux >= 4.0)
         Path("/proc/self/clear_refs").write_text("5")
     data = path.read_bytes()  # what storage.get hands the step
-    snapshot = ParseSnapshot(
-        version_id=uuid.uuid4(),
-        document_id=uuid.uuid4(),
-        storage_key=storage_key_for(sha),
-        original_name=path.name,
-        content_type="text/plain",
-        byte_size=len(data),
-        sha256=sha,
-        status=VersionStatus.PARSING,
-        chunk_count=None,
+    request = ParseRequest(
+        data=data, sha256=sha, name=path.name, content_type="text/plain", max_bytes=max_bytes
     )
     began = time.perf_counter()
-    chunks = parse_and_chunk_bytes(data, snapshot, chunker, max_bytes)
+    chunks = parse_document(request, chunker).chunks
     seconds = time.perf_counter() - began
     peak = vm_hwm_mb(os.getpid())
     if peak is None:

@@ -11,8 +11,8 @@ database, interleaved over rounds:
    `trioindex_store_chunks_many` and `trioindex_store_embeddings_many` (every job fenced in
    its own subtransaction, its rows read and locked, its counts checked).
 2. **The same rows, set-based** — the same claim, then exactly the rows (1) writes (job
-   progress and completion, three version statuses, the attempt's end, five events, the chunk
-   with its full-text column, the vector, the document's current version), one statement per
+   progress and completion with its chunk count, the attempt's end, five events, the chunk
+   with its full-text column, the vector, the model's served version), one statement per
    table change per group, from arrays: no fence, lookup, loop or subtransaction. No rewrite
    of the SQL functions can cost less than this while writing these rows.
 3. **The document's data only** — a queue row deleted, the chunk row (full-text column
@@ -58,14 +58,17 @@ from testkit.jobs import enqueue_text
 from trioindex.db.jobs import claim_jobs, register_worker
 from trioindex.db.models import ensure_model
 from trioindex.db.pool import Connection, connect
-from trioindex.pipeline.chunking import ChunkDraft
-from trioindex.pipeline.embed_step import (
+from trioindex.db.steps import (
+    ChunkCommit,
     EmbeddingCommit,
     EmbedSnapshot,
-    drafts_from_matrix,
+    StoredSlice,
+    begin_parse_many,
+    store_chunks_many,
     store_embeddings_many,
 )
-from trioindex.pipeline.parse_step import ChunkCommit, begin_parse_many, store_chunks_many
+from trioindex.pipeline.chunking import ChunkDraft
+from trioindex.pipeline.embed_step import drafts_from_matrix
 from trioindex.values import Claim
 
 DOCUMENTS, QUICK_DOCUMENTS = 2000, 200
@@ -139,8 +142,8 @@ def group_functions(conn: Connection, corpus: Corpus, setup: Setup) -> int:
         with conn.transaction():
             completed = store_embeddings_many(conn, embedded)
         for outcome in completed:
-            if isinstance(outcome, Exception):
-                raise outcome
+            if not isinstance(outcome, StoredSlice) or outcome.result is None:
+                raise RuntimeError(f"not completed: {outcome!r}")
         done += len(claims)
     return done
 
@@ -212,9 +215,6 @@ def same_rows_set_based(conn: Connection, corpus: Corpus, setup: Setup) -> int:
     while claims := claim_jobs(conn, setup.worker_id, GROUP, 600):
         jobs, versions, attempts, _ = ids = _claim_arrays(claims)
         with conn.transaction():
-            conn.execute(
-                "UPDATE document_versions SET status = 'PARSING' WHERE id = ANY(%b)", (versions,)
-            )
             conn.execute("UPDATE embedding_jobs SET progress = 10 WHERE id = ANY(%b)", (jobs,))
             conn.execute(_EVENTS, (*ids, ["PARSING_STARTED"]))
             rows = conn.execute(
@@ -226,24 +226,17 @@ def same_rows_set_based(conn: Connection, corpus: Corpus, setup: Setup) -> int:
         index = [corpus.index_of(by_version[v]["original_name"]) for v in versions]
         with conn.transaction():
             chunk_ids = _insert_chunks(conn, corpus, index, documents, versions)
-            conn.execute(
-                "UPDATE document_versions SET status = 'EMBEDDING', chunk_count = 1"
-                " WHERE id = ANY(%b)",
-                (versions,),
-            )
             conn.execute("UPDATE embedding_jobs SET progress = 50 WHERE id = ANY(%b)", (jobs,))
             conn.execute(_EVENTS, (*ids, ["CHUNKS_STORED", "EMBEDDING_STARTED"]))
         with conn.transaction(), conn.cursor(binary=True) as cursor:
             _insert_vectors(cursor, corpus, setup, index, (chunk_ids, documents, versions))
             cursor.execute(
-                "UPDATE document_versions SET status = 'INDEXED', indexed_at = now()"
-                " WHERE id = ANY(%b)",
-                (versions,),
-            )
-            cursor.execute(
-                """UPDATE documents d SET current_version_id = u.v
-                   FROM unnest(%b::uuid[], %b::uuid[]) AS u(d, v) WHERE d.id = u.d""",
-                (documents, versions),
+                """INSERT INTO served_versions (document_id, embedding_model_id,
+                       document_version_id)
+                   SELECT u.d, %b, u.v FROM unnest(%b::uuid[], %b::uuid[]) AS u(d, v)
+                   ON CONFLICT (embedding_model_id, document_id)
+                   DO UPDATE SET document_version_id = EXCLUDED.document_version_id""",
+                (setup.model_id, documents, versions),
             )
             cursor.execute(
                 "UPDATE embedding_job_attempts SET status = 'SUCCEEDED', finished_at = now()"
@@ -253,7 +246,7 @@ def same_rows_set_based(conn: Connection, corpus: Corpus, setup: Setup) -> int:
             cursor.execute(
                 """UPDATE embedding_jobs
                    SET status = 'SUCCEEDED', progress = 100, finished_at = now(),
-                       worker_id = NULL, claim_token = NULL, locked_at = NULL,
+                       chunk_count = 1, worker_id = NULL, claim_token = NULL, locked_at = NULL,
                        lease_expires_at = NULL, last_failure_type = NULL,
                        last_failure_message = NULL
                    WHERE id = ANY(%b)""",
@@ -350,13 +343,13 @@ SELECT 'events ' || event_type || ' detail ' || coalesce(
            (SELECT string_agg(k, ',' ORDER BY k) FROM jsonb_object_keys(detail) AS k), '-')
        AS what, count(*) AS n
 FROM indexing_events GROUP BY 1
-UNION ALL SELECT 'versions ' || status, count(*) FROM document_versions GROUP BY 1
-UNION ALL SELECT 'jobs ' || status || ' progress ' || progress, count(*) FROM embedding_jobs
-    GROUP BY 1
+UNION ALL SELECT 'versions', count(*) FROM document_versions
+UNION ALL SELECT 'jobs ' || status || ' progress ' || progress || ' chunks '
+                 || coalesce(chunk_count::text, '-'), count(*) FROM embedding_jobs GROUP BY 1
 UNION ALL SELECT 'attempts ' || status, count(*) FROM embedding_job_attempts GROUP BY 1
 UNION ALL SELECT 'chunks', count(*) FROM document_chunks
 UNION ALL SELECT 'embeddings', count(*) FROM embeddings
-UNION ALL SELECT 'current versions', count(current_version_id) FROM documents
+UNION ALL SELECT 'served versions', count(*) FROM served_versions
 """
 
 

@@ -31,7 +31,13 @@ chaos run, :meth:`FakeEmbedServer.set_fault_rates` injects these kinds at random
 requests (``{"status_503": 0.05, "nan": 0.01, ...}``, seeded) while the mode is ``normal``.
 
 Limits: ``max_batch_size`` is reported as ``max_client_batch_size`` and a larger request gets 413,
-as TEI does; ``latency`` is a fixed per-request delay (capacity = batch / latency per connection).
+as TEI does. ``max_input_length`` is reported as is (8192 when not set); given a ``tokenizer``
+too, it is enforced as TEI does with ``truncate: false``: a request holding an input of more
+tokens (special tokens included) gets HTTP 413 with TEI's body, ``{"error": "Input validation
+error: `inputs` must have less than 512 tokens. Given: 2358", "error_type": "Validation"}`` on
+``/embed`` and ``{"message": ..., "code": 413, "type": "Validation"}`` on ``/v1/embeddings``
+(TEI's OpenAI-compatible route), counted as ``too_long``. ``latency`` is a fixed per-request
+delay (capacity = batch / latency per connection).
 Normal bodies are built from cached per-text JSON, so the server stays far cheaper than the client.
 Every request is counted (:meth:`FakeEmbedServer.stats`), so a test can assert that none was made.
 
@@ -40,6 +46,7 @@ Standalone::
     python -m testkit.embed_server --port 8089 --dimension 1024 --latency-ms 20 \\
         --fault-rate status_503=0.02 --fault-rate nan=0.005 --seed 7
 
+(``--max-input-length 512 --tokenizer path/to/tokenizer.json`` enforces an input limit)
 prints ``embed_server listening on http://127.0.0.1:PORT``, serves until SIGINT/SIGTERM, then
 prints its stats as one JSON line. A running server is steered over HTTP: ``POST /_fake/mode``
 ``{"kind": "hang"}``, ``POST /_fake/fault-rates`` ``{"rates": {...}, "seed": 1}``,
@@ -67,6 +74,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+from tokenizers import Tokenizer
 
 VECTOR_FAULTS = ("null_vector", "wrong_count", "wrong_dimension", "nan", "infinity")
 TRANSPORT_FAULTS = ("slow", "hang", "malformed", "disconnect")
@@ -118,6 +126,7 @@ class ServerStats:
     batch_sizes: tuple[int, ...]  # texts per embedding request, in arrival order
     max_concurrent: int  # most requests being handled at the same time
     faults: Mapping[str, int]  # injected faults by kind
+    too_long: int  # requests refused for an input over max_input_length
     last_authorization: str | None
     last_payload: Mapping[str, Any] | None  # the last embedding request body
 
@@ -129,6 +138,7 @@ class _State:
     max_batch_size: int | None
     max_batch_tokens: int | None
     max_input_length: int | None
+    tokenizer: Tokenizer | None
     model_id: str
     info_enabled: bool
     shuffle: bool
@@ -147,6 +157,7 @@ class _State:
     active: int = 0
     max_concurrent: int = 0
     faults: dict[str, int] = attrs.Factory(dict)
+    too_long: int = 0
     last_authorization: str | None = None
     last_payload: dict[str, Any] | None = None
 
@@ -162,6 +173,7 @@ class FakeEmbedServer:
         max_batch_size: int | None = None,
         max_batch_tokens: int | None = None,
         max_input_length: int | None = None,
+        tokenizer: Tokenizer | None = None,
         model_id: str = "BAAI/bge-m3",
         info_enabled: bool = True,
         shuffle: bool = True,
@@ -179,6 +191,7 @@ class FakeEmbedServer:
             max_batch_size=max_batch_size,
             max_batch_tokens=max_batch_tokens,
             max_input_length=max_input_length,
+            tokenizer=_counting(tokenizer),
             model_id=model_id,
             info_enabled=info_enabled,
             shuffle=shuffle,
@@ -266,13 +279,15 @@ class FakeEmbedServer:
 
     def configure(self, **settings: Any) -> None:
         """Change ``dimension``, ``latency``, ``max_batch_size``, ``max_batch_tokens``,
-        ``max_input_length``, ``model_id``, ``info_enabled``, ``shuffle`` or ``hang_seconds``."""
+        ``max_input_length``, ``tokenizer``, ``model_id``, ``info_enabled``, ``shuffle`` or
+        ``hang_seconds``."""
         allowed = {
             "dimension",
             "latency",
             "max_batch_size",
             "max_batch_tokens",
             "max_input_length",
+            "tokenizer",
             "model_id",
             "info_enabled",
             "shuffle",
@@ -281,6 +296,8 @@ class FakeEmbedServer:
         unknown = set(settings) - allowed
         if unknown:
             raise TypeError(f"unknown settings {sorted(unknown)}")
+        if "tokenizer" in settings:
+            settings["tokenizer"] = _counting(settings["tokenizer"])
         with self._lock:
             for name, value in settings.items():
                 setattr(self._state, name, value)
@@ -296,6 +313,7 @@ class FakeEmbedServer:
                 batch_sizes=tuple(s.batch_sizes),
                 max_concurrent=s.max_concurrent,
                 faults=dict(s.faults),
+                too_long=s.too_long,
                 last_authorization=s.last_authorization,
                 last_payload=s.last_payload,
             )
@@ -307,6 +325,7 @@ class FakeEmbedServer:
             s.max_concurrent = s.active
             s.batch_sizes = []
             s.faults = {}
+            s.too_long = 0
             s.last_authorization = None
             s.last_payload = None
 
@@ -352,6 +371,17 @@ class FakeEmbedServer:
             s.inputs += count
             s.batch_sizes.append(count)
             s.last_payload = payload
+
+    def _too_long(self, texts: list[str], state: _State) -> int | None:
+        """The token count of the first input over ``max_input_length`` (when enforced)."""
+        if state.tokenizer is None or state.max_input_length is None:
+            return None
+        for encoding in state.tokenizer.encode_batch(texts, add_special_tokens=True):
+            if len(encoding.ids) > state.max_input_length:
+                with self._lock:
+                    self._state.too_long += 1
+                return len(encoding.ids)
+        return None
 
     def _snapshot(self) -> _State:
         with self._lock:
@@ -466,6 +496,19 @@ class _Handler(BaseHTTPRequestHandler):
                 "Validation",
             )
             return
+        given = fake._too_long(texts, state)
+        if given is not None:
+            message = (
+                f"{BODY_MARKER}: Input validation error: `inputs` must have less than "
+                f"{state.max_input_length} tokens. Given: {given}"
+            )
+            refusal: dict[str, object] = (
+                {"message": message, "code": 413, "type": "Validation"}
+                if openai
+                else {"error": message, "error_type": "Validation"}
+            )
+            self._json(413, refusal)
+            return
         # Bodies are assembled from cached JSON per text: encoding 32 x 1024 floats per request
         # would otherwise make this server, not the client under test, the bottleneck.
         # OpenAI's base64 format when asked for it (the official client asks by default)
@@ -571,6 +614,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
+def _counting(tokenizer: Tokenizer | None) -> Tokenizer | None:
+    """A copy of ``tokenizer`` that counts every token, as TEI does with ``truncate: false``."""
+    if tokenizer is None:
+        return None
+    counting = Tokenizer.from_str(tokenizer.to_str())
+    counting.no_truncation()
+    counting.no_padding()
+    return counting
+
+
 def _stats_json(stats: ServerStats) -> dict[str, Any]:
     result = attrs.asdict(stats)
     result["batch_sizes"] = list(stats.batch_sizes)
@@ -600,6 +653,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch-size", type=int, default=None)
     parser.add_argument("--max-batch-tokens", type=int, default=None)
     parser.add_argument("--max-input-length", type=int, default=None)
+    parser.add_argument(
+        "--tokenizer", default=None, help="a tokenizer.json: enforce --max-input-length with it"
+    )
     parser.add_argument("--model-id", default="BAAI/bge-m3")
     parser.add_argument("--no-info", action="store_true", help="answer 404 to GET /info")
     parser.add_argument("--no-shuffle", action="store_true", help="keep OpenAI data in order")
@@ -623,6 +679,7 @@ def main(argv: list[str] | None = None) -> int:
         max_batch_size=args.max_batch_size,
         max_batch_tokens=args.max_batch_tokens,
         max_input_length=args.max_input_length,
+        tokenizer=Tokenizer.from_file(args.tokenizer) if args.tokenizer else None,
         model_id=args.model_id,
         info_enabled=not args.no_info,
         shuffle=not args.no_shuffle,

@@ -26,26 +26,34 @@ import pytest
 from testkit import chaos
 from testkit.embed_server import ServerStats
 
+MODEL = uuid4()
 
-def _job(key: str, status: str, version_status: str, **extra: Any) -> dict[str, Any]:
+
+def _job(key: str, status: str, **extra: Any) -> dict[str, Any]:
+    """A job row as ``Stored.load`` reads it: version 1 of ``key`` for the serving model, one
+    chunk; a SUCCEEDED job has its vector and its model serves the version."""
     version = uuid4()
+    succeeded = status == "SUCCEEDED"
     row: dict[str, Any] = {
         "external_key": key,
         "job_id": uuid4(),
         "version_id": version,
-        "current_version_id": version if version_status == "INDEXED" else None,
+        "version_no": 1,
+        "model_id": MODEL,
+        "serving": True,
         "status": status,
-        "version_status": version_status,
+        "chunk_count": 1 if succeeded else None,
         "attempt_count": 1,
         "max_attempts": 25,
         "last_failure_type": None,
         "lease_expired": False,
+        "served_version_id": version if succeeded else None,
+        "served_version_no": 1 if succeeded else None,
         "chunks": 1,
-        "chunk_count": 1,
         "distinct_indexes": 1,
         "max_index": 0,
-        "vectors": 1 if version_status == "INDEXED" else 0,
-        "all_vectors": 1 if version_status == "INDEXED" else 0,
+        "vectors": 1 if succeeded else 0,
+        "all_vectors": 1 if succeeded else 0,
     }
     row.update(extra)
     return row
@@ -130,9 +138,9 @@ def test_outcomes_accept_the_expected_failure_types(tmp_path: Path) -> None:
         chaos.CorpusFile("c.pdf", 0, "binary-pdf"),
     ]
     jobs = [
-        _job("a.txt", "SUCCEEDED", "INDEXED"),
-        _job("b.txt", "FAILED", "FAILED", last_failure_type="EMBEDDING_RESULT_INVALID"),
-        _job("c.pdf", "FAILED", "FAILED", last_failure_type="DOCUMENT_CONTENT_INVALID"),
+        _job("a.txt", "SUCCEEDED"),
+        _job("b.txt", "FAILED", last_failure_type="EMBEDDING_RESULT_INVALID"),
+        _job("c.pdf", "FAILED", last_failure_type="DOCUMENT_CONTENT_INVALID"),
     ]
     fault = chaos.VectorFault(0.0, "nan", ("text of b",))
     db = _stored(jobs, texts={"text of b": {"b.txt"}})
@@ -144,17 +152,22 @@ def test_outcomes_accept_the_expected_failure_types(tmp_path: Path) -> None:
     [
         (
             "txt",
-            _job("x", "FAILED", "FAILED", last_failure_type="EMBEDDING_RESULT_INVALID"),
+            _job("x", "FAILED", last_failure_type="EMBEDDING_RESULT_INVALID"),
             "without any invalid vector",
         ),
         (
             "txt",
-            _job("x", "FAILED", "FAILED", last_failure_type="EMBEDDING_PROVIDER_UNAVAILABLE"),
+            _job("x", "FAILED", last_failure_type="EMBEDDING_PROVIDER_UNAVAILABLE"),
             "FAILED EMBEDDING_PROVIDER_UNAVAILABLE",
         ),
-        ("empty", _job("x", "SUCCEEDED", "INDEXED"), "INDEXED"),
-        ("txt", _job("x", "SUCCEEDED", "INDEXED", attempt_count=25), "used all 25 attempts"),
-        ("txt", _job("x", "SUCCEEDED", "INDEXED", current_version_id=None), "not the current"),
+        ("empty", _job("x", "SUCCEEDED"), "x (empty): SUCCEEDED"),
+        ("txt", _job("x", "SUCCEEDED", attempt_count=25), "used all 25 attempts"),
+        (
+            "txt",
+            _job("x", "SUCCEEDED", served_version_id=None, served_version_no=None),
+            "its model does not serve the version",
+        ),
+        ("txt", _job("x", "SUCCEEDED", serving=False), "a model that does not serve search"),
     ],
 )
 def test_outcomes_reject_a_wrong_end_state(
@@ -174,14 +187,14 @@ def test_an_invalid_vector_absorbed_within_the_attempt_counts_as_absorbed(tmp_pa
         [chaos.CorpusFile("x", 0, "txt")],
         faults=[chaos.VectorFault(0.0, "wrong_dimension", ("t",))],
     )
-    db = _stored([_job("x", "SUCCEEDED", "INDEXED")], texts={"t": {"x"}})
+    db = _stored([_job("x", "SUCCEEDED")], texts={"t": {"x"}})
     faulted, unattributed = chaos.faulted_documents(seen, db)
     check, _, absorbed = chaos.check_outcomes(seen, db, faulted, unattributed)
     assert check.ok and absorbed == 1
 
 
 def test_attempts_must_be_numbered_without_gaps() -> None:
-    job = _job("x", "SUCCEEDED", "INDEXED", attempt_count=3)
+    job = _job("x", "SUCCEEDED", attempt_count=3)
     rows = [
         {"attempt_no": 1, "status": "EXPIRED", "failure_type": None},
         {"attempt_no": 3, "status": "SUCCEEDED", "failure_type": None},
@@ -193,11 +206,74 @@ def test_attempts_must_be_numbered_without_gaps() -> None:
 
 
 def test_embeddings_must_match_chunks() -> None:
-    assert chaos.check_embeddings_per_version(_stored([_job("x", "SUCCEEDED", "INDEXED")])).ok
-    short = _job("x", "SUCCEEDED", "INDEXED", chunks=3, chunk_count=3, max_index=2)
-    short["distinct_indexes"] = 3
-    check = chaos.check_embeddings_per_version(_stored([short]))
-    assert not check.ok and "1 embeddings, 3 chunks" in check.detail
+    assert chaos.check_embeddings_per_job(_stored([_job("x", "SUCCEEDED")])).ok
+    short = _job("x", "SUCCEEDED", chunks=3, chunk_count=3, max_index=2, distinct_indexes=3)
+    check = chaos.check_embeddings_per_job(_stored([short]))
+    assert not check.ok and "1 embeddings (1 on the version), 3 chunks" in check.detail
+    # the job's chunk_count is the set it indexed: it must agree with the set and its vectors
+    miscounted = _job("x", "SUCCEEDED", chunk_count=2)
+    check = chaos.check_embeddings_per_job(_stored([miscounted]))
+    assert not check.ok and "chunk_count 2" in check.detail
+
+
+def test_a_failed_job_has_no_vectors_and_is_not_served() -> None:
+    assert chaos.check_embeddings_per_job(_stored([_job("x", "FAILED")])).ok
+    with_vectors = _job("x", "FAILED", vectors=1, all_vectors=1)
+    check = chaos.check_embeddings_per_job(_stored([with_vectors]))
+    assert not check.ok and "FAILED with 1 embeddings of its model" in check.detail
+    served = _job("x", "FAILED", served_version_no=1)
+    served["served_version_id"] = served["version_id"]
+    check = chaos.check_embeddings_per_job(_stored([served]))
+    assert not check.ok and "FAILED yet its model serves the version" in check.detail
+
+
+def test_a_failed_job_is_its_own_models_alone() -> None:
+    """One version, two models: model A's job FAILED, model B's SUCCEEDED and served. A
+    failure is per job (no version-wide FAILED), so the checks accept B as it is."""
+    b = _job("x", "SUCCEEDED", model_id=uuid4(), serving=False)
+    a = _job(
+        "x",
+        "FAILED",
+        version_id=b["version_id"],
+        last_failure_type="EMBEDDING_RESULT_INVALID",
+    )
+    db = _stored([a, b])
+    assert chaos.check_embeddings_per_job(db).ok
+    assert chaos.check_served_forward(db).ok
+    # and B is still judged on its own: a missing vector of B's is caught
+    db = _stored([a, {**b, "vectors": 0, "all_vectors": 0}])
+    assert not chaos.check_embeddings_per_job(db).ok
+
+
+def _versions(served_no: int | None, *statuses: str) -> list[dict[str, Any]]:
+    """Versions 1..n of document x for one model, with these job statuses, the model serving
+    version ``served_no`` (None: nothing)."""
+    jobs = [_job("x", status, version_no=n) for n, status in enumerate(statuses, 1)]
+    served = next((j["version_id"] for j in jobs if j["version_no"] == served_no), None)
+    for job in jobs:
+        job["served_version_id"], job["served_version_no"] = served, served_no
+    return jobs
+
+
+@pytest.mark.parametrize(
+    ("served_no", "statuses", "why"),
+    [
+        (2, ("SUCCEEDED", "SUCCEEDED"), None),
+        (1, ("SUCCEEDED", "FAILED"), None),  # version 2 failed: version 1 stays served
+        (1, ("SUCCEEDED", "SUCCEEDED"), "serves version 1, not version 2"),  # backwards
+        (2, ("SUCCEEDED", "FAILED"), "serves version 2, not version 1"),  # never completed
+        (None, ("SUCCEEDED",), "serves version None, not version 1"),
+        (1, ("FAILED",), "serves version 1, which no job of its model completed"),
+    ],
+)
+def test_the_served_version_is_the_newest_its_model_completed(
+    served_no: int | None, statuses: tuple[str, ...], why: str | None
+) -> None:
+    check = chaos.check_served_forward(_stored(_versions(served_no, *statuses)))
+    if why is None:
+        assert check.ok, check.detail
+    else:
+        assert not check.ok and why in check.detail
 
 
 @pytest.mark.parametrize(
@@ -253,4 +329,4 @@ def test_a_short_chaos_run_keeps_every_invariant() -> None:
     assert counts["faults_injected_total"] >= 1
     assert set(counts["outages"]) == {"storage", "postgresql"}
     assert counts["outcomes"]["FAILED DOCUMENT_CONTENT_INVALID"] == counts["invalid_documents"]
-    assert counts["outcomes"]["INDEXED"] >= 1
+    assert counts["outcomes"]["SUCCEEDED"] >= 1

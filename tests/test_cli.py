@@ -223,8 +223,14 @@ def test_search_queries_reads_json_lines_and_writes_one_line_per_query(
     assert [r["document_key"] for r in lines[1]["results"]] == [r["document_key"] for r in alone]
     path.write_text('{"id": 1, "text": "ok"}\nnot json\n')
     bad = cli(indexed.env, "search", "--queries", str(path))
-    assert bad.returncode == 2
-    assert "--queries line 2: not JSON" in bad.stderr
+    assert bad.returncode == 1
+    ok, refused = [json.loads(line) for line in bad.stdout.splitlines()]
+    assert ok["id"] == 1 and "results" in ok
+    assert refused == {
+        "id": None,
+        "error": {"code": "QUERY_INVALID", "message": "--queries line 2: not JSON"},
+    }
+    assert bad.stderr.strip() == "trioindex: 1 of 2 queries refused (see their errors)"
 
 
 def test_status_counts_jobs_failures_and_the_live_worker(indexed: Indexed) -> None:

@@ -9,6 +9,7 @@ its password is in no output, log line or error.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -123,26 +124,38 @@ def test_a_bad_argument_is_one_line_and_nothing_is_written(
 
 
 @pytest.mark.parametrize(
-    ("lines", "expected", "source"),
+    ("lines", "answers", "source"),
     [
-        (UNDECODABLE, 'line 2: "text" must be UTF-8', "file"),
-        (UNDECODABLE, 'line 2: "text" must be UTF-8', "stdin"),
-        (b'{"id": 1, "text": "lease\\udcff"}\n', 'line 1: "text" must be UTF-8', "file"),
-        (b'{"id": "\\ud800", "text": "ok"}\n', 'line 1: "id" must be UTF-8', "file"),
-        (b'{"id": 1, "text": "a\\u0000b"}\n', 'line 1: "text" must not contain a NUL', "file"),
+        (UNDECODABLE, [(1, None), (2, "the query must be UTF-8 text")], "file"),
+        (UNDECODABLE, [(1, None), (2, "the query must be UTF-8 text")], "stdin"),
+        (b'{"id": 1, "text": "lease\\udcff"}\n', [(1, "the query must be UTF-8 text")], "file"),
+        (b'{"id": "\\ud800", "text": "ok"}\n', [("\ud800", None)], "file"),  # echoed, escaped
+        (b'{"id": 1, "text": "a\\u0000b"}\n', [(1, "must not contain a NUL character")], "file"),
     ],
     ids=["undecodable bytes", "undecodable bytes on stdin", "escaped surrogate", "id", "NUL"],
 )
-def test_a_bad_query_line_is_one_line(
-    env: dict[str, str], tmp_path: Path, lines: bytes, expected: str, source: str
+def test_a_bad_query_line_is_refused_on_its_own(
+    env: dict[str, str],
+    tmp_path: Path,
+    lines: bytes,
+    answers: list[tuple[object, str | None]],
+    source: str,
 ) -> None:
     path = tmp_path / "queries.jsonl"
     path.write_bytes(lines)
     if source == "file":
-        result = trioindex(env, "search", "--queries", str(path))
+        code, out, err = trioindex(env, "search", "--queries", str(path))
     else:
-        result = trioindex(env, "search", "--queries", "-", stdin=lines)
-    refused(result, f"--queries {expected}")
+        code, out, err = trioindex(env, "search", "--queries", "-", stdin=lines)
+    printed = [json.loads(line) for line in out.splitlines()]
+    assert [p["id"] for p in printed] == [query_id for query_id, _ in answers]
+    for line, (_, error) in zip(printed, answers, strict=True):
+        assert ("results" in line) if error is None else (line["error"]["message"].endswith(error))
+    bad = sum(error is not None for _, error in answers)
+    assert code == (1 if bad else 0), err
+    assert err.strip() == (
+        f"trioindex: {bad} of {len(answers)} queries refused (see their errors)" if bad else ""
+    )
 
 
 def test_a_configuration_file_that_is_not_utf8_is_one_line(

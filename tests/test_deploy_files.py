@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+import attrs
 import dockerfile
 import pytest
 import yaml
@@ -40,7 +41,7 @@ COMPOSE = ROOT / "compose.yaml"
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 
-LONG_RUNNING = ("db", "minio", "tei", "worker")
+LONG_RUNNING = ("db", "minio", "tei", "worker", "serve")
 ONE_SHOT = ("migrate", "createbucket")
 
 
@@ -306,6 +307,22 @@ def test_startup_order_is_gated_on_health_and_one_shot_success(compose: dict[str
                 assert target in LONG_RUNNING, f"{name} waits for {target} to be healthy"
             if condition == "service_completed_successfully":
                 assert svc[target].get("restart") == "no", f"{target} must be a one-shot"
+
+
+def test_serve_runs_the_http_service_from_the_worker_image_and_configuration(
+    compose: dict[str, Any], tmp_path: Path
+) -> None:
+    svc = services(compose)
+    serve, worker = svc["serve"], svc["worker"]
+    assert serve["image"] == worker["image"]
+    assert serve["command"][:3] == ["serve", "--host", "0.0.0.0"]
+    assert depends_on(serve) == depends_on(worker)
+    settings = load_settings(environ=environment(serve), cwd=tmp_path)
+    assert settings == attrs.evolve(worker_settings(compose, tmp_path), home=settings.home)
+    (port,) = serve["ports"]
+    target = port["target"] if isinstance(port, dict) else port.rsplit(":", 1)[1]
+    assert str(target) == serve["command"][serve["command"].index("--port") + 1] == "8080"
+    assert "/healthz" in " ".join(serve["healthcheck"]["test"])
 
 
 def test_worker_environment_is_valid_trioindex_configuration(

@@ -17,7 +17,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "design" / "state-machine.md"
 SOURCES = ROOT / "src" / "trioindex"
-ENTITIES = {"embedding_jobs": "job", "embedding_job_attempts": "attempt", "indexing_workers": "worker"}
+ENTITIES = {
+    "embedding_jobs": "job",
+    "embedding_job_attempts": "attempt",
+    "indexing_workers": "worker",
+}
 
 _UPDATE = re.compile(
     r"UPDATE\s+(\w+)(?:\s+(?!SET\b)\w+)?\s+SET\s+(.*?)(?=\bWHERE\b|\bFROM\b|\bRETURNING\b|;|\"\"\")",

@@ -7,6 +7,10 @@ embedding model is opened on the first search that needs it, so a text-only sear
 ingest never loads it. ``SyncIndex`` runs one Trio event loop in a background thread for its
 whole life and sends each call to it, so a synchronous program pays the start-up (database,
 model) once, not per call.
+
+A query that cannot be answered (too long, too many terms, a vector that cannot be ranked:
+:mod:`trioindex.search.query`) is a :class:`~trioindex.search.QueryRefused`: ``search`` raises
+it, ``search_many`` returns it in that query's place and answers the others.
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ from typing import TypeVar
 from uuid import UUID
 
 import attrs
+import psycopg
 import trio
 
 from trioindex.config import Settings, load_settings
 from trioindex.db.models import EmbeddingModel, check_serving, serving_model
 from trioindex.embedding import Embedder
 from trioindex.ingest import IngestEntry, IngestResult, ingest_paths
+from trioindex.ingest.bucket import ingest_bucket, plain_paths
 from trioindex.removal import DeleteReport, delete_documents
 from trioindex.search import (
     DEFAULT_HNSW,
@@ -36,20 +42,26 @@ from trioindex.search import (
     DocumentHit,
     Filters,
     HnswSettings,
+    QueryRefused,
     RankedChunk,
     SearchMode,
     chunk_hits,
     document_hits,
     embed_queries,
     fuse,
+    prepare_query,
     text_ranking,
     vector_ranking,
 )
+from trioindex.search.query import filter_text
 from trioindex.services import Services, open_configured_embedder, open_services
 
 __all__ = ["FailedDocument", "Index", "IngestReport", "SyncIndex", "connect"]
 
 T = TypeVar("T")
+H = TypeVar("H")
+#: One query's answer from ``search_many``: its hits, or why it was refused.
+Answer = list[H] | QueryRefused
 
 #: Ranked chunks fetched per requested document (a document's chunks are grouped from them).
 CANDIDATES_PER_DOCUMENT = 4
@@ -146,7 +158,8 @@ class Index:
         """The ``top_k`` documents that best answer ``query``, best first, each with its best
         ``chunks_per_document`` chunks. ``key_prefix`` keeps documents whose key starts with it
         (a folder: ``"papers/"``); ``content_types`` keeps documents of those types
-        (``"text/markdown"``, or a family: ``"text"``)."""
+        (``"text/markdown"``, or a family: ``"text"``). Raises
+        :class:`~trioindex.search.QueryRefused` for a query it cannot answer."""
         (hits,) = await self.search_many(
             [query],
             top_k=top_k,
@@ -155,7 +168,7 @@ class Index:
             content_types=content_types,
             chunks_per_document=chunks_per_document,
         )
-        return hits
+        return _raise_refused(hits)
 
     async def search_chunks(
         self,
@@ -170,7 +183,7 @@ class Index:
         (hits,) = await self.search_chunks_many(
             [query], top_k=top_k, mode=mode, key_prefix=key_prefix, content_types=content_types
         )
-        return hits
+        return _raise_refused(hits)
 
     async def search_many(
         self,
@@ -182,15 +195,20 @@ class Index:
         content_types: Sequence[str] = (),
         chunks_per_document: int = 3,
         hnsw: HnswSettings = DEFAULT_HNSW,
-    ) -> list[list[DocumentHit]]:
+    ) -> list[Answer[DocumentHit]]:
         """One list of document hits (as :meth:`search`) per query, in order: the queries are
-        embedded together (in the embedder's batches) and ranked concurrently on the pool."""
+        embedded together (in the embedder's batches) and ranked concurrently on the pool. A
+        query that cannot be answered gets its :class:`~trioindex.search.QueryRefused` in its
+        place; the others are answered all the same."""
         if top_k < 1 or chunks_per_document < 1:
             raise ValueError("top_k and chunks_per_document must be at least 1")
         depth = max(MIN_CANDIDATES, top_k * chunks_per_document * CANDIDATES_PER_DOCUMENT)
-        filters = Filters(key_prefix or None, tuple(content_types))
+        filters = _filters(key_prefix, content_types)
         ranked = await self._rank_many(queries, min(depth, MAX_CANDIDATES), mode, filters, hnsw)
-        return [document_hits(r, top_k, chunks_per_document) for r in ranked]
+        return [
+            r if isinstance(r, QueryRefused) else document_hits(r, top_k, chunks_per_document)
+            for r in ranked
+        ]
 
     async def search_chunks_many(
         self,
@@ -201,15 +219,15 @@ class Index:
         key_prefix: str | None = None,
         content_types: Sequence[str] = (),
         hnsw: HnswSettings = DEFAULT_HNSW,
-    ) -> list[list[ChunkHit]]:
+    ) -> list[Answer[ChunkHit]]:
         """One list of chunk hits (as :meth:`search_chunks`) per query, in order, as
-        :meth:`search_many` ranks them."""
+        :meth:`search_many` ranks (or refuses) them."""
         if top_k < 1:
             raise ValueError("top_k must be at least 1")
         depth = top_k if mode == "vector" else max(top_k, MIN_CANDIDATES)
-        filters = Filters(key_prefix or None, tuple(content_types))
+        filters = _filters(key_prefix, content_types)
         ranked = await self._rank_many(queries, min(depth, MAX_CANDIDATES), mode, filters, hnsw)
-        return [chunk_hits(r, top_k) for r in ranked]
+        return [r if isinstance(r, QueryRefused) else chunk_hits(r, top_k) for r in ranked]
 
     async def _rank_many(
         self,
@@ -218,8 +236,9 @@ class Index:
         mode: SearchMode,
         filters: Filters,
         hnsw: HnswSettings,
-    ) -> list[list[RankedChunk]]:
-        """The ``depth`` best chunks per query in ``mode``; hybrid fuses both rankings."""
+    ) -> list[Answer[RankedChunk]]:
+        """The ``depth`` best chunks per query in ``mode``, or why that query was refused;
+        hybrid fuses both rankings."""
         if mode not in SEARCH_MODES:
             raise ValueError(f"unknown search mode {mode!r}")
         db = self._services.db
@@ -228,32 +247,53 @@ class Index:
         else:
             # the query is embedded with the configured model: it must be the serving one
             model = await db.run(check_serving, self.model)
-        by_text: list[list[RankedChunk]] = [[] for _ in queries]
-        by_vector: list[list[RankedChunk]] = [[] for _ in queries]
+        texts = [_prepared(q) for q in queries]
+        prepared = [(i, t) for i, t in enumerate(texts) if isinstance(t, str)]
+        by_text: list[Answer[RankedChunk]] = [[] for _ in queries]
+        by_vector: list[Answer[RankedChunk]] = [[] for _ in queries]
 
-        async def rank_text(i: int) -> None:
-            by_text[i] = await db.run(text_ranking, model, queries[i], depth, filters=filters)
+        async def rank_text(i: int, text: str) -> None:
+            by_text[i] = await _answer(db.run(text_ranking, model, text, depth, filters=filters))
 
         async def rank_vector(i: int, vector: list[float]) -> None:
-            by_vector[i] = await db.run(
-                vector_ranking, model, vector, depth, filters=filters, hnsw=hnsw
+            by_vector[i] = await _answer(
+                db.run(vector_ranking, model, vector, depth, filters=filters, hnsw=hnsw)
             )
 
         async def embed_then_rank(nursery: trio.Nursery) -> None:
-            vectors = await embed_queries(await self._query_embedder(), model, queries)
-            for i, vector in enumerate(vectors):
-                nursery.start_soon(rank_vector, i, vector)
+            embedder = await self._query_embedder()
+            vectors = await embed_queries(embedder, model, [t for _, t in prepared])
+            for (i, _), vector in zip(prepared, vectors, strict=True):
+                if isinstance(vector, QueryRefused):
+                    by_vector[i] = vector
+                else:
+                    nursery.start_soon(rank_vector, i, vector)
 
         # hybrid: the text rankings run while the queries are embedded and ranked by vector
         async with trio.open_nursery() as nursery:
             if mode != "vector":
-                for i in range(len(queries)):
-                    nursery.start_soon(rank_text, i)
-            if mode != "text" and queries:
+                for i, prepared_text in prepared:
+                    nursery.start_soon(rank_text, i, prepared_text)
+            if mode != "text" and prepared:
                 nursery.start_soon(embed_then_rank, nursery)
-        if mode == "hybrid":
-            return [fuse(pair)[:depth] for pair in zip(by_vector, by_text, strict=True)]
-        return by_text if mode == "text" else by_vector
+        answers: list[Answer[RankedChunk]] = []
+        for text, by_vec, by_txt in zip(texts, by_vector, by_text, strict=True):
+            if isinstance(text, QueryRefused):
+                answers.append(text)
+            elif isinstance(by_vec, QueryRefused):
+                answers.append(by_vec)
+            elif isinstance(by_txt, QueryRefused):
+                answers.append(by_txt)
+            elif mode == "hybrid":
+                answers.append(fuse([by_vec, by_txt])[:depth])
+            else:
+                answers.append(by_txt if mode == "text" else by_vec)
+        return answers
+
+    async def open_model(self) -> None:
+        """Open the embedding model now instead of at the first search that needs it (a
+        service that answers searches keeps it open from its start)."""
+        await self._query_embedder()
 
     async def _query_embedder(self) -> Embedder:
         async with self._embedder_lock:
@@ -278,23 +318,39 @@ class Index:
         ``trioindex ingest`` does (``key_as`` is ``--as``; ``sync`` is ``--sync``: delete the
         documents under each folder's key prefix whose files are gone; ``include`` /
         ``exclude`` are the globs of ``--include`` / ``--exclude``). Files of a format
-        trioindex does not index are ``skipped``. ``wait=True`` returns once every job it
-        queued has ended, as :meth:`wait` does."""
+        trioindex does not index are ``skipped``. An ``s3://BUCKET/PREFIX`` argument registers
+        the objects already in the configured bucket in place, without uploading them
+        (:mod:`trioindex.ingest.bucket`). ``wait=True`` returns once every job it queued has
+        ended, as :meth:`wait` does."""
         services = self._services
-        entries = await ingest_paths(
-            [Path(p) for p in paths],
-            db=services.db,
-            store=services.storage,
-            model_id=services.model.id,
-            max_attempts=self._settings.worker.max_attempts,
-            priority=priority,
-            follow_symlinks=follow_symlinks,
-            key_as=key_as,
-            sync=sync,
-            include=include,
-            exclude=exclude,
-            max_document_bytes=self._settings.parsing.max_document_bytes,
-        )
+        local, buckets = plain_paths(paths)
+        entries: list[IngestEntry] = []
+        for location in buckets:
+            entries += await ingest_bucket(
+                location,
+                db=services.db,
+                store=services.storage,
+                model_id=services.model.id,
+                max_attempts=self._settings.worker.max_attempts,
+                max_bytes=self._settings.parsing.max_document_bytes,
+                priority=priority,
+                sync=sync,
+            )
+        if local or not buckets:
+            entries += await ingest_paths(
+                local,
+                db=services.db,
+                store=services.storage,
+                model_id=services.model.id,
+                max_attempts=self._settings.worker.max_attempts,
+                priority=priority,
+                follow_symlinks=follow_symlinks,
+                key_as=key_as,
+                sync=sync,
+                include=include,
+                exclude=exclude,
+                max_document_bytes=self._settings.parsing.max_document_bytes,
+            )
         report = IngestReport(tuple(entries))
         return await self.wait(report, show_progress=show_progress) if wait else report
 
@@ -337,6 +393,42 @@ class Index:
         if self._embedder is not None:
             embedder, self._embedder = self._embedder, None
             await embedder.aclose()
+
+
+def _raise_refused(answer: Answer[H]) -> list[H]:
+    if isinstance(answer, QueryRefused):
+        raise answer
+    return answer
+
+
+def _prepared(query: str) -> str | QueryRefused:
+    try:
+        return prepare_query(query)
+    except QueryRefused as refused:
+        return refused
+
+
+async def _answer(ranking: Awaitable[list[RankedChunk]]) -> Answer[RankedChunk]:
+    """One query's ranking, or its refusal: the query's own input refused by the ranking (too
+    many terms) or by the database (a value or size its SQL cannot take). A lost connection is
+    not this query's fault and fails the whole call."""
+    try:
+        return await ranking
+    except QueryRefused as refused:
+        return refused
+    except psycopg.Error as exc:
+        by_database = QueryRefused.for_database(exc)
+        if by_database is None:
+            raise
+        return by_database
+
+
+def _filters(key_prefix: str | None, content_types: Sequence[str]) -> Filters:
+    """The filters of a search, each value checked (:func:`filter_text`)."""
+    return Filters(
+        filter_text(key_prefix, "key_prefix") if key_prefix else None,
+        tuple(filter_text(t, "content_types") for t in content_types),
+    )
 
 
 @asynccontextmanager
@@ -478,8 +570,8 @@ class SyncIndex:
         key_prefix: str | None = None,
         content_types: Sequence[str] = (),
         chunks_per_document: int = 3,
-    ) -> list[list[DocumentHit]]:
-        """:meth:`Index.search_many` (document hits), blocking."""
+    ) -> list[Answer[DocumentHit]]:
+        """:meth:`Index.search_many` (document hits, or a refusal per query), blocking."""
         return self._call(
             lambda index: index.search_many(
                 queries,

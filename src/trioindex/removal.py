@@ -20,6 +20,7 @@ from trioindex.db import documents
 from trioindex.db.pool import Database
 from trioindex.errors import StorageUnavailable
 from trioindex.storage import AsyncObjectStore
+from trioindex.storage.contract import OWN_BLOB_PREFIX
 
 __all__ = ["DeleteReport", "delete_documents"]
 
@@ -50,12 +51,15 @@ async def delete_documents(
 ) -> DeleteReport:
     """Delete documents by key and/or key prefix (those unchanged since ``unchanged_since``, a
     database time, when given); they leave search when the one database transaction commits,
-    then their blobs no version names any more are removed."""
+    then their blobs no version names any more are removed — trioindex's own
+    (``sha256/...``) only, never an application's object registered in place."""
     result = await db.run(
         documents.delete_documents, list(keys), prefix=prefix, unchanged_since=unchanged_since
     )
     removed = left = 0
-    for blob in result.unreferenced_blobs:
+    # only trioindex's own content-addressed blobs: an object registered in place (an
+    # application's, from `ingest s3://` or a bucket notification) is never removed
+    for blob in (b for b in result.unreferenced_blobs if b.startswith(OWN_BLOB_PREFIX)):
         try:
             if await db.run(documents.blob_unreferenced, blob):
                 await store.delete(blob)

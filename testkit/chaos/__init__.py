@@ -28,8 +28,9 @@ benchmarks, a run blocks and sleeps in its own threads.
 from testkit.chaos.checks import (
     CHECKS,
     check_attempts,
-    check_embeddings_per_version,
+    check_embeddings_per_job,
     check_outcomes,
+    check_served_forward,
     faulted_documents,
     run_checks,
 )
@@ -54,9 +55,10 @@ __all__ = [
     "Stored",
     "VectorFault",
     "check_attempts",
-    "check_embeddings_per_version",
+    "check_embeddings_per_job",
     "check_logs",
     "check_outcomes",
+    "check_served_forward",
     "faulted_documents",
     "make_corpus",
     "new_run_folder",

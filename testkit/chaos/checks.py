@@ -21,12 +21,18 @@ from trioindex.embedding.vectors import vector_sha256
 CHECKS: dict[str, str] = {
     "drained": "every file ingested once; with recovery allowed to finish, no job is PENDING or "
     "PROCESSING (bounded wait)",
-    "outcomes": "every valid document INDEXED (current version set) unless one of its embedding "
-    "requests got a NaN / wrong-dimension answer, then FAILED EMBEDDING_RESULT_INVALID or "
-    "INDEXED all the same (a later attempt, or its texts sent again alone); every invalid file FAILED DOCUMENT_CONTENT_INVALID; no other "
-    "failure type; no job ran out of attempts",
-    "embeddings_per_version": "every INDEXED version: embeddings = chunks = chunk_count >= 1, "
-    "chunk indexes 0..n-1; every FAILED version: no embeddings",
+    "outcomes": "every valid document's job SUCCEEDED, its version served by the serving model "
+    "(served_versions), unless one of its embedding requests got a NaN / wrong-dimension "
+    "answer, then FAILED EMBEDDING_RESULT_INVALID or SUCCEEDED all the same (a later attempt, "
+    "or its texts sent again alone); every invalid file FAILED DOCUMENT_CONTENT_INVALID; no "
+    "other failure type; no job ran out of attempts",
+    "embeddings_per_job": "every SUCCEEDED job: its model's vectors = the chunks of its chunk "
+    "set = its chunk_count >= 1, chunk indexes 0..n-1; every FAILED job: none of its model's "
+    "vectors on its version (every chaos document fits one slice of vectors, so a failed "
+    "attempt leaves no partial set) and its model does not serve it (a failure is the job's "
+    "alone: other models' jobs of the version are judged on their own rows)",
+    "served_forward": "each model serves, per document, the newest version it completed (no "
+    "served version moves backwards, none is served before its job completed)",
     "no_duplicates": "no (chunk, model) pair has two embeddings",
     "vectors_intact": "every stored vector is the server's vector for its chunk's text "
     "(finite, 1024 dims), its SHA-256 matches and its denormalised ids match the chunk",
@@ -85,12 +91,16 @@ def faulted_documents(seen: Observed, db: Stored) -> tuple[dict[str, set[str]], 
 
 
 def outcome_of(job: dict[str, Any]) -> str:
-    state = (job["status"], job["version_status"])
-    if state == ("SUCCEEDED", "INDEXED"):
-        return "INDEXED"
-    if state == ("FAILED", "FAILED"):
+    if job["status"] == "FAILED":
         return f"FAILED {job['last_failure_type']}"
-    return f"{job['status']}/{job['version_status']}"
+    return str(job["status"])
+
+
+def _served(job: dict[str, Any]) -> bool:
+    """Whether the job's model serves the job's version for its document."""
+    return bool(
+        job["served_version_id"] is not None and job["served_version_id"] == job["version_id"]
+    )
 
 
 def check_outcomes(
@@ -117,16 +127,18 @@ def check_outcomes(
                 job["last_failure_type"],
             ):
                 problems.append(f"{file.key}: FAILED, but not by its last attempt's report")
-            if job["current_version_id"] is not None:
-                problems.append(f"{file.key}: FAILED yet has a current version")
+            if _served(job):
+                problems.append(f"{file.key}: FAILED yet its model serves the version")
         if job["attempt_count"] >= job["max_attempts"]:
             problems.append(f"{file.key}: used all {job['max_attempts']} attempts")
         if not file.valid:
             if outcome != "FAILED DOCUMENT_CONTENT_INVALID":
                 problems.append(f"{file.key} ({file.kind}): {outcome}")
-        elif outcome == "INDEXED":
-            if job["current_version_id"] != job["version_id"]:
-                problems.append(f"{file.key}: INDEXED but not the current version")
+        elif outcome == "SUCCEEDED":
+            if not _served(job):
+                problems.append(f"{file.key}: SUCCEEDED but its model does not serve the version")
+            if not job["serving"]:
+                problems.append(f"{file.key}: SUCCEEDED for a model that does not serve search")
             if file.key in faulted:
                 # absorbed by a later attempt, or within the attempt: a request shared by several
                 # jobs that got an invalid vector is sent again per job (embedding/batching.py),
@@ -138,21 +150,23 @@ def check_outcomes(
         else:
             problems.append(f"{file.key} ({file.kind}): {outcome}")
     fine = (
-        f"{outcomes['INDEXED']} INDEXED, {outcomes['FAILED DOCUMENT_CONTENT_INVALID']} FAILED "
+        f"{outcomes['SUCCEEDED']} SUCCEEDED and served, "
+        f"{outcomes['FAILED DOCUMENT_CONTENT_INVALID']} FAILED "
         f"DOCUMENT_CONTENT_INVALID (all {sum(not f.valid for f in seen.corpus)} invalid files), "
         f"{outcomes['FAILED EMBEDDING_RESULT_INVALID']} FAILED EMBEDDING_RESULT_INVALID; "
-        f"{len(faulted)} documents got an invalid vector, {absorbed} of them INDEXED all the same "
+        f"{len(faulted)} documents got an invalid vector, {absorbed} of them SUCCEEDED all the "
+        "same "
         "(by a later attempt, or within the attempt when the invalid answer came in a request "
         "shared with other jobs and the job's texts were sent again alone)"
     )
     return check("outcomes", problems, fine), outcomes, absorbed
 
 
-def check_embeddings_per_version(db: Stored) -> Check:
+def check_embeddings_per_job(db: Stored) -> Check:
     problems = []
     for job in db.jobs:
         key, n = job["external_key"], job["chunks"]
-        if job["version_status"] == "INDEXED":
+        if job["status"] == "SUCCEEDED":
             if not (
                 n >= 1
                 and job["vectors"] == job["all_vectors"] == job["chunk_count"] == n
@@ -160,17 +174,51 @@ def check_embeddings_per_version(db: Stored) -> Check:
                 and job["max_index"] == n - 1
             ):
                 problems.append(
-                    f"{key}: {job['vectors']} embeddings, {n} chunks, chunk_count "
-                    f"{job['chunk_count']}, indexes up to {job['max_index']}"
+                    f"{key}: {job['vectors']} embeddings ({job['all_vectors']} on the version), "
+                    f"{n} chunks, chunk_count {job['chunk_count']}, indexes up to "
+                    f"{job['max_index']}"
                 )
-        elif job["version_status"] == "FAILED" and job["all_vectors"]:
-            problems.append(f"{key}: FAILED with {job['all_vectors']} embeddings")
-    indexed = [job for job in db.jobs if job["version_status"] == "INDEXED"]
+        elif job["status"] == "FAILED":
+            if job["all_vectors"]:
+                problems.append(f"{key}: FAILED with {job['all_vectors']} embeddings of its model")
+            if _served(job):
+                problems.append(f"{key}: FAILED yet its model serves the version")
+    succeeded = [job for job in db.jobs if job["status"] == "SUCCEEDED"]
     return check(
-        "embeddings_per_version",
+        "embeddings_per_job",
         problems,
-        f"{len(indexed)} INDEXED versions, {sum(j['chunks'] for j in indexed)} chunks, one "
+        f"{len(succeeded)} SUCCEEDED jobs, {sum(j['chunks'] for j in succeeded)} chunks, one "
         "embedding each",
+    )
+
+
+def check_served_forward(db: Stored) -> Check:
+    """Per (document, model): the served version is the newest version the model completed."""
+    groups: dict[tuple[str, Any], list[dict[str, Any]]] = defaultdict(list)
+    for job in db.jobs:
+        groups[(job["external_key"], job["model_id"])].append(job)
+    problems = []
+    served = 0
+    for (key, _), jobs in groups.items():
+        completed = [j["version_no"] for j in jobs if j["status"] == "SUCCEEDED"]
+        newest = max(completed, default=None)
+        serves = jobs[0]["served_version_no"]
+        if serves is not None:
+            served += 1
+        if serves != newest:
+            if newest is None:
+                problems.append(
+                    f"{key}: serves version {serves}, which no job of its model completed"
+                )
+            else:
+                problems.append(
+                    f"{key}: serves version {serves}, not version {newest}, the newest its model "
+                    "completed"
+                )
+    return check(
+        "served_forward",
+        problems,
+        f"{served} (document, model) pairs served, each at the newest version its model completed",
     )
 
 
@@ -350,7 +398,8 @@ def run_checks(seen: Observed, db: Stored) -> tuple[list[Check], dict[str, Any]]
     checks = [
         check_drained(seen, db),
         outcomes,
-        check_embeddings_per_version(db),
+        check_embeddings_per_job(db),
+        check_served_forward(db),
         check_no_duplicates(db),
         vectors,
         check_leases(db),
@@ -368,7 +417,7 @@ def run_checks(seen: Observed, db: Stored) -> tuple[list[Check], dict[str, Any]]
         "invalid_documents": sum(not f.valid for f in seen.corpus),
         "outcomes": dict(sorted(outcome_counts.items())),
         "jobs_by_status": dict(sorted(db.status_counts.items())),
-        "chunks_indexed": sum(j["chunks"] for j in db.jobs if j["version_status"] == "INDEXED"),
+        "chunks_indexed": sum(j["chunks"] for j in db.jobs if j["status"] == "SUCCEEDED"),
         "embeddings": stored,
         "kills": sum(1 for p in seen.fleet.processes if p.fate == "killed"),
         "workers_started": len(seen.fleet.processes),

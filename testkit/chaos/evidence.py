@@ -51,7 +51,10 @@ class Stored:
     """What the database holds once the workers have stopped."""
 
     url: str
-    jobs: list[dict[str, Any]]  # one row per job, with its document, version and counts
+    # one row per job (one per version and model): its document, version and model, the
+    # version its model serves for the document (served_versions), and the counts of its own
+    # chunk set and of its model's vectors
+    jobs: list[dict[str, Any]]
     attempts: dict[UUID, list[dict[str, Any]]]  # per job, in attempt order
     keys_of_text: dict[str, set[str]]  # chunk content -> keys of the documents that have it
     tokens: set[str]  # every claim token the database handed out
@@ -77,23 +80,32 @@ class Stored:
     def load(cls, url: str) -> Stored:
         jobs = query(
             url,
-            """SELECT d.external_key, d.current_version_id, v.id AS version_id,
-                      v.status AS version_status, v.chunk_count, j.id AS job_id, j.status,
-                      j.attempt_count, j.max_attempts, j.last_failure_type,
+            """SELECT d.external_key, v.id AS version_id, v.version_no, j.id AS job_id,
+                      j.embedding_model_id AS model_id, m.is_active AS serving, j.status,
+                      j.chunk_count, j.attempt_count, j.max_attempts, j.last_failure_type,
                       j.lease_expires_at < clock_timestamp() AS lease_expired,
+                      s.document_version_id AS served_version_id,
+                      sv.version_no AS served_version_no,
                       (SELECT count(*) FROM document_chunks c
-                        WHERE c.document_version_id = v.id) AS chunks,
+                        WHERE c.document_version_id = v.id AND c.chunking = j.chunking) AS chunks,
                       (SELECT count(DISTINCT c.chunk_index) FROM document_chunks c
-                        WHERE c.document_version_id = v.id) AS distinct_indexes,
+                        WHERE c.document_version_id = v.id
+                          AND c.chunking = j.chunking) AS distinct_indexes,
                       (SELECT coalesce(max(c.chunk_index), -1) FROM document_chunks c
-                        WHERE c.document_version_id = v.id) AS max_index,
-                      (SELECT count(*) FROM embeddings e WHERE e.document_version_id = v.id
-                         AND e.embedding_model_id = j.embedding_model_id) AS vectors,
+                        WHERE c.document_version_id = v.id AND c.chunking = j.chunking) AS max_index,
                       (SELECT count(*) FROM embeddings e
-                        WHERE e.document_version_id = v.id) AS all_vectors
+                        JOIN document_chunks c ON c.id = e.chunk_id AND c.chunking = j.chunking
+                        WHERE e.document_version_id = v.id
+                          AND e.embedding_model_id = j.embedding_model_id) AS vectors,
+                      (SELECT count(*) FROM embeddings e WHERE e.document_version_id = v.id
+                          AND e.embedding_model_id = j.embedding_model_id) AS all_vectors
                FROM documents d
                JOIN document_versions v ON v.document_id = d.id
-               JOIN embedding_jobs j ON j.document_version_id = v.id""",
+               JOIN embedding_jobs j ON j.document_version_id = v.id
+               JOIN embedding_models m ON m.id = j.embedding_model_id
+               LEFT JOIN served_versions s
+                 ON s.document_id = d.id AND s.embedding_model_id = j.embedding_model_id
+               LEFT JOIN document_versions sv ON sv.id = s.document_version_id""",
         )
         attempts: dict[UUID, list[dict[str, Any]]] = defaultdict(list)
         for row in query(

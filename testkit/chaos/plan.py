@@ -47,9 +47,13 @@ OUTAGES = (
         share=0.08,
         limits=(4, 12),
         backlog=4,
-        backlog_sql="""SELECT count(*) AS n FROM document_versions
-                       WHERE status IN ('UPLOADED', 'PARSING')""",
-        backlog_means="versions waiting to be read from storage",
+        # open jobs without their chunk set: the parse still reads their file from storage
+        backlog_sql="""SELECT count(*) AS n FROM embedding_jobs j
+                       WHERE j.status IN ('PENDING', 'PROCESSING')
+                         AND NOT EXISTS (SELECT 1 FROM document_chunks c
+                                         WHERE c.document_version_id = j.document_version_id
+                                           AND c.chunking = j.chunking)""",
+        backlog_means="jobs waiting to read their file from storage",
     ),
     OutagePlan(
         "postgresql",

@@ -195,10 +195,13 @@ def test_every_key_is_settable_from_the_environment(tmp_path: Path) -> None:
         "indexing.worker.retry-jitter": ("0", 0.0),
         "indexing.parsing.max-document-size": ("512KiB", 524288),
         "indexing.parsing.timeout": ("90s", 90.0),
+        "indexing.parsing.ocr": ("off", "off"),
         "indexing.chunking.max-tokens": ("8", 8),
         "indexing.chunking.max-characters": ("50", 50),
         "indexing.chunking.overlap": ("0.25", 0.25),
         "log.format": ("json", "json"),
+        "http.webhook-token": ("hook-1", "hook-1"),
+        "http.max-concurrent-requests": ("3", 3),
     }
     assert set(values) == {spec.key for spec in KEYS}
     env = {env_name(key): text for key, (text, _) in values.items()}

@@ -15,7 +15,6 @@ from tests import helpers
 from trioindex.db import jobs as lifecycle
 from trioindex.db.models import EmbeddingModel, activate_model, remove_model, serving_model
 from trioindex.db.pool import Connection, Database
-from trioindex.errors import StateInconsistent
 from trioindex.db.steps import (
     ChunkCommit,
     EmbeddingCommit,
@@ -26,6 +25,7 @@ from trioindex.db.steps import (
     store_chunks_many,
     store_embeddings_many,
 )
+from trioindex.errors import StateInconsistent
 from trioindex.pipeline.chunking import ChunkDraft
 from trioindex.pipeline.embed_step import drafts_from_matrix
 from trioindex.search.ranking import text_ranking

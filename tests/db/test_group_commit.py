@@ -13,7 +13,6 @@ import pytest
 from tests import helpers
 from trioindex.db import jobs as lifecycle
 from trioindex.db.pool import Connection, Database
-from trioindex.errors import OwnershipLost, StateInconsistent
 from trioindex.db.steps import (
     ChunkCommit,
     EmbeddingCommit,
@@ -25,6 +24,7 @@ from trioindex.db.steps import (
     store_chunks_many,
     store_embeddings_many,
 )
+from trioindex.errors import OwnershipLost, StateInconsistent
 from trioindex.pipeline.chunking import ChunkDraft
 from trioindex.pipeline.embed_step import drafts_from_matrix
 from trioindex.values import Claim, CompleteResult

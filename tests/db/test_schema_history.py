@@ -185,9 +185,10 @@ def test_functions_are_applied_again_only_when_their_text_changes(empty_database
         conn.execute("CREATE FUNCTION trioindex_stray() RETURNS int LANGUAGE sql AS 'SELECT 1'")
     migrate(empty_database_url)
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
-        assert conn.execute(
-            "SELECT sha256, applied_at FROM trioindex_schema_functions"
-        ).fetchone() == first
+        assert (
+            conn.execute("SELECT sha256, applied_at FROM trioindex_schema_functions").fetchone()
+            == first
+        )
         conn.execute("UPDATE trioindex_schema_functions SET sha256 = 'changed'")
     migrate(empty_database_url)
     with psycopg.connect(empty_database_url) as conn:

@@ -22,6 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from testkit.embed_server import BODY_MARKER, FakeEmbedServer, fake_vector
+from tests.embedding.http_clients import DIM, open_http, openai_through, served
 from trioindex.embedding import (
     Embedder,
     estimate_tokens,
@@ -40,7 +41,6 @@ from trioindex.errors import (
     StepFailure,
 )
 
-DIM = 16
 HTTP_APIS = ["tei", "openai"]
 SECRET_TEXT = "chunk-text-7c1e-do-not-leak"
 API_KEY = "sk-test-4b9f0d2e-do-not-leak"
@@ -50,36 +50,6 @@ API_KEY = "sk-test-4b9f0d2e-do-not-leak"
 def server() -> Iterator[FakeEmbedServer]:
     with FakeEmbedServer(dimension=DIM) as fake:
         yield fake
-
-
-async def open_http(
-    server: FakeEmbedServer,
-    api: str,
-    *,
-    batch_size: int = 4,
-    max_in_flight: int = 2,
-    request_timeout: float = 5.0,
-    api_key: str | None = None,
-    model: str = "BAAI/bge-m3",
-    url: str | None = None,
-) -> Embedder:
-    return await open_embedder(
-        api=api,
-        url=url or server.url,
-        model=model,
-        dimension=DIM,
-        batch_size=batch_size,
-        max_in_flight=max_in_flight,
-        request_timeout=request_timeout,
-        api_key=api_key,
-    )
-
-
-def served(text: str, api: str) -> list[float]:
-    """The vector a client reads for ``text``: the server's, rounded to float32 when it
-    travelled as OpenAI's base64 (the openai client asks for it)."""
-    vector = fake_vector(text, DIM)
-    return np.float32(vector).tolist() if api == "openai" else vector
 
 
 def texts(n: int, prefix: str = "text") -> list[str]:
@@ -518,16 +488,7 @@ def _openai_answer(data: object) -> httpx.MockTransport:
 
 async def _openai_answering(data: object) -> Embedder:
     """An OpenAI-compatible embedder whose server answers every request with ``data``."""
-    return await open_embedder(
-        api="openai",
-        url="http://embedder.invalid",
-        model="m",
-        dimension=DIM,
-        batch_size=8,
-        max_in_flight=1,
-        request_timeout=5.0,
-        transport=_openai_answer(data),
-    )
+    return await openai_through(_openai_answer(data))
 
 
 @pytest.mark.parametrize(
@@ -599,19 +560,19 @@ def test_base64_vectors_are_checked_like_lists(second: str, fragment: str) -> No
 
 
 async def test_openai_reads_numbers_from_a_server_that_ignores_base64() -> None:
-    data = [{"index": i, "embedding": [0.25 * i] * DIM} for i in range(2)]
+    data = [{"index": i, "embedding": [0.25 * (i + 1)] * DIM} for i in range(2)]
     embedder = await _openai_answering(data)
     try:
-        assert await embedder.embed(["a", "b"]) == [[0.0] * DIM, [0.25] * DIM]
+        assert await embedder.embed(["a", "b"]) == [[0.25] * DIM, [0.5] * DIM]
     finally:
         await embedder.aclose()
 
 
 async def test_openai_without_indexes_takes_list_order() -> None:
-    data = [{"embedding": [float(i)] * DIM} for i in range(2)]
+    data = [{"embedding": [float(i + 1)] * DIM} for i in range(2)]
     embedder = await _openai_answering(data)
     try:
-        assert await embedder.embed(["a", "b"]) == [[0.0] * DIM, [1.0] * DIM]
+        assert await embedder.embed(["a", "b"]) == [[1.0] * DIM, [2.0] * DIM]
     finally:
         await embedder.aclose()
 

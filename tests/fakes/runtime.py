@@ -23,12 +23,13 @@ from trioindex.values import (
     FailOutcome,
     FailResult,
     RecoveredJob,
-    VersionStatus,
     WorkerStatus,
 )
 
 
-def make_claim(status: VersionStatus = VersionStatus.UPLOADED, worker: UUID | None = None) -> Claim:
+def make_claim(chunks_ready: bool = False, worker: UUID | None = None) -> Claim:
+    """A claim as the claim statement makes it; ``chunks_ready`` says whether the job's chunk
+    set is stored already (the job then only embeds)."""
     job_id = uuid.uuid4()
     return Claim(
         job_id=job_id,
@@ -39,18 +40,21 @@ def make_claim(status: VersionStatus = VersionStatus.UPLOADED, worker: UUID | No
         attempt_id=uuid.uuid4(),
         attempt_no=1,
         lease_expires_at=datetime.now(UTC),
-        version_status=status,
         document_key=f"handbook/{job_id.hex[:8]}.md",
+        chunks_ready=chunks_ready,
     )
 
 
 @attrs.define(eq=False)
 class FakeQueue:
-    pending: list[VersionStatus] = attrs.field(factory=list)
+    """Jobs are their claims' ``chunks_ready``: False (the chunk set is not stored, the job
+    parses first) or True (it only embeds)."""
+
+    pending: list[bool] = attrs.field(factory=list)
     # jobs that become claimable at a (virtual) time: scheduled retries, as drain sees them
-    later: list[tuple[float, VersionStatus]] = attrs.field(factory=list)
-    # PROCESSING jobs of a dead worker: (lease expiry time, status); recover() requeues them
-    orphans: list[tuple[float, VersionStatus]] = attrs.field(factory=list)
+    later: list[tuple[float, bool]] = attrs.field(factory=list)
+    # PROCESSING jobs of a dead worker: (lease expiry time, chunks_ready); recover() requeues them
+    orphans: list[tuple[float, bool]] = attrs.field(factory=list)
     release_error: Exception | None = None
     release_behaviour: Callable[[Claim], Awaitable[None]] | None = None
     calls: list[tuple[float, str, object]] = attrs.field(factory=list)
@@ -92,10 +96,10 @@ class FakeQueue:
             self.log("claim-error", k)
             raise error
         now = trio.current_time()
-        self.pending += [status for at, status in self.later if at <= now]
-        self.later = [(at, status) for at, status in self.later if at > now]
+        self.pending += [ready for at, ready in self.later if at <= now]
+        self.later = [(at, ready) for at, ready in self.later if at > now]
         taken, self.pending = self.pending[:k], self.pending[k:]
-        claims = [make_claim(status, worker_id) for status in taken]
+        claims = [make_claim(ready, worker_id) for ready in taken]
         self.log("claim", (k, len(claims)))
         return claims
 
@@ -123,8 +127,8 @@ class FakeQueue:
     async def recover(self) -> list[RecoveredJob]:
         await trio.lowlevel.checkpoint()
         now = trio.current_time()
-        expired = [status for at, status in self.orphans if at <= now]
-        self.orphans = [(at, status) for at, status in self.orphans if at > now]
+        expired = [ready for at, ready in self.orphans if at <= now]
+        self.orphans = [(at, ready) for at, ready in self.orphans if at > now]
         self.pending += expired
         self.log("recover", len(expired))
         return [

@@ -189,9 +189,7 @@ async def test_sync_keeps_a_document_whose_file_the_walk_leaves_out(
     assert _keys(db) == ["docs/.notes.md", "docs/a.txt"]
     (work / "docs" / ".notes.md").unlink()  # now it is gone: the next sync deletes it
     entries = await _ingest(db, store, work / "docs", sync=True)
-    assert [e.document_key for e in entries if isinstance(e, DeletedDocument)] == [
-        "docs/.notes.md"
-    ]
+    assert [e.document_key for e in entries if isinstance(e, DeletedDocument)] == ["docs/.notes.md"]
 
 
 async def test_sync_keeps_a_document_another_ingest_added_while_it_ran(

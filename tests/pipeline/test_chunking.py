@@ -1,5 +1,6 @@
-"""Chunk invariants, semantic boundaries (paragraph > sentence > word), Korean, and the
-token limit with the real all-MiniLM-L6-v2 tokenizer."""
+"""Chunk invariants, semantic boundaries (paragraph > sentence > word), Korean, the token limit
+with the real all-MiniLM-L6-v2 tokenizer, and character chunks under an embedding server's input
+limit."""
 
 from __future__ import annotations
 
@@ -15,8 +16,19 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
+from testkit.embed_server import FakeEmbedServer
 from tests import hostile_documents as hostile
 from tests.chunk_checks import assert_character_limits, assert_chunk_invariants
+from tests.cjk_texts import (
+    CHINESE_PARAGRAPHS,
+    JAPANESE_PARAGRAPHS,
+    KOREAN_PARAGRAPHS,
+    document,
+    real_count,
+)
+from tests.cjk_texts import minilm_tokenizer as counting_minilm
+from trioindex.config import load_settings
+from trioindex.embedding import open_embedder
 from trioindex.errors import ConfigError
 from trioindex.pipeline.chunking import (
     CHARS_PER_TOKEN,
@@ -27,6 +39,8 @@ from trioindex.pipeline.chunking import (
     glue_headings,
     segments,
 )
+from trioindex.pipeline.token_counts import token_bound
+from trioindex.worker.wiring import build_chunker
 
 
 def chunk_chars(text: str, max_size: int, overlap: int = 0) -> list[ChunkDraft]:
@@ -436,6 +450,7 @@ def test_a_chunker_pickles_and_is_rebuilt_once_per_process(
     from_dir = Chunker.for_model_dir(ChunkingPolicy(max_size=64, overlap=8), minilm_dir)
     chunkers = [
         Chunker(ChunkingPolicy(max_size=200, overlap=20)),
+        Chunker(ChunkingPolicy(max_size=200, overlap=20, max_input_tokens=32)),
         Chunker(ChunkingPolicy(max_size=48, overlap=8), minilm_tokenizer),
         from_dir,
     ]
@@ -569,3 +584,99 @@ def test_chunking_needs_little_memory_beyond_its_chunks() -> None:
     overlapping = sum(c.start < p.end for p, c in itertools.pairwise(chunks))
     assert overlapping > len(chunks) // 2  # the overlap pass extended most chunks
     assert peak - kept < 0.5 * len(text)
+
+
+# -- character chunks under an embedding server's input limit -----------------------------------
+
+CJK_DOCUMENTS = {
+    "korean": document(KOREAN_PARAGRAPHS, 20_000),
+    "korean-unspaced": document(KOREAN_PARAGRAPHS, 8_000).replace(" ", ""),
+    "chinese": document(CHINESE_PARAGRAPHS, 20_000),
+    "japanese": document(JAPANESE_PARAGRAPHS, 8_000),
+    "mixed": "\n\n".join(
+        [document(KOREAN_PARAGRAPHS, 3_000), mixed_text(6), document(CHINESE_PARAGRAPHS, 3_000)]
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CJK_DOCUMENTS))
+async def test_character_chunks_fit_the_input_limit_a_tei_server_reports(
+    name: str, tmp_path: Path
+) -> None:
+    """A TEI server whose /info says max_input_length 512, the default character chunking
+    (1,500 characters, overlap 0.1): 1,500 Korean characters were ~2,000-2,400 MiniLM tokens,
+    refused by the server for good. Every chunk now fits, counted by the real tokenizer."""
+    counter = counting_minilm()
+    with FakeEmbedServer(dimension=8, max_input_length=512) as server:
+        embedder = await open_embedder(
+            api="tei",
+            url=server.url,
+            model="BAAI/bge-m3",
+            dimension=8,
+            batch_size=32,
+            max_in_flight=1,
+            request_timeout=5,
+        )
+        try:
+            chunker = build_chunker(load_settings(environ={}, cwd=tmp_path), embedder)
+        finally:
+            await embedder.aclose()
+    text = CJK_DOCUMENTS[name]
+    chunks = chunker.chunk(text)
+    assert_chunk_invariants(chunks, text, chunker.policy)
+    assert max(real_count(counter, chunk.text) for chunk in chunks) <= 512
+    assert max(len(chunk.text) for chunk in chunks) <= chunker.policy.max_size
+    # filled up to the limit as the chunker counts (MiniLM sees an unspaced run as one [UNK])
+    bounds = sorted(token_bound(chunk.text) for chunk in chunks)
+    assert bounds[-1] <= 512
+    assert bounds[len(bounds) // 2] > 300, "chunks are filled, not crumbs"
+    if name in ("korean", "mixed"):  # neighbours overlap by whole words where there are words
+        overlapping = sum(c.start < p.end for p, c in itertools.pairwise(chunks))
+        assert overlapping > len(chunks) // 2
+
+
+def test_a_limit_no_character_chunk_can_reach_changes_nothing() -> None:
+    text = CJK_DOCUMENTS["mixed"]
+    plain = Chunker(ChunkingPolicy(max_size=1500, overlap=150)).chunk(text)
+    assert (
+        Chunker(ChunkingPolicy(max_size=1500, overlap=150, max_input_tokens=8192)).chunk(text)
+        == plain
+    )
+
+
+def test_latin_text_keeps_its_character_chunks_under_a_limit() -> None:
+    # English prose is ~0.25 tokens a character: 1,500 characters fit 512 tokens as they are.
+    text = abstract(300)
+    policy = ChunkingPolicy(max_size=1500, overlap=150)
+    plain = Chunker(policy).chunk(text)
+    limited = Chunker(ChunkingPolicy(1500, 150, max_input_tokens=512)).chunk(text)
+    assert len(limited) <= len(plain) + 1
+    assert all(token_bound(c.text) <= 512 for c in limited)
+
+
+@pytest.mark.parametrize(
+    "paragraphs",
+    [KOREAN_PARAGRAPHS, CHINESE_PARAGRAPHS, JAPANESE_PARAGRAPHS],
+    ids=["korean", "chinese", "japanese"],
+)
+def test_token_bound_is_at_least_the_real_count(paragraphs: list[str]) -> None:
+    counter = counting_minilm()
+    text = document(paragraphs, 30_000)
+    for size in (100, 400, 1500):  # a few words can exceed it: 7 syllables were 19 tokens
+        for start in range(0, len(text) - size, 997):
+            piece = text[start : start + size]
+            assert real_count(counter, piece) <= token_bound(piece), piece
+
+
+def test_a_server_limit_too_small_for_one_character_still_chunks() -> None:
+    # A syllable alone weighs more than the limit: chunks of one character (the server, not
+    # the chunker, then refuses them, with the limit named).
+    text = KOREAN_PARAGRAPHS[0]
+    chunks = Chunker(ChunkingPolicy(max_size=100, max_input_tokens=3)).chunk(text)
+    assert_chunk_invariants(chunks, text, ChunkingPolicy(max_size=100))
+    assert max(len(c.text) for c in chunks) <= 2
+
+
+def test_max_input_tokens_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_input_tokens"):
+        ChunkingPolicy(max_size=100, max_input_tokens=0)

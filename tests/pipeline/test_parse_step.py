@@ -1,4 +1,6 @@
-"""The parse + chunk step on real PostgreSQL with a real folder store.
+"""The parse + chunk step on real PostgreSQL with a real folder store, through the worker's own
+steps (:class:`trioindex.worker.wiring.PipelineSteps`, run by ``helpers.run_claim``); the
+SQL contract of its two writes (fencing, converging commits) through :mod:`trioindex.db.steps`.
 
 The step reads through :class:`AsyncObjectStore`, whichever store is behind it; reads from a
 real S3 server are tested in tests/storage/test_storage.py and, through this step, end to end in
@@ -13,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -30,19 +31,22 @@ from tests import hostile_documents as hostile
 from trioindex.config import default_settings
 from trioindex.db import jobs as lifecycle
 from trioindex.db.pool import Database
+from trioindex.db.steps import (
+    ChunkCommit,
+    EmbedSnapshot,
+    ParseSnapshot,
+    begin_parse_many,
+    store_chunks_many,
+)
 from trioindex.errors import ContentInvalid, ObjectNotFound, OwnershipLost, StorageUnavailable
 from trioindex.ingest import storage_key_for
-from trioindex.pipeline.chunking import Chunker, ChunkingPolicy
-from trioindex.pipeline.parse_step import (
-    commit_chunks,
-    parse_and_chunk_bytes,
-    prepare_parse,
-    run_parse_step,
-)
+from trioindex.pipeline.chunking import ChunkDraft, Chunker, ChunkingPolicy
+from trioindex.pipeline.parse_process import ParseRequest, parse_document
 from trioindex.storage import AsyncObjectStore, FolderStore
 from trioindex.values import BackoffPolicy, Claim, CompleteResult
 from trioindex.worker.queue import JobQueue
 from trioindex.worker.runtime import Worker
+from trioindex.worker.wiring import PipelineSteps
 
 CHUNKER = Chunker(ChunkingPolicy(max_size=200, overlap=20))
 MAX_BYTES = 1_000_000
@@ -69,6 +73,25 @@ def store(tmp_path: Path) -> AsyncObjectStore:
     return AsyncObjectStore(folder, trio.CapacityLimiter(4))
 
 
+def _steps(
+    db: Database,
+    store: AsyncObjectStore,
+    *,
+    max_bytes: int = MAX_BYTES,
+    parse_timeout: float | None = None,
+) -> PipelineSteps:
+    """The worker's steps with the test chunker; the model's vectors come from a fake embedder
+    of the test model's dimension (helpers.model: 4)."""
+    return helpers.pipeline_steps(
+        db,
+        store,
+        helpers.FakeEmbedder(dimension=4),
+        chunker=CHUNKER,
+        max_document_bytes=max_bytes,
+        parse_timeout=parse_timeout,
+    )
+
+
 def _claim(db: Database, store: AsyncObjectStore, data: bytes, name: str = "doc.txt") -> Claim:
     sha = hashlib.sha256(data).hexdigest()
     store.store.put(storage_key_for(sha), data, size=len(data), sha256=sha, content_type=None)
@@ -81,101 +104,142 @@ def _claim(db: Database, store: AsyncObjectStore, data: bytes, name: str = "doc.
         )
         worker = helpers.worker(conn)
         (claim,) = lifecycle.claim_jobs(conn, worker, 1, 300)
+    assert not claim.chunks_ready  # the claim parses first
     return claim
 
 
 def _chunks(db: Database, claim: Claim) -> list[dict[str, Any]]:
     with db.connection() as conn:
         return conn.execute(
-            """SELECT chunk_index, content, char_start, char_end, token_count, content_sha256
+            """SELECT chunk_index, chunking, content, char_start, char_end, token_count,
+                   content_sha256
                FROM document_chunks WHERE document_version_id = %s ORDER BY chunk_index""",
             (claim.document_version_id,),
         ).fetchall()
 
 
-async def test_parse_step_stores_contiguous_chunks_and_starts_embedding(
+def _job(db: Database, claim: Claim) -> dict[str, Any]:
+    with db.connection() as conn:
+        return helpers.job_row(conn, claim.job_id)
+
+
+def _parsed(snapshot: ParseSnapshot, data: bytes = TEXT) -> list[ChunkDraft]:
+    """The chunks the step's parse makes of ``data`` (what the parse process runs)."""
+    request = ParseRequest(
+        data=data,
+        sha256=snapshot.sha256,
+        name=snapshot.original_name,
+        content_type=snapshot.content_type,
+        max_bytes=MAX_BYTES,
+    )
+    return parse_document(request, CHUNKER).chunks
+
+
+async def test_the_parse_step_stores_contiguous_chunks_and_starts_embedding(
     db: Database, store: AsyncObjectStore
 ) -> None:
     claim = _claim(db, store, TEXT)
     with trio.fail_after(30):
-        count = await run_parse_step(
-            claim, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES
-        )
+        (count,) = await helpers.run_claim(_steps(db, store), claim, "parse")
     chunks = _chunks(db, claim)
     assert count == len(chunks) > 1
     assert [c["chunk_index"] for c in chunks] == list(range(count))
+    assert {c["chunking"] for c in chunks} == {"characters"}  # the claim's chunk set
     source = TEXT.decode()
     for chunk in chunks:
         assert source[chunk["char_start"] : chunk["char_end"]] == chunk["content"]
         assert chunk["content_sha256"] == hashlib.sha256(chunk["content"].encode()).hexdigest()
     with db.connection() as conn:
-        version = conn.execute(
-            "SELECT status, chunk_count FROM document_versions WHERE id = %s",
-            (claim.document_version_id,),
-        ).fetchone()
         # one job's commit is the group function's: chunks stored and embedding begun at once
-        assert version == {"status": "EMBEDDING", "chunk_count": count}
         assert helpers.events(conn, claim.job_id)[-3:] == [
             "PARSING_STARTED",
             "CHUNKS_STORED",
             "EMBEDDING_STARTED",
         ]
-        assert helpers.job_row(conn, claim.job_id)["progress"] == 50
+        job = helpers.job_row(conn, claim.job_id)
+        assert (job["status"], job["progress"], job["chunk_count"]) == ("PROCESSING", 50, None)
+        assert not helpers.serves(conn, claim)  # served only once the job completes
 
 
-async def test_a_replay_after_chunked_does_no_storage_read(
+async def test_the_worker_steps_index_a_parsed_document_and_serve_it(
     db: Database, store: AsyncObjectStore
 ) -> None:
     claim = _claim(db, store, TEXT)
     with trio.fail_after(30):
-        first = await run_parse_step(
-            claim, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES
+        parsed, embedded, result = await helpers.run_claim(_steps(db, store), claim)
+    assert parsed == embedded == len(_chunks(db, claim))
+    assert result == CompleteResult(became_current=True)
+    with db.connection() as conn:
+        job = helpers.job_row(conn, claim.job_id)
+        assert (job["status"], job["progress"], job["chunk_count"]) == ("SUCCEEDED", 100, parsed)
+        assert helpers.serves(conn, claim)
+        assert (
+            helpers.count(
+                conn,
+                "SELECT count(*) FROM embeddings WHERE document_version_id = %s",
+                claim.document_version_id,
+            )
+            == parsed
         )
+        assert helpers.events(conn, claim.job_id)[-2:] == ["EMBEDDINGS_STORED", "JOB_SUCCEEDED"]
+
+
+async def test_a_replay_after_the_chunks_are_stored_does_no_storage_read(
+    db: Database, store: AsyncObjectStore
+) -> None:
+    claim = _claim(db, store, TEXT)
+    with trio.fail_after(30):
+        (first,) = await helpers.run_claim(_steps(db, store), claim, "parse")
         reads = CountingStore.reads
         with db.connection() as conn:
             events = helpers.events(conn, claim.job_id)
-        second = await run_parse_step(
-            claim, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES
-        )
+        # the same claim's parse again, by a fresh set of steps (nothing kept in memory)
+        (second,) = await helpers.run_claim(_steps(db, store), claim, "parse")
     assert second == first and CountingStore.reads == reads == 1
     with db.connection() as conn:
         assert helpers.events(conn, claim.job_id) == events
+        assert helpers.job_row(conn, claim.job_id)["progress"] == 50
 
 
-async def test_a_crash_between_prepare_and_commit_resumes_from_parsing(
+async def test_a_crash_between_prepare_and_commit_parses_again_on_the_next_attempt(
     db: Database, store: AsyncObjectStore
 ) -> None:
     claim = _claim(db, store, TEXT)
     with db.connection() as conn:
-        prepare_parse(conn, claim)  # then the worker died before committing
+        (snapshot,) = begin_parse_many(conn, [claim])  # then the worker died before committing
+        assert isinstance(snapshot, ParseSnapshot) and snapshot.chunk_count is None
+        assert helpers.job_row(conn, claim.job_id)["progress"] == 10  # parsing
         helpers.expire_lease(conn, claim.job_id)
         lifecycle.recover_expired(conn, helpers.BACKOFF)
         helpers.make_available(conn, claim.job_id)
         (again,) = lifecycle.claim_jobs(conn, claim.worker_id, 1, 300)
-    assert again.version_status == "PARSING"
+    assert not again.chunks_ready  # no chunk set: the next attempt parses
     with trio.fail_after(30):
-        count = await run_parse_step(
-            again, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES
-        )
+        count, _, _ = await helpers.run_claim(_steps(db, store), again)
     assert len(_chunks(db, again)) == count
+    with db.connection() as conn:
+        assert helpers.events(conn, claim.job_id).count("PARSING_STARTED") == 1
+        assert helpers.job_row(conn, claim.job_id)["status"] == "SUCCEEDED"
 
 
-def test_a_stale_token_commit_is_refused_and_leaves_nothing(
-    db: Database, store: AsyncObjectStore
+@pytest.mark.parametrize("forgery", helpers.FORGERIES)
+def test_a_lapsed_or_forged_claim_stores_no_chunks(
+    db: Database, store: AsyncObjectStore, forgery: str
 ) -> None:
     claim = _claim(db, store, TEXT)
     with db.connection() as conn:
-        snapshot = prepare_parse(conn, claim)
-    chunks = parse_and_chunk_bytes(TEXT, snapshot, CHUNKER, MAX_BYTES)
-    stale = attrs.evolve(claim, claim_token=uuid.uuid4())
-    with db.connection() as conn, pytest.raises(OwnershipLost):
-        commit_chunks(conn, stale, snapshot, chunks)
-    assert _chunks(db, claim) == []
+        (snapshot,) = begin_parse_many(conn, [claim])
+    assert isinstance(snapshot, ParseSnapshot)
+    chunks = _parsed(snapshot)
     with db.connection() as conn:
-        helpers.expire_lease(conn, claim.job_id)
-        with pytest.raises(OwnershipLost):
-            commit_chunks(conn, claim, snapshot, chunks)
+        forged = helpers.forge(conn, claim, forgery)
+        (refused,) = store_chunks_many(conn, [ChunkCommit(forged, snapshot, chunks)])
+        assert isinstance(refused, OwnershipLost)
+        # the prepare is fenced the same way
+        (refused,) = begin_parse_many(conn, [forged])
+        assert isinstance(refused, OwnershipLost)
     assert _chunks(db, claim) == []
+    assert _job(db, claim)["progress"] == 10
 
 
 def test_two_concurrent_commits_for_one_claim_converge_on_one_chunk_set(
@@ -183,21 +247,34 @@ def test_two_concurrent_commits_for_one_claim_converge_on_one_chunk_set(
 ) -> None:
     claim = _claim(db, store, TEXT)
     with db.connection() as conn:
-        snapshot = prepare_parse(conn, claim)
-    chunks = parse_and_chunk_bytes(TEXT, snapshot, CHUNKER, MAX_BYTES)
+        (snapshot,) = begin_parse_many(conn, [claim])
+    assert isinstance(snapshot, ParseSnapshot)
+    chunks = _parsed(snapshot)
     barrier = threading.Barrier(2)
 
-    def commit(_: int) -> int:
+    def commit(_: int) -> EmbedSnapshot | int | Exception:
         with db.connection() as conn:
             barrier.wait()
-            return commit_chunks(conn, claim, snapshot, chunks)
+            (result,) = store_chunks_many(conn, [ChunkCommit(claim, snapshot, chunks)])
+            return result
 
     with ThreadPoolExecutor(2) as pool:
-        assert list(pool.map(commit, range(2))) == [len(chunks)] * 2
+        results = list(pool.map(commit, range(2)))
+    # one stored the set and began embedding; the other found it stored and wrote nothing
+    started = [r for r in results if isinstance(r, EmbedSnapshot)]
+    assert len(started) == 1 and len(started[0].chunks) == len(chunks)
+    assert [r for r in results if not isinstance(r, EmbedSnapshot)] == [len(chunks)]
     stored = _chunks(db, claim)
     assert [c["content"] for c in stored] == [c.text for c in chunks]
     with db.connection() as conn:
-        assert helpers.events(conn, claim.job_id).count("CHUNKS_STORED") == 1
+        events = helpers.events(conn, claim.job_id)
+        assert events.count("CHUNKS_STORED") == events.count("EMBEDDING_STARTED") == 1
+        # two commits of one set in one group converge the same way
+        again = store_chunks_many(
+            conn, [ChunkCommit(claim, snapshot, chunks), ChunkCommit(claim, snapshot, chunks)]
+        )
+        assert again == [len(chunks), len(chunks)]
+    assert len(_chunks(db, claim)) == len(chunks)
 
 
 @pytest.mark.parametrize(
@@ -219,7 +296,7 @@ async def test_bad_content_is_document_content_invalid_and_stores_nothing(
 ) -> None:
     claim = _claim(db, store, data, name)
     with trio.fail_after(30), pytest.raises(error, match=message):
-        await run_parse_step(claim, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES)
+        await helpers.run_claim(_steps(db, store), claim)
     assert _chunks(db, claim) == []
 
 
@@ -228,8 +305,9 @@ async def test_a_file_over_the_maximum_size_is_refused_before_reading(
 ) -> None:
     claim = _claim(db, store, TEXT)
     with trio.fail_after(30), pytest.raises(ContentInvalid, match="maximum size"):
-        await run_parse_step(claim, db=db, store=store, chunker=CHUNKER, max_bytes=100)
+        await helpers.run_claim(_steps(db, store, max_bytes=100), claim)
     assert CountingStore.reads == 0
+    assert _chunks(db, claim) == []
 
 
 async def test_a_checksum_mismatch_is_not_accepted(
@@ -246,7 +324,8 @@ async def test_a_checksum_mismatch_is_not_accepted(
             (storage_key_for(hashlib.sha256(TEXT).hexdigest()), claim.document_version_id),
         )
     with trio.fail_after(30), pytest.raises(StorageUnavailable, match="sha256"):
-        await run_parse_step(claim, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES)
+        await helpers.run_claim(_steps(db, store), claim)
+    assert CountingStore.reads == 1
     assert _chunks(db, claim) == []
 
 
@@ -260,7 +339,8 @@ async def test_a_missing_object_is_storage_unavailable(
             (claim.document_version_id,),
         )
     with trio.fail_after(30), pytest.raises(ObjectNotFound):
-        await run_parse_step(claim, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES)
+        await helpers.run_claim(_steps(db, store), claim)
+    assert _chunks(db, claim) == []
 
 
 # -- almost-right text is indexed, and the repair recorded (issue 11 §5) ------------------------
@@ -284,18 +364,17 @@ async def test_truncated_korean_text_is_indexed_with_the_replacement_recorded(
     data = text.encode("utf-8")[:-1]  # cut inside the last character
     claim = _claim(db, store, data, "korean.txt")
     with trio.fail_after(30):
-        count = await run_parse_step(
-            claim, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES
-        )
+        count, _, _ = await helpers.run_claim(_steps(db, store), claim)
     chunks = _chunks(db, claim)
     assert count == len(chunks) > 1
     assert chunks[-1]["content"].endswith("\ufffd")
     detail = _chunks_stored_detail(db, claim)
     assert detail["replaced_sequences"] == 1
     assert set(detail) == {"chunks", "characters", "chunking", "replaced_sequences"}  # no text
+    assert _job(db, claim)["status"] == "SUCCEEDED"
     clean = _claim(db, store, TEXT, "clean.txt")
     with trio.fail_after(30):
-        await run_parse_step(clean, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES)
+        await helpers.run_claim(_steps(db, store), clean, "parse")
     assert "replaced_sequences" not in _chunks_stored_detail(db, clean)
 
 
@@ -325,6 +404,7 @@ async def test_a_parse_over_the_time_limit_is_killed_and_fails_naming_the_limit(
     db: Database, store: AsyncObjectStore
 ) -> None:
     claim = _claim(db, store, slow_pdf(), "slow.pdf")
+    steps = _steps(db, store, max_bytes=MAX_BYTES * 4, parse_timeout=1.5)
     before = parse_processes()
     started = time.perf_counter()
     with (
@@ -334,9 +414,7 @@ async def test_a_parse_over_the_time_limit_is_killed_and_fails_naming_the_limit(
             match=r"^parsing took longer than indexing\.parsing\.timeout \(1\.5 s\)$",
         ),
     ):
-        await run_parse_step(
-            claim, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES * 4, parse_timeout=1.5
-        )
+        await helpers.run_claim(steps, claim)
     elapsed = time.perf_counter() - started
     # ~10 s of work stopped at the limit (plus a process start-up); the process that ran it is
     # gone: every parse process alive now was there, idle, before.
@@ -349,69 +427,19 @@ async def test_a_cancelled_parse_stops_its_process_at_once(
     db: Database, store: AsyncObjectStore
 ) -> None:
     claim = _claim(db, store, slow_pdf(), "slow.pdf")
+    steps = _steps(db, store, max_bytes=MAX_BYTES * 4)
     before = parse_processes()
     started = time.perf_counter()
     with trio.move_on_after(1.5) as scope:  # as a shutdown or a lost lease cancels a job
-        await run_parse_step(claim, db=db, store=store, chunker=CHUNKER, max_bytes=MAX_BYTES * 4)
+        await helpers.run_claim(steps, claim)
     elapsed = time.perf_counter() - started
     assert scope.cancelled_caught
     assert elapsed < 1.5 + 1.5, "the parse was killed, not waited for"
     assert parse_processes() <= before
-    with db.connection() as conn:
-        version = conn.execute(
-            "SELECT status FROM document_versions WHERE id = %s", (claim.document_version_id,)
-        ).fetchone()
-    assert version == {"status": "PARSING"} and _chunks(db, claim) == []
-
-
-@attrs.define(eq=False)
-class ParseThenStage:
-    """The real parse step; embedding stands in (stores a full embedding set, fenced)."""
-
-    db: Database
-    store: AsyncObjectStore
-    parse_timeout: float
-    cpu_limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))
-
-    async def parse(self, claim: Claim) -> int:
-        return await run_parse_step(
-            claim,
-            db=self.db,
-            store=self.store,
-            chunker=CHUNKER,
-            max_bytes=MAX_BYTES * 4,
-            parse_timeout=self.parse_timeout,
-            cpu_limiter=self.cpu_limiter,
-        )
-
-    async def embed(self, claim: Claim) -> int:
-        def stage(conn: Any, claim: Claim) -> int:
-            with conn.transaction():
-                lifecycle.lock_owned_job(conn, claim)
-                stored = conn.execute(
-                    """INSERT INTO embeddings (chunk_id, document_id, document_version_id,
-                           embedding_model_id, vector, dimension, vector_sha256)
-                       SELECT id, document_id, document_version_id, %s, '[0.5,0.5,0.5,0.5]',
-                           4, repeat('c', 64)
-                       FROM document_chunks WHERE document_version_id = %s""",
-                    (claim.embedding_model_id, claim.document_version_id),
-                ).rowcount
-                conn.execute(
-                    "UPDATE document_versions SET status = 'EMBEDDING' WHERE id = %s",
-                    (claim.document_version_id,),
-                )
-            return int(stored)
-
-        return await self.db.run(stage, claim)
-
-    async def complete(self, claim: Claim) -> CompleteResult:
-        return await self.db.run(lifecycle.complete_job, claim)
-
-    def forget(self, claim: Claim) -> None:
-        pass
-
-    async def serve(self) -> None:
-        await trio.sleep_forever()
+    job = _job(db, claim)
+    # still parsing (progress 10), nothing stored: the claim is the runner's to hand back
+    assert (job["status"], job["progress"]) == ("PROCESSING", 10)
+    assert _chunks(db, claim) == []
 
 
 def _enqueue_stored(db: Database, store: AsyncObjectStore, data: bytes, priority: int) -> UUID:
@@ -420,6 +448,7 @@ def _enqueue_stored(db: Database, store: AsyncObjectStore, data: bytes, priority
     with db.connection() as conn:
         model = helpers.model(conn)
         result = helpers.enqueue(conn, model.id, content=data, priority=priority, max_attempts=1)
+    assert result.job_id is not None
     return result.job_id
 
 
@@ -431,7 +460,7 @@ async def test_the_worker_indexes_a_normal_document_while_a_hostile_one_parses(
     finished: list[tuple[UUID, str]] = []
     worker = Worker(
         queue=JobQueue(db, lease_seconds=30, backoff=BackoffPolicy(0.05, 0.2, 0.0)),
-        steps=ParseThenStage(db, store, parse_timeout=6.0),
+        steps=_steps(db, store, max_bytes=MAX_BYTES * 4, parse_timeout=6.0),
         settings=attrs.evolve(default_settings().worker, max_concurrency=2, polling_interval=0.05),
         on_job_done=lambda claim, outcome: finished.append((claim.job_id, str(outcome))),
     )
@@ -440,7 +469,11 @@ async def test_the_worker_indexes_a_normal_document_while_a_hostile_one_parses(
     assert [job for job, _ in finished] == [normal_job, hostile_job]
     assert finished[0][1] == "succeeded"
     with db.connection() as conn:
+        normal_row = helpers.job_row(conn, normal_job)
         hostile_row = helpers.job_row(conn, hostile_job)
+        served = helpers.count(conn, "SELECT count(*) FROM served_versions")
+    assert (normal_row["status"], normal_row["progress"]) == ("SUCCEEDED", 100)
+    assert served == 1  # the normal document only
     assert (hostile_row["status"], hostile_row["last_failure_type"]) == (
         "FAILED",
         "DOCUMENT_CONTENT_INVALID",

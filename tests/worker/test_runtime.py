@@ -27,7 +27,7 @@ from trioindex.errors import (
     StateInconsistent,
     StorageUnavailable,
 )
-from trioindex.values import Claim, VersionStatus
+from trioindex.values import Claim
 from trioindex.worker import metrics
 from trioindex.worker.job import (
     CANCELLED,
@@ -36,16 +36,13 @@ from trioindex.worker.job import (
     SUCCEEDED,
     JobOutcome,
     OutcomeKind,
-    steps_for,
 )
 from trioindex.worker.runtime import Worker
 
-U, P, C, E = (
-    VersionStatus.UPLOADED,
-    VersionStatus.PARSING,
-    VersionStatus.CHUNKED,
-    VersionStatus.EMBEDDING,
-)
+# a queued job as its claim will carry it (Claim.chunks_ready): NEW has no chunk set stored yet
+# (the job parses first), CHUNKED has its set stored (an earlier attempt or another model's job
+# made it: the job only embeds)
+NEW, CHUNKED = False, True
 
 
 def settings(**changes: Any) -> WorkerSettings:
@@ -84,7 +81,7 @@ def assert_clean(worker: Worker) -> None:
 
 
 async def test_polling_skipped_until_worker_registered(autojump_clock: trio.abc.Clock) -> None:
-    queue = FakeQueue(pending=[U], registered=trio.Event())
+    queue = FakeQueue(pending=[NEW], registered=trio.Event())
     worker = make_worker(queue, FakeSteps(queue))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(drain, worker)
@@ -115,7 +112,7 @@ async def test_empty_queue_is_a_normal_result_without_info_logs(
 
 
 async def test_claims_ask_for_exactly_the_free_slots(autojump_clock: trio.abc.Clock) -> None:
-    queue = FakeQueue(pending=[U] * 5)
+    queue = FakeQueue(pending=[NEW] * 5)
     worker = make_worker(queue, FakeSteps(queue, duration=10), max_concurrency=3)
     await drain(worker)
     asked = [k for _, (k, _) in queue.of("claim")]  # type: ignore[misc]
@@ -126,7 +123,7 @@ async def test_claims_ask_for_exactly_the_free_slots(autojump_clock: trio.abc.Cl
 
 
 async def test_never_more_than_max_concurrency_jobs_run(autojump_clock: trio.abc.Clock) -> None:
-    queue = FakeQueue(pending=[U] * 25)
+    queue = FakeQueue(pending=[NEW] * 25)
     steps = FakeSteps(queue, duration=3)
     worker = make_worker(queue, steps, max_concurrency=4)
     await drain(worker)
@@ -138,7 +135,7 @@ async def test_never_more_than_max_concurrency_jobs_run(autojump_clock: trio.abc
 async def test_busy_drain_claims_again_at_once_while_jobs_keep_coming(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    queue = FakeQueue(pending=[U] * 6)
+    queue = FakeQueue(pending=[NEW] * 6)
     worker = make_worker(
         queue, FakeSteps(queue, duration=0), max_concurrency=2, polling_interval=100.0
     )
@@ -150,7 +147,7 @@ async def test_busy_drain_claims_again_at_once_while_jobs_keep_coming(
 
 
 async def test_claim_error_is_logged_and_polling_continues(autojump_clock: trio.abc.Clock) -> None:
-    queue = FakeQueue(pending=[U], claim_error=RuntimeError("db down"))
+    queue = FakeQueue(pending=[NEW], claim_error=RuntimeError("db down"))
     worker = make_worker(queue, FakeSteps(queue))
     await drain(worker)
     assert queue.names().count("claim-error") == 1
@@ -164,36 +161,29 @@ async def test_claim_error_is_logged_and_polling_continues(autojump_clock: trio.
 
 
 @pytest.mark.parametrize(
-    ("status", "expected"),
+    ("chunks_ready", "expected"),
     [
-        (U, ["parse", "embed", "complete"]),
-        (P, ["parse", "embed", "complete"]),
-        (C, ["embed", "complete"]),
-        (E, ["embed", "complete"]),
-        # another model indexed it: a model switch's job embeds the stored chunks
-        (VersionStatus.INDEXED, ["embed", "complete"]),
+        (NEW, ["parse", "embed", "complete"]),
+        # an earlier attempt stored the set, or another model's job did (a model switch's job
+        # embeds the stored chunks)
+        (CHUNKED, ["embed", "complete"]),
     ],
 )
-async def test_version_status_selects_the_steps(
-    autojump_clock: trio.abc.Clock, status: VersionStatus, expected: list[str]
+async def test_whether_the_chunk_set_is_stored_selects_the_steps(
+    autojump_clock: trio.abc.Clock, chunks_ready: bool, expected: list[str]
 ) -> None:
-    queue = FakeQueue(pending=[status])
+    queue = FakeQueue(pending=[chunks_ready])
     await drain(make_worker(queue, FakeSteps(queue)))
     run = [n for n in queue.names() if n in ("parse", "embed", "complete")]
     assert run == expected
 
 
-def test_a_failed_version_has_no_steps() -> None:
-    with pytest.raises(StateInconsistent):
-        steps_for(VersionStatus.FAILED)
-
-
 async def test_idempotent_replay_of_a_half_done_job_after_recovery(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    # first claim: parse done, embedding fails transiently; the re-claim sees EMBEDDING and
-    # resumes there (the steps' own replay makes the repeated embed converge)
-    queue = FakeQueue(pending=[U, E])
+    # first claim: parse done, embedding fails transiently; the re-claim finds the chunk set
+    # stored and resumes at embed (the steps' own replay makes the repeated embed converge)
+    queue = FakeQueue(pending=[NEW, CHUNKED])
     steps = FakeSteps(queue, behaviour={"embed": _fail_once(ProviderUnavailable("503"))})
     await drain(make_worker(queue, steps, max_concurrency=1))
     assert [n for n in queue.names() if n in ("parse", "embed", "complete", "fail")] == [
@@ -222,7 +212,7 @@ def _fail_once(error: Exception) -> Any:
 async def test_renewal_runs_on_absolute_deadlines_and_stops_with_the_job(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    queue = FakeQueue(pending=[U])
+    queue = FakeQueue(pending=[NEW])
     worker = make_worker(queue, FakeSteps(queue, duration=125))  # parse 125s, embed 125s
     start = trio.current_time()
     await drain(worker)
@@ -243,7 +233,7 @@ async def test_lost_lease_cancels_the_job_and_blocks_later_writes(
         if count >= 2:
             raise OwnershipLost("recovered by another worker")
 
-    queue = FakeQueue(pending=[U], renew_behaviour=refuse_second)
+    queue = FakeQueue(pending=[NEW], renew_behaviour=refuse_second)
     worker = make_worker(queue, FakeSteps(queue, duration=1000))
     await drain(worker)
     assert queue.of("complete") == []
@@ -259,7 +249,7 @@ async def test_transient_renewal_errors_are_retried_until_the_lease_would_expire
     async def always_error(claim: Claim, count: int) -> None:
         raise RuntimeError("connection reset")
 
-    queue = FakeQueue(pending=[U], renew_behaviour=always_error)
+    queue = FakeQueue(pending=[NEW], renew_behaviour=always_error)
     worker = make_worker(queue, FakeSteps(queue, duration=10_000))
     start = trio.current_time()
     await drain(worker)
@@ -281,7 +271,7 @@ async def test_each_successful_renewal_extends_how_long_renewal_errors_are_retri
         if count > 5:
             raise RuntimeError("connection reset")
 
-    queue = FakeQueue(pending=[U], renew_behaviour=ok_then_errors)
+    queue = FakeQueue(pending=[NEW], renew_behaviour=ok_then_errors)
     worker = make_worker(queue, FakeSteps(queue, duration=10_000))
     start = trio.current_time()
     await drain(worker)
@@ -298,7 +288,7 @@ async def test_transient_renewal_error_then_success_keeps_the_job(
         if count <= 3:
             raise RuntimeError("blip")
 
-    queue = FakeQueue(pending=[U], renew_behaviour=flaky)
+    queue = FakeQueue(pending=[NEW], renew_behaviour=flaky)
     worker = make_worker(queue, FakeSteps(queue, duration=100))
     await drain(worker)
     assert len(queue.of("complete")) == 1
@@ -327,7 +317,7 @@ async def test_each_failure_cause_maps_to_its_type(
     async def raise_it(claim: Claim) -> None:
         raise error
 
-    queue = FakeQueue(pending=[U])
+    queue = FakeQueue(pending=[NEW])
     await drain(make_worker(queue, FakeSteps(queue, behaviour={"parse": raise_it})))
     ((_, (_, reported, message)),) = queue.of("fail")  # type: ignore[misc]
     assert reported is failure_type
@@ -341,7 +331,7 @@ async def test_refused_fail_report_is_left_to_lease_recovery(
     async def raise_it(claim: Claim) -> None:
         raise ProviderUnavailable("timeout")
 
-    queue = FakeQueue(pending=[U], fail_behaviour=refuse)
+    queue = FakeQueue(pending=[NEW], fail_behaviour=refuse)
     worker = make_worker(queue, FakeSteps(queue, behaviour={"embed": raise_it}))
     await drain(worker)
     assert len(queue.of("fail")) == 1  # reported once, not "corrected" or retried
@@ -358,7 +348,7 @@ async def test_one_job_failure_does_not_stop_another_slot(autojump_clock: trio.a
             failing.add(claim.job_id)
             raise ContentInvalid("empty document")
 
-    queue = FakeQueue(pending=[U, U, U])
+    queue = FakeQueue(pending=[NEW, NEW, NEW])
     steps = FakeSteps(queue, duration=5, behaviour={"parse": fail_first})
     worker = make_worker(queue, steps, max_concurrency=2)
     await drain(worker)
@@ -379,7 +369,7 @@ async def test_non_exception_errors_are_never_reported_as_retryable(
     async def die(claim: Claim) -> None:
         raise Fatal
 
-    queue = FakeQueue(pending=[U])
+    queue = FakeQueue(pending=[NEW])
     worker = make_worker(queue, FakeSteps(queue, behaviour={"parse": die}))
     with pytest.RaisesGroup(Fatal, flatten_subgroups=True):
         await drain(worker)
@@ -394,7 +384,7 @@ async def test_non_exception_errors_are_never_reported_as_retryable(
 async def test_shutdown_stops_claims_first_and_waits_for_running_jobs(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    queue = FakeQueue(pending=[U, U, U, U])
+    queue = FakeQueue(pending=[NEW, NEW, NEW, NEW])
     worker = make_worker(queue, FakeSteps(queue, duration=5), max_concurrency=2)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(worker.serve)
@@ -413,7 +403,7 @@ async def test_shutdown_stops_claims_first_and_waits_for_running_jobs(
 async def test_jobs_past_the_grace_period_are_cancelled_not_failed(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    queue = FakeQueue(pending=[U, U])
+    queue = FakeQueue(pending=[NEW, NEW])
     worker = make_worker(queue, FakeSteps(queue, duration=1000), shutdown_grace_period=30.0)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(worker.serve)
@@ -432,7 +422,7 @@ async def test_jobs_past_the_grace_period_are_cancelled_not_failed(
 
 
 async def test_shutdown_with_zero_grace_cancels_at_once(autojump_clock: trio.abc.Clock) -> None:
-    queue = FakeQueue(pending=[U])
+    queue = FakeQueue(pending=[NEW])
     worker = make_worker(queue, FakeSteps(queue, duration=1000), shutdown_grace_period=0.0)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(worker.serve)
@@ -445,7 +435,7 @@ async def test_shutdown_with_zero_grace_cancels_at_once(autojump_clock: trio.abc
 
 
 async def test_stop_requested_before_start_claims_nothing(autojump_clock: trio.abc.Clock) -> None:
-    queue = FakeQueue(pending=[U])
+    queue = FakeQueue(pending=[NEW])
     worker = make_worker(queue, FakeSteps(queue))
     worker.request_stop()
     await worker.serve()
@@ -472,7 +462,7 @@ async def test_a_notify_wakes_the_poller_before_the_interval(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(worker.serve)
         await trio.sleep(5)
-        queue.pending.append(U)
+        queue.pending.append(NEW)
         worker.wake()
         await trio.testing.wait_all_tasks_blocked()
         await trio.sleep(1)
@@ -519,7 +509,7 @@ async def test_a_renewal_refused_because_the_final_write_finished_the_job_is_not
 ) -> None:
     """The renewal is sent first (at 60 s, while embed still runs); the completion starts at
     60.5 s and holds the row; the renewal waits for it and is refused once the job is done."""
-    queue = RowLockQueue(pending=[U])
+    queue = RowLockQueue(pending=[NEW])
     worker = make_worker(queue, FakeSteps(queue, duration=30.25), lease_renewal_interval=60.0)
     lost_before = leases_lost()
     with caplog.at_level(logging.WARNING, logger="trioindex.worker.job"):
@@ -540,7 +530,7 @@ async def test_no_renewal_is_sent_while_the_final_write_runs(
 ) -> None:
     """The final write re-validates ownership itself: a renewal due while it runs (at 60 s,
     inside 59.5-64.5 s) is not sent to wait on the row lock."""
-    queue = RowLockQueue(pending=[U])
+    queue = RowLockQueue(pending=[NEW])
     # parse + embed take 59.5 s, so the 60 s renewal falls due while complete holds the lock
     worker = make_worker(queue, FakeSteps(queue, duration=29.75), lease_renewal_interval=60.0)
     await drain(worker)
@@ -556,7 +546,7 @@ async def test_no_renewal_is_sent_while_the_final_write_runs(
 async def test_jobs_cancelled_at_shutdown_are_handed_back_before_stopped(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    queue = FakeQueue(pending=[U, U])
+    queue = FakeQueue(pending=[NEW, NEW])
     outcomes: list[JobOutcome] = []
     worker = make_worker(queue, FakeSteps(queue, duration=1000), shutdown_grace_period=5.0)
     worker.on_job_done = lambda claim, outcome: outcomes.append(outcome)
@@ -578,7 +568,7 @@ async def test_jobs_cancelled_at_shutdown_are_handed_back_before_stopped(
 async def test_a_hand_back_that_cannot_be_written_leaves_the_job_to_recovery(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    queue = FakeQueue(pending=[U], release_error=ConnectionError("database down"))
+    queue = FakeQueue(pending=[NEW], release_error=ConnectionError("database down"))
     outcomes: list[JobOutcome] = []
     worker = make_worker(queue, FakeSteps(queue, duration=1000), shutdown_grace_period=1.0)
     worker.on_job_done = lambda claim, outcome: outcomes.append(outcome)
@@ -595,7 +585,7 @@ async def test_a_hung_hand_back_is_bounded(autojump_clock: trio.abc.Clock) -> No
     async def hang(claim: Claim) -> None:
         await trio.sleep(50_000)  # virtual time: a hand-back that does not come back
 
-    queue = FakeQueue(pending=[U], release_behaviour=hang)
+    queue = FakeQueue(pending=[NEW], release_behaviour=hang)
     worker = make_worker(queue, FakeSteps(queue, duration=1000), shutdown_grace_period=1.0)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(worker.serve)
@@ -614,7 +604,7 @@ async def test_a_hung_failure_report_is_bounded(autojump_clock: trio.abc.Clock) 
     async def hang(claim: Claim) -> None:
         await trio.sleep(50_000)  # virtual time: a report that does not come back
 
-    queue = FakeQueue(pending=[U], fail_behaviour=hang)
+    queue = FakeQueue(pending=[NEW], fail_behaviour=hang)
     outcomes: list[JobOutcome] = []
     worker = make_worker(queue, FakeSteps(queue, duration=1, behaviour={"parse": invalid}))
     worker.on_job_done = lambda claim, outcome: outcomes.append(outcome)
@@ -643,7 +633,7 @@ async def test_stopped_is_written_when_the_worker_is_cancelled_from_outside(
     autojump_clock: trio.abc.Clock,
 ) -> None:
     """A second signal cancels everything at once; STOPPED is still written."""
-    queue = SlowStatusQueue(pending=[U])
+    queue = SlowStatusQueue(pending=[NEW])
     worker = make_worker(queue, FakeSteps(queue, duration=1000))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(worker.serve)
@@ -668,7 +658,7 @@ async def test_a_hung_status_write_is_bounded(autojump_clock: trio.abc.Clock, ha
 async def test_a_failure_found_as_the_job_is_cancelled_is_still_reported(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    queue = FakeQueue(pending=[U])
+    queue = FakeQueue(pending=[NEW])
 
     async def slow_then_fail(claim: Claim) -> None:
         # the failure surfaces after the grace period has already cancelled the job's scope
@@ -692,7 +682,7 @@ async def test_a_failure_found_as_the_job_is_cancelled_is_still_reported(
 
 
 async def test_drain_waits_for_a_scheduled_retry(autojump_clock: trio.abc.Clock) -> None:
-    queue = FakeQueue(later=[(40.0, U)])
+    queue = FakeQueue(later=[(40.0, NEW)])
     await drain(make_worker(queue, FakeSteps(queue)))
     (completed_at, _) = queue.of("complete")[0]
     assert completed_at >= 40.0
@@ -704,7 +694,7 @@ async def test_drain_recovers_a_dead_workers_job_when_its_lease_expires(
     autojump_clock: trio.abc.Clock,
 ) -> None:
     # recovery-interval is far away: drain recovers the expired lease itself
-    queue = FakeQueue(orphans=[(100.0, E)])
+    queue = FakeQueue(orphans=[(100.0, CHUNKED)])
     await drain(make_worker(queue, FakeSteps(queue), recovery_interval=10_000.0))
     assert [t for t, n in queue.of("recover") if n] == [pytest.approx(100.0, abs=1.5)]
     assert len(queue.of("complete")) == 1
@@ -714,7 +704,7 @@ async def test_drain_recovers_a_dead_workers_job_when_its_lease_expires(
 async def test_drain_says_what_it_waits_for_without_logging_every_poll(
     autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    queue = FakeQueue(later=[(60.0, U)])
+    queue = FakeQueue(later=[(60.0, NEW)])
     with caplog.at_level(logging.INFO, logger="trioindex.worker.runtime"):
         await drain(make_worker(queue, FakeSteps(queue), polling_interval=1.0))
     waiting = [r.getMessage() for r in caplog.records if "drain waiting" in r.getMessage()]
@@ -729,11 +719,11 @@ async def test_drain_says_what_it_waits_for_without_logging_every_poll(
 async def test_a_worker_can_be_served_again_after_it_stopped(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    queue = FakeQueue(pending=[U])
+    queue = FakeQueue(pending=[NEW])
     worker = make_worker(queue, FakeSteps(queue))
     await drain(worker)
     first = worker.worker_id
-    queue.pending.append(U)
+    queue.pending.append(NEW)
     queue.worker_id = uuid.uuid4()  # the second registration gets its own id
     await drain(worker)
     assert first is not None
@@ -748,7 +738,7 @@ async def test_a_stop_request_ends_one_run_only(autojump_clock: trio.abc.Clock) 
     worker = make_worker(queue, FakeSteps(queue))
     worker.request_stop()
     await worker.serve()
-    queue.pending.append(U)
+    queue.pending.append(NEW)
     await drain(worker)
     assert len(queue.of("complete")) == 1
 
@@ -772,7 +762,7 @@ def jobs_total(outcome: str, failure_type: str = "") -> float:
 async def test_job_metrics_keep_their_outcome_and_failure_type_labels(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    queue = FakeQueue(pending=[U, U])
+    queue = FakeQueue(pending=[NEW, NEW])
     steps = FakeSteps(queue, behaviour={"parse": _fail_once(ContentInvalid("not a document"))})
     outcomes: list[JobOutcome] = []
     worker = make_worker(queue, steps)
@@ -795,7 +785,7 @@ def outcome_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 async def test_outcome_lines_name_the_document_key_and_the_failure_message(
     autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    queue = FakeQueue(pending=[U, U, U])
+    queue = FakeQueue(pending=[NEW, NEW, NEW])
     failures = iter([ContentInvalid("corrupt PDF (PdfStreamError)"), KeyError("chunk text here")])
     claims: list[Claim] = []
 
@@ -829,7 +819,7 @@ async def test_an_outcome_line_shows_a_long_or_multi_line_key_on_one_bounded_lin
         async def claim(self, worker_id: uuid.UUID, k: int, model_id: Any = None) -> list[Claim]:
             return [attrs.evolve(c, document_key=key) for c in await super().claim(worker_id, k)]
 
-    queue = LongKeyQueue(pending=[U])
+    queue = LongKeyQueue(pending=[NEW])
     with caplog.at_level(logging.INFO, logger="trioindex.worker.job"):
         await drain(make_worker(queue, FakeSteps(queue)))
     (line,) = outcome_lines(caplog)

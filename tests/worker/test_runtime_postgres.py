@@ -24,7 +24,7 @@ from tests import helpers
 from trioindex.config import WorkerSettings, default_settings
 from trioindex.db import jobs as lifecycle
 from trioindex.db.pool import Database
-from trioindex.errors import FailureType, ProviderUnavailable
+from trioindex.errors import ContentInvalid, FailureType, ProviderUnavailable
 from trioindex.values import BackoffPolicy, Claim, CompleteResult, WorkerStatus
 from trioindex.worker.job import JobOutcome, OutcomeKind
 from trioindex.worker.queue import JobQueue
@@ -172,6 +172,63 @@ async def test_a_retryable_failure_returns_to_the_queue_and_exhausted_retries_en
     assert events[-1] == "JOB_FAILED"
     assert worker.counters.retried == 2
     assert worker.counters.failed == 1
+
+
+async def test_a_job_that_fails_for_good_leaves_the_version_and_another_models_job_alone(
+    db: Database,
+) -> None:
+    """Per-model state: model A's job on a version fails for good; that is A's job alone. The
+    version row is unchanged, model B's job on the same version is still PENDING and untouched,
+    and B's worker then indexes the version and serves it (A serves nothing)."""
+    with db.connection() as conn:
+        model_a = helpers.model(conn, "model-a")
+        model_b = helpers.model(conn, "model-b")
+        enqueued = helpers.enqueue(conn, model_a.id, max_attempts=3)
+        job_a, version = enqueued.job_id, enqueued.version_id
+        row = conn.execute(
+            """INSERT INTO embedding_jobs (document_version_id, embedding_model_id, max_attempts)
+               VALUES (%s, %s, 3) RETURNING id""",
+            (version, model_b.id),
+        ).fetchone()
+        assert row is not None
+        job_b = row["id"]
+        version_before = conn.execute(
+            "SELECT * FROM document_versions WHERE id = %s", (version,)
+        ).fetchone()
+        b_before = helpers.job_row(conn, job_b)
+
+    async def invalid(claim: Claim) -> None:
+        raise ContentInvalid("not a document")
+
+    worker_a = make_worker(db, StagedSteps(db, during=invalid))
+    worker_a.model_id = model_a.id
+    with trio.fail_after(30):
+        await worker_a.serve(drain=True)
+    with db.connection() as conn:
+        a = helpers.job_row(conn, job_a)
+        assert (a["status"], a["last_failure_type"]) == ("FAILED", "DOCUMENT_CONTENT_INVALID")
+        assert a["attempt_count"] == 1  # not retryable: failed for good at once
+        assert (
+            conn.execute("SELECT * FROM document_versions WHERE id = %s", (version,)).fetchone()
+            == version_before
+        )
+        assert helpers.job_row(conn, job_b) == b_before
+        assert helpers.count(conn, "SELECT count(*) FROM served_versions") == 0
+
+    steps_b = StagedSteps(db)
+    worker_b = make_worker(db, steps_b)
+    worker_b.model_id = model_b.id
+    with trio.fail_after(30):
+        await worker_b.serve(drain=True)
+    assert steps_b.seen == [job_b]
+    with db.connection() as conn:
+        b = helpers.job_row(conn, job_b)
+        assert (b["status"], b["chunk_count"]) == ("SUCCEEDED", 2)
+        assert helpers.job_row(conn, job_a)["status"] == "FAILED"
+        served = conn.execute(
+            "SELECT embedding_model_id, document_version_id FROM served_versions"
+        ).fetchall()
+    assert served == [{"embedding_model_id": model_b.id, "document_version_id": version}]
 
 
 async def test_a_worker_that_lost_its_lease_cannot_store_its_late_result(db: Database) -> None:

@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Annotated, Any, Final, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Final, ParamSpec, TypeVar
 
 import typer
 from typer.core import TyperGroup
@@ -30,6 +30,9 @@ from trioindex.config.units import text_problem
 from trioindex.errors import ConfigError, TrioindexError
 from trioindex.logs import configure_logging
 from trioindex.values import as_json
+
+if TYPE_CHECKING:  # psycopg loads libpq: imported only by the commands that use it
+    import psycopg
 
 logger = logging.getLogger("trioindex.cli")
 
@@ -199,9 +202,9 @@ def friendly(fn: Callable[P, T]) -> Callable[P, T]:
     """Refuse undecodable text arguments (:func:`refuse_bad_text`), then turn trioindex's own
     errors into one line on stderr and a non-zero exit.
 
-    Errors raised inside Trio nurseries arrive wrapped in exception groups; a group holding one
-    error is explained as that error (a database that went away while the worker registers is
-    still one line, not a traceback).
+    Errors raised inside Trio nurseries arrive wrapped in exception groups; a group holding
+    errors of one type is explained as its first (a database that went away while the worker
+    registers, or under several search tasks at once, is still one line, not a traceback).
     """
 
     @functools.wraps(fn)
@@ -221,10 +224,27 @@ def friendly(fn: Callable[P, T]) -> Callable[P, T]:
 
 
 def _sole_error(exc: BaseException) -> BaseException:
-    """The one error inside (nested) single-member exception groups, else ``exc`` itself."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+    """The one error inside (nested) exception groups whose members are all of one type (the
+    same failure met by several tasks), else ``exc`` itself."""
+    while isinstance(exc, BaseExceptionGroup) and len({type(e) for e in exc.exceptions}) == 1:
         exc = exc.exceptions[0]
     return exc
+
+
+# SQLSTATEs of a connection that went away: connection exceptions (08), and the server shutting
+# down, not accepting connections yet, or ending an idle session (57P01-57P05).
+_CONNECTION_LOST = ("08", "57P0")
+
+
+def _connection_lost(exc: psycopg.Error) -> bool:
+    """Whether ``exc`` means the connection is gone (a client-side operational failure, or a
+    server-sent one of :data:`_CONNECTION_LOST`), rather than a statement that failed on a
+    connection still there (a value the server refused, a statement too complex)."""
+    import psycopg
+
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    return exc.sqlstate is None or exc.sqlstate.startswith(_CONNECTION_LOST)
 
 
 def _explain(exc: BaseException) -> tuple[int, str] | None:
@@ -236,7 +256,7 @@ def _explain(exc: BaseException) -> tuple[int, str] | None:
         return 2, f"configuration error: {exc}"
     if isinstance(exc, TrioindexError | FileNotFoundError):
         return 1, str(exc)
-    if isinstance(exc, psycopg.OperationalError | PoolTimeout):
+    if isinstance(exc, PoolTimeout) or (isinstance(exc, psycopg.Error) and _connection_lost(exc)):
         # the server went away mid-command (restart, failover, network); every command is
         # safe to re-run: ingest skips what it already enqueued. A client-side failure's first
         # line names host and port, never the password; a server-sent one (it has a SQLSTATE)

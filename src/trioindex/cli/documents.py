@@ -7,6 +7,7 @@ import functools
 import io
 import json
 import logging
+import math
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -25,7 +26,6 @@ from trioindex.cli.common import (
     run,
 )
 from trioindex.config import Settings
-from trioindex.config.units import text_problem
 
 if TYPE_CHECKING:  # the database layer loads psycopg: imported by the commands that use it
     from trioindex.api import IngestReport
@@ -38,7 +38,10 @@ if TYPE_CHECKING:  # the database layer loads psycopg: imported by the commands 
 @friendly
 def ingest(
     paths: Annotated[
-        list[Path], typer.Argument(metavar="PATH...", help="Files or folders (recursive).")
+        list[Path],
+        typer.Argument(
+            metavar="PATH...", help="Files or folders (recursive), or s3://BUCKET/PREFIX."
+        ),
     ],
     *,
     wait: Annotated[bool, typer.Option(help="Wait until every job ends; show progress.")] = False,
@@ -85,6 +88,9 @@ def ingest(
 ) -> None:
     """Upload files and enqueue one indexing job per new or changed document.
 
+    An `s3://BUCKET/PREFIX` argument registers the objects already in the configured bucket
+    in place (keys are the object names; nothing is uploaded; unchanged objects are not read).
+
     A document's key is its path relative to the current folder (`ingest a/` → `a/README.md`);
     a folder outside it is keyed from itself, unless --as gives the prefix. Files of a format
     trioindex does not index (images, archives, programs) are skipped. One line per file that
@@ -94,15 +100,18 @@ def ingest(
     """
     if key_as is not None and not key_as.strip().strip("/"):
         raise typer.BadParameter("--as needs a non-empty key")
+    from trioindex.ingest.bucket import bucket_location
     from trioindex.ingest.discover import check_arguments
 
-    check_arguments(paths)  # a missing path is one line, before anything is opened
+    # a missing path is one line, before anything is opened (s3:// arguments are listed later)
+    check_arguments([p for p in paths if bucket_location(p) is None])
     settings = command_settings(quiet=as_json, storage=True)
     # the lines below say what happened to each file; the ingest's own per-file log lines
     # would say it a second time
     logging.getLogger("trioindex.ingest").setLevel(logging.WARNING)
     if not as_json:
-        _outside_note(paths, key_as)  # before anything is uploaded
+        # before anything is uploaded (s3:// arguments are keyed by their object names)
+        _outside_note([p for p in paths if bucket_location(p) is None], key_as)
     from trioindex.api import Index
 
     async def go() -> IngestReport:
@@ -229,13 +238,14 @@ def search(
         Path | None,
         typer.Option(
             metavar="FILE|-",
-            help='Many queries: JSON lines {"id", "text"} in, JSON lines {"id", "results"} out.',
+            help='Many queries: JSON lines {"id", "text"} in, JSON lines {"id", "results"} '
+            '(or {"id", "error"}) out.',
         ),
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Search the current version of every document: documents with their best chunks."""
-    from trioindex.search import SEARCH_MODES
+    from trioindex.search import SEARCH_MODES, QueryRefused, json_text
 
     if (text is None) == (queries is None):
         raise typer.BadParameter("give a query TEXT or --queries FILE|- (not both)")
@@ -253,26 +263,32 @@ def search(
         "content_types": tuple(content_type or ()),
     }
 
-    def ranked(index: Index, texts: list[str]) -> Awaitable[list[list[Any]]]:
+    def ranked(index: Index, texts: list[str]) -> Awaitable[list[Any]]:
         if chunks:
             return index.search_chunks_many(texts, **options)
         return index.search_many(texts, chunks_per_document=chunks_per_document, **options)
 
     if queries is not None:
-        stream = _query_stream(queries)
-        with stream:
-            run(functools.partial(_search_query_lines, settings, stream, ranked))
+        with _query_stream(queries) as stream:
+            count, refused = run(functools.partial(_search_query_lines, settings, stream, ranked))
+        if refused:
+            typer.echo(
+                f"trioindex: {refused} of {count} queries refused (see their errors)", err=True
+            )
+            raise typer.Exit(1)
         return
     assert text is not None
 
     async def go() -> list[Any]:
         async with Index.open(settings) as index:
             (hits,) = await ranked(index, [text])
-            return hits
+            if isinstance(hits, QueryRefused):
+                raise hits
+            return list(hits)
 
     hits = run(go)
     if as_json:
-        print_json([h.as_json() for h in hits])
+        typer.echo(json_text([h.as_json() for h in hits], indent=2))
         return
     if not hits:
         typer.echo("no results (is anything indexed yet? try `trioindex status`)")
@@ -293,13 +309,17 @@ QUERY_BATCH = 64
 async def _search_query_lines(
     settings: Settings,
     stream: TextIO,
-    ranked: Callable[[Any, list[str]], Awaitable[list[list[Any]]]],
-) -> None:
-    """`search --queries`: read JSON lines in batches, print one JSON line per query."""
+    ranked: Callable[[Any, list[str]], Awaitable[list[Any]]],
+) -> tuple[int, int]:
+    """`search --queries`: read JSON lines in batches, print one JSON line per query: its
+    results, or an error object for a line that is not a query or a query that was refused.
+    Returns how many queries there were and how many were refused."""
     import trio
 
     from trioindex.api import Index
+    from trioindex.search import QueryRefused, json_text
 
+    count = refused = 0
     async with Index.open(settings) as index:
         line_no = 0
         while True:
@@ -309,22 +329,29 @@ async def _search_query_lines(
                 line_no += 1
                 if line.strip():
                     batch.append(_query_line(line, line_no))
-            if batch:
-                results = await ranked(index, [q for _, q in batch])
-                for (query_id, _), hits in zip(batch, results, strict=True):
-                    out = {"id": query_id, "results": [h.as_json() for h in hits]}
-                    typer.echo(json.dumps(out, ensure_ascii=False))
+            texts = [q for _, q in batch if isinstance(q, str)]
+            answers = iter(await ranked(index, texts) if texts else [])
+            for query_id, query in batch:
+                answer = query if isinstance(query, QueryRefused) else next(answers)
+                if isinstance(answer, QueryRefused):
+                    out = {"id": query_id, "error": answer.as_json()}
+                    refused += 1
+                else:
+                    out = {"id": query_id, "results": [h.as_json() for h in answer]}
+                typer.echo(json_text(out))
+            count += len(batch)
             if len(lines) < QUERY_BATCH:
-                return
+                return count, refused
 
 
 def _query_stream(queries: Path) -> TextIO:
-    """The ``--queries`` file, or stdin for ``-``; bytes that are not UTF-8 are kept as lone
-    surrogates, for :func:`_query_line` to refuse with the line's number."""
+    """The ``--queries`` file, or stdin for ``-``, without a leading byte order mark; bytes that
+    are not UTF-8 are kept as lone surrogates, so that search refuses the query holding them
+    (:func:`trioindex.search.prepare_query`) and an ``id`` holding them comes back escaped."""
     if str(queries) != "-":
-        return open(queries, encoding="utf-8", errors="surrogateescape")
+        return open(queries, encoding="utf-8-sig", errors="surrogateescape")
     if isinstance(sys.stdin, io.TextIOWrapper):
-        sys.stdin.reconfigure(encoding="utf-8", errors="surrogateescape")
+        sys.stdin.reconfigure(encoding="utf-8-sig", errors="surrogateescape")
     return sys.stdin
 
 
@@ -337,24 +364,29 @@ def _read_lines(stream: TextIO, count: int) -> list[str]:
     return lines
 
 
-def _query_line(line: str, line_no: int) -> tuple[Any, str]:
+def _query_line(line: str, line_no: int) -> tuple[Any, Any]:
+    """A line's ``(id, text)``, or ``(id, QueryRefused)`` for a line that is not a query."""
+    from trioindex.search import QueryRefused
+
     try:
-        query = json.loads(line)
-    except json.JSONDecodeError:
-        raise typer.BadParameter(f"--queries line {line_no}: not JSON") from None
+        query = json.loads(line, parse_constant=_not_json, parse_float=_finite)
+    except (ValueError, RecursionError):  # JSONDecodeError, NaN, 1e999, 5000 digits, [[[[...
+        return None, QueryRefused(f"--queries line {line_no}: not JSON")
     if not isinstance(query, dict) or not isinstance(query.get("text"), str):
-        raise typer.BadParameter(f'--queries line {line_no}: expected {{"id": ..., "text": "..."}}')
-    # the id is only printed back, as JSON (which escapes a NUL); the text is embedded and queried
-    for field, text in (
-        ("id", json.dumps(query.get("id"), ensure_ascii=False)),
-        ("text", query["text"]),
-    ):
-        problem = text_problem(text)
-        if problem is not None:
-            raise typer.BadParameter(f'--queries line {line_no}: "{field}" {problem}')
-    if not query["text"].strip():
-        raise typer.BadParameter(f'--queries line {line_no}: "text" is empty')
+        expected = f'--queries line {line_no}: expected {{"id": ..., "text": "..."}}'
+        return query.get("id") if isinstance(query, dict) else None, QueryRefused(expected)
     return query.get("id"), query["text"]
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _finite(number: str) -> float:
+    value = float(number)
+    if not math.isfinite(value):
+        raise ValueError("a number beyond float64")
+    return value
 
 
 # --- delete / models (the index over time) ------------------------------------------------------
@@ -413,9 +445,9 @@ def documents_list(
     """Documents by key: the newest version and, per model, its job's state for that version
     and the version the model serves."""
     settings = command_settings(quiet=True)
-    from trioindex.db.operations import document_page
+    from trioindex.db.operations import list_documents
 
-    page = database_call(settings, document_page, prefix=prefix, limit=limit)
+    page = database_call(settings, list_documents, prefix=prefix or "", limit=limit)
     if as_json:
         print_json(list(page.documents))
         return
@@ -424,10 +456,13 @@ def documents_list(
         return
     width = max(len(d.key) for d in page.documents)
     for doc in page.documents:
-        states = "  ".join(_model_state(m, doc.version_no) for m in doc.models)
-        typer.echo(f"{doc.key:{width}}  v{doc.version_no:<3} {states}".rstrip())
-    if page.total > len(page.documents):
-        typer.echo(f"{len(page.documents)} of {page.total} documents (--limit shows more)")
+        newest = doc.versions[0]
+        states = "  ".join(_model_state(m, newest.version_no) for m in newest.models)
+        typer.echo(f"{doc.key:{width}}  v{newest.version_no:<3} {states}".rstrip())
+    if page.next_after is not None:
+        typer.echo(
+            f"{len(page.documents)} shown; more after {page.next_after} (--limit shows more)"
+        )
 
 
 def _model_state(state: ModelState, newest: int) -> str:

@@ -429,6 +429,15 @@ KEYS: Final[tuple[KeySpec, ...]] = (
         bound=_POSITIVE,
     ),
     _key(
+        "indexing.parsing.ocr",
+        "auto",
+        Kind.CHOICE,
+        "one of auto|off",
+        "OCR of scanned PDFs and images: auto (when Tesseract reads Korean and English) or off",
+        field="parsing.ocr",
+        choices=("auto", "off"),
+    ),
+    _key(
         "indexing.chunking.max-tokens",
         256,
         Kind.INT,
@@ -454,6 +463,25 @@ KEYS: Final[tuple[KeySpec, ...]] = (
         "text shared by neighbouring chunks",
         field="parsing.chunk_overlap",
         bound=Bound(low=0, high=0.5, high_inclusive=False),
+    ),
+    _key(
+        "http.webhook-token",
+        None,
+        Kind.SECRET,
+        "secret; printable ASCII (MinIO sends it as Authorization: Bearer TOKEN);"
+        " (none) = bucket notifications refused",
+        "token of the bucket-notification webhook of `trioindex serve` (MinIO's auth_token)",
+        field="http.webhook_token",
+        secret=True,
+    ),
+    _key(
+        "http.max-concurrent-requests",
+        64,
+        Kind.INT,
+        ">= 1",
+        "requests `trioindex serve` handles at once; more wait, then get 503",
+        field="http.max_concurrent_requests",
+        bound=_AT_LEAST_ONE,
     ),
     _key(
         "log.format",

@@ -40,6 +40,7 @@ from trioindex.config.settings import (
     SERVER_MODEL,
     DatabaseSettings,
     EmbeddingSettings,
+    HttpSettings,
     ParsingSettings,
     Settings,
     StorageSettings,
@@ -300,6 +301,7 @@ def _build(values: Mapping[str, Any]) -> Settings:
         embedding=EmbeddingSettings(**sections["embedding"]),
         worker=WorkerSettings(**sections["worker"]),
         parsing=ParsingSettings(**sections["parsing"]),
+        http=HttpSettings(**sections["http"]),
         **top,
     )
 

@@ -82,6 +82,16 @@ class ParsingSettings:
     chunk_max_tokens: int
     chunk_max_characters: int
     chunk_overlap: float
+    ocr: str = "auto"  # "off": scanned PDFs and images are refused without OCR
+
+
+@attrs.frozen
+class HttpSettings:
+    """``http.*``: the HTTP service (``trioindex serve``); ``webhook_token`` None refuses bucket
+    notifications."""
+
+    webhook_token: str | None = attrs.field(default=None, repr=False)
+    max_concurrent_requests: int = 64
 
 
 @attrs.frozen
@@ -95,6 +105,7 @@ class Settings:
     worker: WorkerSettings
     parsing: ParsingSettings
     log_format: str
+    http: HttpSettings = HttpSettings()
 
     def with_overrides(self, **changes: Any) -> Settings:
         """A validated copy with ``changes`` applied.

@@ -17,11 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from uuid import UUID
 
 import attrs
 
-from trioindex.db.events import record_event
 from trioindex.db.pool import Connection
 
 
@@ -71,7 +69,8 @@ def delete_documents(
 ) -> DeletedDocuments:
     """Delete the documents named by ``keys`` and those whose key starts with ``prefix``.
 
-    One transaction: the documents leave search, and their versions, chunks, embeddings, jobs
+    One transaction (``trioindex_delete_documents``, the function applications call from SQL
+    too): the documents leave search, and their versions, chunks, embeddings, jobs
     and attempts are deleted with them. An empty ``prefix`` is refused (it would be every
     document); name keys to delete everything. With ``unchanged_since`` (a database time), a
     document that got a version at or after it is kept, decided under the document's lock:
@@ -82,60 +81,16 @@ def delete_documents(
     if prefix == "":
         raise ValueError("an empty prefix would delete every document; name the keys instead")
     with conn.transaction():
-        rows = conn.execute(
-            """SELECT id, external_key FROM documents
-               WHERE external_key = ANY(%s) OR starts_with(external_key, %s)""",
-            (list(keys), prefix),
-        ).fetchall()
-        ids: list[UUID] = sorted(row["id"] for row in rows)
-        found = {row["external_key"] for row in rows}
-        missing = tuple(sorted(set(keys) - found))
-        if not ids:
-            return DeletedDocuments((), missing, (), 0)
-        # lock order: job rows, then version rows, then document rows (the workers' order)
-        conn.execute(
-            """SELECT j.id FROM embedding_jobs j
-               JOIN document_versions v ON v.id = j.document_version_id
-               WHERE v.document_id = ANY(%s) ORDER BY j.id FOR UPDATE OF j""",
-            (ids,),
-        )
-        versions = conn.execute(
-            """SELECT id, document_id, storage_key FROM document_versions
-               WHERE document_id = ANY(%s) ORDER BY id FOR UPDATE""",
-            (ids,),
-        ).fetchall()
-        conn.execute("SELECT id FROM documents WHERE id = ANY(%s) ORDER BY id FOR UPDATE", (ids,))
-        if unchanged_since is not None:
-            # under the document locks: an ingest's new version committed before them is seen
-            # here, one after them waits for this transaction (and then makes a new document)
-            fresh = conn.execute(
-                """SELECT DISTINCT document_id FROM document_versions
-                   WHERE document_id = ANY(%s) AND created_at >= %s""",
-                (ids, unchanged_since),
-            ).fetchall()
-            keep = {row["document_id"] for row in fresh}
-            ids = [i for i in ids if i not in keep]
-            versions = [v for v in versions if v["document_id"] not in keep]
-        deleted = conn.execute(
-            "DELETE FROM documents WHERE id = ANY(%s) RETURNING external_key", (ids,)
-        ).fetchall()
-        blobs = sorted({row["storage_key"] for row in versions})
-        unreferenced = conn.execute(
-            """SELECT k FROM unnest(%s::text[]) AS k
-               WHERE NOT EXISTS (SELECT 1 FROM document_versions WHERE storage_key = k)
-               ORDER BY k""",
-            (blobs,),
-        ).fetchall()
-        record_event(
-            conn,
-            "DOCUMENTS_DELETED",
-            detail={"documents": len(deleted), "versions": len(versions)},
-        )
+        row = conn.execute(
+            "SELECT * FROM trioindex_delete_documents(%s::text[], %s, %s)",
+            (list(keys), prefix, unchanged_since),
+        ).fetchone()
+    assert row is not None
     # its own transaction: ending a switch waits for completions, which may wait for documents
     conn.execute("SELECT trioindex_finish_switch()")
     return DeletedDocuments(
-        deleted=tuple(sorted(row["external_key"] for row in deleted)),
-        missing=missing,
-        unreferenced_blobs=tuple(row["k"] for row in unreferenced),
-        versions=len(versions),
+        deleted=tuple(row["deleted"]),
+        missing=tuple(row["missing"]),
+        unreferenced_blobs=tuple(row["unreferenced_blobs"]),
+        versions=row["versions"],
     )

@@ -191,18 +191,6 @@ def claim_jobs(
 
 
 # ---------------------------------------------------------------------------------------------
-# progress
-
-
-def set_progress(conn: Connection, job_id: UUID, progress: int) -> None:
-    """Record step progress (0-100); call inside a fenced transaction."""
-    conn.execute(
-        "UPDATE embedding_jobs SET progress = %s WHERE id = %s",
-        (max(0, min(100, progress)), job_id),
-    )
-
-
-# ---------------------------------------------------------------------------------------------
 # renew
 
 

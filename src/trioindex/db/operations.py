@@ -1,6 +1,6 @@
 """What operators read and do: queue counts, job listings with attempts (a page of them, or the
-jobs an id prefix names), documents with each model's state, workers, manual retry and the
-progress of waited-for jobs.
+jobs an id prefix names), workers, manual retry, the progress of waited-for jobs, and documents
+with each model's state of them.
 
 Synchronous, one transaction each, used by the CLI and the wait through :meth:`Database.run`.
 Nothing here returns a claim token, chunk text or vector.
@@ -8,6 +8,7 @@ Nothing here returns a claim token, chunk text or vector.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -242,89 +243,161 @@ def job_ids_with_prefix(conn: Connection, prefix: str, *, limit: int = 2) -> lis
     ]
 
 
+# --- documents and each model's state of them ----------------------------------------------------
+
+_VERSION_COLUMNS = """v.id AS version_id, v.version_no, v.byte_size, v.sha256, v.content_type,
+                      v.original_name, v.created_at AS version_created_at"""
+
+# one row per job of the versions asked for: the job's model, and the version that model serves
+_MODEL_STATES = """
+SELECT j.document_version_id, j.id AS job_id, j.status, j.progress, j.chunk_count,
+       j.last_failure_type, m.name AS model, m.is_active, sv.version_no AS served_version_no
+FROM embedding_jobs j
+JOIN document_versions v ON v.id = j.document_version_id
+JOIN embedding_models m ON m.id = j.embedding_model_id
+LEFT JOIN served_versions s ON s.document_id = v.document_id AND s.embedding_model_id = m.id
+LEFT JOIN document_versions sv ON sv.id = s.document_version_id
+"""
+
+
 @attrs.frozen
 class ModelState:
-    """One model's state for a document: its job for the newest version (None: no job) and
-    the version it serves (None: none)."""
+    """One model's state of one version: its job there (status, progress, the chunks it indexed,
+    its failure type) and which version of the document that model serves now
+    (``served_version_no``; None before it completed any)."""
 
     model: str
-    job_status: JobStatus | None
-    failure_type: str | None
+    serves_search: bool
+    job_id: UUID
+    job_status: JobStatus
+    progress: int
     chunk_count: int | None
+    failure_type: str | None
     served_version_no: int | None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> ModelState:
+        return cls(
+            row["model"],
+            row["is_active"],
+            row["job_id"],
+            JobStatus(row["status"]),
+            row["progress"],
+            row["chunk_count"],
+            row["last_failure_type"],
+            row["served_version_no"],
+        )
 
 
 @attrs.frozen
-class DocumentView:
-    """A document's newest version and, per model that has a job or serves a version (and
-    always the serving model), that model's state."""
+class VersionView:
+    """One version of a document (its bytes' facts) with every model's job for it."""
 
-    key: str
     version_no: int
-    content_type: str | None
     byte_size: int
+    sha256: str
+    content_type: str | None
+    original_name: str
     created_at: datetime
     models: tuple[ModelState, ...]
 
 
 @attrs.frozen
+class DocumentView:
+    """A document: its key, how many versions it has, and ``versions`` — the newest one in a
+    listing (:func:`list_documents`), every one, oldest first, for :func:`show_document`."""
+
+    key: str
+    id: UUID
+    created_at: datetime
+    version_count: int
+    versions: tuple[VersionView, ...]
+
+
+@attrs.frozen
 class DocumentPage:
+    """Documents in key order; ``next_after`` is the key to pass as ``after`` for the next
+    page (None on the last one)."""
+
     documents: tuple[DocumentView, ...]
-    total: int
+    next_after: str | None
 
 
-def document_page(conn: Connection, *, prefix: str | None = None, limit: int = 100) -> DocumentPage:
-    """The documents whose key starts with ``prefix`` (all without one), by key, at most
-    ``limit``, each with every model's state of its newest version; and how many matched."""
-    key_filter = "%(prefix)s::text IS NULL OR starts_with(d.external_key, %(prefix)s)"
-    params = {"prefix": prefix, "limit": limit}
-    with conn.transaction():
-        total = conn.execute(
-            f"SELECT count(*) AS n FROM documents d WHERE {key_filter}", params
-        ).fetchone()
-        rows = conn.execute(
-            f"""WITH page AS (
-                    SELECT d.id, d.external_key FROM documents d WHERE {key_filter}
-                    ORDER BY d.external_key LIMIT %(limit)s),
-                newest AS (
-                    SELECT DISTINCT ON (v.document_id) v.*
-                    FROM document_versions v JOIN page p ON p.id = v.document_id
-                    ORDER BY v.document_id, v.version_no DESC)
-                SELECT p.external_key, n.version_no, n.content_type, n.byte_size, n.created_at,
-                       m.name AS model, j.status AS job_status, j.last_failure_type,
-                       j.chunk_count, sv.version_no AS served_version_no
-                FROM page p
-                JOIN newest n ON n.document_id = p.id
-                CROSS JOIN embedding_models m
-                LEFT JOIN embedding_jobs j
-                       ON j.document_version_id = n.id AND j.embedding_model_id = m.id
-                LEFT JOIN served_versions s
-                       ON s.document_id = p.id AND s.embedding_model_id = m.id
-                LEFT JOIN document_versions sv ON sv.id = s.document_version_id
-                WHERE j.id IS NOT NULL OR s.document_id IS NOT NULL OR m.is_active
-                ORDER BY p.external_key, m.is_active DESC, m.name""",
-            params,
-        ).fetchall()
-    documents: dict[str, DocumentView] = {}
+def _model_states(
+    conn: Connection, where: str, param: object
+) -> dict[UUID, tuple[ModelState, ...]]:
+    rows = conn.execute(
+        f"{_MODEL_STATES} WHERE {where} ORDER BY m.is_active DESC, m.name", (param,)
+    ).fetchall()
+    states: dict[UUID, list[ModelState]] = {}
     for row in rows:
-        state = ModelState(
-            model=row["model"],
-            job_status=JobStatus(row["job_status"]) if row["job_status"] else None,
-            failure_type=row["last_failure_type"],
-            chunk_count=row["chunk_count"],
-            served_version_no=row["served_version_no"],
+        states.setdefault(row["document_version_id"], []).append(ModelState.from_row(row))
+    return {version: tuple(found) for version, found in states.items()}
+
+
+def _version(row: dict[str, Any], states: dict[UUID, tuple[ModelState, ...]]) -> VersionView:
+    return VersionView(
+        row["version_no"],
+        row["byte_size"],
+        row["sha256"],
+        row["content_type"],
+        row["original_name"],
+        row["version_created_at"],
+        states.get(row["version_id"], ()),
+    )
+
+
+def list_documents(
+    conn: Connection, *, prefix: str = "", after: str | None = None, limit: int = 100
+) -> DocumentPage:
+    """Documents whose key starts with ``prefix``, after the key ``after``, in key order, at
+    most ``limit``: each with its newest version and every model's state of it. One snapshot
+    (a repeatable-read transaction), so a page never mixes two moments."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        rows = conn.execute(
+            f"""SELECT d.id, d.external_key, d.created_at, {_VERSION_COLUMNS},
+                       (SELECT count(*) FROM document_versions c WHERE c.document_id = d.id)
+                         AS version_count
+                FROM documents d
+                JOIN LATERAL (SELECT * FROM document_versions x WHERE x.document_id = d.id
+                              ORDER BY x.version_no DESC LIMIT 1) v ON true
+                WHERE starts_with(d.external_key, %(prefix)s)
+                  AND (%(after)s::text IS NULL OR d.external_key > %(after)s)
+                ORDER BY d.external_key LIMIT %(limit)s""",
+            {"prefix": prefix, "after": after, "limit": limit + 1},
+        ).fetchall()
+        page = rows[:limit]
+        states = _model_states(conn, "v.id = ANY(%s)", [row["version_id"] for row in page])
+    documents = tuple(
+        DocumentView(
+            row["external_key"],
+            row["id"],
+            row["created_at"],
+            row["version_count"],
+            (_version(row, states),),
         )
-        key = row["external_key"]
-        known = documents.get(key)
-        if known is None:
-            documents[key] = DocumentView(
-                key=key,
-                version_no=row["version_no"],
-                content_type=row["content_type"],
-                byte_size=row["byte_size"],
-                created_at=row["created_at"],
-                models=(state,),
-            )
-        else:
-            documents[key] = attrs.evolve(known, models=(*known.models, state))
-    return DocumentPage(tuple(documents.values()), int(total["n"]) if total else 0)
+        for row in page
+    )
+    more = len(rows) > limit
+    return DocumentPage(documents, documents[-1].key if more and documents else None)
+
+
+def show_document(conn: Connection, key: str) -> DocumentView:
+    """One document with every version, oldest first, and every model's job for each;
+    :class:`NotFound` when no document has that key."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        document = conn.execute(
+            "SELECT id, external_key, created_at FROM documents WHERE external_key = %s", (key,)
+        ).fetchone()
+        if document is None:
+            raise NotFound(f"no document with key {key!r}")
+        rows = conn.execute(
+            f"""SELECT {_VERSION_COLUMNS} FROM document_versions v
+                WHERE v.document_id = %s ORDER BY v.version_no""",
+            (document["id"],),
+        ).fetchall()
+        states = _model_states(conn, "v.document_id = %s", document["id"])
+    versions: Sequence[VersionView] = [_version(row, states) for row in rows]
+    return DocumentView(key, document["id"], document["created_at"], len(versions), tuple(versions))

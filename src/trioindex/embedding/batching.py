@@ -3,7 +3,9 @@
 Batches are contiguous, in order, never empty, at most ``max_batch_size`` texts and, when the
 server has a token budget per request, at most ``max_batch_tokens`` estimated tokens (a single text
 over the budget still goes, alone: the server decides whether it is too long). Results are put back
-in the order of the texts whatever order the batches finish in.
+in the order of the texts whatever order the batches finish in. A batch the server refuses as too
+long is sent again in smaller requests, a text refused alone in pieces
+(:mod:`trioindex.embedding.fitting`).
 
 :class:`EmbeddingCoalescer` is the worker-wide side: it gathers the texts of many jobs into
 full requests (by count and tokens, a short linger, the in-flight cap) and hands each job
@@ -13,6 +15,8 @@ exactly its vectors.
 from __future__ import annotations
 
 import collections
+import functools
+import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
@@ -22,12 +26,13 @@ import numpy as np
 import numpy.typing as npt
 import trio
 
+from trioindex.embedding.fitting import EmbedBatch, LimitFitter
 from trioindex.errors import ResultInvalid, StepFailure
 
 if TYPE_CHECKING:
     from trioindex.embedding.base import EmbedderInfo
 
-EmbedBatch = Callable[[Sequence[str]], Awaitable[list[list[float]]]]
+logger = logging.getLogger(__name__)
 
 
 def estimate_tokens(text: str) -> int:
@@ -75,13 +80,25 @@ async def embed_in_batches(
     limiter: trio.CapacityLimiter,
 ) -> list[list[float]]:
     """A provider's ``Embedder.embed``: batches planned by ``info``'s limits, run under
-    ``limiter``, one vector per text in order."""
+    ``limiter``, one vector per text in order; a batch refused as too long is fitted
+    (:mod:`trioindex.embedding.fitting`)."""
     if not texts:
         return []
-    batches = plan_batches(
-        texts, max_batch_size=info.max_batch_size, max_batch_tokens=info.max_batch_tokens
+    plan = functools.partial(
+        plan_batches, max_batch_size=info.max_batch_size, max_batch_tokens=info.max_batch_tokens
     )
-    return await run_batches(texts, batches, embed_batch, limiter)
+    fitter = LimitFitter(embed_batch, plan, info.max_input_tokens)
+    vectors = await run_batches(texts, plan(texts), fitter.embed, limiter)
+    if fitter.cut:
+        limit = f" ({fitter.limit} tokens)" if fitter.limit else ""
+        logger.warning(
+            "%d of %d texts were longer than the embedding server's input limit%s: each was "
+            "embedded in pieces and given the mean of their vectors",
+            fitter.cut,
+            len(texts),
+            limit,
+        )
+    return vectors
 
 
 async def run_batches(

@@ -54,12 +54,13 @@ class TeiEmbedder:
         await self._probe_info()
         logger.info(
             "embedder ready: api=tei url=%s model=%s dimension=%d batch=%d "
-            "max_batch_tokens=%s max_in_flight=%s",
+            "max_batch_tokens=%s max_input_tokens=%s max_in_flight=%s",
             http.display_url,
             model,
             dimension,
             self._info.max_batch_size,
             self._info.max_batch_tokens,
+            self._info.max_input_tokens,
             limiter.total_tokens,
         )
         return self

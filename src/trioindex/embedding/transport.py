@@ -5,12 +5,17 @@ way a request can go wrong into the error hierarchy at this boundary:
 
 - connection errors, timeouts, 429, 424, 5xx (and other unexpected statuses)
   → :class:`~trioindex.errors.ProviderUnavailable` (retryable)
-- 400 / 413 / 422, the server refusing the input itself → :class:`ProviderRejectedInput`
+- 400 / 413 / 422, the server refusing the input itself → :class:`ProviderRejectedInput`; of
+  those, 413 and any refusal whose message states a token limit → :class:`InputTooLong`, which
+  the batching answers by sending smaller requests (:mod:`trioindex.embedding.fitting`)
 - a body that is not JSON → :class:`~trioindex.errors.ResultInvalid`
 
 Messages carry the status code and at most a short classified reason (a TEI ``error_type`` or an
-OpenAI ``error.type`` when it is a plain identifier), never the body, the input, the URL's
-credentials or the key.
+OpenAI ``error.type`` when it is a plain identifier) and the two numbers of a stated token limit,
+never the body, the input, the URL's credentials or the key. The token limit is read from TEI's
+``Input validation error: `inputs` must have less than 512 tokens. Given: 2358`` (HTTP 413,
+also on its OpenAI-compatible route) and the OpenAI / vLLM ``maximum context length is 512
+tokens. However, you requested 2358 tokens`` (HTTP 400).
 """
 
 from __future__ import annotations
@@ -34,6 +39,28 @@ from trioindex.errors import (
 logger = logging.getLogger(__name__)
 
 _REASON = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]{0,39}")
+# The stated token limit and the input's count, in the error messages the module docstring names.
+_TOKEN_LIMIT = (
+    re.compile(r"must have less than (\d{1,9}) tokens\. Given: (\d{1,9})"),
+    re.compile(
+        r"maximum context length is (\d{1,9}) tokens.{0,40}?requested (\d{1,9}) tokens",
+        re.IGNORECASE | re.DOTALL,
+    ),
+)
+
+
+class InputTooLong(ProviderRejectedInput):
+    """The server refused a request as too large: an input over the model's input length (or a
+    batch over the server's limit). ``status`` is the HTTP status; ``limit`` / ``given`` are the
+    token limit and the refused input's count when the server stated them."""
+
+    def __init__(
+        self, message: str, *, status: int, limit: int | None = None, given: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.limit = limit
+        self.given = given
 
 
 @attrs.define(eq=False)
@@ -131,7 +158,7 @@ class HttpTransport:
 def parse_json(response: httpx.Response) -> object:
     """The JSON body of a 2xx answer, or the classified failure for any other answer."""
     if not response.is_success:
-        raise failure_for_status(response.status_code, _reason(response))
+        raise failure_for(response)
     try:
         # orjson parses a 32 x 1024 float answer several times faster than the stdlib, on the
         # event loop thread; it refuses the NaN/Infinity literals some servers emit, so those
@@ -158,14 +185,29 @@ def release_body(response: httpx.Response) -> None:
     response.stream = httpx.ByteStream(b"")
 
 
-def failure_for_status(status: int, reason: str | None = None) -> StepFailure:
-    """The classified failure for a non-2xx answer; ``reason`` must already be safe."""
-    suffix = f", {reason}" if reason else ""
-    if status == 413:
-        return ProviderRejectedInput(
-            f"embedding server rejected the request as too large (HTTP 413{suffix}): a chunk may "
-            "exceed the model's input length or the batch the server's limit"
+def failure_for(response: httpx.Response) -> StepFailure:
+    """The classified failure for a non-2xx answer (module docstring)."""
+    body = _error_body(response)
+    status = response.status_code
+    reason = _reason(body)
+    limit = _token_limit(body) if 400 <= status < 500 else None
+    if status == 413 or limit is not None:
+        suffix = f", {reason}" if reason else ""
+        stated = f", limit {limit[0]} tokens, given {limit[1]}" if limit else ""
+        return InputTooLong(
+            f"embedding server rejected the request as too large (HTTP {status}{suffix}{stated})"
+            ": a chunk may exceed the model's input length or the batch the server's limit",
+            status=status,
+            limit=limit[0] if limit else None,
+            given=limit[1] if limit else None,
         )
+    return _status_failure(status, reason)
+
+
+def _status_failure(status: int, reason: str | None = None) -> StepFailure:
+    """The classified failure for a non-2xx answer that is not :class:`InputTooLong`;
+    ``reason`` must already be safe."""
+    suffix = f", {reason}" if reason else ""
     if status == 422:
         return ProviderRejectedInput(
             f"embedding server could not process the input (HTTP 422{suffix}): a chunk may "
@@ -195,20 +237,41 @@ def failure_for_status(status: int, reason: str | None = None) -> StepFailure:
     return ProviderUnavailable(f"unexpected answer from the embedding server (HTTP {status})")
 
 
-def _reason(response: httpx.Response) -> str | None:
-    """A short error class from a TEI or OpenAI error body, if it is a plain identifier."""
+def _error_body(response: httpx.Response) -> dict[str, object]:
+    """The JSON object of an error answer (``{}`` when it is not one)."""
     try:
         body = response.json()
     except ValueError:
-        return None
-    candidate: object = None
-    if isinstance(body, dict):
-        candidate = body.get("error_type")  # TEI: {"error": ..., "error_type": "Validation"}
-        error = body.get("error")
-        if candidate is None and isinstance(error, dict):
-            candidate = error.get("type")  # OpenAI: {"error": {"type": "invalid_request_error"}}
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _reason(body: dict[str, object]) -> str | None:
+    """A short error class from a TEI or OpenAI error body, if it is a plain identifier."""
+    candidate = body.get("error_type")  # TEI: {"error": ..., "error_type": "Validation"}
+    error = body.get("error")
+    if candidate is None and isinstance(error, dict):
+        candidate = error.get("type")  # OpenAI: {"error": {"type": "invalid_request_error"}}
+    if candidate is None:
+        candidate = body.get("type")  # TEI's OpenAI route, vLLM: {"message", "type", "code"}
     if isinstance(candidate, str) and _REASON.fullmatch(candidate):
         return candidate
+    return None
+
+
+def _token_limit(body: dict[str, object]) -> tuple[int, int] | None:
+    """``(limit, given)`` when the error message states a token limit (module docstring)."""
+    error = body.get("error")
+    messages = [error, body.get("message")]
+    if isinstance(error, dict):
+        messages.append(error.get("message"))
+    for message in messages:
+        if not isinstance(message, str):
+            continue
+        for pattern in _TOKEN_LIMIT:
+            found = pattern.search(message[:2000])
+            if found is not None:
+                return int(found.group(1)), int(found.group(2))
     return None
 
 

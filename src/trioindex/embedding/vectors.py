@@ -3,6 +3,11 @@
 Every provider passes its raw, parsed answer through :func:`validate_vectors`; a vector that fails
 is never returned, cached or skipped (skipping one would shift every later vector onto the wrong
 chunk), the whole call fails with :class:`~trioindex.errors.ResultInvalid`.
+
+A vector must also have a direction: one whose Euclidean norm is below :data:`MIN_NORM` (an
+all-zero answer, say) has no cosine with anything, and pgvector would score it NaN against every
+query, so it is refused like a NaN element, both when a chunk's vector is stored and when a
+query is embedded.
 """
 
 from __future__ import annotations
@@ -12,14 +17,20 @@ import hashlib
 import math
 import struct
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from trioindex.errors import ResultInvalid
 
 # The largest finite IEEE-754 binary32 value: pgvector stores float4 and the hash packs binary32,
 # so anything beyond it is as unusable as an infinity.
 FLOAT32_MAX = 3.4028234663852886e38
+#: The shortest vector accepted. Embeddings have norms near 1 (most models normalise them) or
+#: larger; pgvector computes cosines in float32, where the squared norm of a vector near 1e-19
+#: underflows to zero (and the cosine becomes NaN). 1e-6 is far from both.
+MIN_NORM = 1e-6
 
 
 def vector_sha256(vector: Sequence[float]) -> str:
@@ -36,10 +47,11 @@ def validate_vectors(
     """Return ``vectors`` as fresh lists of floats, or raise :class:`ResultInvalid`.
 
     Checks, in order: a list of ``expected_count`` items; each a list (never null) of exactly
-    ``dimension`` numbers (``bool`` is not a number here); each finite and within binary32 range.
-    With ``base64_allowed`` (the OpenAI API's ``encoding_format: "base64"``) a vector may also
-    be a string: base64 of ``dimension`` little-endian binary32 values, each finite. Messages
-    name the position and the rule, never a value.
+    ``dimension`` numbers (``bool`` is not a number here); each finite and within binary32 range;
+    then every vector's norm at least :data:`MIN_NORM`. With ``base64_allowed`` (the OpenAI
+    API's ``encoding_format: "base64"``) a vector may also be a string: base64 of ``dimension``
+    little-endian binary32 values, each finite. Messages name the position and the rule, never
+    a value.
     """
     if not isinstance(vectors, list):
         raise ResultInvalid(f"embedding response is not a list of vectors ({_kind(vectors)})")
@@ -80,7 +92,20 @@ def validate_vectors(
                 raise ResultInvalid(f"embedding vector {position} holds a value beyond float32")
             floats.append(number)
         checked.append(floats)
+    _check_norms(np.asarray(checked, dtype=np.float64).reshape(len(checked), dimension))
     return checked
+
+
+def _check_norms(matrix: npt.NDArray[np.floating[Any]], *, first: int = 0) -> None:
+    """:class:`ResultInvalid` naming the first row of ``matrix`` (finite values, row ``i`` being
+    vector ``first + i``) whose norm is below :data:`MIN_NORM`."""
+    # in float64, where the squares of float32-range values neither overflow nor underflow
+    short = np.linalg.norm(matrix.astype(np.float64, copy=False), axis=1) < MIN_NORM
+    if short.any():
+        raise ResultInvalid(
+            f"embedding vector {first + int(np.argmax(short))} has a zero or near-zero norm "
+            f"(below {MIN_NORM:g}): it has no direction to rank by"
+        )
 
 
 _NUMBER_TYPES = frozenset({float, int})
@@ -104,6 +129,7 @@ def _fast_path(vectors: list[object], dimension: int) -> list[list[float]] | Non
     array = np.asarray(vectors, dtype=np.float64)
     if not np.isfinite(array).all() or float(np.abs(array).max()) > FLOAT32_MAX:
         return None
+    _check_norms(array)
     result: list[list[float]] = array.tolist()
     return result
 
@@ -134,6 +160,7 @@ def _from_base64(vectors: list[object], dimension: int, *, first: int = 0) -> li
     if not finite.all():
         position = first + int(np.argmin(finite))
         raise ResultInvalid(f"embedding vector {position} holds NaN or Infinity")
+    _check_norms(matrix, first=first)
     result: list[list[float]] = matrix.tolist()
     return result
 

@@ -43,6 +43,7 @@ from trioindex.ingest import nofollow
 from trioindex.ingest.discover import SourceFile
 from trioindex.ingest.results import FileChanged, FileNotIngested, IngestResult, printable
 from trioindex.storage import AsyncObjectStore, ObjectStore
+from trioindex.storage.contract import OWN_BLOB_PREFIX
 
 __all__ = [
     "PreparedFile",
@@ -50,6 +51,7 @@ __all__ = [
     "enqueue_files",
     "ingest_file",
     "open_source",
+    "prepare_bytes",
     "prepare_file",
     "prepare_file_sync",
     "storage_key_for",
@@ -65,7 +67,7 @@ _DEADLOCK_RETRIES: Final = 3
 
 
 def storage_key_for(sha256: str) -> str:
-    return f"sha256/{sha256[:2]}/{sha256}"
+    return f"{OWN_BLOB_PREFIX}{sha256[:2]}/{sha256}"
 
 
 def open_source(source: SourceFile) -> BinaryIO:
@@ -234,30 +236,61 @@ def _prepare_once(
     # the store checks them against the hash before anything becomes visible.
     handle, sha256, size = _open_and_digest(source)
     with handle:
-        content_type = mimetypes.guess_type(source.path.name)[0]
-        upload = functools.partial(
-            _upload, store, handle, size=size, sha256=sha256, content_type=content_type
+        return prepare_bytes(
+            store,
+            handle,
+            document_key=source.document_key,
+            original_name=source.path.name,
+            sha256=sha256,
+            size=size,
+            latest=latest,
+            path=printable(source.path),
         )
-        restored = False
-        if latest is None or latest["sha256"] != sha256:
-            upload(storage_key_for(sha256))
-        elif not _blob_intact(store, str(latest["storage_key"]), sha256, size):
-            logger.warning(
-                "ingest %s: version %s lost its stored copy in %s; uploading it again",
-                source.document_key,
-                latest["version_no"],
-                store.description,
-            )
-            upload(str(latest["storage_key"]))
-            restored = True
+
+
+def prepare_bytes(
+    store: ObjectStore,
+    handle: BinaryIO,
+    *,
+    document_key: str,
+    original_name: str,
+    sha256: str,
+    size: int,
+    latest: Mapping[str, object] | None,
+    content_type: str | None = None,
+    path: str = "",
+) -> PreparedFile:
+    """Store the ``size`` bytes ``handle`` reads from its position, hashed already
+    (``sha256``), under their content address, unless ``latest`` (the document's newest
+    version, looked up just before) has the same bytes; then restore that version's blob only
+    if the store lost it. ``content_type`` None is guessed from ``original_name``. Blocking: it
+    runs in a store thread. The upload of any file (ingest, the HTTP service) goes through
+    here, so the rules for unchanged and repaired bytes are the same everywhere."""
+    if content_type is None:
+        content_type = mimetypes.guess_type(original_name)[0]
+    upload = functools.partial(
+        _upload, store, handle, size=size, sha256=sha256, content_type=content_type
+    )
+    restored = False
+    if latest is None or latest["sha256"] != sha256:
+        upload(storage_key_for(sha256))
+    elif not _blob_intact(store, str(latest["storage_key"]), sha256, size):
+        logger.warning(
+            "ingest %s: version %s lost its stored copy in %s; uploading it again",
+            document_key,
+            latest["version_no"],
+            store.description,
+        )
+        upload(str(latest["storage_key"]))
+        restored = True
     version = NewVersion(
-        document_key=source.document_key,
+        document_key=document_key,
         storage_key=storage_key_for(sha256),
-        original_name=source.path.name,
+        original_name=original_name,
         content_type=content_type,
         byte_size=size,
         sha256=sha256,
-        path=printable(source.path),
+        path=path,
     )
     return PreparedFile(version, restored)
 

@@ -12,7 +12,12 @@ sentences. Two measures:
   ``max_size - special`` and every chunk is re-counted exactly afterwards; a chunk that still
   does not fit is split again with a smaller budget.
 * **characters** (Python ``str`` code points) otherwise; ``token_count`` is then the documented
-  estimate :func:`estimate_tokens` (UTF-8 bytes / 4, rounded up).
+  estimate :func:`estimate_tokens` (UTF-8 bytes / 4, rounded up). When the embedding server's
+  input limit is known (``policy.max_input_tokens``), a piece also weighs its cautious token
+  count :func:`~trioindex.pipeline.token_counts.token_bound` in characters (``max_size /
+  max_input_tokens`` characters per token), and its size is the larger of the two: Latin text
+  is cut by characters as before, while a Hangul or CJK piece, whose characters are 1-3 tokens
+  each, is cut again (by characters, at its own density) until its bound fits the limit.
 
 Two bounds keep any text cheap and every chunk meaningful:
 
@@ -72,7 +77,14 @@ from trioindex.pipeline.text_cuts import (
     segments,
     trimmed,
 )
-from trioindex.pipeline.token_counts import count_tokens, in_batches, special_token_count
+from trioindex.pipeline.token_counts import (
+    character_size,
+    count_tokens,
+    in_batches,
+    largest_token_bound,
+    overlap_reach,
+    special_token_count,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -131,12 +143,26 @@ def _overlap_below_max(
         raise ValueError(f"overlap must be >= 0 and < max_size ({instance.max_size}), got {value}")
 
 
+def _positive_or_none(
+    instance: object, attribute: attrs.Attribute[int | None], value: int | None
+) -> None:
+    if value is not None and value <= 0:
+        raise ValueError(f"{attribute.name} must be > 0 or None, got {value}")
+
+
 @attrs.frozen
 class ChunkingPolicy:
-    """Chunk size and overlap, in tokens when a tokenizer is used, else in characters."""
+    """Chunk size and overlap, in tokens when a tokenizer is used, else in characters.
+
+    ``max_input_tokens`` is the embedding model's input limit (special tokens included) when
+    an embedding server reports one: character chunks are kept under it by their token bound
+    (module docstring). A token-aware chunker counts exactly, and its ``max_size`` is already
+    clamped to the model's limit, so it does not use it.
+    """
 
     max_size: int = attrs.field(validator=_positive)
     overlap: int = attrs.field(default=0, validator=_overlap_below_max)
+    max_input_tokens: int | None = attrs.field(default=None, validator=_positive_or_none)
 
 
 def estimate_tokens(text: str) -> int:
@@ -169,7 +195,12 @@ class Chunker:
         self._tokenizer_json: str | None = None
         self._tokenizer_path = _source  # the tokenizer.json it was loaded from, if any
         self._smaller: dict[int, TextSplitter] = {}  # re-split budgets, see _resplit
+        # Characters per token of the server's input limit, when it can bind a character chunk.
+        self._chars_per_token: float | None = None
         if tokenizer is None:
+            limit = policy.max_input_tokens
+            if limit is not None and largest_token_bound(policy.max_size) > limit:
+                self._chars_per_token = policy.max_size / limit
             self._capacity = policy.max_size
             self._overlap = min(policy.overlap, policy.max_size // 2)
             self._max_chars = policy.max_size
@@ -238,7 +269,11 @@ class Chunker:
         ]
         del shadow
         if self._tokenizer is None:
-            counted = [(start, piece, len(piece)) for start, piece in spans]
+            spans = self._fit_token_bound(text, spans)
+            counted = [
+                (start, piece, character_size(piece, self._chars_per_token))
+                for start, piece in spans
+            ]
         else:
             spans = self._cap_characters(text, spans)
             counted = self._fit_tokens(self._tokenizer, text, spans)
@@ -276,6 +311,31 @@ class Chunker:
             else:
                 capped.extend(self._split(self._char_splitter, text, start, start + len(piece)))
         return capped
+
+    def _fit_token_bound(self, text: str, spans: list[tuple[int, str]]) -> list[tuple[int, str]]:
+        """Split again, by characters, every character span whose size (token bound included)
+        is over the room the splitter had; each piece at its own density, until it fits."""
+        if self._chars_per_token is None:
+            return spans
+        room = self._max_chars - self._overlap
+        fitted: list[tuple[int, str]] = []
+        for span in spans:
+            todo = [span]
+            while todo:
+                start, piece = todo.pop()
+                size = character_size(piece, self._chars_per_token)
+                if size <= room or len(piece) < 2:
+                    fitted.append((start, piece))
+                    continue
+                capacity = max(1, min(len(piece) - 1, len(piece) * room // size))
+                pieces = self._split(
+                    TextSplitter(capacity, trim=True), text, start, start + len(piece)
+                )
+                if len(pieces) < 2:  # one grapheme cluster longer than the capacity
+                    fitted.append((start, piece))
+                    continue
+                todo.extend(reversed(pieces))
+        return fitted
 
     @staticmethod
     def _split(
@@ -354,7 +414,7 @@ class Chunker:
     def _measure(self, pieces: list[str]) -> list[int]:
         """Sizes as :attr:`_limit` counts them."""
         if self._tokenizer is None:
-            return [len(p) for p in pieces]
+            return [character_size(p, self._chars_per_token) for p in pieces]
         return count_tokens(self._tokenizer, pieces)
 
     def _merge_fragments(
@@ -421,7 +481,7 @@ class Chunker:
         ``counted`` is changed in place and returned."""
         if self._overlap == 0 or len(counted) < 2:
             return counted
-        reach = self._overlap_reach(counted[:-1])
+        reach = self._overlap_reach(text, counted[:-1])
         starts: list[int | None] = [None]
         for (prev_start, prev, _), earliest, (start, _piece, _size) in zip(
             counted, reach, counted[1:], strict=False
@@ -439,10 +499,13 @@ class Chunker:
                     counted[n] = (s, piece, size)
         return counted
 
-    def _overlap_reach(self, counted: list[tuple[int, str, int]]) -> list[int]:
+    def _overlap_reach(self, text: str, counted: list[tuple[int, str, int]]) -> list[int]:
         """For each chunk, the earliest offset an overlap taken from its end may start at."""
         if self._tokenizer is None:
-            return [start + len(piece) - self._overlap for start, piece, _ in counted]
+            return [
+                overlap_reach(text, start, start + len(piece), self._overlap, self._chars_per_token)
+                for start, piece, _ in counted
+            ]
         reach: list[int] = []
         for batch in in_batches(counted):
             encodings = self._tokenizer.encode_batch(

@@ -34,12 +34,6 @@ def as_float32(vectors: object, *, expected_count: int, dimension: int) -> npt.N
     return np.asarray(checked, dtype=np.float32).reshape(len(checked), dimension)
 
 
-def build_drafts(snapshot: EmbedSnapshot, vectors: object) -> list[EmbeddingDraft]:
-    """Validate the embedder's answer against the snapshot and hash every vector."""
-    matrix = as_float32(vectors, expected_count=len(snapshot.chunks), dimension=snapshot.dimension)
-    return drafts_from_matrix(snapshot, matrix)
-
-
 def drafts_from_matrix(
     snapshot: EmbedSnapshot, matrix: npt.NDArray[np.float32]
 ) -> list[EmbeddingDraft]:

@@ -45,7 +45,7 @@ import trio_parallel  # type: ignore[import-untyped]
 from trioindex.errors import ContentInvalid, StepFailure, StorageUnavailable
 from trioindex.logs import JsonFormatter, configure_logging
 from trioindex.pipeline.chunking import ChunkDraft, Chunker
-from trioindex.pipeline.formats import DocumentFormat, extract_text
+from trioindex.pipeline.formats import DocumentFormat, OcrPolicy, extract_text
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -72,6 +72,7 @@ class ParseRequest:
     name: str
     content_type: str | None
     max_bytes: int
+    ocr: bool = True  # indexing.parsing.ocr: scanned PDFs and images read by OCR (or refused)
 
 
 @attrs.frozen
@@ -90,7 +91,13 @@ def parse_document(request: ParseRequest, chunker: Chunker) -> ParsedDocument:
         raise StorageUnavailable(
             "the stored object does not match the version's sha256 (corrupt or replaced)"
         )
-    extracted = extract_text(data, request.name, request.content_type, max_bytes=request.max_bytes)
+    extracted = extract_text(
+        data,
+        request.name,
+        request.content_type,
+        max_bytes=request.max_bytes,
+        ocr=OcrPolicy() if request.ocr else OcrPolicy(enabled=False),
+    )
     chunks = chunker.chunk(extracted.text)
     if not chunks:
         raise ContentInvalid("the document has no text to index")

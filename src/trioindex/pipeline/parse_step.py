@@ -52,13 +52,16 @@ INLINE_PARSE_BYTES = 32 * 1024
 _INLINE_FORMATS = frozenset({DocumentFormat.TEXT, DocumentFormat.MARKDOWN})
 
 
-def _request(data: bytes, snapshot: ParseSnapshot, max_bytes: int) -> ParseRequest:
+def _request(
+    data: bytes, snapshot: ParseSnapshot, max_bytes: int, ocr: bool = True
+) -> ParseRequest:
     return ParseRequest(
         data=data,
         sha256=snapshot.sha256,
         name=snapshot.original_name,
         content_type=snapshot.content_type,
         max_bytes=max_bytes,
+        ocr=ocr,
     )
 
 
@@ -72,12 +75,13 @@ async def parse_and_store(
     chunker: Chunker,
     max_bytes: int,
     parse_timeout: float = DEFAULT_TIMEOUT,
+    ocr: bool = True,
     cpu_limiter: trio.CapacityLimiter | None = None,
 ) -> EmbedSnapshot | int:
     """The step with its two transactions given: ``begin`` (prepare) and ``commit`` (store the
     chunks). ``admit`` is awaited before the bytes are read (the worker bounds how many large
-    documents it holds at once). Returns what ``commit`` returns, or the stored chunk count on
-    a replay."""
+    documents it holds at once). ``ocr``: ``indexing.parsing.ocr`` is not ``off``. Returns what
+    ``commit`` returns, or the stored chunk count on a replay."""
     snapshot = await begin(claim)
     if snapshot.already_chunked:
         logger.debug("job %s: version already chunked, parse step replayed", claim.job_id)
@@ -89,7 +93,7 @@ async def parse_and_store(
     if admit is not None:
         await admit(snapshot)
     data = await store.get(snapshot.storage_key, max_bytes=max_bytes)
-    request = _request(data, snapshot, max_bytes)
+    request = _request(data, snapshot, max_bytes, ocr)
     inline = len(data) <= INLINE_PARSE_BYTES and (
         detect_format(data, snapshot.original_name, snapshot.content_type) in _INLINE_FORMATS
     )

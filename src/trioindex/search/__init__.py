@@ -1,8 +1,9 @@
-"""Query side: rank the chunks of current versions, group them by document.
+"""Query side: rank the chunks of the versions the serving model serves, group them by document.
 
-* :mod:`.ranking` — the ranking queries (vector, text, hybrid by reciprocal rank fusion) and
-  the filters (key prefix, content type);
+* :mod:`.ranking` — the rankings (vector, text, hybrid by reciprocal rank fusion), their queries
+  and filters (key prefix, content type) being :mod:`trioindex.db.search`'s;
 * :mod:`.results` — chunk hits, document hits and their JSON shapes;
+* :mod:`.query` — a query text cleaned, normalised and bounded, or refused (:class:`QueryRefused`);
 * here — :func:`embed_queries`, the one way a query text becomes a vector.
 
 Applications use :class:`trioindex.Index` (:mod:`trioindex.api`), which ties these to an open
@@ -13,17 +14,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import trio
+
 from trioindex.db.models import EmbeddingModel
+from trioindex.db.search import DEFAULT_HNSW, NO_FILTERS, Filters, HnswSettings
 from trioindex.embedding import Embedder
 from trioindex.embedding.vectors import validate_vectors
+from trioindex.errors import ResultInvalid
+from trioindex.search.query import (
+    MAX_QUERY_CHARS,
+    MAX_QUERY_TERMS,
+    QUERY_INVALID,
+    QueryRefused,
+    check_terms,
+    prepare_query,
+)
 from trioindex.search.ranking import (
-    DEFAULT_HNSW,
     DEFAULT_MODE,
-    NO_FILTERS,
     RRF_K,
     SEARCH_MODES,
-    Filters,
-    HnswSettings,
     SearchMode,
     fuse,
     hangul_terms,
@@ -39,29 +48,39 @@ from trioindex.search.results import (
     SearchHit,
     chunk_hits,
     document_hits,
+    json_text,
+    ranked_chunks,
     snippet,
 )
 
 __all__ = [
     "DEFAULT_HNSW",
     "DEFAULT_MODE",
+    "MAX_QUERY_CHARS",
+    "MAX_QUERY_TERMS",
     "NO_FILTERS",
+    "QUERY_INVALID",
     "RRF_K",
     "SEARCH_MODES",
     "ChunkHit",
     "DocumentHit",
     "Filters",
     "HnswSettings",
+    "QueryRefused",
     "RankedChunk",
     "SearchHit",
     "SearchMode",
+    "check_terms",
     "chunk_hits",
     "document_hits",
     "embed_queries",
     "fuse",
     "hangul_terms",
     "hybrid_ranking",
+    "json_text",
     "match_tiers",
+    "prepare_query",
+    "ranked_chunks",
     "snippet",
     "text_ranking",
     "vector_ranking",
@@ -70,9 +89,35 @@ __all__ = [
 
 async def embed_queries(
     embedder: Embedder, model: EmbeddingModel, texts: Sequence[str]
-) -> list[list[float]]:
-    """One validated vector per query text, in order (the embedder batches them)."""
+) -> list[list[float] | QueryRefused]:
+    """One validated vector per query text, in order (the embedder batches them), or a
+    :class:`QueryRefused` in the place of a query whose answer was refused (a zero vector, an
+    input the server rejects): when a batch is refused, each of its texts is embedded alone so
+    that one query's answer does not cost the others theirs. An embedder that cannot be
+    reached still fails the whole call."""
     if not texts:
         return []
+    try:
+        return list(await _embed_checked(embedder, model, texts))
+    except ResultInvalid as exc:
+        if len(texts) == 1:
+            return [QueryRefused.for_vector(exc)]
+    alone: list[list[float] | QueryRefused] = [[] for _ in texts]
+
+    async def embed_alone(i: int) -> None:
+        try:
+            (alone[i],) = await _embed_checked(embedder, model, [texts[i]])
+        except ResultInvalid as exc:
+            alone[i] = QueryRefused.for_vector(exc)
+
+    async with trio.open_nursery() as nursery:  # the embedder's in-flight cap bounds them
+        for i in range(len(texts)):
+            nursery.start_soon(embed_alone, i)
+    return alone
+
+
+async def _embed_checked(
+    embedder: Embedder, model: EmbeddingModel, texts: Sequence[str]
+) -> list[list[float]]:
     vectors = await embedder.embed(list(texts))
     return validate_vectors(vectors, expected_count=len(texts), dimension=model.dimension)

@@ -5,18 +5,33 @@ A :class:`ChunkHit` is one stored chunk of a document's current version; a
 :class:`DocumentHit` groups the chunk hits of one document, scored by its best chunk. What a
 score means depends on the mode (see :mod:`trioindex.search.ranking`): cosine similarity for
 ``vector``, PostgreSQL's ``ts_rank`` for ``text``, the reciprocal-rank-fusion sum for
-``hybrid``; within one result list a higher score always ranks first.
+``hybrid``; within one result list a higher score always ranks first. A chunk whose score is
+not a number (a vector of norm zero stored before vectors were checked for it) is not ranked.
+
+:func:`json_text` is how search output becomes JSON: strict (``NaN`` and ``Infinity`` are
+refused, never printed) and valid UTF-8 (a lone surrogate, which an input line may carry in its
+``id``, is written as its ``\\uXXXX`` escape).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import math
+from collections.abc import Iterable, Sequence
 from typing import Any
 from uuid import UUID
 
 import attrs
 
 SNIPPET_WIDTH = 160
+
+
+def json_text(value: object, *, indent: int | None = None) -> str:
+    """``value`` as strict JSON text that encodes to UTF-8 (module docstring)."""
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False, indent=indent)
+    # Lone surrogates are the only characters UTF-8 cannot encode; backslashreplace writes each
+    # as \udXXX, its JSON escape (a surrogate can only be inside a string).
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def snippet(text: str, width: int = SNIPPET_WIDTH) -> str:
@@ -110,6 +125,12 @@ class RankedChunk:
             row["chunk_index"],
             row["content"],
         )
+
+
+def ranked_chunks(rows: Iterable[dict[str, Any]]) -> list[RankedChunk]:
+    """A ranking query's rows as chunks, in order, leaving out any whose score is not finite."""
+    ranked = (RankedChunk.from_row(row) for row in rows)
+    return [chunk for chunk in ranked if math.isfinite(chunk.score)]
 
 
 def chunk_hits(ranked: Sequence[RankedChunk], top_k: int) -> list[ChunkHit]:

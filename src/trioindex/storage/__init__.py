@@ -3,8 +3,8 @@
 Modules:
 
 * ``contract`` — :class:`ObjectInfo`, the synchronous :class:`ObjectStore` protocol (put / get /
-  stat / delete / ensure_ready / deferred_sync), the object-key rule and the checks both stores
-  share;
+  digest / stat / delete / ensure_ready / deferred_sync), the object-key rule and the checks
+  both stores share;
 * ``folder`` — :class:`FolderStore`, objects as files under a local folder (the embedded default);
 * ``s3`` — :class:`S3Store`, MinIO / any S3 through the ``minio`` client;
 * ``urls`` — the ``storage.url`` grammar (configuration validates with it, :func:`open_store`

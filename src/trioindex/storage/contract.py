@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import io
 import re
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import IO, BinaryIO, Final, Protocol, TypedDict, Unpack
 
@@ -30,6 +31,11 @@ import attrs
 from trioindex.errors import ContentInvalid
 
 DEFAULT_CONTENT_TYPE: Final = "application/octet-stream"
+#: Where trioindex stores the bytes it uploads itself: ``sha256/ab/<sha256>``. Any other key is
+#: an object someone else put (registered in place), which trioindex never deletes.
+OWN_BLOB_PREFIX: Final = "sha256/"
+#: The piece :meth:`ObjectStore.digest` reads at a time.
+READ_PIECE: Final = 1 << 20
 SHA256_METADATA: Final = "sha256"  # travels as the x-amz-meta-sha256 header
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -76,6 +82,12 @@ class ObjectStore(Protocol):
         ...
 
     def stat(self, key: str) -> ObjectInfo: ...
+
+    def digest(self, key: str, *, max_bytes: int) -> ObjectInfo:
+        """The object's size and the SHA-256 of its bytes, read once in pieces of
+        :data:`READ_PIECE` bytes (never whole in memory); ``ContentInvalid`` if it is larger
+        than ``max_bytes``, and no more than ``max_bytes + 1`` bytes are read."""
+        ...
 
     def delete(self, key: str) -> None:
         """Remove the object; a key with no object is not an error (deleting is idempotent)."""
@@ -124,6 +136,19 @@ def too_large(key: str, size: int, max_bytes: int) -> ContentInvalid:
     return ContentInvalid(
         f"file over the maximum size: object {key!r} has {size} bytes, limit is {max_bytes}"
     )
+
+
+def digest_pieces(key: str, pieces: Iterable[bytes], max_bytes: int) -> tuple[str, int]:
+    """SHA-256 (hex) and size of the bytes ``pieces`` yield; ``ContentInvalid`` as soon as they
+    pass ``max_bytes`` (the rest is not read)."""
+    sha = hashlib.sha256()
+    size = 0
+    for piece in pieces:
+        size += len(piece)
+        if size > max_bytes:
+            raise too_large(key, size, max_bytes)
+        sha.update(piece)
+    return sha.hexdigest(), size
 
 
 class VerifyingReader:

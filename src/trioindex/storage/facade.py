@@ -79,6 +79,10 @@ class AsyncObjectStore:
         call = functools.partial(self.store.get, key, max_bytes=max_bytes)
         return await trio.to_thread.run_sync(call, limiter=self.limiter)
 
+    async def digest(self, key: str, *, max_bytes: int) -> ObjectInfo:
+        call = functools.partial(self.store.digest, key, max_bytes=max_bytes)
+        return await trio.to_thread.run_sync(call, limiter=self.limiter)
+
     async def stat(self, key: str) -> ObjectInfo:
         return await trio.to_thread.run_sync(self.store.stat, key, limiter=self.limiter)
 

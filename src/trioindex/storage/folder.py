@@ -24,6 +24,7 @@ import attrs
 from trioindex.errors import ObjectNotFound, StorageUnavailable
 from trioindex.storage.contract import (
     DEFAULT_CONTENT_TYPE,
+    READ_PIECE,
     ObjectInfo,
     PutOptions,
     VerifyingReader,
@@ -31,6 +32,7 @@ from trioindex.storage.contract import (
     check_key,
     check_max_bytes,
     check_put_args,
+    digest_pieces,
     too_large,
 )
 
@@ -224,6 +226,26 @@ class FolderStore:
         if len(body) > max_bytes:  # the file grew after fstat
             raise too_large(key, len(body), max_bytes)
         return body
+
+    def digest(self, key: str, *, max_bytes: int) -> ObjectInfo:
+        check_max_bytes(max_bytes)
+        path = self._path(key)
+        try:
+            with path.open("rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size > max_bytes:
+                    raise too_large(key, size, max_bytes)
+                sha256, size = digest_pieces(key, iter(lambda: f.read(READ_PIECE), b""), max_bytes)
+        except OSError as exc:
+            raise self._missing(key, exc) from exc
+        meta = self._read_sidecar(path)
+        content_type = meta.get("content_type") if meta is not None else None
+        return ObjectInfo(
+            key=key,
+            size=size,
+            sha256=sha256,
+            content_type=content_type if isinstance(content_type, str) else None,
+        )
 
     def stat(self, key: str) -> ObjectInfo:
         path = self._path(key)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from typing import BinaryIO, Final, Unpack
 
 import attrs
@@ -21,6 +22,7 @@ from minio.error import MinioException, S3Error
 from trioindex.errors import ObjectNotFound, StorageUnavailable
 from trioindex.storage.contract import (
     DEFAULT_CONTENT_TYPE,
+    READ_PIECE,
     SHA256_METADATA,
     ObjectInfo,
     PutOptions,
@@ -29,10 +31,20 @@ from trioindex.storage.contract import (
     check_key,
     check_max_bytes,
     check_put_args,
+    digest_pieces,
     too_large,
 )
 
 logger = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class ListedObject:
+    """One object of a bucket listing: its key, size and ETag (quotes stripped)."""
+
+    key: str
+    size: int
+    etag: str
 
 
 def default_http_client(
@@ -172,6 +184,25 @@ class S3Store:
             raise too_large(key, len(body), max_bytes)
         return body
 
+    def digest(self, key: str, *, max_bytes: int) -> ObjectInfo:
+        check_max_bytes(max_bytes)
+        info = self.stat(key)
+        if info.size > max_bytes:
+            raise too_large(key, info.size, max_bytes)
+        if info.size == 0:
+            return attrs.evolve(info, sha256=digest_pieces(key, (), max_bytes)[0])
+        try:
+            # ranged as in get: never more than max_bytes + 1, even if the object was replaced
+            response = self._client.get_object(self.bucket, key, offset=0, length=max_bytes + 1)
+            try:
+                sha256, size = digest_pieces(key, response.stream(READ_PIECE), max_bytes)
+            finally:
+                response.close()
+                response.release_conn()
+        except (MinioException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise self._error("get", key, exc) from exc
+        return attrs.evolve(info, size=size, sha256=sha256)
+
     def delete(self, key: str) -> None:
         check_key(key)
         try:
@@ -179,6 +210,17 @@ class S3Store:
         except (MinioException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise self._error("delete", key, exc) from exc
         logger.debug("deleted %r from %s", key, self.description)
+
+    def list_objects(self, prefix: str) -> Iterator[ListedObject]:
+        """Every object whose key starts with ``prefix``, in key order (S3's listing order),
+        with its size and ETag; the listing is paged by the client."""
+        try:
+            for obj in self._client.list_objects(self.bucket, prefix=prefix, recursive=True):
+                if obj.is_dir or obj.object_name is None:
+                    continue
+                yield ListedObject(obj.object_name, int(obj.size or 0), (obj.etag or "").strip('"'))
+        except (MinioException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise self._error("list", prefix or None, exc) from exc
 
     def stat(self, key: str) -> ObjectInfo:
         check_key(key)

@@ -82,6 +82,7 @@ class PipelineSteps:
     embedder: Embedder
     max_document_bytes: int
     parse_timeout: float = DEFAULT_TIMEOUT
+    ocr: bool = True  # indexing.parsing.ocr is not "off"
     cpu_limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))
     max_in_flight: int = 4
     # large documents reserve their size from before their bytes are read until the job ends
@@ -135,6 +136,7 @@ class PipelineSteps:
             chunker=self.chunker,
             max_bytes=self.max_document_bytes,
             parse_timeout=self.parse_timeout,
+            ocr=self.ocr,
             cpu_limiter=self.cpu_limiter,
         )
         self.large_documents.phase_done(claim.job_id)  # the statement's parameters are freed
@@ -192,7 +194,8 @@ def build_chunker(settings: Settings, embedder: Embedder) -> Chunker:
         policy = ChunkingPolicy(max_size=size, overlap=int(size * p.chunk_overlap))
         return Chunker.for_model_dir(policy, model_dir)
     size = p.chunk_max_characters
-    return Chunker(ChunkingPolicy(max_size=size, overlap=int(size * p.chunk_overlap)))
+    server_limit = embedder.info.max_input_tokens  # character chunks stay under it
+    return Chunker(ChunkingPolicy(size, int(size * p.chunk_overlap), server_limit))
 
 
 def chunk_set_of(chunker: Chunker, model_name: str) -> str:
@@ -228,6 +231,7 @@ def build_worker(
         embedder=embedder,
         max_document_bytes=settings.parsing.max_document_bytes,
         parse_timeout=settings.parsing.timeout,
+        ocr=settings.parsing.ocr != "off",
         max_in_flight=settings.embedding.max_in_flight,
         index_keeper=index_keeper,
     )

@@ -2,14 +2,14 @@
 every function and trigger, applied under a PostgreSQL advisory lock.
 
 Each ``NNNN_name.sql`` file in this package is one versioned migration; ``functions.sql`` holds
-the current text of every ``trioindex_*`` function and trigger (Flyway's "repeatable
+the current text of every ``trioindex_*`` function, trigger and view (Flyway's "repeatable
 migration"). :func:`migrate` takes a session-level advisory lock so that any number of
 processes may call it at once: the first applies what is missing, the others wait and then find
 nothing left to do. Each migration runs in its own transaction together with the row that
 records it, so a crash leaves either the whole migration or none of it. Then, when the text of
 ``functions.sql`` differs from the one last applied (its SHA-256 is recorded), one transaction
-drops every ``trioindex_*`` function (and with them their triggers) and runs the file, so the
-database holds exactly the functions the tree defines, whatever it was migrated from.
+drops every ``trioindex_*`` view and function (and with them their triggers) and runs the file,
+so the database holds exactly the functions the tree defines, whatever it was migrated from.
 """
 
 from __future__ import annotations
@@ -60,16 +60,21 @@ def functions_sql() -> str:
     return resources.files(__package__).joinpath(FUNCTIONS_FILE).read_text(encoding="utf-8")
 
 
-# Every trioindex_* function, as DROP FUNCTION takes it (name and argument types).
-_OUR_FUNCTIONS = """
-SELECT p.oid::regprocedure::text AS signature
+# Every trioindex_* view and function, as DROP takes it (views first: they may call functions).
+_OUR_OBJECTS = """
+SELECT 'VIEW ' || quote_ident(viewname) AS object, 0 AS pass FROM pg_views
+WHERE schemaname = current_schema() AND viewname LIKE 'trioindex\\_%'
+UNION ALL
+SELECT 'FUNCTION ' || p.oid::regprocedure::text, 1
 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
 WHERE n.nspname = current_schema() AND p.proname LIKE 'trioindex\\_%'
+ORDER BY pass
 """
 
 
 def _apply_functions(conn: psycopg.Connection[Any]) -> bool:
-    """Re-create every function and trigger when ``functions.sql`` changed; True when it did."""
+    """Re-create every function, trigger and view when ``functions.sql`` changed; True when
+    it did."""
     text = functions_sql()
     digest = hashlib.sha256(text.encode()).hexdigest()
     conn.execute(
@@ -83,8 +88,8 @@ def _apply_functions(conn: psycopg.Connection[Any]) -> bool:
     if row is not None and row[0] == digest:
         return False
     with conn.transaction():
-        for (signature,) in conn.execute(_OUR_FUNCTIONS).fetchall():
-            conn.execute(f"DROP FUNCTION {signature} CASCADE")
+        for name, _ in conn.execute(_OUR_OBJECTS).fetchall():
+            conn.execute(f"DROP {name} CASCADE")
         conn.execute(text.encode())
         conn.execute(
             """INSERT INTO trioindex_schema_functions (sha256) VALUES (%s)

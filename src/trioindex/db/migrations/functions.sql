@@ -155,6 +155,251 @@ BEGIN
 END;
 $$;
 
+-- the application's contract: enqueue and delete from SQL -----------------------------------
+--
+-- Versioned with the schema and documented in docs/design/integration.md; SECURITY DEFINER, so
+-- a role that may only EXECUTE them (and read trioindex_document_states) can register and
+-- delete documents without any right on the tables.
+
+-- Register document versions whose bytes are already in the configured storage, in the
+-- caller's transaction. For element i: the document p_keys[i] (created if new), a new version
+-- unless the document's newest version has the same sha256 ('unchanged', nothing written), and
+-- a PENDING job for p_model (NULL: the model serving search; the follow_models trigger adds the
+-- model being switched to). NOTIFY trioindex_jobs is delivered at commit: a rolled-back
+-- transaction enqueues nothing and wakes nobody. A key given twice becomes two versions in
+-- that order. Document rows are locked in key order, so two calls over overlapping keys wait
+-- for each other instead of deadlocking. Bad input is refused (SQLSTATE 22023) naming the
+-- element and the field, before anything is written.
+CREATE FUNCTION trioindex_enqueue_documents(
+    p_keys text[], p_storage_keys text[], p_sha256s text[], p_byte_sizes bigint[],
+    p_content_types text[] DEFAULT NULL, p_original_names text[] DEFAULT NULL,
+    p_priority integer DEFAULT 0, p_max_attempts integer DEFAULT 5, p_model uuid DEFAULT NULL,
+    p_source_etags text[] DEFAULT NULL)
+RETURNS TABLE (ord integer, document_key text, status text, document_id uuid,
+               version_id uuid, version_no integer, job_id uuid)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+DECLARE
+    n integer := coalesce(array_length(p_keys, 1), 0);
+    model uuid := p_model;
+    created boolean := false;
+    row_out record;
+BEGIN
+    IF coalesce(array_length(p_storage_keys, 1), 0) <> n
+       OR coalesce(array_length(p_sha256s, 1), 0) <> n
+       OR coalesce(array_length(p_byte_sizes, 1), 0) <> n
+       OR (p_content_types IS NOT NULL AND coalesce(array_length(p_content_types, 1), 0) <> n)
+       OR (p_original_names IS NOT NULL AND coalesce(array_length(p_original_names, 1), 0) <> n)
+       OR (p_source_etags IS NOT NULL AND coalesce(array_length(p_source_etags, 1), 0) <> n)
+    THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'trioindex_enqueue_documents: the arrays must all have one element per key';
+    END IF;
+    IF p_max_attempts IS NULL OR p_max_attempts < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'max_attempts must be at least 1';
+    END IF;
+    FOR i IN 1 .. n LOOP
+        IF p_keys[i] IS NULL OR length(p_keys[i]) NOT BETWEEN 1 AND 1024 THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('element %s: the key must be 1 to 1024 characters', i);
+        ELSIF p_storage_keys[i] IS NULL OR length(p_storage_keys[i]) NOT BETWEEN 1 AND 1024 THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('element %s: the storage key must be 1 to 1024 characters', i);
+        ELSIF p_sha256s[i] IS NULL OR p_sha256s[i] !~ '^[0-9a-f]{64}$' THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('element %s: sha256 must be 64 lower-case hex digits', i);
+        ELSIF p_byte_sizes[i] IS NULL OR p_byte_sizes[i] < 0 THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('element %s: byte_size must be 0 or more', i);
+        END IF;
+    END LOOP;
+    IF model IS NULL THEN
+        SELECT m.id INTO model FROM embedding_models m WHERE m.is_active;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = 'no embedding model serves yet: start a worker once (it registers its'
+                          ' model) or pass p_model';
+        END IF;
+    ELSIF NOT EXISTS (SELECT 1 FROM embedding_models m WHERE m.id = model) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'no embedding model with that id';
+    END IF;
+    INSERT INTO documents (external_key)
+    SELECT DISTINCT k FROM unnest(p_keys) AS k ORDER BY k
+    ON CONFLICT (external_key) DO NOTHING;
+    PERFORM 1 FROM documents d WHERE d.external_key = ANY(p_keys)
+    ORDER BY d.external_key FOR UPDATE;
+    -- Set-based, one statement per round: round r takes each key's r-th occurrence in the
+    -- call (one round when the keys are distinct), so a key given twice is compared with the
+    -- version its first occurrence made.
+    FOR r IN 1 .. (SELECT coalesce(max(c), 0) FROM (SELECT count(*) AS c FROM unnest(p_keys) AS k
+                                                     GROUP BY k) AS counts) LOOP
+        FOR row_out IN
+            WITH input AS (
+                SELECT u.o::integer AS o, u.k, u.s, u.h, u.n, u.ct, u.nm, u.et,
+                       row_number() OVER (PARTITION BY u.k ORDER BY u.o) AS occurrence
+                FROM unnest(p_keys, p_storage_keys, p_sha256s, p_byte_sizes,
+                            coalesce(p_content_types, array_fill(NULL::text, ARRAY[n])),
+                            coalesce(p_original_names, array_fill(NULL::text, ARRAY[n])),
+                            coalesce(p_source_etags, array_fill(NULL::text, ARRAY[n])))
+                     WITH ORDINALITY AS u(k, s, h, n, ct, nm, et, o)
+            ), batch AS (
+                SELECT i.*, d.id AS doc FROM input i
+                JOIN documents d ON d.external_key = i.k
+                WHERE i.occurrence = r
+            ), latest AS (
+                SELECT DISTINCT ON (v.document_id) v.document_id, v.id, v.version_no, v.sha256
+                FROM document_versions v WHERE v.document_id IN (SELECT b.doc FROM batch b)
+                ORDER BY v.document_id, v.version_no DESC
+            ), fresh AS (
+                SELECT b.*, coalesce(l.version_no, 0) + 1 AS vno FROM batch b
+                LEFT JOIN latest l ON l.document_id = b.doc
+                WHERE l.sha256 IS DISTINCT FROM b.h
+            ), new_versions AS (
+                INSERT INTO document_versions
+                    (document_id, version_no, storage_key, original_name, content_type,
+                     byte_size, sha256, source_etag)
+                SELECT f.doc, f.vno, f.s, coalesce(f.nm, regexp_replace(f.k, '^.*/', '')),
+                       f.ct, f.n, f.h, f.et
+                FROM fresh f ORDER BY f.o
+                RETURNING id, document_id, version_no, byte_size
+            ), new_jobs AS (
+                INSERT INTO embedding_jobs
+                    (document_version_id, embedding_model_id, max_attempts, priority)
+                SELECT nv.id, model, p_max_attempts, p_priority FROM new_versions nv
+                RETURNING id, document_version_id
+            ), events AS (
+                INSERT INTO indexing_events
+                    (event_type, embedding_job_id, document_version_id, detail)
+                SELECT 'JOB_ENQUEUED', nj.id, nv.id,
+                       jsonb_build_object('version_no', nv.version_no, 'byte_size', nv.byte_size)
+                FROM new_jobs nj JOIN new_versions nv ON nv.id = nj.document_version_id
+            )
+            SELECT b.o, b.k, b.doc,
+                   (nv.id IS NOT NULL) AS made,
+                   coalesce(nv.id, l.id) AS vid,
+                   coalesce(nv.version_no, l.version_no) AS vno,
+                   coalesce(nj.id, (SELECT j.id FROM embedding_jobs j
+                                    WHERE j.document_version_id = l.id
+                                      AND j.embedding_model_id = model)) AS jid
+            FROM batch b
+            LEFT JOIN latest l ON l.document_id = b.doc
+            LEFT JOIN new_versions nv ON nv.document_id = b.doc
+            LEFT JOIN new_jobs nj ON nj.document_version_id = nv.id
+            ORDER BY b.o
+        LOOP
+            ord := row_out.o; document_key := row_out.k; document_id := row_out.doc;
+            status := CASE WHEN row_out.made THEN 'created' ELSE 'unchanged' END;
+            version_id := row_out.vid; version_no := row_out.vno; job_id := row_out.jid;
+            created := created OR row_out.made;
+            RETURN NEXT;
+        END LOOP;
+    END LOOP;
+    IF created THEN
+        NOTIFY trioindex_jobs;
+    END IF;
+END;
+$$;
+
+-- One document: trioindex_enqueue_documents for one key.
+CREATE FUNCTION trioindex_enqueue_document(
+    p_key text, p_storage_key text, p_sha256 text, p_byte_size bigint,
+    p_content_type text DEFAULT NULL, p_original_name text DEFAULT NULL,
+    p_priority integer DEFAULT 0, p_max_attempts integer DEFAULT 5)
+RETURNS TABLE (status text, document_id uuid, version_id uuid, version_no integer,
+               job_id uuid)
+LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT e.status, e.document_id, e.version_id, e.version_no, e.job_id
+    FROM trioindex_enqueue_documents(
+        ARRAY[p_key], ARRAY[p_storage_key], ARRAY[p_sha256], ARRAY[p_byte_size],
+        ARRAY[p_content_type], ARRAY[p_original_name], p_priority, p_max_attempts) AS e
+$$;
+
+-- Delete the documents named by p_keys and those whose key starts with p_prefix (an empty
+-- prefix is refused: name the keys), with everything under them, in the caller's transaction;
+-- with p_unchanged_since, a document that got a version at or after it is kept (decided under
+-- its lock). Locks in the workers' order (jobs, versions, documents), so a worker's fenced
+-- write racing the delete either commits first or finds its job gone. Returns the deleted
+-- keys, the keys asked for by name that did not exist, the versions deleted, and the storage
+-- keys no remaining version names (their blobs may be removed).
+CREATE FUNCTION trioindex_delete_documents(
+    p_keys text[], p_prefix text DEFAULT NULL, p_unchanged_since timestamptz DEFAULT NULL)
+RETURNS TABLE (deleted text[], missing text[], versions integer, unreferenced_blobs text[])
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    ids uuid[];
+    blobs text[];
+BEGIN
+    IF p_prefix = '' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'an empty prefix would delete every document; name the keys instead';
+    END IF;
+    SELECT coalesce(array_agg(d.id ORDER BY d.id), '{}') INTO ids FROM documents d
+    WHERE d.external_key = ANY(coalesce(p_keys, '{}')) OR starts_with(d.external_key, p_prefix);
+    missing := ARRAY(SELECT k FROM unnest(coalesce(p_keys, '{}')) AS k
+                     WHERE NOT EXISTS (SELECT 1 FROM documents d WHERE d.external_key = k)
+                     ORDER BY k);
+    PERFORM 1 FROM embedding_jobs j JOIN document_versions v ON v.id = j.document_version_id
+    WHERE v.document_id = ANY(ids) ORDER BY j.id FOR UPDATE OF j;
+    PERFORM 1 FROM document_versions v WHERE v.document_id = ANY(ids) ORDER BY v.id FOR UPDATE;
+    PERFORM 1 FROM documents d WHERE d.id = ANY(ids) ORDER BY d.id FOR UPDATE;
+    IF p_unchanged_since IS NOT NULL THEN
+        -- under the document locks: a version committed before them is seen here, one after
+        -- them waits for this transaction
+        ids := ARRAY(SELECT i FROM unnest(ids) AS i
+                     WHERE NOT EXISTS (SELECT 1 FROM document_versions v
+                                       WHERE v.document_id = i
+                                         AND v.created_at >= p_unchanged_since));
+    END IF;
+    SELECT count(*)::integer, coalesce(array_agg(DISTINCT v.storage_key), '{}')
+    INTO versions, blobs FROM document_versions v WHERE v.document_id = ANY(ids);
+    WITH gone AS (DELETE FROM documents d WHERE d.id = ANY(ids) RETURNING d.external_key)
+    SELECT coalesce(array_agg(g.external_key ORDER BY g.external_key), '{}') INTO deleted
+    FROM gone g;
+    unreferenced_blobs := ARRAY(
+        SELECT b FROM unnest(blobs) AS b
+        WHERE NOT EXISTS (SELECT 1 FROM document_versions v WHERE v.storage_key = b)
+        ORDER BY b);
+    IF cardinality(deleted) > 0 THEN
+        INSERT INTO indexing_events (event_type, detail)
+        VALUES ('DOCUMENTS_DELETED',
+                jsonb_build_object('documents', cardinality(deleted), 'versions', versions));
+    END IF;
+    RETURN NEXT;
+END;
+$$;
+
+-- One document by key: true when it existed (and is now deleted).
+CREATE FUNCTION trioindex_delete_document(p_key text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    SELECT cardinality(d.deleted) > 0 FROM trioindex_delete_documents(ARRAY[p_key]) AS d
+$$;
+
+-- Each document's newest version as each model sees it: what an application (or a role that
+-- may only read this view) needs to show indexing status. served: the model serves this
+-- version; served_version_no: the version it serves (older while the newest is indexed).
+CREATE VIEW trioindex_document_states AS
+SELECT d.external_key AS document_key, v.version_no, v.byte_size, v.sha256,
+       m.name AS model, j.status AS job_status, j.progress, j.chunk_count,
+       j.last_failure_type AS failure_type, m.is_active AS model_serves_search,
+       (s.document_version_id = v.id) AS served, sv.version_no AS served_version_no
+FROM documents d
+JOIN LATERAL (SELECT * FROM document_versions x WHERE x.document_id = d.id
+              ORDER BY x.version_no DESC LIMIT 1) v ON true
+JOIN embedding_jobs j ON j.document_version_id = v.id
+JOIN embedding_models m ON m.id = j.embedding_model_id
+LEFT JOIN served_versions s ON s.document_id = d.id AND s.embedding_model_id = m.id
+LEFT JOIN document_versions sv ON sv.id = s.document_version_id;
+
+-- PostgreSQL lets every role execute a new function; these run with their owner's rights, so
+-- only roles granted EXECUTE (docs/design/integration.md) may call them.
+REVOKE EXECUTE ON FUNCTION
+    trioindex_enqueue_documents(text[], text[], text[], bigint[], text[], text[], integer,
+                                integer, uuid, text[]),
+    trioindex_enqueue_document(text, text, text, bigint, text, text, integer, integer),
+    trioindex_delete_documents(text[], text, timestamptz),
+    trioindex_delete_document(text)
+FROM PUBLIC;
+
 -- the steps of a job, for many claims at once ------------------------------------------------
 --
 -- Each function takes parallel arrays, one element per job, and handles every job in its own

@@ -51,7 +51,8 @@ class _VisibleText:
     every start with an end event, closing unclosed elements itself.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, skip: frozenset[str] = _HTML_SKIP) -> None:
+        self._skip = skip
         self._out: list[str] = []
         self._stack: list[tuple[bool, bool]] = []  # (skipped, preformatted) per open element
         self._skip_depth = 0
@@ -79,7 +80,7 @@ class _VisibleText:
 
     def start(self, tag: Any, attrib: Any) -> None:
         name = self._local(tag)
-        skipped = name in _HTML_SKIP or (attrib is not None and "hidden" in attrib)
+        skipped = name in self._skip or (attrib is not None and "hidden" in attrib)
         pre = name in _HTML_PREFORMATTED
         self._stack.append((skipped, pre))
         self._skip_depth += skipped
@@ -129,9 +130,10 @@ class _VisibleText:
         return "".join(self._out)
 
 
-def html_text(markup: str) -> str:
-    """The visible text of ``markup`` (decoded and normalised already: libxml2 takes no NULs)."""
-    target = _VisibleText()
+def html_text(markup: str, *, title: bool = True) -> str:
+    """The visible text of ``markup`` (decoded and normalised already: libxml2 takes no NULs);
+    ``title=False`` leaves the ``<title>`` out (an e-book's chapters repeat the book's)."""
+    target = _VisibleText(_HTML_SKIP if title else _HTML_SKIP | {"title"})
     parser = etree.HTMLParser(
         target=target, recover=True, no_network=True, huge_tree=True, remove_comments=True
     )

@@ -5,7 +5,25 @@ content itself (it ends up in job rows and logs).
 
 from __future__ import annotations
 
-__all__ = ["failure_name", "size_text"]
+import contextlib
+from collections.abc import Iterator
+
+from trioindex.errors import ContentInvalid
+
+__all__ = ["failure_name", "refused_as_corrupt", "size_text"]
+
+
+@contextlib.contextmanager
+def refused_as_corrupt(kind: str) -> Iterator[None]:
+    """Any exception of a parser inside becomes ``corrupt KIND (ExceptionClass)``; a refusal
+    already made (:class:`ContentInvalid`) and ``MemoryError`` (a resource failure, not a
+    verdict on the file) pass through."""
+    try:
+        yield
+    except (ContentInvalid, MemoryError):
+        raise
+    except Exception as exc:  # parsers raise a zoo of types on hostile input
+        raise ContentInvalid(f"corrupt {kind} ({failure_name(exc)})") from exc
 
 
 def failure_name(exc: BaseException) -> str:

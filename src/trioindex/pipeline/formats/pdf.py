@@ -32,7 +32,12 @@ from trioindex.pipeline.formats.limits import (
 )
 from trioindex.pipeline.formats.messages import failure_name, size_text
 
-__all__ = ["pdf_text"]
+__all__ = ["NoTextLayer", "pdf_text"]
+
+
+class NoTextLayer(ContentInvalid):
+    """A PDF whose pages hold no text (scanned, or images only): OCR is needed."""
+
 
 # The package's logger: the parser modules log under one name, as when they were one module.
 logger = logging.getLogger(__package__)
@@ -180,7 +185,7 @@ def _pdf_text_within(reader: pypdf.PdfReader, budget: _PdfBudget) -> tuple[str, 
     # Pages are paragraphs to the chunker; a blank page adds nothing.
     joined = "\n\n".join(p.strip("\n") for p in pages if p.strip())
     if not joined.strip():
-        raise ContentInvalid(
+        raise NoTextLayer(
             f"PDF has no text layer ({page_count} page(s), scanned or image-only): OCR is needed"
         )
     return joined, page_count

@@ -1,0 +1,18 @@
+"""The HTTP service, ``trioindex serve``: Starlette routes on hypercorn's Trio worker, over the
+same database, store and (loaded once) embedding model as the CLI.
+
+One module per concern:
+
+* ``app`` — the route table (method, path, role, handler, what OpenAPI says of it) and the
+  application built from it: every route is guarded by its role in one place;
+* ``server`` — opening the services, loading the model, binding and a graceful stop;
+* ``auth`` — API keys per request (``Authorization: Bearer``), roles, the webhook's token;
+* ``errors`` — the JSON error body, its stable codes, and which error maps to which;
+* ``limits`` — the bounds: body sizes, concurrent requests, query length, ``top_k``, and
+  checked reading of parameters;
+* ``upload`` — a request body streamed to a private temporary file, hashed as it arrives;
+* ``documents``, ``search``, ``operations``, ``hooks`` — the handlers;
+* ``metrics`` — Prometheus counters of requests; ``openapi`` — ``/openapi.json``.
+
+Nothing here imports Starlette at package import: the CLI imports it only for ``serve``.
+"""

@@ -1,0 +1,170 @@
+"""The route table and the application built from it.
+
+:data:`ENDPOINTS` is the one list of what the service answers: method, path, the least role
+it needs (None: no API key), the handler, and what ``/openapi.json`` says of it. Every route
+is guarded by its role here, in one place (:func:`_guarded`). Middleware, outermost first:
+metrics, errors as JSON, the concurrency limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from importlib.metadata import version
+from typing import Final
+
+import attrs
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from trioindex.db.api_keys import Role
+from trioindex.http import documents, hooks, openapi, operations, search
+from trioindex.http.context import Service, service
+from trioindex.http.errors import ErrorMiddleware, http_exception
+from trioindex.http.limits import ConcurrencyLimit
+from trioindex.http.metrics import MetricsMiddleware, metrics
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+_SEARCH_QUERY: Final = (
+    ("q", "the query (1 to 2000 characters)"),
+    ("mode", "vector, text or hybrid (default)"),
+    ("top_k", "documents (or chunks) returned, 1 to 1000 (default 5)"),
+    ("prefix", "only documents whose key starts with this"),
+    ("content_type[]", "only documents of this type (text/markdown) or family (text); repeat"),
+    ("chunks", "true: chunk hits instead of documents"),
+    ("chunks_per_document", "best chunks per document, 1 to 100 (default 3)"),
+)
+
+
+@attrs.frozen
+class Endpoint:
+    """One route: what it answers and who may call it."""
+
+    method: str
+    path: str
+    role: Role | None
+    handler: Handler
+    summary: str
+    query: tuple[tuple[str, str], ...] = ()
+    body: str | None = None
+    body_type: str = "application/json"
+
+
+async def _openapi(request: Request) -> Response:
+    return JSONResponse(openapi.document(ENDPOINTS, version("trioindex")))
+
+
+ENDPOINTS: Final[tuple[Endpoint, ...]] = (
+    Endpoint(
+        "POST",
+        "/v1/documents/{key:path}",
+        Role.WRITE,
+        documents.upload,
+        "Upload a document (the body is its bytes) and enqueue its indexing",
+        (
+            ("name", "original file name (default: the key's last segment)"),
+            ("priority", "job priority"),
+        ),
+        body="the document's bytes; Content-Type is kept unless generic",
+        body_type="application/octet-stream",
+    ),
+    Endpoint(
+        "DELETE",
+        "/v1/documents/{key:path}",
+        Role.WRITE,
+        documents.delete,
+        "Delete a document: it leaves search at once",
+    ),
+    Endpoint(
+        "GET",
+        "/v1/documents",
+        Role.READ,
+        documents.list_all,
+        "Documents in key order, each with its newest version and every model's state",
+        (
+            ("prefix", "only keys starting with this"),
+            ("after", "the next_after of the previous page"),
+            ("limit", "1 to 1000 (default 100)"),
+        ),
+    ),
+    Endpoint(
+        "GET",
+        "/v1/documents/{key:path}",
+        Role.READ,
+        documents.show,
+        "One document: every version with every model's job",
+    ),
+    Endpoint("GET", "/v1/search", Role.READ, search.search_one, "Search one query", _SEARCH_QUERY),
+    Endpoint(
+        "POST",
+        "/v1/search",
+        Role.READ,
+        search.search_many,
+        "Search many queries at once",
+        body='{"queries": ["..." or {"id": ..., "text": "..."}], "mode", "top_k", "prefix",'
+        ' "content_types", "chunks", "chunks_per_document"}',
+    ),
+    Endpoint(
+        "GET",
+        "/v1/jobs",
+        Role.READ,
+        operations.jobs_list,
+        "Jobs, newest first",
+        (("status", "PENDING, PROCESSING, SUCCEEDED or FAILED"), ("limit", "1 to 10000")),
+    ),
+    Endpoint("GET", "/v1/jobs/{id}", Role.READ, operations.jobs_show, "One job with its attempts"),
+    Endpoint(
+        "POST",
+        "/v1/jobs/{id}/retry",
+        Role.ADMIN,
+        operations.jobs_retry,
+        "Send a FAILED job back to the queue with a fresh attempt budget",
+    ),
+    Endpoint("GET", "/v1/status", Role.READ, operations.status, "Queue, workers and models"),
+    Endpoint(
+        "POST",
+        "/v1/hooks/s3",
+        None,
+        hooks.s3_event,
+        "Bucket notifications (S3 event JSON, authenticated by http.webhook-token)",
+        body='S3 event JSON: {"Records": [...]}',
+    ),
+    Endpoint("GET", "/healthz", None, operations.healthz, "The service and its database answer"),
+    Endpoint("GET", "/metrics", Role.READ, metrics, "Prometheus metrics", body_type="text/plain"),
+    Endpoint("GET", "/openapi.json", Role.READ, _openapi, "This description"),
+)
+
+
+def _guarded(endpoint: Endpoint) -> Handler:
+    if endpoint.role is None:
+        return endpoint.handler
+    needed = endpoint.role
+
+    async def guarded(request: Request) -> Response:
+        await service(request).guard.check(request, needed)
+        return await endpoint.handler(request)
+
+    guarded.__name__ = endpoint.handler.__name__
+    return guarded
+
+
+def build_app(svc: Service) -> Starlette:
+    """The ASGI application of ``svc``."""
+    app = Starlette(
+        routes=[
+            Route(e.path, _guarded(e), methods=[e.method], name=f"{e.method} {e.path}")
+            for e in ENDPOINTS
+        ],
+        middleware=[
+            Middleware(MetricsMiddleware),
+            Middleware(ErrorMiddleware),
+            Middleware(ConcurrencyLimit, limit=svc.settings.http.max_concurrent_requests),
+        ],
+        exception_handlers={HTTPException: http_exception},
+    )
+    app.state.service = svc
+    return app

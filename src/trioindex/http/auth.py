@@ -1,0 +1,75 @@
+"""Who may call what: an API key per request, its role, and the webhook's own token.
+
+Every route names the least role it needs (``read``: search, status, documents and jobs;
+``write``: also upload and delete; ``admin``: also retry jobs) and :meth:`Guard.check` runs
+before its handler: no ``Authorization: Bearer <token>`` is 401, a token that names no live
+key is 401 (the key's row is read on every request, so a revoked key is refused from the
+revocation's commit on: nothing is cached), a role too low is 403. ``serve --no-auth``
+(loopback only) skips the check. ``/healthz`` needs no key; the bucket-notification webhook
+authenticates with ``http.webhook-token`` instead (MinIO sends ``Bearer <auth_token>``),
+compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+import attrs
+from starlette.requests import Request
+
+from trioindex.db.api_keys import ApiKey, Role, check_token
+from trioindex.db.pool import Database
+from trioindex.http.errors import ApiError, unauthenticated
+
+_SCHEME = "bearer"
+
+
+def bearer_token(request: Request) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header, None without one."""
+    header = request.headers.get("authorization")
+    if header is None:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != _SCHEME or not token.strip():
+        raise unauthenticated("the Authorization header must be `Bearer <API key>`")
+    return token.strip()
+
+
+@attrs.frozen
+class Guard:
+    """The per-request checks; ``enabled`` False is ``serve --no-auth``."""
+
+    db: Database
+    enabled: bool = True
+    webhook_token: str | None = attrs.field(default=None, repr=False)
+
+    async def check(self, request: Request, needed: Role) -> ApiKey | None:
+        """The caller's key if its role allows ``needed``; 401/403 otherwise."""
+        if not self.enabled:
+            return None
+        token = bearer_token(request)
+        if token is None:
+            raise unauthenticated("an API key is required: Authorization: Bearer <API key>")
+        key = await self.db.run(check_token, token)
+        if not key.role.allows(needed):
+            raise ApiError(
+                403, "forbidden", f"this needs a {needed} key; key {key.name!r} is {key.role}"
+            )
+        return key
+
+    def check_webhook(self, request: Request) -> None:
+        """The webhook's token, or 401/403; with no token configured only ``--no-auth``
+        accepts notifications."""
+        if self.webhook_token is None:
+            if self.enabled:
+                raise ApiError(
+                    403,
+                    "webhook_disabled",
+                    "bucket notifications are off: set http.webhook-token",
+                )
+            return
+        token = bearer_token(request)
+        if token is None or not hmac.compare_digest(
+            token.encode("utf-8", "surrogateescape"), self.webhook_token.encode()
+        ):
+            raise unauthenticated("the webhook token does not match http.webhook-token")

@@ -1,0 +1,79 @@
+"""A vector without a direction (all zeros, or a norm below MIN_NORM) is refused as
+EMBEDDING_RESULT_INVALID wherever an embedder's answer comes in: JSON numbers (the fast and the
+exact pass), base64 (OpenAI), the worker's embed step, and a TEI client talking to a server that
+answers zeros."""
+
+from __future__ import annotations
+
+import base64
+import math
+
+import numpy as np
+import pytest
+import trio
+
+from tests.search.zero_embedder import ZERO_MARK, ZeroEmbedServer
+from trioindex.embedding import open_embedder
+from trioindex.embedding.vectors import MIN_NORM, validate_vectors
+from trioindex.errors import FailureType, ResultInvalid
+from trioindex.pipeline.embed_step import as_float32
+
+UNIT = [0.6, 0.8, 0.0]
+
+
+def _b64(values: list[float]) -> str:
+    return base64.b64encode(np.asarray(values, dtype="<f4").tobytes()).decode()
+
+
+SHORT = [
+    [0.0, 0.0, 0.0],
+    [-0.0, 0.0, -0.0],
+    [MIN_NORM / 2, 0.0, 0.0],
+    [1e-30, -1e-30, 1e-30],
+    [1e-45, 0.0, 0.0],  # a float32 subnormal
+]
+
+
+@pytest.mark.parametrize("short", SHORT)
+def test_a_vector_without_a_direction_is_refused_and_named(short: list[float]) -> None:
+    checked: list[object] = [UNIT, short]
+    for vectors, base64_allowed in (
+        (checked, False),  # the fast pass
+        ([_b64(UNIT), _b64(short)], True),  # all base64
+        ([UNIT, _b64(short)], True),  # mixed: the exact pass, base64 decoded alone
+        ([_b64(UNIT), short], True),  # mixed: the exact pass, a list
+    ):
+        with pytest.raises(ResultInvalid, match="vector 1 has a zero or near-zero norm") as caught:
+            validate_vectors(
+                vectors, expected_count=len(vectors), dimension=3, base64_allowed=base64_allowed
+            )
+        assert caught.value.failure_type is FailureType.EMBEDDING_RESULT_INVALID
+
+
+def test_the_line_is_min_norm() -> None:
+    smallest = [MIN_NORM * 1.01, 0.0, 0.0]
+    spread = [MIN_NORM / math.sqrt(3) * 1.01] * 3
+    for vectors in ([smallest, spread, UNIT], [[3e38, 0.0, 0.0], UNIT]):
+        assert validate_vectors(vectors, expected_count=len(vectors), dimension=3) == vectors
+    with pytest.raises(ResultInvalid, match="vector 1 has a zero or near-zero norm"):
+        validate_vectors([smallest, [MIN_NORM * 0.99, 0.0, 0.0]], expected_count=2, dimension=3)
+
+
+def test_the_embed_step_refuses_a_zero_vector_before_it_is_stored() -> None:
+    with pytest.raises(ResultInvalid, match="vector 2 has a zero or near-zero norm"):
+        as_float32([UNIT, UNIT, [0.0, 0.0, 0.0]], expected_count=3, dimension=3)
+
+
+async def test_an_embedder_answering_zeros_fails_the_call() -> None:
+    with ZeroEmbedServer(dimension=3, model="zero-3") as server:
+        embedder = await open_embedder(
+            api="tei", url=server.url, model="zero-3", dimension=3, batch_size=8,
+            max_in_flight=2, request_timeout=5.0, api_key=None,
+        )  # fmt: skip
+        try:
+            assert len(await embedder.embed(["a", "b"])) == 2
+            with pytest.raises(ResultInvalid, match="vector 1 has a zero or near-zero norm"):
+                await embedder.embed(["a", f"{ZERO_MARK} b", "c"])
+        finally:
+            with trio.CancelScope(shield=True):
+                await embedder.aclose()

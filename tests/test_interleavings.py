@@ -1,0 +1,967 @@
+"""Random interleavings of the public operations on one real PostgreSQL per example
+(docs/test-results/interleavings.md).
+
+A hypothesis state machine drives ingest (new, changed and unchanged bytes of a few keys, one
+file or the whole folder, with or without ``--sync``), deletes by key and by prefix, model
+activation and removal, ``jobs retry``, and the worker's steps for two models, one job at a
+time, through the functions the worker itself calls (``db.jobs`` and ``db.steps``): claim,
+parse (prepare, then the chunk set), embed (prepare, then the vectors in one or two slices, the
+last completing the job), a transient or final failure, a crash (lease expired, then recovered)
+and the shutdown hand-back. Claims stay in the machine after their job moved on, so a step may
+run on a stale claim: it must be refused and change nothing.
+
+After every step the invariants are checked with SQL reads and the real search functions: what
+search returns, what each model serves, the jobs' vector sets and attempts, the store's blobs.
+``just test`` runs a small fixed-seed budget; ``just fuzz --steps N --examples M [--seed S]``
+a longer one (TRIOINDEX_FUZZ_STEPS, TRIOINDEX_FUZZ_EXAMPLES, TRIOINDEX_FUZZ_SEED).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+from uuid import UUID
+
+import attrs
+import numpy as np
+import pytest
+import trio
+from hypothesis import HealthCheck, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from testkit.embed_server import fake_vector
+from testkit.postgres import fresh_database
+from tests import helpers
+from trioindex.db import jobs as lifecycle
+from trioindex.db.models import activate_model, ensure_model, remove_model, serving_model
+from trioindex.db.pool import Connection, Database
+from trioindex.db.steps import (
+    ChunkCommit,
+    EmbeddingCommit,
+    EmbedSnapshot,
+    ParseSnapshot,
+    begin_embedding,
+    begin_parse_many,
+    store_chunks_many,
+    store_embeddings_many,
+)
+from trioindex.errors import (
+    FailureType,
+    ModelRemoved,
+    NotFound,
+    OwnershipLost,
+    TrioindexError,
+)
+from trioindex.ingest import ingest_paths
+from trioindex.pipeline.chunking import ChunkDraft
+from trioindex.pipeline.embed_step import drafts_from_matrix
+from trioindex.removal import delete_documents
+from trioindex.search.ranking import hybrid_ranking, text_ranking, vector_ranking
+from trioindex.search.results import RankedChunk
+from trioindex.storage import AsyncObjectStore, FolderStore
+from trioindex.values import CHARACTER_CHUNKING, BackoffPolicy, Claim, token_chunking
+
+# -- the world ----------------------------------------------------------------------------------
+
+KEYS = ("docs/a.txt", "docs/b.txt", "docs/sub/c.txt", "docs/sub/d.txt")
+PREFIXES = ("docs/sub/", "docs/")
+VOCABULARY = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel")
+# a file's bytes; equal texts make unchanged ingests and versions sharing a blob
+TEXTS = ("alpha bravo charlie delta", "echo foxtrot", "golf hotel alpha echo bravo", "delta")
+MODELS = ("A", "B")
+DIMENSION = 4
+LEASE_SECONDS = 300.0
+MAX_ATTEMPTS = 2
+ZERO_BACKOFF = BackoffPolicy(initial=0.0, maximum=0.0, jitter=0.0)
+FAILURES = (FailureType.EMBEDDING_PROVIDER_UNAVAILABLE, FailureType.DOCUMENT_CONTENT_INVALID)
+# a held claim's next step, "advance" the most often (and what shrinking goes to)
+OUTCOMES = (
+    "advance",
+    "advance",
+    "advance",
+    "advance half",
+    "fail transiently",
+    "fail for good",
+    "crash",
+    "release",
+)
+SEARCH_LIMIT = 10_000
+DRAIN_STEPS = 400
+
+_FUZZ = "TRIOINDEX_FUZZ_STEPS" in os.environ or "TRIOINDEX_FUZZ_EXAMPLES" in os.environ
+STEPS = int(os.environ.get("TRIOINDEX_FUZZ_STEPS", "30"))
+EXAMPLES = int(os.environ.get("TRIOINDEX_FUZZ_EXAMPLES", "100" if _FUZZ else "8"))
+# `just test`: always this seed; `just fuzz`: TRIOINDEX_FUZZ_SEED, else a new one (printed)
+DEFAULT_SEED = 26
+SEED = int(os.environ.get("TRIOINDEX_FUZZ_SEED") or (random.randrange(2**32) if _FUZZ else 26))
+
+
+def _chunk_texts(text: str, chunking: str) -> list[str]:
+    """The worker's chunker, reduced: two words a chunk for character chunks, three for a
+    model's token-aware set (so the two sets of a version differ)."""
+    words = text.split()
+    size = 2 if chunking == CHARACTER_CHUNKING else 3
+    return [" ".join(words[i : i + size]) for i in range(0, len(words), size)]
+
+
+def _drafts(texts: Sequence[str]) -> list[ChunkDraft]:
+    drafts, start = [], 0
+    for index, text in enumerate(texts):
+        drafts.append(
+            ChunkDraft(
+                index=index,
+                text=text,
+                start=start,
+                end=start + len(text),
+                token_count=len(text.split()),
+                content_sha256=hashlib.sha256(text.encode()).hexdigest(),
+            )
+        )
+        start += len(text) + 1
+    return drafts
+
+
+def _vectors(snapshot: EmbedSnapshot) -> np.ndarray[Any, np.dtype[np.float32]]:
+    """The vectors of the snapshot's chunks, deterministic from their text."""
+    return np.asarray(
+        [fake_vector(chunk.text, snapshot.dimension) for chunk in snapshot.chunks],
+        dtype=np.float32,
+    ).reshape(len(snapshot.chunks), snapshot.dimension)
+
+
+# -- a held claim -------------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class Held:
+    """A claim as the worker holding it sees it: where its job's pipeline is, and whether the
+    machine expects it to still own the job (checked against the job row after every step)."""
+
+    claim: Claim = attrs.field(repr=False)
+    model: str
+    label: str
+    document_id: UUID = attrs.field(repr=False)
+    live: bool = True
+    stage: str = "parse"  # parse, commit, embed, store, complete, done
+    parse: ParseSnapshot | None = attrs.field(default=None, repr=False)
+    text: str | None = attrs.field(default=None, repr=False)
+    embed: EmbedSnapshot | None = attrs.field(default=None, repr=False)
+    offset: int = 0
+
+    def __repr__(self) -> str:
+        return f"Held({self.label}, attempt {self.claim.attempt_no})"
+
+
+class Refused(Exception):
+    """A step of a live claim that was refused (a hole, unless the machine's model is wrong)."""
+
+
+# -- reads --------------------------------------------------------------------------------------
+
+_DIGEST_TABLES = (
+    "documents",
+    "document_versions",
+    "document_chunks",
+    "embeddings",
+    "embedding_jobs",
+    "embedding_job_attempts",
+    "served_versions",
+    "embedding_models",
+    "indexing_events",
+)
+
+
+def _digest(conn: Connection) -> dict[str, str]:
+    """Every row of the tables a step may write, hashed per table: a refused step must leave
+    all of them as they were."""
+    parts = ", ".join(
+        f"(SELECT md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) FROM {table} t)"
+        f" AS {table}"
+        for table in _DIGEST_TABLES
+    )
+    row = conn.execute(f"SELECT {parts}").fetchone()
+    assert row is not None
+    return dict(row)
+
+
+_JOB_LABELS = """
+SELECT j.id, j.status, d.external_key || '@' || v.version_no || '/' || m.name AS label
+FROM embedding_jobs j
+JOIN document_versions v ON v.id = j.document_version_id
+JOIN documents d ON d.id = v.document_id
+JOIN embedding_models m ON m.id = j.embedding_model_id
+"""
+
+
+def _labels(conn: Connection, where: str, *params: object) -> dict[str, UUID]:
+    """Jobs by a label that does not depend on random ids (so draws replay): key@version/model."""
+    rows = conn.execute(f"{_JOB_LABELS} WHERE {where}", params).fetchall()
+    return {row["label"]: row["id"] for row in rows}
+
+
+def _owned(conn: Connection, claims: Sequence[Claim]) -> list[bool]:
+    """Whether each claim owns its job now (what the fence checks), in one read."""
+    if not claims:
+        return []
+    rows = conn.execute(
+        """SELECT EXISTS (
+                  SELECT 1 FROM embedding_jobs j
+                  JOIN embedding_job_attempts a ON a.id = c.attempt AND a.embedding_job_id = j.id
+                  WHERE j.id = c.job AND j.status = 'PROCESSING' AND j.worker_id = c.worker
+                    AND j.claim_token = c.token AND j.lease_expires_at > clock_timestamp()
+                    AND a.status = 'STARTED' AND a.attempt_no = j.attempt_count) AS owned
+           FROM unnest(%s::uuid[], %s::uuid[], %s::uuid[], %s::uuid[]) WITH ORDINALITY
+                AS c(job, worker, token, attempt, n)
+           ORDER BY c.n""",
+        (
+            [c.job_id for c in claims],
+            [c.worker_id for c in claims],
+            [c.claim_token for c in claims],
+            [c.attempt_id for c in claims],
+        ),
+    ).fetchall()
+    return [row["owned"] for row in rows]
+
+
+# Every served version, with its job and what its chunk set and vectors hold.
+_SERVED_SQL = """
+SELECT s.document_id, s.embedding_model_id AS model_id, m.name AS model, d.external_key,
+       v.id AS version_id, v.version_no, v.document_id AS version_document,
+       j.status AS job_status, j.chunk_count, j.chunking,
+       (SELECT count(*) FROM document_chunks c
+         WHERE c.document_version_id = v.id AND c.chunking = j.chunking) AS chunks,
+       (SELECT count(*) FROM embeddings e
+         WHERE e.document_version_id = v.id AND e.embedding_model_id = m.id) AS vectors,
+       (SELECT count(DISTINCT e.chunk_id) FROM embeddings e
+          JOIN document_chunks c ON c.id = e.chunk_id AND c.chunking = j.chunking
+         WHERE e.document_version_id = v.id AND e.embedding_model_id = m.id) AS matched
+FROM served_versions s
+JOIN embedding_models m ON m.id = s.embedding_model_id
+JOIN documents d ON d.id = s.document_id
+JOIN document_versions v ON v.id = s.document_version_id
+LEFT JOIN embedding_jobs j ON j.document_version_id = v.id AND j.embedding_model_id = m.id
+"""
+
+# Every SUCCEEDED job, with what its chunk set and its model's vectors on it hold.
+_SUCCEEDED_SQL = """
+SELECT d.external_key || '@' || v.version_no || '/' || m.name AS label, j.chunk_count,
+       (SELECT count(*) FROM document_chunks c
+         WHERE c.document_version_id = v.id AND c.chunking = j.chunking) AS chunks,
+       (SELECT count(*) FROM embeddings e
+         WHERE e.document_version_id = v.id AND e.embedding_model_id = m.id) AS vectors,
+       (SELECT count(DISTINCT e.chunk_id) FROM embeddings e
+          JOIN document_chunks c ON c.id = e.chunk_id AND c.chunking = j.chunking
+         WHERE e.document_version_id = v.id AND e.embedding_model_id = m.id) AS matched
+FROM embedding_jobs j
+JOIN document_versions v ON v.id = j.document_version_id
+JOIN documents d ON d.id = v.document_id
+JOIN embedding_models m ON m.id = j.embedding_model_id
+WHERE j.status = 'SUCCEEDED'
+"""
+
+_ATTEMPTS_SQL = """
+SELECT j.id, j.status, j.attempt_count,
+       d.external_key || '@' || v.version_no || '/' || m.name AS label,
+       coalesce(array_agg(a.attempt_no ORDER BY a.attempt_no)
+                FILTER (WHERE a.id IS NOT NULL), '{}') AS numbers,
+       count(a.id) FILTER (WHERE a.status = 'STARTED') AS started,
+       max(a.attempt_no) FILTER (WHERE a.status = 'STARTED') AS started_no,
+       (array_agg(a.status ORDER BY a.attempt_no DESC))[1] AS last_status
+FROM embedding_jobs j
+JOIN document_versions v ON v.id = j.document_version_id
+JOIN documents d ON d.id = v.document_id
+JOIN embedding_models m ON m.id = j.embedding_model_id
+LEFT JOIN embedding_job_attempts a ON a.embedding_job_id = j.id
+GROUP BY j.id, d.external_key, v.version_no, m.name
+"""
+
+# The newest version each model completed, per document (what it must serve).
+_NEWEST_DONE_SQL = """
+SELECT v.document_id, j.embedding_model_id AS model_id, max(v.version_no) AS version_no
+FROM embedding_jobs j JOIN document_versions v ON v.id = j.document_version_id
+WHERE j.status = 'SUCCEEDED'
+GROUP BY v.document_id, j.embedding_model_id
+"""
+
+
+def _served(conn: Connection) -> list[dict[str, Any]]:
+    return conn.execute(_SERVED_SQL).fetchall()
+
+
+def _active_id(conn: Connection) -> UUID | None:
+    """The serving model's id as the row says now (without ending a switch)."""
+    row = conn.execute("SELECT id FROM embedding_models WHERE is_active").fetchone()
+    return None if row is None else row["id"]
+
+
+# -- the machine --------------------------------------------------------------------------------
+
+
+class Interleavings(RuleBasedStateMachine):
+    """One fresh database (from the migrated template), one folder of files and one folder
+    store per example; models A (serving first) and B; one worker row per model."""
+
+    server_url: ClassVar[str] = ""
+    template: ClassVar[str] = ""
+    # the progress invariant (a model serves the newest version it completed); the mutant
+    # script turns it off to show what the other invariants catch alone
+    check_progress: ClassVar[bool] = True
+    steps_run: ClassVar[int] = 0
+    examples_run: ClassVar[int] = 0
+    # what the runs did, for `just fuzz`'s summary
+    tally: ClassVar[Counter[str]] = Counter()
+
+    claims = Bundle("claims")
+
+    def __init__(self) -> None:
+        super().__init__()
+        type(self).examples_run += 1
+        self._stack = contextlib.ExitStack()
+        url = self._stack.enter_context(
+            fresh_database(self.server_url, "trioindex_fuzz", self.template)
+        )
+        self.db = Database(url, pool_size=3)
+        self.db.open()
+        self._stack.callback(self.db.close)
+        self.root = Path(tempfile.mkdtemp(prefix="trioindex-fuzz-"))
+        self._stack.callback(shutil.rmtree, self.root, ignore_errors=True)
+        self.folder = self.root / "docs"
+        self.folder.mkdir()
+        self.store = FolderStore(self.root / "blobs")
+        self.store.ensure_ready()
+        with self.db.connection() as conn:
+            self.model_ids = {name: ensure_model(conn, name, DIMENSION).id for name in MODELS}
+        self.present = set(MODELS)
+        self.workers: dict[str, UUID] = {}
+        self.chunkings: dict[str, str] = {}
+        self.helds: list[Held] = []
+        # whether a job may be open (the drain has work) or FAILED (retry has a job)
+        self.dirty = self.failed = False
+        # per (document, model): the version_no it served at the last check
+        self.last_served: dict[tuple[UUID, UUID], int] = {}
+        # what search served at the last check: the model, and per document its version_no
+        self.last_serving: UUID | None = self.model_ids["A"]
+        self.last_search: dict[UUID, int] = {}
+
+    def teardown(self) -> None:
+        self._stack.close()
+
+    def _note(self, what: str) -> None:
+        type(self).tally[what] += 1
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _conn(self) -> Iterator[Connection]:
+        with self.db.connection() as conn:
+            yield conn
+
+    def _trio(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """An async operation in its own Trio run (the folder store's limiter made in it)."""
+
+        async def main() -> Any:
+            store = AsyncObjectStore(self.store, trio.CapacityLimiter(2))
+            return await fn(*args, store=store, **kwargs)
+
+        return trio.run(main)
+
+    def _forget_deleted(self) -> None:
+        """Claims on documents that are gone lost their jobs with them."""
+        with self._conn() as conn:
+            ids = {row["id"] for row in conn.execute("SELECT id FROM documents").fetchall()}
+        for held in self.helds:
+            if held.document_id not in ids:
+                held.live = False
+
+    def _hold(self, conn: Connection, claim: Claim, model: str) -> Held:
+        row = conn.execute(
+            """SELECT v.document_id, d.external_key || '@' || v.version_no AS label
+               FROM document_versions v JOIN documents d ON d.id = v.document_id
+               WHERE v.id = %s""",
+            (claim.document_version_id,),
+        ).fetchone()
+        assert row is not None
+        held = Held(
+            claim,
+            model,
+            f"{row['label']}/{model}",
+            row["document_id"],
+            stage="embed" if claim.chunks_ready else "parse",
+        )
+        self.helds.append(held)
+        return held
+
+    # -- files and ingest -------------------------------------------------------------------
+
+    def _path(self, key: str) -> Path:
+        return self.folder / key.removeprefix("docs/")
+
+    def _write(self, key: str, text: str | None) -> None:
+        path = self._path(key)
+        if text is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+
+    def _ingest(self, paths: list[Path], model: str, **options: Any) -> list[str]:
+        """``ingest PATHS`` configured with ``model`` (registered if it was removed)."""
+        if model not in self.present:
+            with self._conn() as conn:
+                self.model_ids[model] = ensure_model(conn, model, DIMENSION).id
+            self.present.add(model)
+        entries = self._trio(
+            functools.partial(ingest_paths, db=self.db, model_id=self.model_ids[model]),
+            paths,
+            max_attempts=MAX_ATTEMPTS,
+            **options,
+        )
+        statuses = [str(getattr(e, "status", e)) for e in entries]
+        for status in statuses:
+            self._note(f"ingest: {status}")
+        self.dirty = True
+        return statuses
+
+    @initialize(
+        tokens=st.booleans(),
+        files=st.dictionaries(st.sampled_from(KEYS), st.sampled_from(TEXTS), max_size=len(KEYS)),
+    )
+    def start(self, tokens: bool, files: dict[str, str]) -> None:
+        """One worker row per model (B's chunks its own token-aware set, or the character set
+        every model shares); ``files`` written and ingested (``ingest docs/ --as docs``)."""
+        self.chunkings = {
+            "A": CHARACTER_CHUNKING,
+            "B": token_chunking("B") if tokens else CHARACTER_CHUNKING,
+        }
+        with self._conn() as conn:
+            self.workers = {
+                name: helpers.worker(conn, chunking=self.chunkings[name]) for name in MODELS
+            }
+        for key, text in sorted(files.items()):
+            self._write(key, text)
+        if files:
+            assert self._ingest([self.folder], "A", key_as="docs") == ["created"] * len(files)
+
+    @rule(key=st.sampled_from(KEYS), text=st.none() | st.sampled_from(TEXTS))
+    def edit_file(self, key: str, text: str | None) -> None:
+        """Change, create (or with None remove) a file in the folder without ingesting it."""
+        self._write(key, text)
+
+    @rule(key=st.sampled_from(KEYS), text=st.sampled_from(TEXTS), model=st.sampled_from(MODELS))
+    def ingest_file(self, key: str, text: str, model: str) -> None:
+        """Write the file and ingest it alone (``ingest FILE --as KEY``) configured with
+        ``model``: new, changed or unchanged bytes."""
+        self._write(key, text)
+        statuses = self._ingest([self._path(key)], model, key_as=key)
+        assert statuses in (["created"], ["unchanged"]), statuses
+
+    @rule(model=st.sampled_from(MODELS), sync=st.booleans())
+    def ingest_folder(self, model: str, sync: bool) -> None:
+        """``ingest docs/ --as docs`` (``--sync``: documents whose files are gone are
+        deleted)."""
+        statuses = self._ingest([self.folder], model, key_as="docs", sync=sync)
+        assert set(statuses) <= {"created", "unchanged", "deleted"}, statuses
+        if sync:
+            self._forget_deleted()
+            on_disk = {k for k in KEYS if self._path(k).exists()}
+            with self._conn() as conn:
+                stored = {
+                    r["external_key"] for r in conn.execute("SELECT external_key FROM documents")
+                }
+            assert stored == on_disk, (stored, on_disk)
+
+    # -- deletes ----------------------------------------------------------------------------
+
+    @rule(what=st.sampled_from(KEYS + PREFIXES))
+    def delete(self, what: str) -> None:
+        """``delete KEY`` or, for a name ending in /, ``delete --prefix``."""
+        if what.endswith("/"):
+            report = self._trio(functools.partial(delete_documents, self.db), prefix=what)
+        else:
+            report = self._trio(functools.partial(delete_documents, self.db), keys=[what])
+        assert report.blobs_left == 0
+        self._note(f"deleted documents ({len(report.deleted)})")
+        self._forget_deleted()
+        with self._conn() as conn:
+            left = helpers.count(
+                conn,
+                "SELECT count(*) FROM documents WHERE external_key = %s"
+                " OR (right(%s, 1) = '/' AND starts_with(external_key, %s))",
+                what,
+                what,
+                what,
+            )
+            assert left == 0, f"{what} still stored after its delete"
+
+    # -- models -----------------------------------------------------------------------------
+
+    @rule(name=st.sampled_from(MODELS))
+    def activate(self, name: str) -> None:
+        """``models activate NAME``: refused while a switch to the other model runs."""
+        with self._conn() as conn:
+            other = conn.execute(
+                "SELECT name FROM embedding_models WHERE activating AND name <> %s", (name,)
+            ).fetchone()
+            serving = _active_id(conn) == self.model_ids[name] and name in self.present
+            try:
+                activation = activate_model(conn, name, DIMENSION, max_attempts=MAX_ATTEMPTS)
+            except TrioindexError as exc:
+                assert other is not None and not serving, f"activating {name} refused: {exc}"
+                assert "in progress" in str(exc)
+                self._note("activate: refused (a switch runs)")
+                return
+            assert other is None or serving, f"activated {name} during the switch to {other}"
+        self._note("activate")
+        self.model_ids[name] = activation.model.id
+        self.present.add(name)
+        self.dirty = True
+
+    @rule(name=st.sampled_from(MODELS))
+    def remove(self, name: str) -> None:
+        """``models remove NAME``: refused for the serving model."""
+        with self._conn() as conn:
+            row = conn.execute(
+                "SELECT id, is_active FROM embedding_models WHERE name = %s", (name,)
+            ).fetchone()
+            try:
+                remove_model(conn, name)
+            except NotFound:
+                assert row is None, f"{name} exists but removing it said it does not"
+                self._note("remove: not found")
+                return
+            except TrioindexError as exc:
+                assert row is not None and row["is_active"], f"removing {name} refused: {exc}"
+                self._note("remove: refused (serving)")
+                return
+            assert row is not None and not row["is_active"], f"removed {name} while serving"
+        self._note("model removed")
+        self.present.discard(name)
+        for held in self.helds:
+            if held.claim.embedding_model_id == row["id"]:
+                held.live = False
+
+    # -- operator retry ---------------------------------------------------------------------
+
+    @precondition(lambda self: self.failed)
+    @rule(data=st.data())
+    def retry(self, data: st.DataObject) -> None:
+        """``jobs retry`` of a FAILED job."""
+        with self._conn() as conn:
+            failed = _labels(conn, "j.status = 'FAILED'")
+            if not failed:
+                self.failed = False
+                return
+            label = data.draw(st.sampled_from(sorted(failed)), label="failed job")
+            lifecycle.retry_failed(conn, failed[label], extra_attempts=MAX_ATTEMPTS)
+            assert helpers.job_row(conn, failed[label])["status"] == "PENDING"
+        self._note("jobs retry")
+        self.dirty = True
+
+    # -- the worker's steps -----------------------------------------------------------------
+
+    def _claim(self, model: str, pick: Callable[[list[str]], str]) -> Held | None:
+        """A worker of ``model`` claims one job: the one ``pick`` chooses among those it may
+        claim, by label (the others held by a second connection, as a concurrent claimer
+        would, so SKIP LOCKED passes them by: which job a claim gets never depends on random
+        ids, and a draw replays)."""
+        model_id = self.model_ids[model]
+        with self._conn() as conn, self._conn() as other:
+            candidates = _labels(
+                conn,
+                "j.status = 'PENDING' AND j.available_at <= now() AND j.embedding_model_id = %s",
+                model_id,
+            )
+            target = pick(sorted(candidates)) if candidates else None
+            with other.transaction():
+                others = [job for label, job in candidates.items() if label != target]
+                other.execute(
+                    "SELECT id FROM embedding_jobs WHERE id = ANY(%s) FOR UPDATE", (others,)
+                )
+                try:
+                    claimed = lifecycle.claim_jobs(
+                        conn, self.workers[model], 1, LEASE_SECONDS, model_id=model_id
+                    )
+                except ModelRemoved:
+                    assert model not in self.present, f"{model} exists, the claim says removed"
+                    return None
+            assert model in self.present, f"{model} was removed, the claim did not say so"
+            if target is None:
+                assert claimed == [], f"claimed {claimed} with nothing claimable"
+                return None
+            assert [c.job_id for c in claimed] == [candidates[target]], (target, claimed)
+            self._note("claim")
+            self.dirty = True
+            return self._hold(conn, claimed[0], model)
+
+    @rule(target=claims, model=st.sampled_from(MODELS), data=st.data())
+    def claim(self, model: str, data: st.DataObject) -> Any:
+        """A worker of ``model`` claims the job drawn among those it may claim."""
+        held = self._claim(model, lambda labels: data.draw(st.sampled_from(labels), label="job"))
+        return multiple() if held is None else held
+
+    def _step(self, conn: Connection, held: Held, split: bool) -> None:
+        """The next step of the held claim's pipeline, as the worker runs it; raises what
+        refused it."""
+        claim = held.claim
+        if held.stage == "parse":
+            with conn.transaction():
+                (begun,) = begin_parse_many(conn, [claim])
+            if isinstance(begun, Exception):
+                raise begun
+            assert isinstance(begun, ParseSnapshot)
+            if begun.already_chunked:  # another model's job stored the set meanwhile
+                self._note("parse found the set stored")
+                held.stage = "embed"
+                return
+            held.parse = begun
+            held.text = self.store.get(begun.storage_key, max_bytes=1 << 20).decode()
+            held.stage = "commit"
+        elif held.stage == "commit":
+            assert held.parse is not None and held.text is not None
+            chunks = _drafts(_chunk_texts(held.text, claim.chunking))
+            with conn.transaction():
+                (stored,) = store_chunks_many(conn, [ChunkCommit(claim, held.parse, chunks)])
+            if isinstance(stored, Exception):
+                raise stored
+            if isinstance(stored, int):  # stored already: the embed step prepares itself
+                self._note("chunk commit found the set stored")
+                held.stage = "embed"
+            else:
+                self._note("chunk set stored")
+                held.embed, held.offset, held.stage = stored, 0, "store"
+        elif held.stage == "embed":
+            snapshot = begin_embedding(conn, claim)
+            held.embed, held.offset = snapshot, 0
+            held.stage = "complete" if snapshot.complete else "store"
+        elif held.stage == "store":
+            snapshot = held.embed
+            assert snapshot is not None
+            drafts = drafts_from_matrix(snapshot, _vectors(snapshot))
+            left = len(drafts) - held.offset
+            size = left // 2 if split and left >= 2 else left
+            piece = EmbeddingCommit(
+                claim, snapshot, drafts[held.offset : held.offset + size], held.offset
+            )
+            with conn.transaction():
+                (result,) = store_embeddings_many(conn, [piece])
+            if isinstance(result, Exception):
+                raise result
+            held.offset += size
+            if result.result is not None:
+                self._note("job completed")
+                held.stage, held.live = "done", False
+            else:
+                self._note("partial vector slice stored")
+                assert held.offset < len(drafts), "the last slice did not complete the job"
+        elif held.stage in ("complete", "done"):
+            lifecycle.complete_job(conn, claim)  # a replayed embed step: only completion left
+            self._note("job completed (replayed set)")
+            held.stage, held.live = "done", False
+        else:
+            raise AssertionError(held.stage)
+
+    def _crash(self, conn: Connection, held: Held) -> None:
+        """The worker holding the claim dies: its lease runs out and recovery requeues (or
+        fails) the job. A stale claim's worker dying changes nothing."""
+        if held.live:
+            helpers.expire_lease(conn, held.claim.job_id)
+        recovered = lifecycle.recover_expired(conn, ZERO_BACKOFF)
+        if held.live:
+            assert [r.job_id for r in recovered] == [held.claim.job_id], recovered
+            held.live = False
+            self._note(f"crash: {recovered[0].outcome.value}")
+        else:
+            assert recovered == [], recovered
+            raise OwnershipLost("(a stale claim's worker crashed: nothing to recover)")
+
+    @rule(held=claims, outcome=st.sampled_from(OUTCOMES))
+    def work(self, held: Held, outcome: str) -> None:
+        """One step of a held claim, with ``outcome``: the next step succeeds (``advance``;
+        ``advance half``: half of the vectors left stored as one slice), the step fails
+        (retried while attempts are left, or FAILED for good), the worker crashes, or it
+        hands the claim back at shutdown. A live claim must not be refused; a stale one must
+        be refused (OwnershipLost, or JobRemoved once the job is gone) and change nothing."""
+
+        def action(conn: Connection) -> None:
+            if outcome.startswith("advance"):
+                self._step(conn, held, split=outcome == "advance half")
+            elif outcome.startswith("fail"):
+                failure = FAILURES[outcome == "fail for good"]
+                result = lifecycle.fail_job(
+                    conn, held.claim, failure, "injected", ZERO_BACKOFF, unit_random=0.5
+                )
+                held.live = False
+                self._note(f"failure: {result.outcome.value}")
+            elif outcome == "crash":
+                self._crash(conn, held)
+            elif outcome == "release":
+                lifecycle.release_job(conn, held.claim)
+                held.live = False
+                self._note("claim released")
+            else:
+                raise AssertionError(outcome)
+
+        with self._conn() as conn:
+            before = None if held.live else _digest(conn)
+            try:
+                action(conn)
+            except OwnershipLost as exc:
+                if held.live:
+                    raise Refused(f"{held!r} (live) refused: {exc}") from exc
+                assert _digest(conn) == before, f"a refused step of {held!r} changed rows"
+                self._note("stale claim refused")
+                return
+            except TrioindexError as exc:
+                state = "live" if held.live else "stale"
+                raise Refused(f"{held!r} ({state}): {exc!r}") from exc
+            assert before is None, f"a stale claim {held!r} was not refused"
+        if outcome != "advance":
+            self.dirty = self.failed = True
+
+    @precondition(lambda self: self.dirty)
+    @rule()
+    def drain(self) -> None:
+        """Every open job of both models run to the end with successful steps (bounded):
+        afterwards nothing is PENDING or PROCESSING, and a switch whose model owes nothing and
+        failed nothing has ended."""
+        refused: list[str] = []
+        budget = DRAIN_STEPS
+
+        def run(held: Held) -> None:
+            nonlocal budget
+            with self._conn() as conn:
+                while held.live and budget > 0:
+                    budget -= 1
+                    try:
+                        self._step(conn, held, split=False)
+                    except TrioindexError as exc:
+                        refused.append(f"{held!r}: {exc}")
+                        return
+
+        for held in [h for h in self.helds if h.live]:
+            run(held)
+        for name in MODELS:
+            while name in self.present and budget > 0:
+                held = self._claim(name, lambda labels: labels[0])
+                if held is None:
+                    break
+                run(held)
+        with self._conn() as conn:
+            left = _labels(conn, "j.status IN ('PENDING', 'PROCESSING')")
+            assert not left, f"after the drain, open jobs {sorted(left)}; refused: {refused}"
+            assert not refused, refused
+            self._note("drain")
+            self.dirty = False
+            serving_model(conn)  # ends a switch that may end
+            stuck = conn.execute(
+                """SELECT m.name FROM embedding_models m WHERE m.activating
+                   AND NOT EXISTS (SELECT 1 FROM embedding_jobs j
+                                   WHERE j.embedding_model_id = m.id AND j.status = 'FAILED')"""
+            ).fetchone()
+            assert stuck is None, f"the switch to {stuck['name']} owes nothing but did not end"
+
+    # -- invariants -------------------------------------------------------------------------
+
+    @invariant()
+    def consistent(self) -> None:
+        type(self).steps_run += 1
+        with self._conn() as conn:
+            served = _served(conn)
+            self._check_served_sets(served)
+            self._check_forward(conn, served)
+            self._check_search(conn, served)
+            self._check_jobs(conn)
+            self._check_blobs(conn)
+            self._check_claims(conn)
+
+    def _check_served_sets(self, served: Sequence[dict[str, Any]]) -> None:
+        """(1) Every served version is its document's, was completed by its model, and has
+        exactly one vector of that model per chunk of its set."""
+        for row in served:
+            what = f"{row['external_key']}@{row['version_no']}/{row['model']}"
+            assert row["version_document"] == row["document_id"], f"{what}: another document's"
+            assert row["job_status"] == "SUCCEEDED", f"{what} served, its job {row['job_status']}"
+            counts = (row["chunk_count"], row["vectors"], row["matched"])
+            assert counts == (row["chunks"],) * 3 and row["chunks"] > 0, (
+                f"{what} served with chunk_count, vectors, matched {counts}"
+                f" for {row['chunks']} chunks"
+            )
+
+    def _check_forward(self, conn: Connection, served: Sequence[dict[str, Any]]) -> None:
+        """(2) No served version moves backwards or vanishes while its document and model
+        exist; (8) each model serves the newest version it completed."""
+        now = {(r["document_id"], r["model_id"]): r["version_no"] for r in served}
+        documents = {row["id"] for row in conn.execute("SELECT id FROM documents")}
+        models = {row["id"] for row in conn.execute("SELECT id FROM embedding_models")}
+        for (document, model), before in self.last_served.items():
+            if document in documents and model in models:
+                after = now.get((document, model))
+                assert after is not None and after >= before, (
+                    f"served version of {document} by {model} moved from {before} to {after}"
+                )
+        self.last_served = now
+        if self.check_progress:
+            newest = {
+                (r["document_id"], r["model_id"]): r["version_no"]
+                for r in conn.execute(_NEWEST_DONE_SQL).fetchall()
+            }
+            labels = {(r["document_id"], r["model_id"]): r["external_key"] for r in served}
+            assert now == newest, (
+                "served versions differ from the newest completed ones: "
+                f"{ {labels.get(k, k): v for k, v in now.items()} } vs {newest}"
+            )
+
+    def _check_search(self, conn: Connection, served: Sequence[dict[str, Any]]) -> None:
+        """(1) Every search mode returns exactly the chunks of the versions the serving model
+        serves; (3) across a switch, no document is served at an older version than before
+        (nor dropped)."""
+        model = serving_model(conn)  # ends a switch that may end now
+        assert model is not None
+        rows = [r for r in served if r["model_id"] == model.id]
+        search_map = {r["document_id"]: r["version_no"] for r in rows}
+        documents = {row["id"] for row in conn.execute("SELECT id FROM documents")}
+        for document, before in self.last_search.items():
+            if document in documents:
+                after = search_map.get(document)
+                assert after is not None and after >= before, (
+                    f"search served {document} at version {before} (model {self.last_serving}),"
+                    f" now at {after} (model {model.name})"
+                )
+        if model.id != self.last_serving:
+            self._note("switch")
+        self.last_serving, self.last_search = model.id, search_map
+        expected = {
+            r["id"]: (r["document_id"], r["version_no"])
+            for r in conn.execute(
+                """SELECT c.id, s.document_id, v.version_no FROM served_versions s
+                   JOIN document_versions v ON v.id = s.document_version_id
+                   JOIN embedding_jobs j ON j.document_version_id = v.id
+                                        AND j.embedding_model_id = s.embedding_model_id
+                   JOIN document_chunks c ON c.document_version_id = v.id
+                                         AND c.chunking = j.chunking
+                   WHERE s.embedding_model_id = %s""",
+                (model.id,),
+            ).fetchall()
+        }
+        query_text = " ".join(VOCABULARY)
+        query_vector = fake_vector("alpha bravo", DIMENSION)
+        modes: dict[str, list[RankedChunk]] = {
+            "vector": vector_ranking(conn, model, query_vector, SEARCH_LIMIT),
+            "text": text_ranking(conn, model, query_text, SEARCH_LIMIT),
+            "hybrid": hybrid_ranking(conn, model, query_text, query_vector, SEARCH_LIMIT),
+        }
+        for mode, ranked in modes.items():
+            for hit in ranked:
+                assert hit.document_id in documents, f"{mode}: a deleted document {hit}"
+                assert expected.get(hit.chunk_id) == (hit.document_id, hit.version_no), (
+                    f"{mode}: {hit.document_key}@{hit.version_no} chunk {hit.chunk_index} is not"
+                    f" in the version {model.name} serves ({search_map.get(hit.document_id)})"
+                )
+            got = [hit.chunk_id for hit in ranked]
+            assert len(got) == len(set(got)) and set(got) == set(expected), (
+                f"{mode}: {len(got)} chunks returned, {len(expected)} served"
+            )
+
+    def _check_jobs(self, conn: Connection) -> None:
+        """(4) A SUCCEEDED job's chunk set has exactly one vector of its model per chunk, as
+        many as its chunk_count; (5) attempts are numbered 1..n, at most one STARTED, and one
+        exactly while the job is PROCESSING."""
+        for row in conn.execute(_SUCCEEDED_SQL).fetchall():
+            counts = (row["chunk_count"], row["vectors"], row["matched"])
+            assert counts == (row["chunks"],) * 3 and row["chunks"] > 0, (
+                f"{row['label']} SUCCEEDED: chunk_count, vectors, matched {counts}"
+                f" for {row['chunks']} chunks"
+            )
+        for row in conn.execute(_ATTEMPTS_SQL).fetchall():
+            what = f"{row['label']} ({row['status']})"
+            assert row["numbers"] == list(range(1, row["attempt_count"] + 1)), (
+                f"{what}: attempts {row['numbers']}, attempt_count {row['attempt_count']}"
+            )
+            assert row["started"] <= 1, f"{what}: {row['started']} attempts STARTED"
+            processing = row["status"] == "PROCESSING"
+            assert (row["started"] == 1) == processing, f"{what}: {row['started']} STARTED"
+            if processing:
+                assert row["started_no"] == row["attempt_count"], what
+            if row["status"] == "SUCCEEDED":
+                assert row["last_status"] == "SUCCEEDED", f"{what}: last attempt not SUCCEEDED"
+
+    def _check_blobs(self, conn: Connection) -> None:
+        """(7) Every version's blob is in the store, with its bytes."""
+        for row in conn.execute(
+            "SELECT DISTINCT storage_key, sha256, byte_size FROM document_versions"
+        ).fetchall():
+            info = self.store.stat(row["storage_key"])
+            assert (info.size, info.sha256) == (row["byte_size"], row["sha256"]), row
+
+    def _check_claims(self, conn: Connection) -> None:
+        """The machine's idea of which claims own their jobs is the fence's."""
+        owned = _owned(conn, [held.claim for held in self.helds])
+        for held, owns in zip(self.helds, owned, strict=True):
+            assert owns == held.live, f"{held!r}: the machine says live={held.live}, fence {owns}"
+
+
+# -- the test -----------------------------------------------------------------------------------
+
+
+def _settings() -> settings:
+    return settings(
+        max_examples=EXAMPLES,
+        stateful_step_count=STEPS,
+        deadline=None,
+        derandomize=not _FUZZ,
+        database=None,
+        print_blob=False,
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.filter_too_much,
+            HealthCheck.data_too_large,
+        ],
+    )
+
+
+def test_random_interleavings_keep_every_invariant(
+    pg_server_url: str, template_database: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    Interleavings.server_url = pg_server_url
+    Interleavings.template = template_database
+    Interleavings.steps_run = Interleavings.examples_run = 0
+    Interleavings.tally.clear()
+    started = time.monotonic()
+
+    @hypothesis_seed(SEED)
+    def factory() -> Interleavings:
+        return Interleavings()
+
+    try:
+        run_state_machine_as_test(factory, settings=_settings())
+    finally:
+        if _FUZZ:
+            with capsys.disabled():
+                print(
+                    f"\ninterleavings: seed {SEED}, {Interleavings.examples_run} examples,"
+                    f" {Interleavings.steps_run} checked states,"
+                    f" {time.monotonic() - started:.1f} s"
+                )
+                for what, n in sorted(Interleavings.tally.items()):
+                    print(f"  {what}: {n}")
