@@ -1,4 +1,14 @@
-"""How long the commands of a user's first hour take: ``just`` recipes and the CLI's own start-up.
+"""How long the commands of a user's first hour take: a fresh clone's first steps, ``just``
+recipes and the CLI's own start-up.
+
+*Fresh clone* (skipped with ``--no-clone``): the repository's committed HEAD is cloned into a
+private folder (mode 0700, as ``/root`` or ``mktemp -d`` are), with the user's data folder
+(``XDG_DATA_HOME``) in it too and no ``TRIOINDEX_*`` setting, and a new user's steps are timed
+once each, from the clone: ``just setup`` (its own ``.venv``), ``just worker`` until it says it
+is ready (the embedded PostgreSQL is created in the default home, the local model loaded),
+``just cli ingest docs --wait`` (the repository's documentation, indexed by that worker),
+``just cli status``, ``just cli search`` with the local model while the worker runs, and
+``--help``. Nothing of it is left behind but the install cache in ``/var/cache/trioindex``.
 
 Each command runs ``--runs`` times as a subprocess (as a person types it, from the repository
 root, with a throwaway ``TRIOINDEX_HOME``); the table gives the median and the range of wall
@@ -13,7 +23,10 @@ took. ``--baseline FILE.json`` adds the medians of an earlier run (e.g. before a
 from __future__ import annotations
 
 import json
+import os
 import resource
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -121,6 +134,108 @@ def measure(runs: int) -> dict[str, dict[str, Any]]:
     return results
 
 
+def _once(args: list[str], cwd: Path, env: dict[str, str], timeout: float) -> dict[str, Any]:
+    """One timed run of ``args``; its exit code and the last lines of its output on failure."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    began = time.perf_counter()
+    done = subprocess.run(
+        args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    wall = time.perf_counter() - began
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    result: dict[str, Any] = {
+        "median_s": round(wall, 3),
+        "cpu_median_s": round(cpu, 3),
+        "exit": done.returncode,
+    }
+    if done.returncode:
+        result["said"] = (done.stdout + done.stderr).strip().splitlines()[-3:]
+    return result
+
+
+def fresh_clone(runs: int) -> dict[str, dict[str, Any]]:
+    """A new user's first steps in a clone under a private folder (see the module docstring)."""
+    results: dict[str, dict[str, Any]] = {}
+    private = Path(tempfile.mkdtemp(prefix="trioindex-fresh-clone-"))  # 0700
+    clone = private / "trioindex"
+    branch = subprocess.run(
+        ["git", "rev-parse", "--abbrev-ref", "HEAD"],
+        cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    subprocess.run(
+        ["git", "clone", "--quiet", "--branch", branch, str(REPO_ROOT), str(clone)], check=True
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRIOINDEX_", "VIRTUAL_ENV"))}
+    env["XDG_DATA_HOME"] = str(private / "share")
+    home = private / "share" / "trioindex"
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        results["fresh clone: just setup (first time)"] = _once(["just", "setup"], clone, env, 1800)
+        log = private / "worker.log"
+        began = time.perf_counter()
+        with log.open("wb") as out:
+            worker = subprocess.Popen(
+                ["just", "worker"], cwd=clone, env=env, stdout=out, stderr=out,
+                start_new_session=True,
+            )  # fmt: skip
+        while "ready:" not in log.read_text(errors="replace"):
+            if worker.poll() is not None or time.perf_counter() - began > 600:
+                raise RuntimeError("just worker did not get ready:\n" + log.read_text()[-2000:])
+            time.sleep(0.2)
+        results["fresh clone: just worker, until ready"] = {
+            "median_s": round(time.perf_counter() - began, 3)
+        }
+        docs = len([p for p in (clone / "docs").rglob("*") if p.is_file()])
+        ingest = ["just", "cli", "ingest", "docs", "--wait"]
+        results[f"fresh clone: just cli ingest docs --wait ({docs} files)"] = _once(
+            ingest, clone, env, 1800
+        )
+        status = ["just", "cli", "status"]
+        results["fresh clone: just cli status (worker running)"] = _time_in(
+            status, clone, env, runs
+        )
+        search = ["just", "cli", "search", "how do workers share a queue"]
+        results["fresh clone: just cli search, local model (worker running)"] = _time_in(
+            search, clone, env, min(runs, 3)
+        )
+        trioindex = str(clone / ".venv" / "bin" / "trioindex")
+        results["fresh clone: trioindex --help"] = _time_in([trioindex, "--help"], clone, env, runs)
+    finally:
+        if worker is not None and worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGINT)  # our own child's group: just and the worker
+            try:
+                worker.wait(90)
+            except subprocess.TimeoutExpired:
+                os.killpg(worker.pid, signal.SIGKILL)
+                worker.wait()
+        data = (home / "pgdata").resolve()
+        trioindex_bin = clone / ".venv" / "bin" / "trioindex"
+        if trioindex_bin.exists():
+            subprocess.run([str(trioindex_bin), "db", "stop"], cwd=clone, env=env, check=False,
+                           capture_output=True)  # fmt: skip
+        if data.is_dir() and not data.is_relative_to(private):
+            shutil.rmtree(data, ignore_errors=True)  # as root: the data folder outside the home
+        shutil.rmtree(private, ignore_errors=True)
+    return results
+
+
+def _time_in(args: list[str], cwd: Path, env: dict[str, str], runs: int) -> dict[str, Any]:
+    walls, cpus, code = [], [], 0
+    for _ in range(runs):
+        one = _once(args, cwd, env, 300)
+        walls.append(one["median_s"])
+        cpus.append(one["cpu_median_s"])
+        code = code or one["exit"]
+    return {
+        "median_s": round(statistics.median(walls), 3),
+        "min_s": round(min(walls), 3),
+        "max_s": round(max(walls), 3),
+        "cpu_median_s": round(statistics.median(cpus), 3),
+        "exit": code,
+    }
+
+
 def _row(name: str, r: dict[str, Any], before: dict[str, Any]) -> list[str]:
     was = before.get(name, {}).get("median_s")
     spread = f"{r['min_s']:.2f}–{r['max_s']:.2f}" if "min_s" in r else ""
@@ -139,11 +254,13 @@ def main() -> int:
     parser = bench_parser("first_hour", __doc__ or "", "2 runs per command instead of 5")
     parser.add_argument("--runs", type=int, default=None, help="runs per command (default 5)")
     parser.add_argument("--baseline", type=Path, default=None, help="an earlier first-hour.json")
+    parser.add_argument("--no-clone", action="store_true", help="skip the fresh clone's steps")
     add_out(parser, "first-hour")
     args = parser.parse_args()
     session = Session.start("first-hour", args)
     runs = args.runs or (2 if args.quick else 5)
-    results = measure(runs)
+    results = {} if args.no_clone else fresh_clone(runs)
+    results.update(measure(runs))
     before = json.loads(args.baseline.read_text())["results"] if args.baseline else {}
     machine = machine_info()
     date, elapsed = utc_now(), time.monotonic() - session.began

@@ -22,6 +22,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
+from uuid import UUID
 
 import attrs
 import psycopg
@@ -55,7 +56,7 @@ from trioindex.search import (
 from trioindex.search.query import filter_text
 from trioindex.services import Services, open_configured_embedder, open_services
 
-__all__ = ["Index", "IngestReport", "SyncIndex", "connect"]
+__all__ = ["FailedDocument", "Index", "IngestReport", "SyncIndex", "connect"]
 
 T = TypeVar("T")
 H = TypeVar("H")
@@ -70,15 +71,39 @@ MAX_CANDIDATES = 1000
 
 
 @attrs.frozen
+class FailedDocument:
+    """A document whose job, waited for, ended ``FAILED``: the failure type and the job's
+    bounded last failure message (never chunk text)."""
+
+    document_key: str
+    failure_type: str
+    message: str | None
+
+
+@attrs.frozen
 class IngestReport:
     """What :meth:`Index.ingest` did: one entry per file (``created``, ``unchanged``,
     ``repaired``, ``skipped``, ``error``) and, when it waited, the documents whose job ended
-    ``FAILED`` with the failure type (``(document_key, failure_type)``) and the keys whose
-    documents were deleted while it waited (``removed``: their jobs can never finish)."""
+    ``FAILED`` (``failures``) and the keys whose documents were deleted while it waited
+    (``removed``: their jobs can never finish)."""
 
     entries: tuple[IngestEntry, ...]
-    failed: tuple[tuple[str, str], ...] = ()
+    failures: tuple[FailedDocument, ...] = ()
     removed: tuple[str, ...] = ()
+
+    @property
+    def queued(self) -> tuple[UUID, ...]:
+        """The jobs this ingest queued: new versions', and failed jobs it sent back."""
+        return tuple(
+            e.job_id
+            for e in self.entries
+            if isinstance(e, IngestResult) and e.job_id and (e.status == "created" or e.requeued)
+        )
+
+    @property
+    def failed(self) -> tuple[tuple[str, str], ...]:
+        """``(document_key, failure_type)`` of each failure."""
+        return tuple((f.document_key, f.failure_type) for f in self.failures)
 
     @property
     def errors(self) -> tuple[IngestEntry, ...]:
@@ -285,16 +310,18 @@ class Index:
         follow_symlinks: bool = False,
         key_as: str | None = None,
         sync: bool = False,
+        include: Sequence[str] = (),
+        exclude: Sequence[str] = (),
         show_progress: bool = False,
     ) -> IngestReport:
         """Upload files and folders and enqueue a job per new or changed document, as
         ``trioindex ingest`` does (``key_as`` is ``--as``; ``sync`` is ``--sync``: delete the
-        documents under each folder's key prefix whose files are gone). An ``s3://BUCKET/PREFIX``
-        argument registers the objects already in the configured bucket in place, without
-        uploading them (:mod:`trioindex.ingest.bucket`). ``wait=True`` returns
-        once every job it queued has ended (a worker must be running; ``show_progress`` draws
-        the progress bar and says when no live worker is registered), and lists the documents
-        that failed."""
+        documents under each folder's key prefix whose files are gone; ``include`` /
+        ``exclude`` are the globs of ``--include`` / ``--exclude``). Files of a format
+        trioindex does not index are ``skipped``. An ``s3://BUCKET/PREFIX`` argument registers
+        the objects already in the configured bucket in place, without uploading them
+        (:mod:`trioindex.ingest.bucket`). ``wait=True`` returns once every job it queued has
+        ended, as :meth:`wait` does."""
         services = self._services
         local, buckets = plain_paths(paths)
         entries: list[IngestEntry] = []
@@ -320,38 +347,39 @@ class Index:
                 follow_symlinks=follow_symlinks,
                 key_as=key_as,
                 sync=sync,
+                include=include,
+                exclude=exclude,
+                max_document_bytes=self._settings.parsing.max_document_bytes,
             )
-        failed: tuple[tuple[str, str], ...] = ()
-        removed: tuple[str, ...] = ()
-        if wait:
-            from trioindex.progress import wait_for_jobs
+        report = IngestReport(tuple(entries))
+        return await self.wait(report, show_progress=show_progress) if wait else report
 
-            queued = [
-                e.job_id
+    async def wait(self, report: IngestReport, *, show_progress: bool = False) -> IngestReport:
+        """Wait until every job ``report``'s ingest queued has ended (a worker must be running;
+        ``show_progress`` shows the progress on stdout and says when no live worker is
+        registered); ``report`` with the documents that failed and those deleted meanwhile."""
+        from trioindex.progress import wait_for_jobs
+
+        entries = report.entries
+        waited = await wait_for_jobs(
+            self._services.db,
+            list(report.queued),
+            show=show_progress,
+            heartbeat_timeout=self._settings.worker.heartbeat_timeout,
+        )
+        failures = tuple(
+            FailedDocument(f["external_key"], f["last_failure_type"], f["last_failure_message"])
+            for f in waited.finals
+            if f["status"] == "FAILED"
+        )
+        removed = tuple(
+            sorted(
+                e.document_key
                 for e in entries
-                if isinstance(e, IngestResult)
-                and e.job_id
-                and (e.status == "created" or e.requeued)
-            ]
-            waited = await wait_for_jobs(
-                services.db,
-                queued,
-                show=show_progress,
-                heartbeat_timeout=self._settings.worker.heartbeat_timeout,
+                if isinstance(e, IngestResult) and e.job_id in waited.removed
             )
-            failed = tuple(
-                (f["external_key"], f["last_failure_type"])
-                for f in waited.finals
-                if f["status"] == "FAILED"
-            )
-            removed = tuple(
-                sorted(
-                    e.document_key
-                    for e in entries
-                    if isinstance(e, IngestResult) and e.job_id in waited.removed
-                )
-            )
-        return IngestReport(tuple(entries), failed, removed)
+        )
+        return IngestReport(entries, failures, removed)
 
     async def delete(self, keys: Sequence[str] = (), *, prefix: str | None = None) -> DeleteReport:
         """Delete documents by key and/or key prefix, as ``trioindex delete`` does: they leave
@@ -564,6 +592,8 @@ class SyncIndex:
         follow_symlinks: bool = False,
         key_as: str | None = None,
         sync: bool = False,
+        include: Sequence[str] = (),
+        exclude: Sequence[str] = (),
     ) -> IngestReport:
         """:meth:`Index.ingest`, blocking."""
         return self._call(
@@ -574,8 +604,14 @@ class SyncIndex:
                 follow_symlinks=follow_symlinks,
                 key_as=key_as,
                 sync=sync,
+                include=include,
+                exclude=exclude,
             )
         )
+
+    def wait(self, report: IngestReport) -> IngestReport:
+        """:meth:`Index.wait`, blocking."""
+        return self._call(lambda index: index.wait(report))
 
     def delete(self, keys: Sequence[str] = (), *, prefix: str | None = None) -> DeleteReport:
         """:meth:`Index.delete`, blocking."""

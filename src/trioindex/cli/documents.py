@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import logging
 import math
 import sys
 from collections.abc import Awaitable, Callable
@@ -27,6 +28,7 @@ from trioindex.cli.common import (
 from trioindex.config import Settings
 
 if TYPE_CHECKING:  # the database layer loads psycopg: imported by the commands that use it
+    from trioindex.api import IngestReport
     from trioindex.db.operations import ModelState
 
 # --- ingest --------------------------------------------------------------------------------------
@@ -67,6 +69,21 @@ def ingest(
             help="Also delete the documents under each folder's key prefix whose files are gone.",
         ),
     ] = False,
+    include: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="GLOB",
+            help="Only files matching this (`*.md`; with a / the path below the folder:"
+            " `notes/*`); repeat.",
+        ),
+    ] = None,
+    exclude: Annotated[
+        list[str] | None,
+        typer.Option(metavar="GLOB", help="Leave out files matching this (as --include); repeat."),
+    ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Also list the files that did not change.")
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Upload files and enqueue one indexing job per new or changed document.
@@ -75,9 +92,11 @@ def ingest(
     in place (keys are the object names; nothing is uploaded; unchanged objects are not read).
 
     A document's key is its path relative to the current folder (`ingest a/` → `a/README.md`);
-    a folder outside it is keyed from itself, unless --as gives the prefix. A file that cannot
-    be ingested is reported and the rest go on; the exit code is 1 when any was. --sync then
-    deletes the documents under each folder's key prefix (`a/`) that have no file any more.
+    a folder outside it is keyed from itself, unless --as gives the prefix. Files of a format
+    trioindex does not index (images, archives, programs) are skipped. One line per file that
+    changed (--verbose: every file), then counts. A file that cannot be ingested is reported
+    and the rest go on; the exit code is 1 when any was. --sync then deletes the
+    documents under each folder's key prefix (`a/`) that have no file any more.
     """
     if key_as is not None and not key_as.strip().strip("/"):
         raise typer.BadParameter("--as needs a non-empty key")
@@ -87,36 +106,66 @@ def ingest(
     # a missing path is one line, before anything is opened (s3:// arguments are listed later)
     check_arguments([p for p in paths if bucket_location(p) is None])
     settings = command_settings(quiet=as_json, storage=True)
-    from trioindex.api import Index, IngestReport
+    # the lines below say what happened to each file; the ingest's own per-file log lines
+    # would say it a second time
+    logging.getLogger("trioindex.ingest").setLevel(logging.WARNING)
+    if not as_json:
+        # before anything is uploaded (s3:// arguments are keyed by their object names)
+        _outside_note([p for p in paths if bucket_location(p) is None], key_as)
+    from trioindex.api import Index
 
     async def go() -> IngestReport:
         async with Index.open(settings) as index:
-            return await index.ingest(
+            report = await index.ingest(
                 paths,
-                wait=wait,
                 priority=priority,
                 follow_symlinks=follow_symlinks,
                 key_as=key_as,
                 sync=sync,
-                show_progress=not as_json,
+                include=include or (),
+                exclude=exclude or (),
             )
+            _print_entries(list(report.entries), as_json=as_json, verbose=verbose, sync=sync)
+            return await index.wait(report, show_progress=not as_json) if wait else report
 
     report = run(go)
-    entries = list(report.entries)
-    for entry in entries:
-        typer.echo(json.dumps(entry.as_json()) if as_json else _ingest_line(entry))
-    if not as_json:
-        typer.echo(_ingest_summary(entries, sync=sync))
-        _outside_note([p for p in paths if bucket_location(p) is None], key_as)
-    errors = sum(1 for e in entries if e.status == "error")
+    errors = sum(1 for e in report.entries if e.status == "error")
     if errors:
         typer.echo(f"trioindex: {errors} file(s) could not be ingested (see above)", err=True)
-    for key, failure_type in report.failed:
-        typer.echo(f"FAILED {key}: {failure_type}", err=True)
+    for failed in report.failures:
+        reason = " ".join((failed.message or "").split())[:200]
+        typer.echo(
+            f"FAILED {failed.document_key}: {failed.failure_type}"
+            + (f": {reason}" if reason else ""),
+            err=True,
+        )
     for key in report.removed:
         typer.echo(f"removed {key}: deleted while waiting, not indexed", err=True)
-    if report.failed or errors:
+    if wait and not as_json:
+        typer.echo(_wait_summary(report))
+    if report.failures or errors:
         raise typer.Exit(1)
+
+
+def _print_entries(entries: list[Any], *, as_json: bool, verbose: bool, sync: bool) -> None:
+    """One JSON object per file with --json; else one line per file that changed (every file
+    with --verbose) and the counts."""
+    for entry in entries:
+        if as_json:
+            typer.echo(json.dumps(entry.as_json()))
+        elif verbose or entry.status != "unchanged":
+            typer.echo(_ingest_line(entry))
+    if not as_json:
+        typer.echo(_ingest_summary(entries, sync=sync))
+
+
+def _wait_summary(report: IngestReport) -> str:
+    """``indexed: 10 succeeded, 1 failed`` (+ ``2 removed``) for the jobs waited for."""
+    waited = len(report.queued)
+    failed, removed = len(report.failures), len(report.removed)
+    parts = [f"{waited - failed - removed} succeeded", f"{failed} failed"]
+    parts += [f"{removed} removed"] if removed else []
+    return "indexed: " + ", ".join(parts)
 
 
 def _outside_note(paths: list[Path], key_as: str | None) -> None:

@@ -48,6 +48,7 @@ from trioindex.ingest.files import (
     prepare_file_sync,
     storage_key_for,
 )
+from trioindex.ingest.indexable import skip_non_documents
 from trioindex.ingest.results import (
     DeletedDocument,
     FileChanged,
@@ -110,6 +111,9 @@ async def ingest_paths(
     follow_symlinks: bool = False,
     key_as: str | None = None,
     sync: bool = False,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    max_document_bytes: int | None = None,
 ) -> list[IngestEntry]:
     """Ingest every file under ``paths``; one entry per file, in a stable order.
 
@@ -126,11 +130,25 @@ async def ingest_paths(
     file is missing (and that got no version since the sync began) are deleted, one
     :class:`DeletedDocument` entry each, at the end (:mod:`trioindex.ingest.sync`;
     :class:`SyncRefused` before anything is ingested).
+
+    ``include`` / ``exclude``: globs that choose the files (:class:`~.discover.Globs`). With
+    ``max_document_bytes``, files of a format trioindex does not index are ``skipped`` before
+    upload (:mod:`.indexable`).
     """
     started = await db.run(database_now) if sync else None
-    found = await trio.to_thread.run_sync(
-        functools.partial(discover, list(paths), follow_symlinks=follow_symlinks, key_as=key_as)
+    walk = functools.partial(
+        discover,
+        list(paths),
+        follow_symlinks=follow_symlinks,
+        key_as=key_as,
+        include=include,
+        exclude=exclude,
     )
+    found = await trio.to_thread.run_sync(walk)
+    if max_document_bytes is not None:
+        found = await trio.to_thread.run_sync(
+            functools.partial(skip_non_documents, found, max_bytes=max_document_bytes)
+        )
     plan = plan_sync(paths, found, key_as=key_as, started=started) if sync else None
     entries = await _ingest_files(
         found.entries,

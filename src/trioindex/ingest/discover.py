@@ -15,6 +15,8 @@ read, becomes a :class:`SkippedFile`, never an exception.
 from __future__ import annotations
 
 import errno
+import fnmatch
+import functools
 import os
 import stat
 from collections import deque
@@ -32,9 +34,11 @@ from trioindex.ingest.results import SkippedFile, printable
 __all__ = [
     "MAX_KEY_CHARS",
     "Discovery",
+    "Globs",
     "KeyCollision",
     "SourceFile",
     "argument_key",
+    "check_arguments",
     "discover",
     "keyed_by_itself",
 ]
@@ -128,6 +132,8 @@ def discover(
     follow_symlinks: bool = False,
     cwd: Path | None = None,
     key_as: str | None = None,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
 ) -> Discovery:
     """Files named directly, and every regular file under folders (recursively, sorted by key).
 
@@ -139,19 +145,49 @@ def discover(
     missing argument raises ``FileNotFoundError``; two different files with one key (``--as``
     over several arguments, say) raise :class:`KeyCollision` before anything is read; anything
     wrong with one entry of a folder, or an entry that changes while the walk reads it, becomes
-    a :class:`SkippedFile`.
+    a :class:`SkippedFile`. ``include`` / ``exclude`` choose files by glob (:class:`Globs`);
+    the files they leave out are left out silently, as hidden ones are.
     """
+    globs = Globs(tuple(include), tuple(exclude))
     entries: list[SourceFile | SkippedFile] = []
     for root in paths:
         key = argument_key(root, cwd=cwd, key_as=key_as)
         st = _argument_stat(root)
         if st is not None and stat.S_ISDIR(st.st_mode):
-            entries.extend(_FolderWalk(root, follow_symlinks, f"{key}/" if key else "").run())
+            prefix = f"{key}/" if key else ""
+            walked = _FolderWalk(root, follow_symlinks, prefix).run()
+            entries.extend(e for e in walked if globs.keeps(e, e.document_key, prefix))
         elif st is not None and stat.S_ISREG(st.st_mode):
-            entries.append(_file_entry(root, key or root.name, st, None, None))
+            entry = _file_entry(root, key or root.name, st, None, None)
+            if globs.keeps(entry, root.name, ""):
+                entries.append(entry)
         else:
             raise _missing(root)
     return Discovery(_one_file_per_key(entries))
+
+
+@attrs.frozen
+class Globs:
+    """``--include`` / ``--exclude``: a file is kept when it matches some ``include`` pattern
+    (or none is given) and no ``exclude`` pattern. A pattern with a ``/`` is matched against the
+    file's path below the folder argument (``drafts/*``), one without against its name
+    (``*.md``); ``*`` matches ``/`` too, and case counts."""
+
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    def keeps(self, entry: SourceFile | SkippedFile, key: str | None, prefix: str) -> bool:
+        if not isinstance(entry, SourceFile) or not (self.include or self.exclude):
+            return True  # what the walk reports is reported whatever the patterns
+        below = (key or "").removeprefix(prefix)
+        matches = functools.partial(_matches, below, below.rsplit("/", 1)[-1])
+        if self.include and not any(map(matches, self.include)):
+            return False
+        return not any(map(matches, self.exclude))
+
+
+def _matches(below: str, name: str, pattern: str) -> bool:
+    return fnmatch.fnmatchcase(below if "/" in pattern else name, pattern)
 
 
 def check_arguments(paths: Sequence[Path]) -> None:
