@@ -4,12 +4,14 @@
 curated catalogue — data, in ``bench/mutants.toml`` next to this file — against the tests that
 should kill it.
 
-A mutant is one text replacement in one file of ``src/trioindex`` — a migration or a module.
-It is applied to a copy of the package in a temporary folder, never to the working tree (other
-people run tests against it at the same time), and the mutant's test files run with
-``PYTHONPATH`` pointing at the copy: that wins over the editable install, and the database
-fixtures migrate their template database from the migrations of whichever ``trioindex`` is
-imported, so SQL mutants take effect. ``pytest -x`` failing means the mutant was *killed*;
+A mutant is one text replacement in one file of ``src/trioindex`` — a module, or
+``db/migrations/functions.sql``, the one text of every SQL function and trigger (the versioned
+migrations hold only tables and data, so no mutant points at them). It is applied to a copy of
+the package in a temporary folder, never to the working tree (other people run tests against
+it at the same time), and the mutant's test files run with ``PYTHONPATH`` pointing at the copy:
+that wins over the editable install, and the database fixtures migrate their template database
+with the migrations and ``functions.sql`` of whichever ``trioindex`` is imported, so SQL
+mutants take effect. ``pytest -x`` failing means the mutant was *killed*;
 passing means it *survived*; a run past ``--timeout`` is killed too (the tests noticed a hang).
 A mutant listed with a reason as *equivalent* cannot change any observable behaviour; it is
 run all the same (unless ``--skip-equivalent``), so a wrong claim of equivalence shows up as
@@ -126,9 +128,9 @@ def check_catalogue() -> list[str]:
     return problems
 
 
-def _copy_package(into: Path) -> Path:
+def _copy_package(into: Path, source: Path = PACKAGE) -> Path:
     target = into / "trioindex"
-    shutil.copytree(PACKAGE, target, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
     return target
 
 
@@ -191,8 +193,9 @@ def _imports_from(package_parent: Path) -> bool:
     return Path(probe.stdout.strip()).is_relative_to(package_parent)
 
 
-def try_mutant(mutant: Mutant, timeout: float) -> Outcome:
-    """Killed by the focused pass, else by the full run, else survived."""
+def try_mutant(mutant: Mutant, timeout: float, source: Path = PACKAGE) -> Outcome:
+    """Killed by the focused pass, else by the full run, else survived. ``source`` is the
+    package the mutant is applied to (the run's snapshot of ``src/trioindex``)."""
     passes: list[tuple[tuple[str, ...], float]] = []
     if mutant.first_pass is not None:
         limit = min(timeout, QUICK_TIMEOUT) if mutant.quick else timeout
@@ -201,8 +204,8 @@ def try_mutant(mutant: Mutant, timeout: float) -> Outcome:
     spent = 0.0
     with tempfile.TemporaryDirectory(prefix="trioindex-mutant-") as folder:
         parent = Path(folder)
-        package = _copy_package(parent)
-        (package / mutant.path).write_text(mutated_source(mutant))
+        package = _copy_package(parent, source)
+        (package / mutant.path).write_text(mutated_source(mutant, source))
         for number, (arguments, limit) in enumerate(passes, 1):
             code, output, seconds = run_tests(parent, arguments, limit)
             spent += seconds
@@ -218,12 +221,12 @@ def try_mutant(mutant: Mutant, timeout: float) -> Outcome:
     return Outcome(mutant, "survived", "", spent)
 
 
-def baseline(timeout: float) -> None:
+def baseline(timeout: float, source: Path = PACKAGE) -> None:
     """The unmutated copy must pass every test file the catalogue uses, or nothing is learnt."""
     files = sorted({t for m in CATALOGUE for t in m.tests})
     with tempfile.TemporaryDirectory(prefix="trioindex-mutant-") as folder:
         parent = Path(folder)
-        _copy_package(parent)
+        _copy_package(parent, source)
         if not _imports_from(parent):
             raise SystemExit("PYTHONPATH does not win over the installed trioindex; stopping")
         code, output, seconds = run_tests(parent, files, timeout)
@@ -335,14 +338,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     from bench.common import format_machine, machine_info  # numpy/psutil: only for a run
 
     started = time.monotonic()
-    baseline(args.timeout * 2)
     outcomes: list[Outcome] = []
-    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        for outcome in pool.map(lambda m: try_mutant(m, args.timeout), selected):
-            print(
-                f"{_verdict(outcome):12} {outcome.seconds:5.0f}s  {outcome.mutant.name}  {outcome.killed_by}"
-            )
-            outcomes.append(outcome)
+    # One snapshot of the package for the whole run: the baseline and every mutant see the same
+    # code even when the working tree changes meanwhile (a run takes an hour on a busy machine).
+    with tempfile.TemporaryDirectory(prefix="trioindex-mutants-source-") as snapshot:
+        source = _copy_package(Path(snapshot))
+        for mutant in selected:
+            mutated_source(mutant, source)  # checked above; fails now if the tree just changed
+        baseline(args.timeout * 2, source)
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            for outcome in pool.map(lambda m: try_mutant(m, args.timeout, source), selected):
+                print(
+                    f"{_verdict(outcome):12} {outcome.seconds:5.0f}s  {outcome.mutant.name}"
+                    f"  {outcome.killed_by}",
+                    flush=True,
+                )
+                outcomes.append(outcome)
     took = time.monotonic() - started
     command = "just mutants" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
     page = render(outcomes, command=command, machine=format_machine(machine_info()), took=took)

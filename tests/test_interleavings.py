@@ -40,11 +40,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    Bundle,
     RuleBasedStateMachine,
     initialize,
     invariant,
-    multiple,
     precondition,
     rule,
     run_state_machine_as_test,
@@ -77,7 +75,7 @@ from trioindex.ingest import ingest_paths
 from trioindex.pipeline.chunking import ChunkDraft
 from trioindex.pipeline.embed_step import drafts_from_matrix
 from trioindex.removal import delete_documents
-from trioindex.search.ranking import hybrid_ranking, text_ranking, vector_ranking
+from trioindex.search.ranking import fuse, text_ranking, vector_ranking
 from trioindex.search.results import RankedChunk
 from trioindex.storage import AsyncObjectStore, FolderStore
 from trioindex.values import CHARACTER_CHUNKING, BackoffPolicy, Claim, token_chunking
@@ -86,26 +84,36 @@ from trioindex.values import CHARACTER_CHUNKING, BackoffPolicy, Claim, token_chu
 
 KEYS = ("docs/a.txt", "docs/b.txt", "docs/sub/c.txt", "docs/sub/d.txt")
 PREFIXES = ("docs/sub/", "docs/")
-VOCABULARY = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel")
-# a file's bytes; equal texts make unchanged ingests and versions sharing a blob
+# a file's bytes (equal texts make unchanged ingests and versions sharing a blob), and the
+# words searched for (every text has one, not every chunk)
 TEXTS = ("alpha bravo charlie delta", "echo foxtrot", "golf hotel alpha echo bravo", "delta")
+QUERY = "alpha delta foxtrot"
 MODELS = ("A", "B")
 DIMENSION = 4
 LEASE_SECONDS = 300.0
 MAX_ATTEMPTS = 2
 ZERO_BACKOFF = BackoffPolicy(initial=0.0, maximum=0.0, jitter=0.0)
 FAILURES = (FailureType.EMBEDDING_PROVIDER_UNAVAILABLE, FailureType.DOCUMENT_CONTENT_INVALID)
-# a held claim's next step, "advance" the most often (and what shrinking goes to)
-OUTCOMES = (
-    "advance",
-    "advance",
-    "advance",
-    "advance half",
-    "fail transiently",
-    "fail for good",
+# What happens next: a worker's move or an operator's command, weighted by repetition (the
+# first that applies is what shrinking goes to).
+ACTIONS = (
+    *("advance",) * 4,
+    *("claim",) * 4,
+    *("fail",) * 3,
     "crash",
     "release",
+    "stale",
+    *("ingest_file",) * 2,
+    "ingest_folder",
+    "edit_file",
+    "delete",
+    *("models_activate",) * 2,
+    "models_remove",
+    "jobs_retry",
 )
+# steps between two drains at least (a drain ends every open job: the interleavings are
+# what happens between them)
+DRAIN_EVERY = 15
 SEARCH_LIMIT = 10_000
 DRAIN_STEPS = 400
 
@@ -170,7 +178,7 @@ class Held:
     offset: int = 0
 
     def __repr__(self) -> str:
-        return f"Held({self.label}, attempt {self.claim.attempt_no})"
+        return self.label
 
 
 class Refused(Exception):
@@ -332,8 +340,6 @@ class Interleavings(RuleBasedStateMachine):
     # what the runs did, for `just fuzz`'s summary
     tally: ClassVar[Counter[str]] = Counter()
 
-    claims = Bundle("claims")
-
     def __init__(self) -> None:
         super().__init__()
         type(self).examples_run += 1
@@ -358,6 +364,8 @@ class Interleavings(RuleBasedStateMachine):
         self.helds: list[Held] = []
         # whether a job may be open (the drain has work) or FAILED (retry has a job)
         self.dirty = self.failed = False
+        self.since_drain = 0
+        self.keys: set[str] = set()
         # per (document, model): the version_no it served at the last check
         self.last_served: dict[tuple[UUID, UUID], int] = {}
         # what search served at the last check: the model, and per document its version_no
@@ -387,9 +395,12 @@ class Interleavings(RuleBasedStateMachine):
         return trio.run(main)
 
     def _forget_deleted(self) -> None:
-        """Claims on documents that are gone lost their jobs with them."""
+        """Claims on documents that are gone lost their jobs with them; ``keys``: the stored
+        documents' keys."""
         with self._conn() as conn:
-            ids = {row["id"] for row in conn.execute("SELECT id FROM documents").fetchall()}
+            rows = conn.execute("SELECT id, external_key FROM documents").fetchall()
+        ids = {row["id"] for row in rows}
+        self.keys = {row["external_key"] for row in rows}
         for held in self.helds:
             if held.document_id not in ids:
                 held.live = False
@@ -405,7 +416,7 @@ class Interleavings(RuleBasedStateMachine):
         held = Held(
             claim,
             model,
-            f"{row['label']}/{model}",
+            f"#{len(self.helds)} {row['label']}/{model} attempt {claim.attempt_no}",
             row["document_id"],
             stage="embed" if claim.chunks_ready else "parse",
         )
@@ -441,15 +452,18 @@ class Interleavings(RuleBasedStateMachine):
         for status in statuses:
             self._note(f"ingest: {status}")
         self.dirty = True
+        self._forget_deleted()
         return statuses
 
     @initialize(
         tokens=st.booleans(),
         files=st.dictionaries(st.sampled_from(KEYS), st.sampled_from(TEXTS), max_size=len(KEYS)),
+        switch=st.booleans(),
     )
-    def start(self, tokens: bool, files: dict[str, str]) -> None:
+    def start(self, tokens: bool, files: dict[str, str], switch: bool) -> None:
         """One worker row per model (B's chunks its own token-aware set, or the character set
-        every model shares); ``files`` written and ingested (``ingest docs/ --as docs``)."""
+        every model shares); ``files`` written and ingested (``ingest docs/ --as docs``);
+        ``switch``: then ``models activate B``."""
         self.chunkings = {
             "A": CHARACTER_CHUNKING,
             "B": token_chunking("B") if tokens else CHARACTER_CHUNKING,
@@ -462,24 +476,28 @@ class Interleavings(RuleBasedStateMachine):
             self._write(key, text)
         if files:
             assert self._ingest([self.folder], "A", key_as="docs") == ["created"] * len(files)
+        if switch:
+            self._activate("B")
 
-    @rule(key=st.sampled_from(KEYS), text=st.none() | st.sampled_from(TEXTS))
-    def edit_file(self, key: str, text: str | None) -> None:
+    def _edit_file(self, data: st.DataObject) -> None:
         """Change, create (or with None remove) a file in the folder without ingesting it."""
-        self._write(key, text)
+        key = data.draw(st.sampled_from(KEYS), label="key")
+        self._write(key, data.draw(st.none() | st.sampled_from(TEXTS), label="text"))
 
-    @rule(key=st.sampled_from(KEYS), text=st.sampled_from(TEXTS), model=st.sampled_from(MODELS))
-    def ingest_file(self, key: str, text: str, model: str) -> None:
-        """Write the file and ingest it alone (``ingest FILE --as KEY``) configured with
-        ``model``: new, changed or unchanged bytes."""
-        self._write(key, text)
+    def _ingest_file(self, data: st.DataObject) -> None:
+        """Write a file and ingest it alone (``ingest FILE --as KEY``) configured with a
+        model: new, changed or unchanged bytes."""
+        key = data.draw(st.sampled_from(KEYS), label="key")
+        self._write(key, data.draw(st.sampled_from(TEXTS), label="text"))
+        model = data.draw(st.sampled_from(MODELS), label="model")
         statuses = self._ingest([self._path(key)], model, key_as=key)
         assert statuses in (["created"], ["unchanged"]), statuses
 
-    @rule(model=st.sampled_from(MODELS), sync=st.booleans())
-    def ingest_folder(self, model: str, sync: bool) -> None:
-        """``ingest docs/ --as docs`` (``--sync``: documents whose files are gone are
-        deleted)."""
+    def _ingest_folder(self, data: st.DataObject) -> None:
+        """``ingest docs/ --as docs`` configured with a model (``--sync``: documents whose
+        files are gone are deleted)."""
+        model = data.draw(st.sampled_from(MODELS), label="model")
+        sync = data.draw(st.booleans(), label="sync")
         statuses = self._ingest([self.folder], model, key_as="docs", sync=sync)
         assert set(statuses) <= {"created", "unchanged", "deleted"}, statuses
         if sync:
@@ -493,9 +511,10 @@ class Interleavings(RuleBasedStateMachine):
 
     # -- deletes ----------------------------------------------------------------------------
 
-    @rule(what=st.sampled_from(KEYS + PREFIXES))
-    def delete(self, what: str) -> None:
-        """``delete KEY`` or, for a name ending in /, ``delete --prefix``."""
+    def _delete(self, data: st.DataObject) -> None:
+        """``delete KEY`` of a stored document, or ``delete --prefix`` of a folder holding one."""
+        names = sorted(self.keys) + [p for p in PREFIXES if any(k.startswith(p) for k in self.keys)]
+        what = data.draw(st.sampled_from(names), label="delete")
         if what.endswith("/"):
             report = self._trio(functools.partial(delete_documents, self.db), prefix=what)
         else:
@@ -516,8 +535,13 @@ class Interleavings(RuleBasedStateMachine):
 
     # -- models -----------------------------------------------------------------------------
 
-    @rule(name=st.sampled_from(MODELS))
-    def activate(self, name: str) -> None:
+    def _models_activate(self, data: st.DataObject) -> None:
+        self._activate(data.draw(st.sampled_from(MODELS), label="name"))
+
+    def _models_remove(self, data: st.DataObject) -> None:
+        self._remove(data.draw(st.sampled_from(MODELS), label="name"))
+
+    def _activate(self, name: str) -> None:
         """``models activate NAME``: refused while a switch to the other model runs."""
         with self._conn() as conn:
             other = conn.execute(
@@ -537,8 +561,7 @@ class Interleavings(RuleBasedStateMachine):
         self.present.add(name)
         self.dirty = True
 
-    @rule(name=st.sampled_from(MODELS))
-    def remove(self, name: str) -> None:
+    def _remove(self, name: str) -> None:
         """``models remove NAME``: refused for the serving model."""
         with self._conn() as conn:
             row = conn.execute(
@@ -563,9 +586,7 @@ class Interleavings(RuleBasedStateMachine):
 
     # -- operator retry ---------------------------------------------------------------------
 
-    @precondition(lambda self: self.failed)
-    @rule(data=st.data())
-    def retry(self, data: st.DataObject) -> None:
+    def _jobs_retry(self, data: st.DataObject) -> None:
         """``jobs retry`` of a FAILED job."""
         with self._conn() as conn:
             failed = _labels(conn, "j.status = 'FAILED'")
@@ -580,7 +601,7 @@ class Interleavings(RuleBasedStateMachine):
 
     # -- the worker's steps -----------------------------------------------------------------
 
-    def _claim(self, model: str, pick: Callable[[list[str]], str]) -> Held | None:
+    def _claim_job(self, model: str, pick: Callable[[list[str]], str]) -> Held | None:
         """A worker of ``model`` claims one job: the one ``pick`` chooses among those it may
         claim, by label (the others held by a second connection, as a concurrent claimer
         would, so SKIP LOCKED passes them by: which job a claim gets never depends on random
@@ -614,11 +635,21 @@ class Interleavings(RuleBasedStateMachine):
             self.dirty = True
             return self._hold(conn, claimed[0], model)
 
-    @rule(target=claims, model=st.sampled_from(MODELS), data=st.data())
-    def claim(self, model: str, data: st.DataObject) -> Any:
-        """A worker of ``model`` claims the job drawn among those it may claim."""
-        held = self._claim(model, lambda labels: data.draw(st.sampled_from(labels), label="job"))
-        return multiple() if held is None else held
+    def _claim(self, data: st.DataObject) -> None:
+        """A worker of a model claims the job drawn among those it may claim, and its first
+        steps succeed."""
+        model = data.draw(st.sampled_from(MODELS), label="model")
+        held = self._claim_job(
+            model, lambda labels: data.draw(st.sampled_from(labels), label="job")
+        )
+        if held is not None:
+            self._steps(held, data.draw(st.integers(0, 1), label="steps"))
+
+    def _pick(self, data: st.DataObject, live: bool) -> Held:
+        """A held claim drawn by its label: one the machine expects to own its job, or a
+        stale one."""
+        held = {h.label: h for h in self.helds if h.live == live}
+        return held[data.draw(st.sampled_from(sorted(held)), label="claim")]
 
     def _step(self, conn: Connection, held: Held, split: bool) -> None:
         """The next step of the held claim's pipeline, as the worker runs it; raises what
@@ -695,33 +726,9 @@ class Interleavings(RuleBasedStateMachine):
             assert recovered == [], recovered
             raise OwnershipLost("(a stale claim's worker crashed: nothing to recover)")
 
-    @rule(held=claims, outcome=st.sampled_from(OUTCOMES))
-    def work(self, held: Held, outcome: str) -> None:
-        """One step of a held claim, with ``outcome``: the next step succeeds (``advance``;
-        ``advance half``: half of the vectors left stored as one slice), the step fails
-        (retried while attempts are left, or FAILED for good), the worker crashes, or it
-        hands the claim back at shutdown. A live claim must not be refused; a stale one must
-        be refused (OwnershipLost, or JobRemoved once the job is gone) and change nothing."""
-
-        def action(conn: Connection) -> None:
-            if outcome.startswith("advance"):
-                self._step(conn, held, split=outcome == "advance half")
-            elif outcome.startswith("fail"):
-                failure = FAILURES[outcome == "fail for good"]
-                result = lifecycle.fail_job(
-                    conn, held.claim, failure, "injected", ZERO_BACKOFF, unit_random=0.5
-                )
-                held.live = False
-                self._note(f"failure: {result.outcome.value}")
-            elif outcome == "crash":
-                self._crash(conn, held)
-            elif outcome == "release":
-                lifecycle.release_job(conn, held.claim)
-                held.live = False
-                self._note("claim released")
-            else:
-                raise AssertionError(outcome)
-
+    def _act(self, held: Held, action: Callable[[Connection], None]) -> None:
+        """``action`` on the held claim: a live claim must not be refused; a stale one must be
+        refused (OwnershipLost, or JobRemoved once the job is gone) and change nothing."""
         with self._conn() as conn:
             before = None if held.live else _digest(conn)
             try:
@@ -736,10 +743,115 @@ class Interleavings(RuleBasedStateMachine):
                 state = "live" if held.live else "stale"
                 raise Refused(f"{held!r} ({state}): {exc!r}") from exc
             assert before is None, f"a stale claim {held!r} was not refused"
-        if outcome != "advance":
-            self.dirty = self.failed = True
 
-    @precondition(lambda self: self.dirty)
+    def _advance(self, held: Held, half: bool) -> None:
+        self._act(held, lambda conn: self._step(conn, held, split=half))
+
+    def _fail(self, held: Held, for_good: bool) -> None:
+        def action(conn: Connection) -> None:
+            result = lifecycle.fail_job(
+                conn, held.claim, FAILURES[for_good], "injected", ZERO_BACKOFF, unit_random=0.5
+            )
+            held.live = False
+            self._note(f"failure: {result.outcome.value}")
+
+        self._act(held, action)
+        self.dirty = self.failed = True
+
+    def _release(self, held: Held) -> None:
+        def action(conn: Connection) -> None:
+            lifecycle.release_job(conn, held.claim)
+            held.live = False
+            self._note("claim released")
+
+        self._act(held, action)
+        self.dirty = True
+
+    def _steps(self, held: Held, steps: int, half: bool = False) -> None:
+        """Up to ``steps`` successful steps of the claim (fewer when its job completes)."""
+        for _ in range(steps):
+            if not held.live:
+                return
+            self._advance(held, half)
+
+    def _advance_rule(self, data: st.DataObject) -> None:
+        """A claim's next steps succeed (``half``: each vector slice stores half of the
+        vectors left, as the slices of a large document do)."""
+        held = self._pick(data, live=True)
+        steps = data.draw(st.integers(1, 4), label="steps")
+        self._steps(held, steps, data.draw(st.booleans(), label="half"))
+
+    def _pick_after(self, data: st.DataObject) -> Held:
+        """A live claim, after ``after`` successful steps of it (vector slices of half)."""
+        held = self._pick(data, live=True)
+        self._steps(held, data.draw(st.integers(0, 3), label="after"), half=True)
+        return held
+
+    def _fail_rule(self, data: st.DataObject) -> None:
+        """After some successful steps a claim's step fails: transiently (retried while
+        attempts are left) or for good."""
+        held = self._pick_after(data)
+        self._fail(held, data.draw(st.booleans(), label="for good"))
+
+    def _crash_rule(self, data: st.DataObject) -> None:
+        """After some successful steps the worker holding a claim dies: its lease runs out and
+        recovery requeues the job (or fails it, on the last attempt)."""
+        held = self._pick_after(data)
+        self._act(held, lambda conn: self._crash(conn, held))
+        self.dirty = self.failed = True
+
+    def _release_rule(self, data: st.DataObject) -> None:
+        """After some successful steps a claim is handed back unfinished (shutdown)."""
+        self._release(self._pick_after(data))
+
+    def _stale_rule(self, data: st.DataObject) -> None:
+        """A worker whose claim no longer owns its job (finished, failed, recovered, handed
+        back, or its document or model removed) goes on: refused, and nothing changes."""
+        held = self._pick(data, live=False)
+        action = data.draw(st.sampled_from(("advance", "fail", "crash", "release")), label="do")
+        if action == "advance":
+            self._advance(held, half=False)
+        elif action == "fail":
+            self._fail(held, for_good=True)
+        elif action == "crash":
+            self._act(held, lambda conn: self._crash(conn, held))
+        else:
+            self._release(held)
+
+    # -- the rules --------------------------------------------------------------------------
+    #
+    # One rule draws what happens next from a weighted list, among the actions that apply
+    # now: hypothesis picks among rules evenly and turns some of them off in each example
+    # ("swarm testing"), which with a rule per action made the worker's moves rare and left
+    # many examples with no worker or no operator at all.
+
+    def _applies(self, action: str) -> bool:
+        if action in ("advance", "fail", "crash", "release"):
+            return any(h.live for h in self.helds)
+        if action == "stale":
+            return any(not h.live for h in self.helds)
+        if action == "delete":
+            return bool(self.keys)
+        if action == "jobs_retry":
+            return self.failed
+        if action == "claim":  # some worker has a job to claim (one of the two may not)
+            with self._conn() as conn:
+                return bool(_labels(conn, "j.status = 'PENDING' AND j.available_at <= now()"))
+        return True
+
+    @rule(data=st.data())
+    def step(self, data: st.DataObject) -> None:
+        """A worker's move (claim a job and run its first steps, run a live claim's next
+        steps, fail one, crash or hand one back, go on with a stale claim) or an operator's
+        command (ingest a file or the folder, maybe ``--sync``; edit the folder; delete;
+        ``models activate`` / ``models remove``; ``jobs retry``)."""
+        applicable = [a for a in ACTIONS if self._applies(a)]
+        action = data.draw(st.sampled_from(applicable), label="action")
+        self._note(f"action {action}")
+        method = getattr(self, f"_{action}_rule", None) or getattr(self, f"_{action}")
+        method(data)
+
+    @precondition(lambda self: self.dirty and self.since_drain >= DRAIN_EVERY)
     @rule()
     def drain(self) -> None:
         """Every open job of both models run to the end with successful steps (bounded):
@@ -763,7 +875,7 @@ class Interleavings(RuleBasedStateMachine):
             run(held)
         for name in MODELS:
             while name in self.present and budget > 0:
-                held = self._claim(name, lambda labels: labels[0])
+                held = self._claim_job(name, lambda labels: labels[0])
                 if held is None:
                     break
                 run(held)
@@ -772,7 +884,7 @@ class Interleavings(RuleBasedStateMachine):
             assert not left, f"after the drain, open jobs {sorted(left)}; refused: {refused}"
             assert not refused, refused
             self._note("drain")
-            self.dirty = False
+            self.dirty, self.since_drain = False, 0
             serving_model(conn)  # ends a switch that may end
             stuck = conn.execute(
                 """SELECT m.name FROM embedding_models m WHERE m.activating
@@ -786,6 +898,7 @@ class Interleavings(RuleBasedStateMachine):
     @invariant()
     def consistent(self) -> None:
         type(self).steps_run += 1
+        self.since_drain += 1
         with self._conn() as conn:
             served = _served(conn)
             self._check_served_sets(served)
@@ -851,27 +964,29 @@ class Interleavings(RuleBasedStateMachine):
         if model.id != self.last_serving:
             self._note("switch")
         self.last_serving, self.last_search = model.id, search_map
-        expected = {
-            r["id"]: (r["document_id"], r["version_no"])
-            for r in conn.execute(
-                """SELECT c.id, s.document_id, v.version_no FROM served_versions s
+        chunks = conn.execute(
+            """SELECT c.id, s.document_id, v.version_no,
+                      c.search_vector @@ to_tsquery('english', %s) AS matches
+               FROM served_versions s
                    JOIN document_versions v ON v.id = s.document_version_id
                    JOIN embedding_jobs j ON j.document_version_id = v.id
                                         AND j.embedding_model_id = s.embedding_model_id
                    JOIN document_chunks c ON c.document_version_id = v.id
                                          AND c.chunking = j.chunking
                    WHERE s.embedding_model_id = %s""",
-                (model.id,),
-            ).fetchall()
+            (" | ".join(QUERY.split()), model.id),
+        ).fetchall()
+        expected = {r["id"]: (r["document_id"], r["version_no"]) for r in chunks}
+        matching = {r["id"] for r in chunks if r["matches"]}
+        vector = fake_vector(QUERY, DIMENSION)
+        # the vector mode ranks every served chunk, the text mode those with a query word
+        modes: dict[str, tuple[list[RankedChunk], set[UUID]]] = {
+            "vector": (vector_ranking(conn, model, vector, SEARCH_LIMIT), set(expected)),
+            "text": (text_ranking(conn, model, QUERY, SEARCH_LIMIT), matching),
         }
-        query_text = " ".join(VOCABULARY)
-        query_vector = fake_vector("alpha bravo", DIMENSION)
-        modes: dict[str, list[RankedChunk]] = {
-            "vector": vector_ranking(conn, model, query_vector, SEARCH_LIMIT),
-            "text": text_ranking(conn, model, query_text, SEARCH_LIMIT),
-            "hybrid": hybrid_ranking(conn, model, query_text, query_vector, SEARCH_LIMIT),
-        }
-        for mode, ranked in modes.items():
+        # hybrid_ranking is these two fused (trioindex.Index runs them apart and fuses too)
+        modes["hybrid"] = (fuse([modes["vector"][0], modes["text"][0]]), set(expected))
+        for mode, (ranked, wanted) in modes.items():
             for hit in ranked:
                 assert hit.document_id in documents, f"{mode}: a deleted document {hit}"
                 assert expected.get(hit.chunk_id) == (hit.document_id, hit.version_no), (
@@ -879,8 +994,8 @@ class Interleavings(RuleBasedStateMachine):
                     f" in the version {model.name} serves ({search_map.get(hit.document_id)})"
                 )
             got = [hit.chunk_id for hit in ranked]
-            assert len(got) == len(set(got)) and set(got) == set(expected), (
-                f"{mode}: {len(got)} chunks returned, {len(expected)} served"
+            assert len(got) == len(set(got)) and set(got) == wanted, (
+                f"{mode}: {len(got)} chunks returned, {len(wanted)} served"
             )
 
     def _check_jobs(self, conn: Connection) -> None:

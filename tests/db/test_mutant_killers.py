@@ -31,7 +31,7 @@ from trioindex.db.pool import Connection, Database
 from trioindex.db.steps import ChunkCommit, ParseSnapshot, begin_parse_many, store_chunks_many
 from trioindex.errors import FailureType
 from trioindex.pipeline.chunking import ChunkDraft
-from trioindex.values import Claim, WorkerStatus
+from trioindex.values import Claim, WorkerStatus, token_chunking
 
 OLD, NEW = "old-model", "new-model"
 
@@ -376,6 +376,27 @@ def test_twins_storing_the_set_at_once_wait_on_the_version_and_converge(
             first.claim.document_version_id,
         )
     assert rows == 3
+
+
+def test_a_token_aware_job_on_a_version_with_only_the_character_set_is_told_to_parse(
+    db: Database, worker: UUID
+) -> None:
+    """The parse prepare's ``chunk_count`` is the size of the job's own chunk set: a version
+    the serving model indexed from character chunks has none of a token-aware model's, so the
+    prepare must say "parse" (None, progress 10, PARSING_STARTED) rather than "replay"."""
+    with db.connection() as conn:
+        old = helpers.model(conn, OLD, 4)
+        helpers.enqueue(conn, old.id, "a.txt", content=b"alpha bravo")
+        _run_jobs(conn, worker, old)
+        new = activate_model(conn, NEW, 4, max_attempts=3).model
+        tokens_worker = helpers.worker(conn, chunking=token_chunking(NEW))
+        (claim,) = lifecycle.claim_jobs(conn, tokens_worker, 1, 300, model_id=new.id)
+        assert not claim.chunks_ready
+        (snapshot,) = begin_parse_many(conn, [claim])
+        assert isinstance(snapshot, ParseSnapshot)
+        assert snapshot.chunk_count is None and not snapshot.already_chunked
+        assert helpers.job_row(conn, claim.job_id)["progress"] == 10
+        assert helpers.events(conn, claim.job_id)[-1] == "PARSING_STARTED"
 
 
 # -- workers ------------------------------------------------------------------------------------
