@@ -70,8 +70,10 @@ class Mutant:
 
 
 def load_catalogue(path: Path = CATALOGUE_FILE) -> tuple[Mutant, ...]:
-    """The mutants of ``mutants.toml``, each with its focused first pass (see that file)."""
+    """The mutants of a catalogue file (``mutants.toml`` unless told), each with its focused
+    first pass (see that file)."""
     data = tomllib.loads(path.read_text())
+    focus, quick = data.get("focus", {}), data.get("quick", {})
     mutants = []
     for entry in data["mutant"]:
         tests = tuple(data["tests"][entry.get("tests", "lifecycle")])
@@ -79,10 +81,10 @@ def load_catalogue(path: Path = CATALOGUE_FILE) -> tuple[Mutant, ...]:
         equivalent = entry.get("equivalent")
         # equivalent mutants go straight to the full run: a focused pass could only survive too
         first_pass: tuple[str, ...] | None = None
-        if equivalent is None and prefix in data["focus"]:
-            first_pass = (*tests, "-k", data["focus"][prefix])
-        elif equivalent is None and prefix in data["quick"]:
-            first_pass = tuple(data["quick"][prefix])
+        if equivalent is None and prefix in focus:
+            first_pass = (*tests, "-k", focus[prefix])
+        elif equivalent is None and prefix in quick:
+            first_pass = tuple(quick[prefix])
         mutants.append(
             Mutant(
                 entry["name"],
@@ -93,7 +95,7 @@ def load_catalogue(path: Path = CATALOGUE_FILE) -> tuple[Mutant, ...]:
                 tests,
                 first_pass,
                 equivalent,
-                quick=equivalent is None and prefix not in data["focus"] and first_pass is not None,
+                quick=equivalent is None and prefix not in focus and first_pass is not None,
             )
         )
     return tuple(mutants)
@@ -115,12 +117,12 @@ def mutated_source(mutant: Mutant, root: Path = PACKAGE) -> str:
     return text.replace(mutant.old, mutant.new)
 
 
-def check_catalogue() -> list[str]:
-    """Problems with the catalogue: a pattern that no longer matches once, a duplicate name."""
+def check_catalogue(catalogue: Sequence[Mutant] = CATALOGUE) -> list[str]:
+    """Problems with a catalogue: a pattern that no longer matches once, a duplicate name."""
     problems = []
-    names = [m.name for m in CATALOGUE]
+    names = [m.name for m in catalogue]
     problems += [f"duplicate name {n!r}" for n in sorted({n for n in names if names.count(n) > 1})]
-    for mutant in CATALOGUE:
+    for mutant in catalogue:
         try:
             mutated_source(mutant)
         except ValueError as exc:
@@ -221,9 +223,9 @@ def try_mutant(mutant: Mutant, timeout: float, source: Path = PACKAGE) -> Outcom
     return Outcome(mutant, "survived", "", spent)
 
 
-def baseline(timeout: float, source: Path = PACKAGE) -> None:
-    """The unmutated copy must pass every test file the catalogue uses, or nothing is learnt."""
-    files = sorted({t for m in CATALOGUE for t in m.tests})
+def baseline(timeout: float, mutants: Sequence[Mutant], source: Path = PACKAGE) -> None:
+    """The unmutated copy must pass every test file the mutants use, or nothing is learnt."""
+    files = sorted({t for m in mutants for t in m.tests})
     with tempfile.TemporaryDirectory(prefix="trioindex-mutant-") as folder:
         parent = Path(folder)
         _copy_package(parent, source)
@@ -307,6 +309,12 @@ def render(outcomes: Sequence[Outcome], *, command: str, machine: list[str], too
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.mutants", description=__doc__)
+    parser.add_argument(
+        "--catalogue",
+        type=Path,
+        default=CATALOGUE_FILE,
+        help="the catalogue file (bench/holes.toml: the interleaving test's reverted fixes)",
+    )
     parser.add_argument("--check", action="store_true", help="only check the catalogue applies")
     parser.add_argument("--list", action="store_true", help="list the mutants and stop")
     parser.add_argument("--only", action="append", default=[], help="mutants whose name has this")
@@ -320,20 +328,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    problems = check_catalogue()
+    catalogue = load_catalogue(args.catalogue)
+    problems = check_catalogue(catalogue)
     if problems:
         print("\n".join(problems))
         return 2
     selected = [
         m
-        for m in CATALOGUE
+        for m in catalogue
         if (not args.only or any(part in m.name for part in args.only))
         and not (args.skip_equivalent and m.equivalent)
     ]
     if args.check or args.list:
         for mutant in selected if args.list else []:
             print(f"{mutant.area:13} {mutant.name}{'  (equivalent)' if mutant.equivalent else ''}")
-        print(f"{len(CATALOGUE)} mutants, each matching its file once")
+        print(f"{len(catalogue)} mutants, each matching its file once")
         return 0
     from bench.common import format_machine, machine_info  # numpy/psutil: only for a run
 
@@ -345,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         source = _copy_package(Path(snapshot))
         for mutant in selected:
             mutated_source(mutant, source)  # checked above; fails now if the tree just changed
-        baseline(args.timeout * 2, source)
+        baseline(args.timeout * 2, selected, source)
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
             for outcome in pool.map(lambda m: try_mutant(m, args.timeout, source), selected):
                 print(

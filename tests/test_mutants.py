@@ -1,4 +1,5 @@
-"""The mutation catalogue (bench/mutants.py) still matches the code it mutates.
+"""The mutation catalogues (bench/mutants.py; bench/holes.toml, the reverted fixes the
+interleaving test must find) still match the code they mutate.
 
 Every mutant is a text replacement that must match its file exactly once; when the code
 changes under it, this fails here, in seconds, instead of in the next ``just mutants`` run.
@@ -12,12 +13,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_every_mutant_matches_its_file_exactly_once() -> None:
+@pytest.mark.parametrize("catalogue", ["bench/mutants.toml", "bench/holes.toml"])
+def test_every_mutant_matches_its_file_exactly_once(catalogue: str) -> None:
     check = subprocess.run(
-        [sys.executable, "-m", "bench.mutants", "--check"],
+        [sys.executable, "-m", "bench.mutants", "--check", "--catalogue", catalogue],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

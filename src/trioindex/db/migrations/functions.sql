@@ -835,23 +835,26 @@ $$;
 
 -- A new job for one model gets a twin for the serving model and for the model being switched
 -- to (if any), with the same budget and priority: during a switch a new version is indexed
--- for both, so neither falls behind. The twins' own inserts do not fire it again.
+-- for both, so neither falls behind. One statement per inserting statement (an enqueue of
+-- 500 documents adds its twins in one insert); the twins' own insert does not fire it again.
 CREATE FUNCTION trioindex_jobs_follow_models() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF pg_trigger_depth() > 1 THEN
         RETURN NULL;
     END IF;
     INSERT INTO embedding_jobs (document_version_id, embedding_model_id, max_attempts, priority)
-    SELECT NEW.document_version_id, m.id, NEW.max_attempts, NEW.priority
-    FROM embedding_models m
-    WHERE (m.is_active OR m.activating) AND m.id <> NEW.embedding_model_id
+    SELECT n.document_version_id, m.id, n.max_attempts, n.priority
+    FROM inserted_jobs n
+    JOIN embedding_models m ON (m.is_active OR m.activating) AND m.id <> n.embedding_model_id
+    WHERE n.status = 'PENDING'
     ON CONFLICT (document_version_id, embedding_model_id) DO NOTHING;
     RETURN NULL;
 END;
 $$;
 
 CREATE TRIGGER follow_models AFTER INSERT ON embedding_jobs
-    FOR EACH ROW WHEN (NEW.status = 'PENDING') EXECUTE FUNCTION trioindex_jobs_follow_models();
+    REFERENCING NEW TABLE AS inserted_jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION trioindex_jobs_follow_models();
 
 -- plans ----------------------------------------------------------------------------------------
 
