@@ -237,7 +237,6 @@ def test_sign_in_and_the_overview_changes_while_a_worker_indexes(console: Consol
     page = console.browser.page_source
     assert not any(token in page for token in console.tokens.values())
     assert not any(token in console.browser.current_url for token in console.tokens.values())
-    console.screenshot("overview")
     console.drain_log()
 
 
@@ -321,6 +320,7 @@ def test_retry_all_failed_of_a_type_with_a_count_and_a_confirmation(console: Con
     console.open("overview")
     button = 'button[data-retry-type="EMBEDDING_RESULT_INVALID"]'
     console.until(lambda: console.find(button).text == "Retry all 1", "the failures table")
+    console.screenshot("overview")
     console.find(button).click()
     console.until(lambda: "Send 1 FAILED job" in console.text("#confirm-text"), "the count")
     console.find("#confirm-ok").click()
@@ -330,10 +330,14 @@ def test_retry_all_failed_of_a_type_with_a_count_and_a_confirmation(console: Con
 
 
 def test_workers_and_documents_then_delete_as_admin(console: Console) -> None:
+    console.embed.set_mode("slow", latency=3.0)  # the worker is busy while the page looks
+    console.upload("notes/slow.md", b"# Slow\n\nA document the embedding server takes time on.\n")
     console.open("workers")
-    console.until(lambda: "RUNNING" in console.text("#workers-table"), "the worker, running")
-    assert " / " in console.text("#workers-table")  # slots used / max
+    console.until(lambda: "notes/slow.md" in console.text("#workers-table"), "its running job")
+    assert "RUNNING" in console.text("#workers-table")
+    assert "1 / " in console.text("#workers-table")  # slots used / max
     console.screenshot("workers")
+    console.embed.set_mode("normal")
 
     console.open("documents")
     console.until(lambda: "notes/tide-0.md" in console.text("#documents-table"), "documents")

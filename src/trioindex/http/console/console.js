@@ -304,7 +304,7 @@ function overviewPage(_, params) {
   const windowName = params.get("window") === "day" ? "day" : "hour";
   const cards = h("div", { class: "cards", id: "status-cards" });
   const health = h("div", { class: "cards", id: "health-cards" });
-  const charts = h("div", { class: "grid", id: "charts" });
+  const charts = h("div", { class: "grid charts", id: "charts" });
   const failures = h("div", { class: "panel", id: "failures" });
   const models = h("div", { class: "panel", id: "models" });
   const toggle = h("div", { class: "actions" },
@@ -333,7 +333,7 @@ function overviewPage(_, params) {
         barChart("Chunks indexed", starts, [{ name: "chunks", values: activity.buckets.map((b) => b.chunks) }], activity.bucket_seconds),
         barChart("Failed attempts by type", starts,
           types.length ? types.map((t) => ({ name: t, legend: true, values: activity.buckets.map((b) => b.failures[t] || 0) }))
-            : [{ name: "failures", legend: true, values: activity.buckets.map(() => 0) }], activity.bucket_seconds),
+            : [{ name: "none", values: activity.buckets.map(() => 0) }], activity.bucket_seconds),
         barChart("Lease recoveries", starts, [{ name: "expired leases", values: activity.buckets.map((b) => b.lease_recoveries) }], activity.bucket_seconds));
       renderFailures(failures, status.failures_by_type, actionNotice);
       renderModels(models, status);
@@ -424,12 +424,12 @@ function jobsPage(_, params) {
       h("p", { class: "muted small", id: "jobs-count", text: `${first}–${last} of ${page.total} job${page.total === 1 ? "" : "s"}` }),
       h("div", { class: "scroll" }, h("table", {},
         h("thead", {}, h("tr", {}, ["job", "document", "status", "attempts", "model", "failure", "created"].map((t) =>
-          h("th", { class: t === "model" || t === "created" ? "hide-narrow" : t === "attempts" ? "num" : null, text: t })))),
+          h("th", { class: ["model", "created"].includes(t) ? "hide-narrow" : t === "attempts" ? "num hide-narrow" : null, text: t })))),
         h("tbody", {}, page.jobs.map((job) => h("tr", { "data-job": job.id },
           h("td", { class: "mono" }, h("a", { href: `#/job/${job.id}`, text: shortId(job.id), "aria-label": `job ${job.id}` })),
-          h("td", { class: "key" }, job.document_key, h("span", { class: "muted", text: ` v${job.version_no}` })),
+          h("td", { class: "key" }, job.document_key, h("span", { class: "muted nowrap", text: ` v${job.version_no}` })),
           h("td", {}, badge(job.status)),
-          h("td", { class: "num", text: `${job.attempt_count}/${job.max_attempts}` }),
+          h("td", { class: "num hide-narrow", text: `${job.attempt_count}/${job.max_attempts}` }),
           h("td", { class: "mono hide-narrow", text: job.model }),
           h("td", { class: "mono small", text: job.last_failure_type || "" }),
           h("td", { class: "hide-narrow", text: when(job.created_at) })))))),
