@@ -211,6 +211,7 @@ def console(pg_server_url: str, template_database: str, s3_server: S3Server) -> 
 def test_sign_in_and_the_overview_changes_while_a_worker_indexes(console: Console) -> None:
     console.browser.get(f"{console.service.url}/console")  # redirects to /console/
     console.until(lambda: console.find("#api-key"), "the sign-in form")
+    assert not console.find("#nav").is_displayed() and not console.find("#who").is_displayed()
     console.screenshot("sign-in")
     console.find("#api-key").send_keys("ti_" + "0" * 32 + "_" + "x" * 43)
     console.find("#sign-in-button").click()

@@ -511,8 +511,8 @@ function workersPage() {
           h("td", { text: `${age(w.heartbeat_age_seconds)} ago` }),
           h("td", {}, `${w.running_jobs} / ${w.max_concurrency} `, meter(w.running_jobs, w.max_concurrency)),
           h("td", {}, w.jobs.length === 0 ? h("span", { class: "muted", text: "idle" }) :
-            h("ul", { class: "timeline" }, w.jobs.map((j) => h("li", {},
-              h("a", { class: "mono", href: `#/job/${j.job_id}`, text: shortId(j.job_id) }),
+            h("ul", { class: "runs" }, w.jobs.map((j) => h("li", {},
+              h("a", { class: "mono", href: `#/job/${j.job_id}`, text: shortId(j.job_id) }), " ",
               h("span", { class: "key" }, `${j.document_key} v${j.version_no} · ${j.progress}%`)))))))))));
   });
 }
@@ -560,10 +560,10 @@ function documentPage(parts) {
   poll(() => api(`/v1/documents/${key.split("/").map(encodeURIComponent).join("/")}`), (doc) => {
     fill(body, h("section", { class: "panel" }, h("h2", { text: `${plural(doc.version_count, "version")}` }),
       h("div", { class: "scroll" }, h("table", {},
-        h("thead", {}, h("tr", {}, ["version", "name", "type", "size", "sha256", "created", "models"].map((t) => h("th", { class: ["sha256", "created"].includes(t) ? "hide-narrow" : null, text: t })))),
+        h("thead", {}, h("tr", {}, ["version", "name", "type", "size", "sha256", "created", "models"].map((t) => h("th", { class: ["name", "type", "sha256", "created"].includes(t) ? "hide-narrow" : null, text: t })))),
         h("tbody", {}, doc.versions.slice().reverse().map((v) => h("tr", {},
-          h("td", { text: `v${v.version_no}` }), h("td", { class: "key", text: v.original_name }), h("td", { class: "small", text: v.content_type || "?" }),
-          h("td", { class: "num", text: bytes(v.byte_size) }), h("td", { class: "mono small hide-narrow", text: v.sha256.slice(0, 12) }),
+          h("td", { text: `v${v.version_no}` }), h("td", { class: "key hide-narrow", text: v.original_name }), h("td", { class: "small hide-narrow", text: v.content_type || "?" }),
+          h("td", { class: "num nowrap", text: bytes(v.byte_size) }), h("td", { class: "mono small hide-narrow", text: v.sha256.slice(0, 12) }),
           h("td", { class: "hide-narrow", text: when(v.created_at) }),
           h("td", {}, v.models.map((m) => h("div", {}, modelStates([m]), h("a", { class: "small", href: `#/job/${m.job_id}`, text: `job ${shortId(m.job_id)}` })))))))))));
   });
