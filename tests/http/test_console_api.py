@@ -11,7 +11,8 @@ import pytest
 from testkit.embed_server import FakeEmbedServer
 from testkit.processes import cli, query
 from tests.http.conftest import Running
-from trioindex.http import session
+from trioindex.http import openapi, session
+from trioindex.http.app import ENDPOINTS
 from trioindex.http.session import COOKIE, SessionStore
 
 ORIGIN_HEADERS = {"Content-Type": "application/json"}
@@ -51,6 +52,13 @@ def test_sessions_end_when_idle_or_old_and_are_bounded(monkeypatch: pytest.Monke
     store.close(ids[1])
     assert ids[1] not in store.sessions
     assert "t2" not in repr(store) and "t2" not in repr(store.sessions[ids[2]])
+
+
+def test_every_route_has_its_own_openapi_operation_id() -> None:
+    described = openapi.document(ENDPOINTS, "0")["paths"]
+    ids = [operation["operationId"] for path in described.values() for operation in path.values()]
+    assert len(ids) == len(ENDPOINTS) and len(set(ids)) == len(ids)
+    assert described["/console/session"]["post"]["security"] == []  # the key is in the body
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
-"""What operators read and do: queue counts, job listings with attempts (a page of them, or the
-jobs an id prefix names), workers, manual retry, the progress of waited-for jobs, and documents
-with each model's state of them.
+"""What operators read and do: queue counts, job listings with attempts (a page of them, the
+jobs a filter matches, or the jobs an id prefix names), a job's events, workers and the jobs
+they run, manual retry, the progress of waited-for jobs, documents with each model's state of
+them, and activity over time (jobs succeeded, chunks, failed and expired attempts per bucket).
 
 Synchronous, one transaction each, used by the CLI and the wait through :meth:`Database.run`.
 Nothing here returns a claim token, chunk text or vector.

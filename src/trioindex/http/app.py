@@ -174,9 +174,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
     Endpoint("GET", "/metrics", Role.READ, metrics, "Prometheus metrics", body_type="text/plain"),
     Endpoint("GET", "/openapi.json", Role.READ, _openapi, "This description"),
     Endpoint("GET", "/console", None, console.root, "The web console (redirects to /console/)"),
-    Endpoint(
-        "GET", "/console/", None, console.page, "The web console's page", body_type="text/html"
-    ),
+    Endpoint("GET", "/console/", None, console.index, "The web console's page"),
     Endpoint(
         "POST",
         "/console/session",

@@ -17,7 +17,7 @@ from typing import Final
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
-from trioindex.db.api_keys import ApiKey, check_token
+from trioindex.db.api_keys import ApiKey, KeyRefused, check_token
 from trioindex.http.context import service
 from trioindex.http.errors import ApiError, invalid, unauthenticated
 from trioindex.http.limits import check_text, read_json
@@ -53,12 +53,19 @@ async def root(request: Request) -> Response:
     return RedirectResponse("/console/", status_code=308)
 
 
-async def page(request: Request) -> Response:
-    name = request.path_params.get("name") or "index.html"
+def _file(name: str) -> Response:
     media_type = ASSETS.get(name)
     if media_type is None:
         raise ApiError(404, "not_found", "no such console file")
     return Response(_asset(name), media_type=media_type, headers=_HEADERS)
+
+
+async def index(request: Request) -> Response:
+    return _file("index.html")
+
+
+async def page(request: Request) -> Response:
+    return _file(request.path_params["name"])
 
 
 def _store(request: Request) -> SessionStore:
@@ -114,10 +121,15 @@ async def whoami(request: Request) -> Response:
     svc = service(request)
     if not svc.guard.enabled:
         return _who(None, "")
-    session = svc.guard.sessions.find(request.cookies.get(COOKIE))
+    session_id = request.cookies.get(COOKIE)
+    session = svc.guard.sessions.find(session_id)
     if session is None:
         raise unauthenticated("not signed in")
-    key = await svc.services.db.run(check_token, session.token)
+    try:
+        key = await svc.services.db.run(check_token, session.token)
+    except KeyRefused:  # revoked since the sign-in: the session goes with it
+        svc.guard.sessions.close(session_id)
+        raise
     return _who(key, session.csrf)
 
 
