@@ -5,14 +5,20 @@ every failed job of a type; and the session store's bounds with a fake clock."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
 import httpx
 import pytest
 
 from testkit.embed_server import FakeEmbedServer
-from testkit.processes import cli, query
+from testkit.processes import REPO_ROOT, cli, query
 from tests.http.conftest import Running
 from trioindex.http import openapi, session
 from trioindex.http.app import ENDPOINTS
+from trioindex.http.console import ASSETS
 from trioindex.http.session import COOKIE, SessionStore
 
 ORIGIN_HEADERS = {"Content-Type": "application/json"}
@@ -59,6 +65,22 @@ def test_every_route_has_its_own_openapi_operation_id() -> None:
     ids = [operation["operationId"] for path in described.values() for operation in path.values()]
     assert len(ids) == len(ENDPOINTS) and len(set(ids)) == len(ids)
     assert described["/console/session"]["post"]["security"] == []  # the key is in the body
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("uv") is None, reason="builds the wheel with uv")
+def test_the_wheel_ships_every_console_file(tmp_path: Path) -> None:
+    built = subprocess.run(
+        ["uv", "build", "--wheel", "--out-dir", str(tmp_path), str(REPO_ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp_path.glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {f"trioindex/http/console/{name}" for name in ASSETS} <= names
 
 
 @pytest.mark.slow
