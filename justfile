@@ -17,7 +17,7 @@ worker *ARGS: setup setup-ocr
     {{bin}}/trioindex worker "$@"
 
 # Run the whole test suite.
-test *ARGS: setup setup-jdbc setup-ocr
+test *ARGS: setup setup-jdbc setup-ocr setup-browser
     {{bin}}/pytest "$@"
 
 # The PostgreSQL JDBC driver for the Java example's test (Debian's libpostgresql-jdbc-java),
@@ -30,6 +30,18 @@ setup-jdbc:
     install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q libpostgresql-jdbc-java >/dev/null 2>&1; }
     install || { apt-get update -q >/dev/null 2>&1 && install; } \
         || echo "could not install libpostgresql-jdbc-java; the JDBC test will skip" >&2
+
+# Headless Chromium and its WebDriver for the console's browser tests (Debian's chromium and
+# chromium-driver), installed when running as root and missing; otherwise those tests skip and
+# say why.
+setup-browser:
+    #!/usr/bin/env bash
+    command -v chromium >/dev/null && command -v chromedriver >/dev/null && exit 0
+    [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null || exit 0
+    echo "installing Chromium and its driver (chromium, chromium-driver), once" >&2
+    install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null 2>&1; }
+    install || { apt-get update -q >/dev/null 2>&1 && install; } \
+        || echo "could not install chromium and chromium-driver; the console's browser tests will skip" >&2
 
 # The random-interleaving property test (tests/test_interleavings.py) with a longer budget than
 # `test`'s fixed seed: the seed (new unless given) and the figures are printed; other arguments

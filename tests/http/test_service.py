@@ -31,12 +31,15 @@ ROUTES = [
     ("GET", "/v1/jobs"),
     ("GET", f"/v1/jobs/{ANY_UUID}"),
     ("POST", f"/v1/jobs/{ANY_UUID}/retry"),
+    ("POST", "/v1/jobs/retry-failed"),
     ("GET", "/v1/status"),
+    ("GET", "/v1/workers"),
+    ("GET", "/v1/activity"),
     ("GET", "/metrics"),
     ("GET", "/openapi.json"),
 ]
 WRITE = {("POST", "/v1/documents/a.txt"), ("DELETE", "/v1/documents/a.txt")}
-ADMIN = {("POST", f"/v1/jobs/{ANY_UUID}/retry")}
+ADMIN = {("POST", f"/v1/jobs/{ANY_UUID}/retry"), ("POST", "/v1/jobs/retry-failed")}
 
 
 def error(response: httpx.Response) -> tuple[int, str]:
@@ -48,7 +51,8 @@ def error(response: httpx.Response) -> tuple[int, str]:
 
 
 def test_the_route_list_covers_every_endpoint() -> None:
-    assert len(ROUTES) + 2 == len(ENDPOINTS)  # + /healthz and the webhook (own tests)
+    # + /healthz, the webhook and the console's six (own tests: test_webhook, test_console_api)
+    assert len(ROUTES) + 2 + 6 == len(ENDPOINTS)
 
 
 def test_no_key_is_401_and_each_role_gets_what_it_may(service: Running) -> None:

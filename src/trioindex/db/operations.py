@@ -1,6 +1,7 @@
-"""What operators read and do: queue counts, job listings with attempts (a page of them, or the
-jobs an id prefix names), workers, manual retry, the progress of waited-for jobs, and documents
-with each model's state of them.
+"""What operators read and do: queue counts, job listings with attempts (a page of them, the
+jobs a filter matches, or the jobs an id prefix names), a job's events, workers and the jobs
+they run, manual retry, the progress of waited-for jobs, documents with each model's state of
+them, and activity over time (jobs succeeded, chunks, failed and expired attempts per bucket).
 
 Synchronous, one transaction each, used by the CLI and the wait through :meth:`Database.run`.
 Nothing here returns a claim token, chunk text or vector.
@@ -9,7 +10,7 @@ Nothing here returns a claim token, chunk text or vector.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -18,7 +19,7 @@ import attrs
 from trioindex.db.jobs import retry_failed
 from trioindex.db.models import ModelView, finish_switch, model_list
 from trioindex.db.pool import Connection
-from trioindex.errors import NotFound
+from trioindex.errors import FailureType, NotFound
 from trioindex.values import AttemptView, JobStatus, JobView
 
 _JOB_SELECT = """
@@ -84,26 +85,7 @@ def queue_status(conn: Connection, *, heartbeat_timeout: float) -> QueueStatus:
                    WHERE status = 'FAILED' GROUP BY last_failure_type ORDER BY 2 DESC"""
             ).fetchall()
         }
-        workers = tuple(
-            WorkerView(
-                id=row["id"],
-                hostname=row["hostname"],
-                pid=row["pid"],
-                status=row["status"],
-                max_concurrency=row["max_concurrency"],
-                heartbeat_age_seconds=row["age"],
-                running_jobs=row["running"],
-                lost=row["status"] != "STOPPED" and row["age"] > heartbeat_timeout,
-            )
-            for row in conn.execute(
-                """SELECT w.*, extract(epoch FROM now() - w.last_heartbeat_at)::float8 AS age,
-                          (SELECT count(*) FROM embedding_jobs j
-                            WHERE j.worker_id = w.id AND j.status = 'PROCESSING') AS running
-                   FROM indexing_workers w
-                   WHERE w.status <> 'STOPPED' OR w.stopped_at > now() - interval '1 hour'
-                   ORDER BY w.started_at DESC"""
-            ).fetchall()
-        )
+        workers = worker_views(conn, heartbeat_timeout=heartbeat_timeout)
     assert pending is not None
     models = model_list(conn)
     return QueueStatus(
@@ -117,15 +99,92 @@ def queue_status(conn: Connection, *, heartbeat_timeout: float) -> QueueStatus:
     )
 
 
+def worker_views(conn: Connection, *, heartbeat_timeout: float) -> tuple[WorkerView, ...]:
+    """Workers not stopped, and those stopped within the last hour, newest first; LOST when
+    their heartbeat is older than ``heartbeat_timeout`` seconds."""
+    return tuple(
+        WorkerView(
+            id=row["id"],
+            hostname=row["hostname"],
+            pid=row["pid"],
+            status=row["status"],
+            max_concurrency=row["max_concurrency"],
+            heartbeat_age_seconds=row["age"],
+            running_jobs=row["running"],
+            lost=row["status"] != "STOPPED" and row["age"] > heartbeat_timeout,
+        )
+        for row in conn.execute(
+            """SELECT w.*, extract(epoch FROM now() - w.last_heartbeat_at)::float8 AS age,
+                      (SELECT count(*) FROM embedding_jobs j
+                        WHERE j.worker_id = w.id AND j.status = 'PROCESSING') AS running
+               FROM indexing_workers w
+               WHERE w.status <> 'STOPPED' OR w.stopped_at > now() - interval '1 hour'
+               ORDER BY w.started_at DESC"""
+        ).fetchall()
+    )
+
+
+@attrs.frozen
+class JobFilter:
+    """Which jobs a listing shows: each field None (or "") matches every job. ``since``
+    keeps the jobs created at or after it; ``key_prefix`` the jobs of documents whose key
+    starts with it."""
+
+    status: JobStatus | None = None
+    failure_type: FailureType | None = None
+    model: str | None = None
+    key_prefix: str = ""
+    since: datetime | None = None
+
+    def where(self) -> tuple[str, dict[str, Any]]:
+        """The SQL condition on ``_JOB_SELECT``'s aliases, and its parameters."""
+        return (
+            """(%(status)s::text IS NULL OR j.status = %(status)s)
+               AND (%(failure)s::text IS NULL OR j.last_failure_type = %(failure)s)
+               AND (%(model)s::text IS NULL OR m.name = %(model)s)
+               AND starts_with(d.external_key, %(prefix)s)
+               AND (%(since)s::timestamptz IS NULL OR j.created_at >= %(since)s)""",
+            {
+                "status": self.status.value if self.status else None,
+                "failure": self.failure_type.value if self.failure_type else None,
+                "model": self.model,
+                "prefix": self.key_prefix,
+                "since": self.since,
+            },
+        )
+
+
 def list_jobs(
-    conn: Connection, *, status: JobStatus | None = None, limit: int = 50
+    conn: Connection,
+    *,
+    status: JobStatus | None = None,
+    limit: int = 50,
+    where: JobFilter | None = None,
+    offset: int = 0,
 ) -> list[JobView]:
-    where = "WHERE j.status = %s" if status else ""
-    params: tuple[Any, ...] = (status.value, limit) if status else (limit,)
+    """The newest jobs ``where`` matches (or of ``status``), from ``offset``, at most
+    ``limit``."""
+    condition, params = (where or JobFilter(status=status)).where()
     rows = conn.execute(
-        f"{_JOB_SELECT} {where} ORDER BY j.created_at DESC, j.id LIMIT %s", params
+        f"""{_JOB_SELECT} WHERE {condition}
+            ORDER BY j.created_at DESC, j.id LIMIT %(limit)s OFFSET %(offset)s""",
+        {**params, "limit": limit, "offset": offset},
     ).fetchall()
     return [JobView.from_row(row) for row in rows]
+
+
+def count_jobs(conn: Connection, where: JobFilter) -> int:
+    """How many jobs ``where`` matches."""
+    condition, params = where.where()
+    row = conn.execute(
+        f"""SELECT count(*) AS n FROM embedding_jobs j
+            JOIN document_versions v ON v.id = j.document_version_id
+            JOIN documents d ON d.id = v.document_id
+            JOIN embedding_models m ON m.id = j.embedding_model_id
+            WHERE {condition}""",
+        params,
+    ).fetchone()
+    return int(row["n"]) if row else 0
 
 
 def show_job(conn: Connection, job_id: UUID) -> JobView:
@@ -155,11 +214,16 @@ def retry_failed_job(conn: Connection, job_id: UUID, *, extra_attempts: int) -> 
     return show_job(conn, job_id)
 
 
-def failed_job_ids(conn: Connection) -> list[UUID]:
+def failed_job_ids(conn: Connection, failure_type: FailureType | None = None) -> list[UUID]:
+    """The FAILED jobs, oldest first; only those whose last failure is ``failure_type`` when
+    one is given."""
     return [
         row["id"]
         for row in conn.execute(
-            "SELECT id FROM embedding_jobs WHERE status = 'FAILED' ORDER BY created_at"
+            """SELECT id FROM embedding_jobs
+               WHERE status = 'FAILED' AND (%(t)s::text IS NULL OR last_failure_type = %(t)s)
+               ORDER BY created_at""",
+            {"t": failure_type.value if failure_type else None},
         ).fetchall()
     ]
 
@@ -216,10 +280,7 @@ def job_page(conn: Connection, *, status: JobStatus | None = None, limit: int = 
     """:func:`list_jobs` with every listed job's attempts, and the count of all it matched."""
     with conn.transaction():
         jobs = list_jobs(conn, status=status, limit=limit)
-        row = conn.execute(
-            "SELECT count(*) AS n FROM embedding_jobs WHERE %s::text IS NULL OR status = %s",
-            (status.value if status else None,) * 2,
-        ).fetchone()
+        total = count_jobs(conn, JobFilter(status=status))
         attempts: dict[UUID, list[AttemptView]] = {}
         for a in conn.execute(
             """SELECT * FROM embedding_job_attempts WHERE embedding_job_id = ANY(%s)
@@ -228,7 +289,7 @@ def job_page(conn: Connection, *, status: JobStatus | None = None, limit: int = 
         ).fetchall():
             attempts.setdefault(a["embedding_job_id"], []).append(AttemptView.from_row(a))
     listed = tuple(attrs.evolve(j, attempts=tuple(attempts.get(j.id, ()))) for j in jobs)
-    return JobPage(listed, int(row["n"]) if row else 0)
+    return JobPage(listed, total)
 
 
 def job_ids_with_prefix(conn: Connection, prefix: str, *, limit: int = 2) -> list[UUID]:
@@ -409,3 +470,146 @@ def show_document(conn: Connection, key: str) -> DocumentView:
         states = _model_states(conn, "v.document_id = %s", document["id"])
     versions: Sequence[VersionView] = [_version(row, states) for row in rows]
     return DocumentView(key, document["id"], document["created_at"], len(versions), tuple(versions))
+
+
+# --- what the console charts: events of a job, what workers run, activity over time ----------
+
+
+@attrs.frozen
+class EventView:
+    """One audit event of a job: its type, time, attempt and worker, and ``detail`` (ids,
+    counts, attempt numbers, failure types and model names only)."""
+
+    id: int
+    event_type: str
+    created_at: datetime
+    attempt_id: UUID | None
+    worker_id: UUID | None
+    detail: dict[str, Any]
+
+
+def job_events(conn: Connection, job_id: UUID, *, limit: int = 500) -> list[EventView]:
+    """The first ``limit`` events of a job, oldest first."""
+    return [
+        EventView(
+            row["id"],
+            row["event_type"],
+            row["created_at"],
+            row["attempt_id"],
+            row["worker_id"],
+            row["detail"],
+        )
+        for row in conn.execute(
+            """SELECT id, event_type, created_at, attempt_id, worker_id, detail
+               FROM indexing_events WHERE embedding_job_id = %s ORDER BY id LIMIT %s""",
+            (job_id, limit),
+        ).fetchall()
+    ]
+
+
+@attrs.frozen
+class RunningJob:
+    """A PROCESSING job as its worker's row shows it."""
+
+    job_id: UUID
+    worker_id: UUID
+    document_key: str
+    version_no: int
+    model: str
+    progress: int
+    attempt_count: int
+    lease_expires_at: datetime | None
+
+
+def running_jobs(conn: Connection) -> list[RunningJob]:
+    """Every PROCESSING job, by worker, oldest claim first."""
+    return [
+        RunningJob(
+            row["id"],
+            row["worker_id"],
+            row["external_key"],
+            row["version_no"],
+            row["model_name"],
+            row["progress"],
+            row["attempt_count"],
+            row["lease_expires_at"],
+        )
+        for row in conn.execute(
+            f"""{_JOB_SELECT} WHERE j.status = 'PROCESSING' AND j.worker_id IS NOT NULL
+                ORDER BY j.worker_id, j.locked_at, j.id"""
+        ).fetchall()
+    ]
+
+
+@attrs.frozen
+class ActivityBucket:
+    """What finished in one time bucket: jobs that succeeded (``documents``) and their
+    ``chunks``, failed attempts by failure type, and attempts whose lease expired."""
+
+    start: datetime
+    documents: int
+    chunks: int
+    failures: dict[str, int]
+    lease_recoveries: int
+
+
+@attrs.frozen
+class Activity:
+    """Buckets of ``bucket_seconds`` covering the last ``window_seconds``, oldest first."""
+
+    window_seconds: int
+    bucket_seconds: int
+    buckets: tuple[ActivityBucket, ...]
+
+
+def activity(conn: Connection, *, window_seconds: int, bucket_seconds: int) -> Activity:
+    """Throughput and failures over the last ``window_seconds``, in buckets aligned to
+    ``bucket_seconds`` (the newest bucket holds now): jobs finished ``SUCCEEDED`` by their
+    ``finished_at``, failed and expired attempts by theirs. One snapshot."""
+    params = {"window": window_seconds, "bucket": bucket_seconds}
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        origin = conn.execute(
+            """SELECT date_bin(make_interval(secs => %(bucket)s), now(), 'epoch')
+                      - make_interval(secs => %(window)s - %(bucket)s) AS first""",
+            params,
+        ).fetchone()
+        assert origin is not None
+        first: datetime = origin["first"]
+        span = {**params, "first": first}
+        done = conn.execute(
+            """SELECT floor(extract(epoch FROM finished_at - %(first)s) / %(bucket)s)::int AS b,
+                      count(*) AS documents, coalesce(sum(chunk_count), 0)::bigint AS chunks
+               FROM embedding_jobs
+               WHERE status = 'SUCCEEDED' AND finished_at >= %(first)s
+               GROUP BY 1""",
+            span,
+        ).fetchall()
+        attempts = conn.execute(
+            """SELECT floor(extract(epoch FROM finished_at - %(first)s) / %(bucket)s)::int AS b,
+                      status, failure_type, count(*) AS n
+               FROM embedding_job_attempts
+               WHERE status IN ('FAILED', 'EXPIRED') AND finished_at >= %(first)s
+               GROUP BY 1, 2, 3""",
+            span,
+        ).fetchall()
+    count = window_seconds // bucket_seconds
+    documents = {r["b"]: (r["documents"], r["chunks"]) for r in done}
+    failures: dict[int, dict[str, int]] = {}
+    expired: dict[int, int] = {}
+    for r in attempts:
+        if r["status"] == "EXPIRED":
+            expired[r["b"]] = expired.get(r["b"], 0) + r["n"]
+        else:
+            failures.setdefault(r["b"], {})[r["failure_type"]] = r["n"]
+    buckets = tuple(
+        ActivityBucket(
+            start=first + timedelta(seconds=i * bucket_seconds),
+            documents=documents.get(i, (0, 0))[0],
+            chunks=int(documents.get(i, (0, 0))[1]),
+            failures=failures.get(i, {}),
+            lease_recoveries=expired.get(i, 0),
+        )
+        for i in range(count)
+    )
+    return Activity(window_seconds, bucket_seconds, buckets)

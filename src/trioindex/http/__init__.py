@@ -11,7 +11,9 @@ One module per concern:
 * ``limits`` — the bounds: body sizes, concurrent requests, query length, ``top_k``, and
   checked reading of parameters;
 * ``upload`` — a request body streamed to a private temporary file, hashed as it arrives;
-* ``documents``, ``search``, ``operations``, ``hooks`` — the handlers;
+* ``documents``, ``search``, ``operations``, ``monitor``, ``hooks`` — the handlers;
+* ``console`` — the web console's static files and its sign-in; ``session`` — console sessions
+  (the cookie, its CSRF token) that stand for an API key;
 * ``metrics`` — Prometheus counters of requests; ``openapi`` — ``/openapi.json``.
 
 Nothing here imports Starlette at package import: the CLI imports it only for ``serve``.

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from trioindex.db.api_keys import Role
-from trioindex.http import documents, hooks, openapi, operations, search
+from trioindex.http import console, documents, hooks, monitor, openapi, operations, search
 from trioindex.http.context import Service, service
 from trioindex.http.errors import ErrorMiddleware, http_exception
 from trioindex.http.limits import ConcurrencyLimit
@@ -113,10 +113,32 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         "/v1/jobs",
         Role.READ,
         operations.jobs_list,
-        "Jobs, newest first",
-        (("status", "PENDING, PROCESSING, SUCCEEDED or FAILED"), ("limit", "1 to 10000")),
+        "Jobs, newest first, with how many the filter matches (total)",
+        (
+            ("status", "PENDING, PROCESSING, SUCCEEDED or FAILED"),
+            ("failure_type", "only jobs whose last failure is of this type"),
+            ("model", "only jobs of this model"),
+            ("prefix", "only jobs of documents whose key starts with this"),
+            ("since", "only jobs created at or after this ISO 8601 time"),
+            ("limit", "1 to 10000 (default 50)"),
+            ("offset", "jobs to skip (default 0)"),
+        ),
     ),
-    Endpoint("GET", "/v1/jobs/{id}", Role.READ, operations.jobs_show, "One job with its attempts"),
+    Endpoint(
+        "GET",
+        "/v1/jobs/{id}",
+        Role.READ,
+        operations.jobs_show,
+        "One job with its attempts and its events",
+    ),
+    Endpoint(
+        "POST",
+        "/v1/jobs/retry-failed",
+        Role.ADMIN,
+        monitor.retry_failed,
+        "Send every FAILED job of one failure type back to the queue",
+        body='{"failure_type": "<failure type>"}',
+    ),
     Endpoint(
         "POST",
         "/v1/jobs/{id}/retry",
@@ -125,6 +147,21 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         "Send a FAILED job back to the queue with a fresh attempt budget",
     ),
     Endpoint("GET", "/v1/status", Role.READ, operations.status, "Queue, workers and models"),
+    Endpoint(
+        "GET",
+        "/v1/workers",
+        Role.READ,
+        monitor.workers,
+        "Live and recently stopped workers, with the jobs each runs now",
+    ),
+    Endpoint(
+        "GET",
+        "/v1/activity",
+        Role.READ,
+        monitor.activity,
+        "Jobs succeeded, chunks, failures by type and lease recoveries, in time buckets",
+        (("window", "hour (1-minute buckets, default) or day (30-minute buckets)"),),
+    ),
     Endpoint(
         "POST",
         "/v1/hooks/s3",
@@ -136,6 +173,37 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
     Endpoint("GET", "/healthz", None, operations.healthz, "The service and its database answer"),
     Endpoint("GET", "/metrics", Role.READ, metrics, "Prometheus metrics", body_type="text/plain"),
     Endpoint("GET", "/openapi.json", Role.READ, _openapi, "This description"),
+    Endpoint("GET", "/console", None, console.root, "The web console (redirects to /console/)"),
+    Endpoint("GET", "/console/", None, console.index, "The web console's page"),
+    Endpoint(
+        "POST",
+        "/console/session",
+        None,
+        console.sign_in,
+        "Sign the console in with an API key: sets an HttpOnly session cookie",
+        body='{"key": "<API key>"}',
+    ),
+    Endpoint(
+        "GET",
+        "/console/session",
+        None,
+        console.whoami,
+        "The console session's key name, role and CSRF token (401 without a session)",
+    ),
+    Endpoint(
+        "DELETE",
+        "/console/session",
+        None,
+        console.sign_out,
+        "Sign the console out (needs X-CSRF-Token)",
+    ),
+    Endpoint(
+        "GET",
+        "/console/{name}",
+        None,
+        console.page,
+        "The web console's style sheet, script and icon",
+    ),
 )
 
 

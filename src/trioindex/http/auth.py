@@ -7,7 +7,8 @@ key is 401 (the key's row is read on every request, so a revoked key is refused 
 revocation's commit on: nothing is cached), a role too low is 403. ``serve --no-auth``
 (loopback only) skips the check. ``/healthz`` needs no key; the bucket-notification webhook
 authenticates with ``http.webhook-token`` instead (MinIO sends ``Bearer <auth_token>``),
-compared in constant time.
+compared in constant time. A console session (:mod:`trioindex.http.session`) stands for
+its key when no ``Authorization`` header is sent.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from starlette.requests import Request
 from trioindex.db.api_keys import ApiKey, Role, check_token
 from trioindex.db.pool import Database
 from trioindex.http.errors import ApiError, unauthenticated
+from trioindex.http.session import SessionStore, session_token
 
 _SCHEME = "bearer"
 
@@ -42,12 +44,13 @@ class Guard:
     db: Database
     enabled: bool = True
     webhook_token: str | None = attrs.field(default=None, repr=False)
+    sessions: SessionStore = attrs.field(factory=SessionStore, repr=False)
 
     async def check(self, request: Request, needed: Role) -> ApiKey | None:
         """The caller's key if its role allows ``needed``; 401/403 otherwise."""
         if not self.enabled:
             return None
-        token = bearer_token(request)
+        token = bearer_token(request) or session_token(self.sessions, request)
         if token is None:
             raise unauthenticated("an API key is required: Authorization: Bearer <API key>")
         key = await self.db.run(check_token, token)
