@@ -54,19 +54,20 @@ class ConcurrencyLimit:
         if scope["type"] != "http" or scope["path"] in UNLIMITED_PATHS:
             await self.app(scope, receive, send)
             return
-        with trio.move_on_after(QUEUE_WAIT_SECONDS):
+        # only the wait for a place is bounded: a request let in runs as long as it needs
+        with trio.move_on_after(QUEUE_WAIT_SECONDS) as waiting:
             await self.limiter.acquire()
-            try:
-                await self.app(scope, receive, send)
-            finally:
-                self.limiter.release()
-            return
-        raise ApiError(
-            503,
-            "overloaded",
-            f"{self.limiter.total_tokens:g} requests are being served; retry shortly",
-            {"Retry-After": "1"},
-        )
+        if waiting.cancelled_caught:
+            raise ApiError(
+                503,
+                "overloaded",
+                f"{self.limiter.total_tokens:g} requests are being served; retry shortly",
+                {"Retry-After": "1"},
+            )
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.limiter.release()
 
 
 def declared_length(request: Request, limit: int, code: str) -> None:
