@@ -182,7 +182,14 @@ def test_upload_list_show_and_delete(service: Running) -> None:
 
 HOSTILE: list[tuple[str, str, dict[str, Any], tuple[int, str]]] = [
     ("GET", "/v1/search", {"params": {"q": ""}}, (400, "invalid_request")),
-    ("GET", "/v1/search", {"params": {"q": "x" * 2001}}, (400, "invalid_request")),
+    ("GET", "/v1/search", {"params": {"q": "x" * 4097}}, (400, "invalid_request")),
+    # past the search layer's own bounds: 65 distinct terms
+    (
+        "GET",
+        "/v1/search",
+        {"params": {"q": " ".join(f"term{i}x" for i in range(65)), "mode": "text"}},
+        (400, "query_refused"),
+    ),
     ("GET", "/v1/search", {"params": {"q": "a\x00b"}}, (400, "invalid_request")),
     ("GET", "/v1/search", {"params": {"q": "x", "top_k": "0"}}, (400, "invalid_request")),
     ("GET", "/v1/search", {"params": {"q": "x", "top_k": "1001"}}, (400, "invalid_request")),

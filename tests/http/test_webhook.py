@@ -7,14 +7,16 @@ hostile events are one error each while the rest of the request goes on."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from testkit.embed_server import FakeEmbedServer
 from testkit.processes import query, spawn, stop_process, wait_for
 from tests.fixtures.s3 import S3Server
-from tests.http.conftest import WEBHOOK_TOKEN, Running
+from tests.http.conftest import WEBHOOK_TOKEN, Running, service_env, start
 from tests.http.minio_events import minio_event
 
 pytestmark = pytest.mark.slow
@@ -125,3 +127,26 @@ def test_hostile_notifications_are_one_error_each(service: Running, s3_server: S
     ]
     keys = query(service.database_url, "SELECT external_key FROM documents")
     assert keys == [{"external_key": "ok.md"}]
+
+
+def test_the_webhook_needs_its_token_and_an_s3_store(
+    database_url: str, tmp_path: Path, embed_server: FakeEmbedServer
+) -> None:
+    # a folder store: notifications cannot name its objects (409); with no webhook token set,
+    # notifications are off (403) whatever the request carries
+    store = f"file://{tmp_path / 'blobs'}"
+    event = minio_event("s3:ObjectCreated:Put", "bucket", KEY, etag="0" * 32, size=len(TEXT))
+    for token, expected in (
+        (WEBHOOK_TOKEN, (409, "webhook_needs_s3")),
+        ("", (403, "webhook_disabled")),
+    ):
+        env = service_env(database_url, store, tmp_path / "home", embed_server)
+        if not token:
+            del env["TRIOINDEX_HTTP_WEBHOOK_TOKEN"]
+        url, process = start(env, tmp_path / f"serve{len(token)}.log")
+        try:
+            answer = httpx.post(f"{url}/v1/hooks/s3", json=event, headers=HOOK, timeout=60)
+        finally:
+            stop_process(process)
+        assert (answer.status_code, answer.json()["error"]["code"]) == expected, answer.text
+        assert query(database_url, "SELECT count(*) AS n FROM documents") == [{"n": 0}]

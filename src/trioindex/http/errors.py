@@ -33,6 +33,7 @@ from trioindex.errors import (
     TrioindexError,
     bounded,
 )
+from trioindex.search.query import QueryRefused
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,8 @@ def classify(raised: BaseException) -> ApiError | None:
         return ApiError(400, "client_disconnected", "the client went away before the body ended")
     if isinstance(exc, NotFound):
         return ApiError(404, "not_found", str(exc))
+    if isinstance(exc, QueryRefused):
+        return ApiError(400, "query_refused", exc.message)
     if isinstance(exc, ModelNotServing):
         return ApiError(409, "model_not_serving", str(exc))
     if isinstance(exc, StorageUnavailable):

@@ -7,8 +7,9 @@
   (:class:`ConcurrencyLimit`, one Trio ``CapacityLimiter``); a request that finds no place
   within :data:`QUEUE_WAIT_SECONDS` gets 503 ``overloaded`` with ``Retry-After``. ``/healthz``
   is never held back, so a busy service still answers its health check.
-* Search: a query is 1 to :data:`MAX_QUERY_CHARS` characters, ``top_k`` 1 to the candidates one
-  ranking fetches (``trioindex.api.MAX_CANDIDATES``), ``chunks_per_document`` 1 to
+* Search: a query is 1 to ``trioindex.search.query.MAX_QUERY_CHARS`` characters (the search
+  layer's own bound; what else it refuses is a 400 ``query_refused``), ``top_k`` 1 to the
+  candidates one ranking fetches (``trioindex.api.MAX_CANDIDATES``), ``chunks_per_document`` 1 to
   :data:`MAX_CHUNKS_PER_DOCUMENT`, a ``POST /v1/search`` at most :data:`MAX_QUERIES` queries
   (as ``search --queries`` ranks them together).
 * Text from outside (keys, queries, names) must be UTF-8 without NUL
@@ -30,7 +31,6 @@ from trioindex.config.units import text_problem
 from trioindex.http.errors import ApiError, invalid
 
 MAX_JSON_BYTES: Final = 1 << 20
-MAX_QUERY_CHARS: Final = 2000
 MAX_TOP_K: Final = MAX_CANDIDATES
 MAX_CHUNKS_PER_DOCUMENT: Final = 100
 MAX_QUERIES: Final = 64

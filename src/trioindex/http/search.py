@@ -21,7 +21,6 @@ from trioindex.http.limits import (
     MAX_CHUNKS_PER_DOCUMENT,
     MAX_CONTENT_TYPES,
     MAX_QUERIES,
-    MAX_QUERY_CHARS,
     MAX_TOP_K,
     bool_param,
     check_text,
@@ -29,6 +28,7 @@ from trioindex.http.limits import (
     read_json,
 )
 from trioindex.search import DEFAULT_MODE, SEARCH_MODES, SearchMode
+from trioindex.search.query import MAX_QUERY_CHARS
 
 
 @attrs.frozen
