@@ -102,14 +102,14 @@ def _font(points: int) -> Any:
     sys.exit("no Korean font: apt-get install fonts-nanum (or run `just bench-ocr` as root)")
 
 
-def scan(lines: list[str], rng: random.Random) -> tuple[bytes, bytes]:
+def scan(lines: list[str], rng: random.Random, points: int = FONT_POINTS) -> tuple[bytes, bytes]:
     """The lines drawn on an A4 page, then rotated, blurred and noised like a scan: PNG and PDF."""
     from PIL import Image, ImageDraw, ImageFilter
 
     page = Image.new("L", PAGE, 255)
     draw = ImageDraw.Draw(page)
-    font = _font(FONT_POINTS)
-    step = round(FONT_POINTS * DPI / 72 * 1.6)
+    font = _font(points)
+    step = round(points * DPI / 72 * 1.6)
     for row, line in enumerate(lines):
         draw.text((MARGIN, MARGIN + row * step), line, font=font, fill=0)
     angle = rng.uniform(0.6, 1.5) * rng.choice((-1, 1))
@@ -123,7 +123,7 @@ def scan(lines: list[str], rng: random.Random) -> tuple[bytes, bytes]:
     return png.getvalue(), pdf.getvalue()
 
 
-def make_pages(count: int, seed: int = 7) -> list[Page]:
+def make_pages(count: int, seed: int = 7, points: int = FONT_POINTS) -> list[Page]:
     rng = random.Random(seed)
     pages = []
     for language, name, korean in (("Korean", "tutor.ko.utf-8", True), ("English", "tutor", False)):
@@ -132,7 +132,7 @@ def make_pages(count: int, seed: int = 7) -> list[Page]:
             chosen = lines[number * LINES_PER_PAGE : (number + 1) * LINES_PER_PAGE]
             if not chosen:
                 break
-            png, pdf = scan(chosen, rng)
+            png, pdf = scan(chosen, rng, points)
             pages.append(Page(language, "\n".join(chosen), png, pdf))
     return pages
 
@@ -181,7 +181,7 @@ def run(
             cpu, wall = _cpu() - cpu, time.perf_counter() - wall
             errors, chars = cer(page.text, text)
             errors_ns, chars_ns = cer(page.text, text, spaces=False)
-            row = by_language.setdefault(page.language, [0, 0, 0, 0, 0.0, 0.0, 0, 0])
+            row = by_language.setdefault(page.language, [0.0] * 8)
             for index, value in enumerate((errors, chars, errors_ns, chars_ns, cpu, wall, 1, low)):
                 row[index] += value
         for language, (e, c, ens, cns, cpu, wall, n, low) in by_language.items():
@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pages", type=int, default=3, help="pages per language (3)")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="which, comma-separated")
     parser.add_argument("--inputs", default="png,pdf", help="png (images), pdf (scanned PDFs)")
+    parser.add_argument("--points", type=int, default=FONT_POINTS, help="font size (12 pt)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     if shutil.which("tesseract") is None:
@@ -210,8 +211,8 @@ def main(argv: list[str] | None = None) -> None:
     version = subprocess.run(
         ["tesseract", "--version"], capture_output=True, text=True, check=False
     ).stdout
-    pages = make_pages(args.pages)
-    print(f"{version.splitlines()[0]}; {len(pages)} pages, {FONT_POINTS} pt at {DPI} dpi")
+    pages = make_pages(args.pages, points=args.points)
+    print(f"{version.splitlines()[0]}; {len(pages)} pages, {args.points} pt at {DPI} dpi")
     print(f"{'config':<10} {'input':<5} {'language':<8} {'pages':>5} {'CER':>7} "
           f"{'no sp.':>7} {'CPU ms/p':>9} {'pages/s':>8} {'low':>4}")  # fmt: skip
     rows = []
