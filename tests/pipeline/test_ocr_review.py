@@ -6,12 +6,16 @@ the Korean fixture rendered by PDFium (tests/pipeline/test_formats_ocr.py).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 import trio
 
+from testkit.embed_server import FakeEmbedServer
+from testkit.processes import FAST_WORKER, base_env, cli
 from tests import helpers
 from tests.pipeline.test_formats_ocr import needs_tesseract, scanned_pages
 from tests.pipeline.test_parse_step import TEXT, _claim, _parsed, _steps, store  # noqa: F401
@@ -133,3 +137,35 @@ def test_indexing_parsing_ocr_low_confidence_is_a_bounded_setting() -> None:
     assert load_settings(environ=environ).parsing.ocr_low_confidence == 75
     with pytest.raises(ConfigError, match="ocr-low-confidence"):
         load_settings(environ={"TRIOINDEX_PARSING_OCR_LOW_CONFIDENCE": "101"})
+
+
+@needs_tesseract
+@pytest.mark.slow
+def test_the_setting_reaches_a_worker_and_documents_list_shows_the_mark(
+    database_url: str, tmp_path: Path
+) -> None:
+    """``TRIOINDEX_PARSING_OCR_LOW_CONFIDENCE`` -> ``worker --drain`` -> ``documents list``."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "scan.png").write_bytes(scanned_pages()[1])
+    with FakeEmbedServer() as server:
+        env = base_env(
+            TRIOINDEX_DATABASE_URL=database_url,
+            TRIOINDEX_STORAGE_URL=(tmp_path / "blobs").as_uri(),
+            TRIOINDEX_EMBEDDING_API="tei",
+            TRIOINDEX_EMBEDDING_URL=server.url,
+            TRIOINDEX_EMBEDDING_MODEL="BAAI/bge-m3",
+            TRIOINDEX_EMBEDDING_DIMENSION="1024",
+            TRIOINDEX_HOME=str(tmp_path / "home"),
+            TRIOINDEX_PARSING_OCR_LOW_CONFIDENCE="100",
+            **FAST_WORKER,
+        )
+        assert cli(env, "ingest", str(docs)).returncode == 0
+        worked = cli(env, "worker", "--drain", timeout=300)
+        assert worked.returncode == 0, worked.stderr[-2000:]
+    listed = cli(env, "documents", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    (document,) = json.loads(listed.stdout)
+    (version,) = document["versions"]
+    assert version["low_confidence_pages"] == [1]
+    assert version["models"][0]["job_status"] == "SUCCEEDED"
