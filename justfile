@@ -126,6 +126,26 @@ bench *ARGS: setup
 bench-queue *ARGS: setup
     {{bin}}/python -m bench.queue "$@"
 
+# OCR quality and speed: CER per language (Korean, English) and CPU per page on pages rendered
+# from the Vim tutors and "scanned" (rotation, blur, noise), through trioindex's OCR path, with
+# the variants of page segmentation and dpi (docs/test-results/formats.md, about 15 min on 2
+# cores). Installs a Korean font (fonts-nanum) when root and missing.
+bench-ocr *ARGS: setup setup-ocr
+    #!/usr/bin/env bash
+    set -euo pipefail
+    if ! ls /usr/share/fonts/truetype/nanum/NanumGothic.ttf >/dev/null 2>&1 \
+        && [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+        echo "installing a Korean font (fonts-nanum), once" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-nanum >/dev/null \
+            || echo "bench-ocr: could not install fonts-nanum" >&2
+    fi
+    {{bin}}/python -m bench.ocr "$@"
+
+# PDF text engines: pypdf (today's) against PDFium on text-layer PDFs, CPU ms per page and text
+# agreement (docs/test-results/formats.md). Give PDF files or folders.
+bench-pdf *ARGS: setup
+    {{bin}}/python -m bench.pdf "$@"
+
 # Enqueue from SQL (trioindex_enqueue_documents) against the raw rows, one connection, in
 # batches (docs/test-results/enqueue.md).
 bench-enqueue *ARGS: setup

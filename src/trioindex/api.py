@@ -153,12 +153,14 @@ class Index:
         mode: SearchMode = DEFAULT_MODE,
         key_prefix: str | None = None,
         content_types: Sequence[str] = (),
+        low_confidence: bool | None = None,
         chunks_per_document: int = 3,
     ) -> list[DocumentHit]:
         """The ``top_k`` documents that best answer ``query``, best first, each with its best
         ``chunks_per_document`` chunks. ``key_prefix`` keeps documents whose key starts with it
         (a folder: ``"papers/"``); ``content_types`` keeps documents of those types
-        (``"text/markdown"``, or a family: ``"text"``). Raises
+        (``"text/markdown"``, or a family: ``"text"``); ``low_confidence`` True keeps only the
+        documents whose version OCR marked as of low confidence, False only the others. Raises
         :class:`~trioindex.search.QueryRefused` for a query it cannot answer."""
         (hits,) = await self.search_many(
             [query],
@@ -166,6 +168,7 @@ class Index:
             mode=mode,
             key_prefix=key_prefix,
             content_types=content_types,
+            low_confidence=low_confidence,
             chunks_per_document=chunks_per_document,
         )
         return _raise_refused(hits)
@@ -178,10 +181,16 @@ class Index:
         mode: SearchMode = DEFAULT_MODE,
         key_prefix: str | None = None,
         content_types: Sequence[str] = (),
+        low_confidence: bool | None = None,
     ) -> list[ChunkHit]:
         """The ``top_k`` best chunks, best first, however many come from one document."""
         (hits,) = await self.search_chunks_many(
-            [query], top_k=top_k, mode=mode, key_prefix=key_prefix, content_types=content_types
+            [query],
+            top_k=top_k,
+            mode=mode,
+            key_prefix=key_prefix,
+            content_types=content_types,
+            low_confidence=low_confidence,
         )
         return _raise_refused(hits)
 
@@ -193,6 +202,7 @@ class Index:
         mode: SearchMode = DEFAULT_MODE,
         key_prefix: str | None = None,
         content_types: Sequence[str] = (),
+        low_confidence: bool | None = None,
         chunks_per_document: int = 3,
         hnsw: HnswSettings = DEFAULT_HNSW,
     ) -> list[Answer[DocumentHit]]:
@@ -203,7 +213,7 @@ class Index:
         if top_k < 1 or chunks_per_document < 1:
             raise ValueError("top_k and chunks_per_document must be at least 1")
         depth = max(MIN_CANDIDATES, top_k * chunks_per_document * CANDIDATES_PER_DOCUMENT)
-        filters = _filters(key_prefix, content_types)
+        filters = _filters(key_prefix, content_types, low_confidence)
         ranked = await self._rank_many(queries, min(depth, MAX_CANDIDATES), mode, filters, hnsw)
         return [
             r if isinstance(r, QueryRefused) else document_hits(r, top_k, chunks_per_document)
@@ -218,6 +228,7 @@ class Index:
         mode: SearchMode = DEFAULT_MODE,
         key_prefix: str | None = None,
         content_types: Sequence[str] = (),
+        low_confidence: bool | None = None,
         hnsw: HnswSettings = DEFAULT_HNSW,
     ) -> list[Answer[ChunkHit]]:
         """One list of chunk hits (as :meth:`search_chunks`) per query, in order, as
@@ -225,7 +236,7 @@ class Index:
         if top_k < 1:
             raise ValueError("top_k must be at least 1")
         depth = top_k if mode == "vector" else max(top_k, MIN_CANDIDATES)
-        filters = _filters(key_prefix, content_types)
+        filters = _filters(key_prefix, content_types, low_confidence)
         ranked = await self._rank_many(queries, min(depth, MAX_CANDIDATES), mode, filters, hnsw)
         return [r if isinstance(r, QueryRefused) else chunk_hits(r, top_k) for r in ranked]
 
@@ -423,11 +434,14 @@ async def _answer(ranking: Awaitable[list[RankedChunk]]) -> Answer[RankedChunk]:
         return by_database
 
 
-def _filters(key_prefix: str | None, content_types: Sequence[str]) -> Filters:
+def _filters(
+    key_prefix: str | None, content_types: Sequence[str], low_confidence: bool | None = None
+) -> Filters:
     """The filters of a search, each value checked (:func:`filter_text`)."""
     return Filters(
         filter_text(key_prefix, "key_prefix") if key_prefix else None,
         tuple(filter_text(t, "content_types") for t in content_types),
+        low_confidence,
     )
 
 
@@ -531,6 +545,7 @@ class SyncIndex:
         mode: SearchMode = DEFAULT_MODE,
         key_prefix: str | None = None,
         content_types: Sequence[str] = (),
+        low_confidence: bool | None = None,
         chunks_per_document: int = 3,
     ) -> list[DocumentHit]:
         """:meth:`Index.search`, blocking."""
@@ -541,6 +556,7 @@ class SyncIndex:
                 mode=mode,
                 key_prefix=key_prefix,
                 content_types=content_types,
+                low_confidence=low_confidence,
                 chunks_per_document=chunks_per_document,
             )
         )
@@ -553,11 +569,17 @@ class SyncIndex:
         mode: SearchMode = DEFAULT_MODE,
         key_prefix: str | None = None,
         content_types: Sequence[str] = (),
+        low_confidence: bool | None = None,
     ) -> list[ChunkHit]:
         """:meth:`Index.search_chunks`, blocking."""
         return self._call(
             lambda index: index.search_chunks(
-                query, top_k=top_k, mode=mode, key_prefix=key_prefix, content_types=content_types
+                query,
+                top_k=top_k,
+                mode=mode,
+                key_prefix=key_prefix,
+                content_types=content_types,
+                low_confidence=low_confidence,
             )
         )
 
@@ -569,6 +591,7 @@ class SyncIndex:
         mode: SearchMode = DEFAULT_MODE,
         key_prefix: str | None = None,
         content_types: Sequence[str] = (),
+        low_confidence: bool | None = None,
         chunks_per_document: int = 3,
     ) -> list[Answer[DocumentHit]]:
         """:meth:`Index.search_many` (document hits, or a refusal per query), blocking."""
@@ -579,6 +602,7 @@ class SyncIndex:
                 mode=mode,
                 key_prefix=key_prefix,
                 content_types=content_types,
+                low_confidence=low_confidence,
                 chunks_per_document=chunks_per_document,
             )
         )

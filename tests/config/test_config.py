@@ -196,6 +196,7 @@ def test_every_key_is_settable_from_the_environment(tmp_path: Path) -> None:
         "indexing.parsing.max-document-size": ("512KiB", 524288),
         "indexing.parsing.timeout": ("90s", 90.0),
         "indexing.parsing.ocr": ("off", "off"),
+        "indexing.parsing.ocr-low-confidence": ("75", 75.0),
         "indexing.chunking.max-tokens": ("8", 8),
         "indexing.chunking.max-characters": ("50", 50),
         "indexing.chunking.overlap": ("0.25", 0.25),

@@ -438,6 +438,15 @@ KEYS: Final[tuple[KeySpec, ...]] = (
         choices=("auto", "off"),
     ),
     _key(
+        "indexing.parsing.ocr-low-confidence",
+        60,
+        Kind.FRACTION,
+        "0 <= x <= 100",
+        "OCR pages whose mean word confidence (0-100) is under this are marked, and their version",
+        field="parsing.ocr_low_confidence",
+        bound=Bound(low=0, high=100),
+    ),
+    _key(
         "indexing.chunking.max-tokens",
         256,
         Kind.INT,

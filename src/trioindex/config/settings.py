@@ -83,6 +83,7 @@ class ParsingSettings:
     chunk_max_characters: int
     chunk_overlap: float
     ocr: str = "auto"  # "off": scanned PDFs and images are refused without OCR
+    ocr_low_confidence: float = 60.0  # an OCR page's mean word confidence under this is marked
 
 
 @attrs.frozen

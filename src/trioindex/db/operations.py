@@ -307,7 +307,8 @@ def job_ids_with_prefix(conn: Connection, prefix: str, *, limit: int = 2) -> lis
 # --- documents and each model's state of them ----------------------------------------------------
 
 _VERSION_COLUMNS = """v.id AS version_id, v.version_no, v.byte_size, v.sha256, v.content_type,
-                      v.original_name, v.created_at AS version_created_at"""
+                      v.original_name, v.created_at AS version_created_at,
+                      v.ocr_low_confidence_pages"""
 
 # one row per job of the versions asked for: the job's model, and the version that model serves
 _MODEL_STATES = """
@@ -352,7 +353,9 @@ class ModelState:
 
 @attrs.frozen
 class VersionView:
-    """One version of a document (its bytes' facts) with every model's job for it."""
+    """One version of a document (its bytes' facts) with every model's job for it, and the
+    pages OCR read with low confidence (``low_confidence_pages``, in order; empty unless its
+    text came from OCR and some page was under ``indexing.parsing.ocr-low-confidence``)."""
 
     version_no: int
     byte_size: int
@@ -361,6 +364,12 @@ class VersionView:
     original_name: str
     created_at: datetime
     models: tuple[ModelState, ...]
+    low_confidence_pages: tuple[int, ...] = ()
+
+    @property
+    def low_confidence(self) -> bool:
+        """Whether OCR marked this version for a person to check."""
+        return bool(self.low_confidence_pages)
 
 
 @attrs.frozen
@@ -405,15 +414,23 @@ def _version(row: dict[str, Any], states: dict[UUID, tuple[ModelState, ...]]) ->
         row["original_name"],
         row["version_created_at"],
         states.get(row["version_id"], ()),
+        tuple(row["ocr_low_confidence_pages"] or ()),
     )
 
 
 def list_documents(
-    conn: Connection, *, prefix: str = "", after: str | None = None, limit: int = 100
+    conn: Connection,
+    *,
+    prefix: str = "",
+    after: str | None = None,
+    limit: int = 100,
+    low_confidence: bool | None = None,
 ) -> DocumentPage:
     """Documents whose key starts with ``prefix``, after the key ``after``, in key order, at
     most ``limit``: each with its newest version and every model's state of it. One snapshot
-    (a repeatable-read transaction), so a page never mixes two moments."""
+    (a repeatable-read transaction), so a page never mixes two moments. ``low_confidence``
+    True lists only the documents whose newest version OCR marked as of low confidence, False
+    only the others."""
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         rows = conn.execute(
@@ -425,8 +442,10 @@ def list_documents(
                               ORDER BY x.version_no DESC LIMIT 1) v ON true
                 WHERE starts_with(d.external_key, %(prefix)s)
                   AND (%(after)s::text IS NULL OR d.external_key > %(after)s)
+                  AND (%(low)s::boolean IS NULL
+                       OR (v.ocr_low_confidence_pages IS NOT NULL) = %(low)s)
                 ORDER BY d.external_key LIMIT %(limit)s""",
-            {"prefix": prefix, "after": after, "limit": limit + 1},
+            {"prefix": prefix, "after": after, "limit": limit + 1, "low": low_confidence},
         ).fetchall()
         page = rows[:limit]
         states = _model_states(conn, "v.id = ANY(%s)", [row["version_id"] for row in page])

@@ -20,11 +20,14 @@ IterativeScan = Literal["strict_order", "relaxed_order", "off"]
 
 @attrs.frozen
 class Filters:
-    """Which documents a search may return: a key prefix (a folder: ``"papers/"``) and content
-    types as ingest recorded them (``"text/markdown"``, or a family: ``"text"``)."""
+    """Which documents a search may return: a key prefix (a folder: ``"papers/"``), content
+    types as ingest recorded them (``"text/markdown"``, or a family: ``"text"``) and, when
+    ``low_confidence`` is not None, only the versions OCR marked as of low confidence (True) or
+    only the others (False)."""
 
     key_prefix: str | None = None
     content_types: tuple[str, ...] = ()
+    low_confidence: bool | None = None
 
     def sql(self) -> tuple[str, dict[str, Any]]:
         """``AND ...`` conditions over ``d`` (documents) and ``v`` (versions), and their params."""
@@ -38,6 +41,9 @@ class Filters:
                 " OR split_part(v.content_type, '/', 1) = ANY(%(content_types)s))"
             )
             params["content_types"] = list(self.content_types)
+        if self.low_confidence is not None:
+            where += " AND (v.ocr_low_confidence_pages IS NOT NULL) = %(low_confidence)s"
+            params["low_confidence"] = self.low_confidence
         return where, params
 
 
@@ -53,7 +59,7 @@ NO_FILTERS = Filters()
 DEFAULT_HNSW = HnswSettings()
 
 _COLUMNS = """c.id AS chunk_id, d.external_key, d.id AS document_id, v.version_no,
-              v.content_type, c.chunk_index, c.content"""
+              v.content_type, c.chunk_index, c.content, v.ocr_low_confidence_pages"""
 
 
 def nearest_chunks(

@@ -80,6 +80,7 @@ class ChunkCommit:
     chunks: Sequence[StoredChunk] = attrs.field(repr=False)
     replaced: int = 0
     ids: tuple[UUID, ...] = attrs.field(repr=False)
+    low_confidence_pages: tuple[int, ...] = ()  # pages OCR read with low confidence, if any
 
     @ids.default
     def _new_ids(self) -> tuple[UUID, ...]:
@@ -156,6 +157,11 @@ class EmbedSnapshot:
         )
 
 
+def _int_array(values: Sequence[int]) -> str | None:
+    """A PostgreSQL integer array literal (``{1,3}``), or None for none."""
+    return "{" + ",".join(str(int(v)) for v in values) + "}" if values else None
+
+
 def store_chunks_many(
     conn: Connection, commits: Sequence[ChunkCommit]
 ) -> list[EmbedSnapshot | int | Exception]:
@@ -197,7 +203,8 @@ def store_chunks_many(
         """SELECT * FROM trioindex_store_chunks_many(
                %b::uuid[], %b::uuid[], %b::uuid[], %b::uuid[],
                %b::uuid[], %b::text[], %b::text[], %b::bigint[], %b::int[], %b::int[], %b::int[],
-               %b::uuid[], %b::text[], %b::int[], %b::int[], %b::int[], %b::text[])""",
+               %b::uuid[], %b::text[], %b::int[], %b::int[], %b::int[], %b::text[],
+               %b::text[])""",
         (
             *claim_arrays([c.claim for c in ordered]),
             [c.snapshot.version_id for c in ordered],
@@ -213,6 +220,7 @@ def store_chunks_many(
             ends,
             tokens,
             hashes,
+            [_int_array(c.low_confidence_pages) for c in ordered],
         ),
     ).fetchall()
     for position, commit, row in zip(valid, ordered, rows, strict=True):

@@ -89,6 +89,7 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
             ("prefix", "only keys starting with this"),
             ("after", "the next_after of the previous page"),
             ("limit", "1 to 1000 (default 100)"),
+            ("low_confidence", "true: only documents OCR read with low confidence; false: others"),
         ),
     ),
     Endpoint(

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from trioindex.db.operations import DocumentView, VersionView, list_documents, show_document
 from trioindex.http.context import service
 from trioindex.http.errors import ApiError
-from trioindex.http.limits import check_text, int_param, priority_param
+from trioindex.http.limits import bool_param, check_text, int_param, priority_param
 from trioindex.http.metrics import UPLOADED
 from trioindex.http.upload import spooled_body
 from trioindex.ingest import latest_version
@@ -114,8 +114,10 @@ async def list_all(request: Request) -> Response:
     if after is not None:
         check_text("after", after)
     limit = int_param(params.get("limit"), "limit", default=100, low=1, high=MAX_PAGE)
+    flagged = params.get("low_confidence")
+    low_confidence = None if flagged is None else bool_param(flagged, "low_confidence")
     page = await service(request).services.db.run(
-        list_documents, prefix=prefix, after=after, limit=limit
+        list_documents, prefix=prefix, after=after, limit=limit, low_confidence=low_confidence
     )
     return JSONResponse(
         {

@@ -45,7 +45,7 @@ import trio_parallel  # type: ignore[import-untyped]
 from trioindex.errors import ContentInvalid, StepFailure, StorageUnavailable
 from trioindex.logs import JsonFormatter, configure_logging
 from trioindex.pipeline.chunking import ChunkDraft, Chunker
-from trioindex.pipeline.formats import DocumentFormat, OcrPolicy, extract_text
+from trioindex.pipeline.formats import DEFAULT_OCR, DocumentFormat, OcrPolicy, extract_text
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -73,6 +73,9 @@ class ParseRequest:
     content_type: str | None
     max_bytes: int
     ocr: bool = True  # indexing.parsing.ocr: scanned PDFs and images read by OCR (or refused)
+    # indexing.parsing.ocr-low-confidence: a page read with a mean word confidence under it is
+    # marked, and the version with it
+    ocr_low_confidence: float = DEFAULT_OCR.low_confidence
 
 
 @attrs.frozen
@@ -82,6 +85,7 @@ class ParsedDocument:
     chunks: list[ChunkDraft] = attrs.field(repr=False)
     format: DocumentFormat
     replaced: int = 0  # invalid byte sequences decoded as U+FFFD (see trioindex.pipeline.formats)
+    low_confidence_pages: tuple[int, ...] = ()  # the pages OCR read with low confidence
 
 
 def parse_document(request: ParseRequest, chunker: Chunker) -> ParsedDocument:
@@ -96,12 +100,17 @@ def parse_document(request: ParseRequest, chunker: Chunker) -> ParsedDocument:
         request.name,
         request.content_type,
         max_bytes=request.max_bytes,
-        ocr=OcrPolicy() if request.ocr else OcrPolicy(enabled=False),
+        ocr=OcrPolicy(enabled=request.ocr, low_confidence=request.ocr_low_confidence),
     )
     chunks = chunker.chunk(extracted.text)
     if not chunks:
         raise ContentInvalid("the document has no text to index")
-    return ParsedDocument(chunks=chunks, format=extracted.format, replaced=extracted.replaced)
+    return ParsedDocument(
+        chunks=chunks,
+        format=extracted.format,
+        replaced=extracted.replaced,
+        low_confidence_pages=extracted.low_confidence_pages,
+    )
 
 
 def _seconds(value: float) -> str:

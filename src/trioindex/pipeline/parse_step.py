@@ -20,7 +20,10 @@ the version still matches the snapshot, store the claim's set (``CHUNKS_STORED``
 ``EMBEDDING_STARTED``). A concurrent commit of the same set — another model's job sharing it —
 serialises on the version lock and finds the set stored: it converges without writing. The
 ``CHUNKS_STORED`` event says how many invalid byte sequences decoding replaced by U+FFFD
-(``replaced_sequences``, only when there were any) — a count, never the text.
+(``replaced_sequences``, only when there were any) — a count, never the text. A scan whose
+OCR read pages with low confidence marks the version with those pages
+(``document_versions.ocr_low_confidence_pages``) and an ``OCR_LOW_CONFIDENCE`` event, in the
+same transaction.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import trio
 from trioindex.db.steps import ChunkCommit, EmbedSnapshot, ParseSnapshot
 from trioindex.errors import ContentInvalid
 from trioindex.pipeline.chunking import Chunker
-from trioindex.pipeline.formats import DocumentFormat, detect_format
+from trioindex.pipeline.formats import DEFAULT_OCR, DocumentFormat, detect_format
 from trioindex.pipeline.parse_process import (
     DEFAULT_TIMEOUT,
     ParsedDocument,
@@ -53,7 +56,11 @@ _INLINE_FORMATS = frozenset({DocumentFormat.TEXT, DocumentFormat.MARKDOWN})
 
 
 def _request(
-    data: bytes, snapshot: ParseSnapshot, max_bytes: int, ocr: bool = True
+    data: bytes,
+    snapshot: ParseSnapshot,
+    max_bytes: int,
+    ocr: bool = True,
+    ocr_low_confidence: float = DEFAULT_OCR.low_confidence,
 ) -> ParseRequest:
     return ParseRequest(
         data=data,
@@ -62,6 +69,7 @@ def _request(
         content_type=snapshot.content_type,
         max_bytes=max_bytes,
         ocr=ocr,
+        ocr_low_confidence=ocr_low_confidence,
     )
 
 
@@ -76,12 +84,14 @@ async def parse_and_store(
     max_bytes: int,
     parse_timeout: float = DEFAULT_TIMEOUT,
     ocr: bool = True,
+    ocr_low_confidence: float = DEFAULT_OCR.low_confidence,
     cpu_limiter: trio.CapacityLimiter | None = None,
 ) -> EmbedSnapshot | int:
     """The step with its two transactions given: ``begin`` (prepare) and ``commit`` (store the
     chunks). ``admit`` is awaited before the bytes are read (the worker bounds how many large
-    documents it holds at once). ``ocr``: ``indexing.parsing.ocr`` is not ``off``. Returns what
-    ``commit`` returns, or the stored chunk count on a replay."""
+    documents it holds at once). ``ocr``: ``indexing.parsing.ocr`` is not ``off``;
+    ``ocr_low_confidence``: ``indexing.parsing.ocr-low-confidence``. Returns what ``commit``
+    returns, or the stored chunk count on a replay."""
     snapshot = await begin(claim)
     if snapshot.already_chunked:
         logger.debug("job %s: version already chunked, parse step replayed", claim.job_id)
@@ -93,7 +103,7 @@ async def parse_and_store(
     if admit is not None:
         await admit(snapshot)
     data = await store.get(snapshot.storage_key, max_bytes=max_bytes)
-    request = _request(data, snapshot, max_bytes, ocr)
+    request = _request(data, snapshot, max_bytes, ocr, ocr_low_confidence)
     inline = len(data) <= INLINE_PARSE_BYTES and (
         detect_format(data, snapshot.original_name, snapshot.content_type) in _INLINE_FORMATS
     )
@@ -112,4 +122,18 @@ async def parse_and_store(
             claim.job_id,
             parsed.replaced,
         )
-    return await commit(ChunkCommit(claim, snapshot, parsed.chunks, parsed.replaced))
+    if parsed.low_confidence_pages:
+        logger.info(
+            "job %s: OCR read %d page(s) with low confidence; the version is marked",
+            claim.job_id,
+            len(parsed.low_confidence_pages),
+        )
+    return await commit(
+        ChunkCommit(
+            claim,
+            snapshot,
+            parsed.chunks,
+            parsed.replaced,
+            low_confidence_pages=parsed.low_confidence_pages,
+        )
+    )

@@ -83,6 +83,7 @@ class DocumentHit:
     version_no: int
     content_type: str | None
     chunks: tuple[ChunkHit, ...]
+    low_confidence_pages: tuple[int, ...] = ()  # the pages OCR read with low confidence
 
     def as_json(self) -> dict[str, Any]:
         """The ``search --json`` element: chunks carry index, score and snippet."""
@@ -112,6 +113,7 @@ class RankedChunk:
     content_type: str | None
     chunk_index: int
     text: str = attrs.field(repr=False)
+    low_confidence_pages: tuple[int, ...] = ()
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> RankedChunk:
@@ -124,6 +126,7 @@ class RankedChunk:
             row["content_type"],
             row["chunk_index"],
             row["content"],
+            tuple(row.get("ocr_low_confidence_pages") or ()),
         )
 
 
@@ -161,6 +164,7 @@ def document_hits(
                 best.version_no,
                 best.content_type,
                 tuple(chunk_hits(chunks, chunks_per_document)),
+                best.low_confidence_pages,
             )
         )
     return hits

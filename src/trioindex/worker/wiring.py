@@ -37,6 +37,7 @@ from trioindex.embedding.batching import EmbeddingCoalescer
 from trioindex.errors import StateInconsistent
 from trioindex.pipeline.chunking import Chunker, ChunkingPolicy
 from trioindex.pipeline.embed_step import SLICE_ROWS, drafts_from_matrix
+from trioindex.pipeline.formats import DEFAULT_OCR
 from trioindex.pipeline.parse_process import DEFAULT_TIMEOUT
 from trioindex.pipeline.parse_step import parse_and_store
 from trioindex.services import Services, open_services
@@ -83,6 +84,7 @@ class PipelineSteps:
     max_document_bytes: int
     parse_timeout: float = DEFAULT_TIMEOUT
     ocr: bool = True  # indexing.parsing.ocr is not "off"
+    ocr_low_confidence: float = DEFAULT_OCR.low_confidence  # indexing.parsing.ocr-low-confidence
     cpu_limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))
     max_in_flight: int = 4
     # large documents reserve their size from before their bytes are read until the job ends
@@ -137,6 +139,7 @@ class PipelineSteps:
             max_bytes=self.max_document_bytes,
             parse_timeout=self.parse_timeout,
             ocr=self.ocr,
+            ocr_low_confidence=self.ocr_low_confidence,
             cpu_limiter=self.cpu_limiter,
         )
         self.large_documents.phase_done(claim.job_id)  # the statement's parameters are freed
@@ -232,6 +235,7 @@ def build_worker(
         max_document_bytes=settings.parsing.max_document_bytes,
         parse_timeout=settings.parsing.timeout,
         ocr=settings.parsing.ocr != "off",
+        ocr_low_confidence=settings.parsing.ocr_low_confidence,
         max_in_flight=settings.embedding.max_in_flight,
         index_keeper=index_keeper,
     )

@@ -466,13 +466,15 @@ $$;
 -- in chunk order) with CHUNKS_STORED and EMBEDDING_STARTED (progress 50). The version must
 -- still match the snapshot the parse was prepared from. When the set is already stored (another
 -- model's job shares it, or a repeated commit) nothing is written and started_embedding is
--- false: the caller prepares the embed step from the stored set.
+-- false: the caller prepares the embed step from the stored set. p_low_confidence[i] is NULL,
+-- or the pages OCR read with low confidence (an integer array literal, '{1,3}'): stored on the
+-- version (ocr_low_confidence_pages) with an OCR_LOW_CONFIDENCE event.
 CREATE FUNCTION trioindex_store_chunks_many(
     p_jobs uuid[], p_workers uuid[], p_tokens uuid[], p_attempts uuid[],
     p_versions uuid[], p_storage_keys text[], p_sha256s text[], p_byte_sizes bigint[],
     p_replaced integer[], p_first integer[], p_count integer[],
     c_ids uuid[], c_content text[], c_start integer[], c_end integer[], c_tokens integer[],
-    c_sha256s text[])
+    c_sha256s text[], p_low_confidence text[])
 RETURNS TABLE (
     job_id uuid, refusal text, message text, chunks integer, started_embedding boolean,
     model_id uuid, model_name text, dimension integer)
@@ -539,6 +541,15 @@ BEGIN
                 VALUES ('CHUNKS_STORED', j.id, v.id, p_attempts[i], p_workers[i], detail),
                        ('EMBEDDING_STARTED', j.id, v.id, p_attempts[i], p_workers[i],
                         jsonb_build_object('chunks', chunks, 'model', m.name));
+                IF p_low_confidence[i] IS NOT NULL THEN
+                    UPDATE document_versions
+                    SET ocr_low_confidence_pages = p_low_confidence[i]::integer[] WHERE id = v.id;
+                    INSERT INTO indexing_events
+                        (event_type, embedding_job_id, document_version_id, attempt_id,
+                         worker_id, detail)
+                    VALUES ('OCR_LOW_CONFIDENCE', j.id, v.id, p_attempts[i], p_workers[i],
+                            jsonb_build_object('pages', p_low_confidence[i]::integer[]));
+                END IF;
                 started_embedding := true;
             END IF;
         EXCEPTION WHEN SQLSTATE 'TI001' OR SQLSTATE 'TI002' OR SQLSTATE 'TI003' THEN
@@ -868,7 +879,8 @@ ALTER FUNCTION trioindex_lock_owned_job(uuid, uuid, uuid, uuid) SET enable_seqsc
 ALTER FUNCTION trioindex_begin_parse_many(uuid[], uuid[], uuid[], uuid[]) SET enable_seqscan = off;
 ALTER FUNCTION trioindex_store_chunks_many(
     uuid[], uuid[], uuid[], uuid[], uuid[], text[], text[], bigint[], integer[], integer[],
-    integer[], uuid[], text[], integer[], integer[], integer[], text[]) SET enable_seqscan = off;
+    integer[], uuid[], text[], integer[], integer[], integer[], text[], text[])
+    SET enable_seqscan = off;
 ALTER FUNCTION trioindex_store_embeddings_many(
     uuid[], uuid[], uuid[], uuid[], uuid[], uuid[], integer[], integer[], integer[], uuid[],
     vector[], text[]) SET enable_seqscan = off;

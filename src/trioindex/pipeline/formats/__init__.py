@@ -42,10 +42,11 @@ One module per concern:
 from trioindex.pipeline.formats.detect import DocumentFormat, detect_format
 from trioindex.pipeline.formats.extract import ExtractedText, extract_text
 from trioindex.pipeline.formats.limits import PDF_MAX_PAGES
-from trioindex.pipeline.formats.ocr import OcrPolicy
+from trioindex.pipeline.formats.ocr import DEFAULT_OCR, OcrPolicy
 
 # What the parse step, the tests and the benchmarks import; the rest stays in its module.
 __all__ = [
+    "DEFAULT_OCR",
     "PDF_MAX_PAGES",
     "DocumentFormat",
     "ExtractedText",

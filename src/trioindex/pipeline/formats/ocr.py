@@ -48,6 +48,7 @@ class OcrPolicy:
     page_seconds: float = 60.0  # a page's Tesseract run, killed past this
     dpi: int = 200  # a PDF page's rendering, before the pixel bound
     low_confidence: float = 60.0  # a page's mean word confidence (0-100) under this is marked
+    psm: int = 6  # Tesseract's page segmentation mode: 6 reads the page as one block of text
 
 
 DEFAULT_OCR = OcrPolicy()
@@ -95,7 +96,7 @@ def _tesseract(png: bytes, policy: OcrPolicy) -> tuple[str, float] | None:
         base = os.path.join(folder, "page")
         try:
             done = subprocess.run(
-                ["tesseract", "stdin", base, "-l", "+".join(_LANGUAGES), "--psm", "6",
+                ["tesseract", "stdin", base, "-l", "+".join(_LANGUAGES), "--psm", str(policy.psm),
                  "txt", "tsv"],
                 input=png,
                 capture_output=True,
