@@ -54,7 +54,12 @@ from trioindex.search import (
     vector_ranking,
 )
 from trioindex.search.query import filter_text
-from trioindex.services import Services, open_configured_embedder, open_services
+from trioindex.services import (
+    Services,
+    open_configured_embedder,
+    open_search_embedder,
+    open_services,
+)
 
 __all__ = ["FailedDocument", "Index", "IngestReport", "SyncIndex", "connect"]
 
@@ -292,13 +297,16 @@ class Index:
 
     async def open_model(self) -> None:
         """Open the embedding model now instead of at the first search that needs it (a
-        service that answers searches keeps it open from its start)."""
-        await self._query_embedder()
+        service that answers searches keeps it open from its start): this process's own,
+        never one borrowed from a worker."""
+        async with self._embedder_lock:
+            if self._embedder is None:
+                self._embedder = await open_configured_embedder(self._settings)
 
     async def _query_embedder(self) -> Embedder:
         async with self._embedder_lock:
             if self._embedder is None:
-                self._embedder = await open_configured_embedder(self._settings)
+                self._embedder = await open_search_embedder(self._settings)
             return self._embedder
 
     async def ingest(
