@@ -18,7 +18,8 @@ it again) and *warm* (another process holds the server, as a running worker does
 is measured three ways: against the tests' fake TEI server (a server model: nothing from torch
 is imported), and with the default local model while a ``trioindex worker`` of the same home
 runs (the search borrows the worker's loaded model over its socket) and after it stopped (the
-search loads the model itself); the worker first indexes ``docs/design``. The local model's
+search loads the model itself), in a home of their own whose worker first indexes
+``docs/design``. The local model's
 import and load time is one more subprocess that loads it and says how long each part took.
 Every command runs as in a user's shell, with Python's bytecode cache on (a
 ``PYTHONDONTWRITEBYTECODE`` of the calling environment is dropped). ``--baseline FILE.json``
@@ -72,10 +73,12 @@ def _user_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
-def _local_search(env: dict[str, str], runs: int) -> dict[str, dict[str, Any]]:
-    """``search`` with the local model while a worker of the home runs, then without one."""
+def _local_search(root: Path, runs: int) -> dict[str, dict[str, Any]]:
+    """``search`` with the local model while a worker of a home of its own (under ``root``:
+    the local model serves search there) runs, then without one."""
+    env = _user_env(worker_env(HOME=str(root / "local-home")))
     search = [CLI, "search", "how do workers share a queue"]
-    log = Path(env["TRIOINDEX_HOME"]).parent / "worker.log"
+    log = root / "worker.log"
     with log.open("wb") as out:
         worker = subprocess.Popen([CLI, "worker"], env=env, stdout=out, stderr=out)
     try:
@@ -91,6 +94,8 @@ def _local_search(env: dict[str, str], runs: int) -> dict[str, dict[str, Any]]:
         worker.send_signal(signal.SIGINT)
         worker.wait(90)
     cold = _time(search, env, min(runs, 3))
+    if warm["exit"] or cold["exit"]:
+        raise RuntimeError(f"search with the local model failed (see {log})")
     return {
         "trioindex search, local model (worker running)": warm,
         "trioindex search, local model (no worker)": cold,
@@ -155,7 +160,7 @@ def measure(runs: int) -> dict[str, dict[str, Any]]:
                 tei = _user_env(tei)
                 search = [CLI, "search", "how do workers share a queue"]
                 results["trioindex search, TEI model (warm)"] = _time(search, tei, runs)
-            results.update(_local_search(env, runs))
+            results.update(_local_search(Path(tmp), runs))
         finally:
             assert holder.stdin is not None
             holder.stdin.close()
