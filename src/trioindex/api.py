@@ -4,9 +4,10 @@ synchronous code), over the same database, object store and embedding model as t
 ``Index.open(settings)`` opens the shared resources (:func:`trioindex.services.open_services`;
 the schema is migrated and the configured model registered, as every command does). The
 embedding model is opened on the first search that needs it, so a text-only search or an
-ingest never loads it. ``SyncIndex`` runs one Trio event loop in a background thread for its
-whole life and sends each call to it, so a synchronous program pays the start-up (database,
-model) once, not per call.
+ingest never loads it; with the local model, a search borrows the model a worker of the same
+home has loaded when one lends it (:mod:`trioindex.embedding.warm`). ``SyncIndex`` runs one
+Trio event loop in a background thread for its whole life and sends each call to it, so a
+synchronous program pays the start-up (database, model) once, not per call.
 
 A query that cannot be answered (too long, too many terms, a vector that cannot be ranked:
 :mod:`trioindex.search.query`) is a :class:`~trioindex.search.QueryRefused`: ``search`` raises
