@@ -9,7 +9,9 @@ real model is made to fail, so a search that would load it fails the test.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,7 +44,18 @@ def home() -> Iterator[Path]:
 
 
 @pytest.fixture
-def settings(database_url: str, home: Path, db: Database) -> Settings:
+def env(database_url: str, home: Path) -> dict[str, str]:
+    return base_env(
+        TRIOINDEX_DATABASE_URL=database_url,
+        TRIOINDEX_EMBEDDING_API="local",
+        TRIOINDEX_EMBEDDING_MODEL=DEFAULT_MODEL,
+        TRIOINDEX_EMBEDDING_DIMENSION=str(DIM),
+        TRIOINDEX_HOME=str(home),
+    )
+
+
+@pytest.fixture
+def settings(env: dict[str, str], home: Path, db: Database) -> Settings:
     with db.connection() as conn:
         vectors = [fake_vector(t, DIM) for t in TEXTS]
         store_indexed(
@@ -50,13 +63,6 @@ def settings(database_url: str, home: Path, db: Database) -> Settings:
             ensure_model(conn, DEFAULT_MODEL, DIM),
             [IndexedDocument("queue.md", TEXTS, vectors)],
         )
-    env = base_env(
-        TRIOINDEX_DATABASE_URL=database_url,
-        TRIOINDEX_EMBEDDING_API="local",
-        TRIOINDEX_EMBEDDING_MODEL=DEFAULT_MODEL,
-        TRIOINDEX_EMBEDDING_DIMENSION=str(DIM),
-        TRIOINDEX_HOME=str(home),
-    )
     return load_settings(environ=env, cwd=home)
 
 
@@ -120,3 +126,27 @@ async def test_a_service_keeps_its_own_model(
             await index.search(TEXTS[1], mode="vector")
         assert (own.opened, lender.calls) == (1, 0)
         nursery.cancel_scope.cancel()
+
+
+async def test_the_search_command_borrowing_a_model_imports_no_torch(
+    settings: Settings, env: dict[str, str]
+) -> None:
+    lender = FakeEmbedder(dimension=DIM, model=DEFAULT_MODEL)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lend_model, settings.home, lender)
+        command = [sys.executable, "-X", "importtime", "-m", "trioindex.cli", "search", TEXTS[1]]
+        done = await trio.run_process(
+            [*command, "--mode", "vector", "--top-k", "1"], env=env, capture_stdout=True,
+            capture_stderr=True, check=False,
+        )  # fmt: skip
+        nursery.cancel_scope.cancel()
+    stdout, stderr = done.stdout.decode(), done.stderr.decode()
+    assert done.returncode == 0, stderr[-2000:]
+    assert "queue.md" in stdout and lender.calls == 1
+    imported = re.findall(r"^import time:.*\|\s*([\w.]+)$", stderr, re.MULTILINE)
+    assert "trioindex.embedding.warm" in imported
+    heavy = [
+        m for m in imported if m.split(".")[0] in {"torch", "transformers", "sentence_transformers"}
+    ]
+    assert heavy == []
+    assert "loading the model" not in stderr
