@@ -90,6 +90,7 @@ setup:
         } | sha256sum | cut -d' ' -f1
     }
     [[ -f $stamp && "$(<$stamp)" == "$(key)" ]] && exit 0
+    echo "setting up .venv: the locked environment and CPU-only torch (about a minute, once)" >&2
     command -v uv >/dev/null || python3 -m pip install -q uv
     uv sync --frozen --inexact --python 3.11 -q
     pip=(python3.11 -m pip --python {{bin}}/python install -q -r requirements-local.txt)

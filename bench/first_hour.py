@@ -15,9 +15,15 @@ root, with a throwaway ``TRIOINDEX_HOME``); the table gives the median and the r
 time and the median CPU time of the child processes. ``status`` is measured twice: *cold*
 (nothing else uses the embedded PostgreSQL, so the command starts it and the last user stops
 it again) and *warm* (another process holds the server, as a running worker does). ``search``
-talks to the tests' fake TEI server (a server model: nothing from torch is imported). The local
-model's import and load time is one more subprocess that loads it and says how long each part
-took. ``--baseline FILE.json`` adds the medians of an earlier run (e.g. before a change).
+is measured three ways: against the tests' fake TEI server (a server model: nothing from torch
+is imported), and with the default local model while a ``trioindex worker`` of the same home
+runs (the search borrows the worker's loaded model over its socket) and after it stopped (the
+search loads the model itself), in a home of their own whose worker first indexes
+``docs/design``. The local model's
+import and load time is one more subprocess that loads it and says how long each part took.
+Every command runs as in a user's shell, with Python's bytecode cache on (a
+``PYTHONDONTWRITEBYTECODE`` of the calling environment is dropped). ``--baseline FILE.json``
+adds the medians of an earlier run (e.g. before a change).
 """
 
 from __future__ import annotations
@@ -62,6 +68,40 @@ print(json.dumps({"import_s": t1 - t0, "load_s": time.perf_counter() - t1}))
 """
 
 
+def _user_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` as a user's shell has it: Python caches bytecode."""
+    return {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def _local_search(root: Path, runs: int) -> dict[str, dict[str, Any]]:
+    """``search`` with the local model while a worker of a home of its own (under ``root``:
+    the local model serves search there) runs, then without one."""
+    env = _user_env(worker_env(HOME=str(root / "local-home")))
+    search = [CLI, "search", "how do workers share a queue"]
+    log = root / "worker.log"
+    with log.open("wb") as out:
+        worker = subprocess.Popen([CLI, "worker"], env=env, stdout=out, stderr=out)
+    try:
+        began = time.perf_counter()
+        while "ready:" not in log.read_text(errors="replace"):
+            if worker.poll() is not None or time.perf_counter() - began > 600:
+                raise RuntimeError("the worker did not get ready:\n" + log.read_text()[-2000:])
+            time.sleep(0.2)
+        ingest = [CLI, "ingest", str(REPO_ROOT / "docs" / "design"), "--wait"]
+        subprocess.run(ingest, cwd=REPO_ROOT, env=env, capture_output=True, check=True)
+        warm = _time(search, env, runs)
+    finally:
+        worker.send_signal(signal.SIGINT)
+        worker.wait(90)
+    cold = _time(search, env, min(runs, 3))
+    if warm["exit"] or cold["exit"]:
+        raise RuntimeError(f"search with the local model failed (see {log})")
+    return {
+        "trioindex search, local model (worker running)": warm,
+        "trioindex search, local model (no worker)": cold,
+    }
+
+
 def _time(args: list[str], env: dict[str, str], runs: int) -> dict[str, Any]:
     walls, cpus, code = [], [], 0
     for _ in range(runs):
@@ -85,7 +125,7 @@ def measure(runs: int) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="trioindex-first-hour-") as tmp:
         Path(tmp).chmod(0o711)  # the embedded server's system user must reach the home in it
-        env = worker_env(HOME=str(Path(tmp) / "home"))
+        env = _user_env(worker_env(HOME=str(Path(tmp) / "home")))
         commands = {
             "just setup (already set up)": ["just", "setup"],
             "just cli --help": ["just", "cli", "--help"],
@@ -117,8 +157,10 @@ def measure(runs: int) -> dict[str, dict[str, Any]]:
                 results[name] = _time(args, env, runs)
             with EmbedServerProcess(latency_ms=1, dimension=1024) as server:
                 tei = worker_env(HOME=env["TRIOINDEX_HOME"], **tei_settings(server, 1024))
+                tei = _user_env(tei)
                 search = [CLI, "search", "how do workers share a queue"]
                 results["trioindex search, TEI model (warm)"] = _time(search, tei, runs)
+            results.update(_local_search(Path(tmp), runs))
         finally:
             assert holder.stdin is not None
             holder.stdin.close()
@@ -166,7 +208,8 @@ def fresh_clone(runs: int) -> dict[str, dict[str, Any]]:
     subprocess.run(
         ["git", "clone", "--quiet", "--branch", branch, str(REPO_ROOT), str(clone)], check=True
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRIOINDEX_", "VIRTUAL_ENV"))}
+    env = {k: v for k, v in _user_env(dict(os.environ)).items()
+           if not k.startswith(("TRIOINDEX_", "VIRTUAL_ENV"))}  # fmt: skip
     env["XDG_DATA_HOME"] = str(private / "share")
     home = private / "share" / "trioindex"
     worker: subprocess.Popen[bytes] | None = None

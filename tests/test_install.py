@@ -141,3 +141,19 @@ def test_setup_falls_back_to_the_pytorch_cpu_index_when_no_cpu_wheel_is_at_hand(
     assert len(calls) == 3 and calls[0].startswith("uv sync")
     assert "--extra-index-url" not in calls[1]
     assert f"--extra-index-url {CPU_INDEX}" in calls[2]
+
+
+def test_setup_says_what_it_installs_the_first_time_only(project: Path) -> None:
+    path = f"{project.parent / 'bin'}:{os.environ['PATH']}"
+    env = {**os.environ, "PATH": path, "INSTALL_LOG": str(project.parent / "i.log")}
+    said = []
+    for _ in range(2):
+        done = subprocess.run(
+            [real_just(), "setup"], cwd=project, env={**env, "LOCAL_CPU_WHEEL": "1"},
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        said.append(done.stderr.strip())
+    assert said == [
+        "setting up .venv: the locked environment and CPU-only torch (about a minute, once)",
+        "",
+    ]

@@ -4,9 +4,10 @@ synchronous code), over the same database, object store and embedding model as t
 ``Index.open(settings)`` opens the shared resources (:func:`trioindex.services.open_services`;
 the schema is migrated and the configured model registered, as every command does). The
 embedding model is opened on the first search that needs it, so a text-only search or an
-ingest never loads it. ``SyncIndex`` runs one Trio event loop in a background thread for its
-whole life and sends each call to it, so a synchronous program pays the start-up (database,
-model) once, not per call.
+ingest never loads it; with the local model, a search borrows the model a worker of the same
+home has loaded when one lends it (:mod:`trioindex.embedding.warm`). ``SyncIndex`` runs one
+Trio event loop in a background thread for its whole life and sends each call to it, so a
+synchronous program pays the start-up (database, model) once, not per call.
 
 A query that cannot be answered (too long, too many terms, a vector that cannot be ranked:
 :mod:`trioindex.search.query`) is a :class:`~trioindex.search.QueryRefused`: ``search`` raises
@@ -54,7 +55,12 @@ from trioindex.search import (
     vector_ranking,
 )
 from trioindex.search.query import filter_text
-from trioindex.services import Services, open_configured_embedder, open_services
+from trioindex.services import (
+    Services,
+    open_configured_embedder,
+    open_search_embedder,
+    open_services,
+)
 
 __all__ = ["FailedDocument", "Index", "IngestReport", "SyncIndex", "connect"]
 
@@ -303,13 +309,16 @@ class Index:
 
     async def open_model(self) -> None:
         """Open the embedding model now instead of at the first search that needs it (a
-        service that answers searches keeps it open from its start)."""
-        await self._query_embedder()
+        service that answers searches keeps it open from its start): this process's own,
+        never one borrowed from a worker."""
+        async with self._embedder_lock:
+            if self._embedder is None:
+                self._embedder = await open_configured_embedder(self._settings)
 
     async def _query_embedder(self) -> Embedder:
         async with self._embedder_lock:
             if self._embedder is None:
-                self._embedder = await open_configured_embedder(self._settings)
+                self._embedder = await open_search_embedder(self._settings)
             return self._embedder
 
     async def ingest(

@@ -9,13 +9,14 @@ every :data:`LINE_SECONDS` of Trio's clock and one at the end, so a long wait is
 from __future__ import annotations
 
 import sys
+from datetime import UTC
 from typing import Any, TextIO
 from uuid import UUID
 
 import attrs
 import trio
 
-from trioindex.db.operations import jobs_progress, live_worker_count
+from trioindex.db.operations import abandoned_leases, jobs_progress, live_worker_count
 from trioindex.db.pool import Database
 
 POLL_SECONDS = 0.5
@@ -26,6 +27,14 @@ NO_WORKER_HINT = (
     "no live worker is registered (none RUNNING with a heartbeat in the last {timeout:.0f}s), "
     "so nothing will index these jobs: start one with `trioindex worker` (`just worker` in the "
     "project) in another terminal; still waiting"
+)
+LEASE_WAIT = (
+    "waiting for the lease on {key}: its worker {worker} stopped without handing the job back;"
+    " the lease runs until {until:%H:%M:%S} UTC (in {left}), then a live worker takes it over"
+)
+LEASE_OVER = (
+    "waiting for {key}: its worker {worker} stopped without handing the job back; its lease ran"
+    " out at {until:%H:%M:%S} UTC, and the next live worker's recovery check takes it over"
 )
 
 
@@ -60,13 +69,16 @@ async def wait_for_jobs(
 
     With ``show``, progress goes to ``out`` (default stdout): a live bar on a terminal, plain
     lines otherwise. With ``heartbeat_timeout``, says once (on stderr) when no live worker is
-    registered, since then the wait would otherwise sit at 0 done with no explanation.
+    registered, since then the wait would otherwise sit at 0 done with no explanation, and once
+    per lease when a job is held by a worker that is not live: whose lease it waits for, and
+    until when.
     """
     if not job_ids:
         return WaitResult((), frozenset())
     stream = sys.stdout if out is None else out
     display = (_Bar(stream) if stream.isatty() else _Lines(stream)) if show else None
     polls, hinted = 0, False
+    leases_said: set[tuple[UUID, Any, bool]] = set()  # job, lease end, whether it ran out
     try:
         while True:
             rows = await db.run(jobs_progress, job_ids)
@@ -83,17 +95,32 @@ async def wait_for_jobs(
             if finished:
                 removed = frozenset(job_ids) - {r["id"] for r in rows}
                 return WaitResult(tuple(rows), removed)
-            check = heartbeat_timeout is not None and not hinted
-            if check and polls % WORKER_CHECK_POLLS == 0:
-                assert heartbeat_timeout is not None
-                hinted = await db.run(live_worker_count, heartbeat_timeout) == 0
-                if hinted:  # stderr: the live bar redraws below it
-                    print(NO_WORKER_HINT.format(timeout=heartbeat_timeout), file=sys.stderr)
+            if heartbeat_timeout is not None and polls % WORKER_CHECK_POLLS == 0:
+                if not hinted:
+                    hinted = await db.run(live_worker_count, heartbeat_timeout) == 0
+                    if hinted:  # stderr: the live bar redraws below it
+                        print(NO_WORKER_HINT.format(timeout=heartbeat_timeout), file=sys.stderr)
+                for lease in await db.run(abandoned_leases, job_ids, heartbeat_timeout):
+                    said = (lease["id"], lease["lease_expires_at"], lease["seconds_left"] <= 0)
+                    if said not in leases_said:
+                        leases_said.add(said)
+                        print(_lease_note(lease), file=sys.stderr)
             polls += 1
             await trio.sleep(POLL_SECONDS)
     finally:
         if display is not None:
             display.close()
+
+
+def _lease_note(lease: dict[str, Any]) -> str:
+    left = float(lease["seconds_left"])
+    text = LEASE_WAIT if left > 0 else LEASE_OVER
+    return text.format(
+        key=lease["external_key"],
+        worker=str(lease["worker_id"])[:8],
+        until=lease["lease_expires_at"].astimezone(UTC),
+        left=_elapsed(left),
+    )
 
 
 class _Lines:

@@ -9,6 +9,7 @@ logged (one line each, never a credential) in one place. Settings flow in only: 
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -67,6 +68,22 @@ async def open_configured_embedder(settings: Settings) -> Embedder:
     where = "in-process" if e.api == "local" else f"{e.api} at {redact_url(e.url or '')}"
     logger.info("embedding: %s (%s, %d dimensions)", e.model, where, e.dimension)
     return embedder
+
+
+async def open_search_embedder(settings: Settings) -> Embedder:
+    """The embedder for queries: with the local model, one that borrows the model a worker of
+    the same home has loaded (:mod:`trioindex.embedding.warm`) and loads its own only when
+    none answers; an embedding server's client otherwise."""
+    if settings.embedding.api != "local":
+        return await open_configured_embedder(settings)
+    from trioindex.embedding import EmbedderInfo
+    from trioindex.embedding.warm import open_query_embedder
+
+    e = settings.embedding
+    info = EmbedderInfo.configured(e.model, e.dimension, e.batch_size)
+    return await open_query_embedder(
+        settings.home, info, functools.partial(open_configured_embedder, settings)
+    )
 
 
 @attrs.define(eq=False)

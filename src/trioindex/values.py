@@ -184,6 +184,10 @@ class JobView:
     created_at: datetime
     finished_at: datetime | None
     attempts: tuple[AttemptView, ...] = ()
+    # the attempts since the job was created or last retried (a handed-back one spends
+    # nothing), and the budget they count against: what `worker.max-attempts` gave it
+    attempts_spent: int = 0
+    attempt_budget: int = 0
 
     @classmethod
     def from_row(cls, row: dict[str, Any], attempts: tuple[AttemptView, ...] = ()) -> JobView:
@@ -209,6 +213,8 @@ class JobView:
             created_at=row["created_at"],
             finished_at=row["finished_at"],
             attempts=attempts,
+            attempts_spent=row["attempts_spent"],
+            attempt_budget=row["attempts_spent"] + row["max_attempts"] - row["attempt_count"],
         )
 
 

@@ -1,21 +1,25 @@
 """``ingest --wait`` (``progress.wait_for_jobs``) on real PostgreSQL: it ends when every job it
-waits for has finished or was removed with its document, and without a terminal it prints a
-progress line every few seconds (on Trio's virtual clock)."""
+waits for has finished or was removed with its document, without a terminal it prints a
+progress line every few seconds (on Trio's virtual clock), and it says whose lease it waits
+for, and until when, when a job's worker died holding it."""
 
 from __future__ import annotations
 
 import io
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, cast
 from uuid import UUID, uuid4
 
+import pytest
 import trio
 
 from tests import helpers
+from trioindex.db import jobs as lifecycle
 from trioindex.db.documents import delete_documents
-from trioindex.db.operations import jobs_progress, live_worker_count
+from trioindex.db.operations import abandoned_leases, jobs_progress, live_worker_count
 from trioindex.db.pool import Database
-from trioindex.progress import LINE_SECONDS, wait_for_jobs
+from trioindex.progress import LINE_SECONDS, POLL_SECONDS, WORKER_CHECK_POLLS, wait_for_jobs
 
 
 async def test_a_wait_ends_when_a_waited_for_document_is_deleted_and_says_so(
@@ -44,10 +48,13 @@ class _Jobs:
 
     def __init__(self, job: UUID) -> None:
         self.row = {"id": job, "status": "PENDING", "embedded": 0, "external_key": "slow.txt"}
+        self.leases: list[dict[str, Any]] = []  # what abandoned_leases answers
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         if fn is jobs_progress:
             return [dict(self.row)]
+        if fn is abandoned_leases:
+            return list(self.leases)
         assert fn is live_worker_count
         return 1
 
@@ -73,4 +80,55 @@ async def test_without_a_terminal_a_line_every_few_seconds_and_one_at_the_end(
         "indexing: 0/1 documents done, 0 chunks embedded (5s)",
         "indexing: 0/1 documents done, 0 chunks embedded (10s)",
         "indexing: 1/1 documents done, 3 chunks embedded (13s)",
+    ]
+
+
+def test_a_job_held_by_a_worker_that_is_not_live_is_found_with_its_lease(db: Database) -> None:
+    with db.connection() as conn:
+        model = helpers.model(conn)
+        held = helpers.enqueue(conn, model.id, "held.txt")
+        other = helpers.enqueue(conn, model.id, "other.txt")
+        worker = helpers.worker(conn)
+        claims = lifecycle.claim_jobs(conn, worker, 2, 40)
+        assert {c.job_id for c in claims} == {held.job_id, other.job_id}
+        jobs = [held.job_id, other.job_id]
+        assert abandoned_leases(conn, jobs, 60) == []  # its worker is live
+        conn.execute(
+            "UPDATE indexing_workers SET last_heartbeat_at = now() - interval '1 hour'"
+        )  # killed: no heartbeat since
+        found = abandoned_leases(conn, [held.job_id], 60)
+        assert [(r["id"], r["external_key"], r["worker_id"]) for r in found] == [
+            (held.job_id, "held.txt", worker)
+        ]
+        assert 30 < found[0]["seconds_left"] <= 40
+        helpers.expire_lease(conn, held.job_id)
+        assert abandoned_leases(conn, [held.job_id], 60)[0]["seconds_left"] == 0
+
+
+async def test_a_wait_says_once_whose_lease_it_waits_for_and_until_when(
+    autojump_clock: trio.abc.Clock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    jobs = _Jobs(uuid4())
+    jobs.row["status"] = "PROCESSING"
+    worker = UUID("1a2b3c4d-0000-0000-0000-000000000000")
+    until = datetime(2026, 12, 2, 4, 41, 7, tzinfo=UTC)
+    lease = {"id": jobs.row["id"], "external_key": "slow.txt", "worker_id": worker}
+    jobs.leases = [{**lease, "lease_expires_at": until, "seconds_left": 25.0}]
+
+    async def lease_runs_out_then_done() -> None:
+        await trio.sleep(POLL_SECONDS * WORKER_CHECK_POLLS * 2.5)  # two checks, said once
+        jobs.leases = [{**lease, "lease_expires_at": until, "seconds_left": 0.0}]
+        await trio.sleep(POLL_SECONDS * WORKER_CHECK_POLLS * 2)
+        jobs.row.update(status="SUCCEEDED", embedded=3)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lease_runs_out_then_done)
+        await wait_for_jobs(
+            cast(Database, jobs), [jobs.row["id"]], show=False, heartbeat_timeout=60
+        )
+    assert capsys.readouterr().err.splitlines() == [
+        "waiting for the lease on slow.txt: its worker 1a2b3c4d stopped without handing the job"
+        " back; the lease runs until 04:41:07 UTC (in 25s), then a live worker takes it over",
+        "waiting for slow.txt: its worker 1a2b3c4d stopped without handing the job back; its"
+        " lease ran out at 04:41:07 UTC, and the next live worker's recovery check takes it over",
     ]

@@ -152,7 +152,8 @@ def _main(
 ) -> None:
     # Start-up stays lean: each command imports what it needs (psycopg, Trio, torch, minio, the
     # parsers, the embedding clients) inside its own body, so `--help` and `--version` load
-    # none of them and `search` against an embedding server never loads torch.
+    # none of them, and `search` against an embedding server or with a worker's model borrowed
+    # (trioindex.embedding.warm) never loads torch.
     pass
 
 

@@ -222,8 +222,8 @@ def jobs_list(
             message = " ".join((job.last_failure_message or "").split())
             failure = f"{job.last_failure_type}" + (f": {message[:120]}" if message else "")
         typer.echo(
-            f"{job.id}  {job.status:10} {_done(job):>4}  {job.attempt_count:>3}/"
-            f"{job.max_attempts:<4}  {document:{width}}  {failure}".rstrip()
+            f"{job.id}  {job.status:10} {_done(job):>4}  {job.attempts_spent:>3}/"
+            f"{job.attempt_budget:<4}  {document:{width}}  {failure}".rstrip()
         )
     if page.total > len(page.jobs):
         typer.echo(f"{len(page.jobs)} of {page.total} jobs (--limit shows more)")
@@ -283,7 +283,8 @@ def jobs_show(
     typer.echo(f"document {job.document_key} version {job.version_no} ({served})")
     typer.echo(
         f"model {job.model}, priority {job.priority},"
-        f" attempts {job.attempt_count}/{job.max_attempts}"
+        f" attempts {job.attempts_spent}/{job.attempt_budget}"
+        + (f" ({job.attempt_count} in all)" if job.attempt_count != job.attempts_spent else "")
     )
     if job.last_failure_type:
         typer.echo(f"last failure: {job.last_failure_type}: {job.last_failure_message}")

@@ -29,7 +29,13 @@ SELECT j.id, j.status, j.priority, j.attempt_count, j.max_attempts, j.available_
        EXISTS (SELECT 1 FROM served_versions s
                WHERE s.embedding_model_id = j.embedding_model_id
                  AND s.document_version_id = j.document_version_id) AS version_served,
-       m.name AS model_name
+       m.name AS model_name,
+       (SELECT count(*) FROM embedding_job_attempts a
+        WHERE a.embedding_job_id = j.id AND a.status <> 'CANCELLED'
+          AND a.started_at > coalesce(
+              (SELECT max(e.created_at) FROM indexing_events e
+               WHERE e.embedding_job_id = j.id AND e.event_type = 'JOB_RETRY_REQUESTED'),
+              '-infinity')) AS attempts_spent
 FROM embedding_jobs j
 JOIN document_versions v ON v.id = j.document_version_id
 JOIN documents d ON d.id = v.document_id
@@ -262,6 +268,29 @@ def jobs_progress(conn: Connection, job_ids: list[UUID]) -> list[dict[str, Any]]
            JOIN documents d ON d.id = v.document_id
            WHERE j.id = ANY(%s)""",
         (job_ids,),
+    ).fetchall()
+
+
+def abandoned_leases(
+    conn: Connection, job_ids: list[UUID], heartbeat_timeout: float
+) -> list[dict[str, Any]]:
+    """The given jobs that are PROCESSING under a worker that is not live (not RUNNING, or no
+    heartbeat within ``heartbeat_timeout`` seconds): each with its document key, that worker
+    and when its lease expires (``seconds_left``, 0 once it has), for ``ingest --wait``."""
+    return conn.execute(
+        """SELECT j.id, d.external_key, j.worker_id, j.lease_expires_at,
+                  greatest(0, extract(epoch FROM j.lease_expires_at - now()))::float8
+                      AS seconds_left
+           FROM embedding_jobs j
+           JOIN document_versions v ON v.id = j.document_version_id
+           JOIN documents d ON d.id = v.document_id
+           WHERE j.id = ANY(%s) AND j.status = 'PROCESSING'
+             AND NOT EXISTS (
+                 SELECT 1 FROM indexing_workers w
+                 WHERE w.id = j.worker_id AND w.status = 'RUNNING'
+                   AND w.last_heartbeat_at > now() - make_interval(secs => %s))
+           ORDER BY d.external_key""",
+        (job_ids, heartbeat_timeout),
     ).fetchall()
 
 

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
-import httpx
 import trio
 
 from trioindex.config import EMBEDDING_APIS, URL_APIS, redact_url, value_problem
 from trioindex.errors import ConfigError
+
+if TYPE_CHECKING:  # the HTTP client is imported with the provider that uses it
+    import httpx
 
 logger = logging.getLogger(__name__)
 
