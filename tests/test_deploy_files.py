@@ -518,6 +518,27 @@ def test_runs_as_a_non_root_user_with_a_writable_home() -> None:
     assert env_of(stage)["TRIOINDEX_HOME"] == useradd[useradd.index("--home-dir") + 1]
 
 
+def test_builds_with_the_builders_own_frontend() -> None:
+    """A ``# syntax=`` directive makes BuildKit fetch that frontend image from a registry, so
+    the build would fail offline even with every base image present locally."""
+    for line in DOCKERFILE.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        assert not re.match(r"#\s*syntax\s*=", line, re.I), line
+
+
+def test_runtime_stage_has_tesseract_with_korean_and_english() -> None:
+    """OCR (the scanned-PDF and image formats) needs Tesseract with both languages at run time,
+    so the packages are installed in the final stage, not a build stage."""
+    installed = {
+        word
+        for c in final_stage()
+        if c.cmd == "RUN" and "apt-get install" in c.value[0]
+        for word in shlex.split(c.value[0])
+    }
+    assert {"tesseract-ocr", "tesseract-ocr-kor", "tesseract-ocr-eng"} <= installed
+
+
 def test_entrypoint_runs_the_worker() -> None:
     """`trioindex` is the entrypoint and `worker` the default command, so `docker run IMAGE
     status` (or `ingest`, `--help`) runs that command instead of the worker's options."""
