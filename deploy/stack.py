@@ -30,13 +30,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from deploy import checks
+from deploy import checks, compose_run
 from deploy.compose import Project, load
 from deploy.engine import Engine, EngineUnavailable, detect, log, state_dir
 from deploy.images import (
+    PGVECTOR,
     PROJECT_IMAGE,
-    STANDIN_PGVECTOR,
-    STANDIN_SERVICES,
+    SERVICE_STANDINS,
     BaseImages,
     base_images,
     build_project,
@@ -46,17 +46,6 @@ from deploy.images import (
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose.yaml"
-
-# compose image (prefix) -> (stand-in image, entrypoint that makes it behave like the original)
-SERVICE_STANDINS: dict[str, tuple[str, list[str] | None]] = {
-    "minio/minio:": (STANDIN_SERVICES, ["minio"]),
-    "minio/mc:": (STANDIN_SERVICES, ["mc"]),
-    "ghcr.io/huggingface/text-embeddings-inference:": (
-        STANDIN_SERVICES,
-        ["text-embeddings-router"],
-    ),
-}
-PGVECTOR = ("pgvector/pgvector:", (STANDIN_PGVECTOR, None))
 
 
 def project_for(
@@ -159,18 +148,20 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_check(args: argparse.Namespace) -> int:
+def check_podman(args: argparse.Namespace) -> dict[str, Any]:
+    """The fallback where Docker cannot run: podman, with deploy/compose.py starting the
+    containers compose.yaml describes (podman-compose cannot honour the file)."""
     started = time.monotonic()
-    try:
-        engine = detect(install=not args.no_install)
-    except EngineUnavailable as error:
-        print(json.dumps({"ok": False, "skipped": str(error)}))
-        return 3
+    engine = detect(install=not args.no_install)
     registry = registry_reachable()
     times = build_all(engine, registry=registry)
     env = check_env()
     project = project_for(engine, env, registry=registry, name=args.project)
-    result: dict[str, Any] = {"registry reachable": registry, "images": dict(project.images)}
+    result: dict[str, Any] = {
+        "engine": "podman (compose.yaml read by deploy/compose.py)",
+        "registry reachable": registry,
+        "images": dict(project.images),
+    }
     project.before_start = lambda service: checks.before_start(project, service)
     project.down()  # whatever an interrupted run left
     try:
@@ -186,6 +177,28 @@ def cmd_check(args: argparse.Namespace) -> int:
     result["seconds"] = {k: round(v, 1) for k, v in times.items()}
     result["versions"] = versions(engine)
     result["ok"] = all(c["ok"] for c in result["checks"].values())
+    return result
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Docker + Compose v2 on the unmodified compose.yaml; podman where Docker cannot run
+    (``TRIOINDEX_DEPLOY_ENGINE=docker|podman`` picks one)."""
+    wanted = os.environ.get("TRIOINDEX_DEPLOY_ENGINE", "")
+    result: dict[str, Any] | None = None
+    if wanted in ("", "docker"):
+        try:
+            result = compose_run.run(check_env(), install=not args.no_install)
+        except EngineUnavailable as error:
+            if wanted == "docker":
+                print(json.dumps({"ok": False, "skipped": str(error)}))
+                return 3
+            log(f"Docker Compose cannot run here ({error}); podman instead")
+    if result is None:
+        try:
+            result = check_podman(args)
+        except EngineUnavailable as error:
+            print(json.dumps({"ok": False, "skipped": str(error)}))
+            return 3
     text = json.dumps(result, indent=2)
     print(text)
     (state_dir() / "last-check.json").write_text(text + "\n", encoding="utf-8")
@@ -201,13 +214,15 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("up", help="build and start the stack, keep it running")
     check = sub.add_parser("check", help="build, start, check, tear down")
     check.add_argument("--output", help="also write the JSON result here")
-    check.add_argument("--no-install", action="store_true", help="never apt-get install podman")
+    check.add_argument(
+        "--no-install", action="store_true", help="never apt-get install docker.io or podman"
+    )
     sub.add_parser("down", help="remove the project's containers, network and volumes")
     args = parser.parse_args(argv)
     handler = {"up": cmd_up, "check": cmd_check, "down": cmd_down}[args.command]
     try:
         return handler(args)
-    except (RuntimeError, TimeoutError, subprocess.TimeoutExpired) as error:
+    except (RuntimeError, TimeoutError, ValueError, subprocess.TimeoutExpired) as error:
         log(f"failed: {error}")
         return 1
 

@@ -653,3 +653,31 @@ print("ok")
     done = run([sys.executable, "-c", script], env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+# --------------------------------------------------------------------------------------------
+# What `just deploy-test` relies on in compose.yaml (deploy/compose_stack.py runs it unmodified)
+
+
+def test_deploy_test_moves_every_published_port_through_the_files_own_variables() -> None:
+    """The deployment test picks free loopback ports through these variables, so a published
+    port without one (or a variable it does not know) would collide on a busy host."""
+    from deploy.compose_stack import PORT_VARIABLES
+
+    raw = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+    published = [str(port) for spec in raw["services"].values() for port in spec.get("ports", [])]
+    matches = [re.fullmatch(r"127\.0\.0\.1:\$\{(\w+):-\d+\}:\d+", p) for p in published]
+    assert all(matches), published
+    assert {m[1] for m in matches if m} == set(PORT_VARIABLES)
+
+
+def test_deploy_test_has_a_stand_in_for_every_image_compose_pulls() -> None:
+    """Offline, every image compose.yaml pulls is built here under its own name; a new image in
+    the file without a stand-in would make `docker compose up` try a registry and fail."""
+    from deploy.images import PGVECTOR, SERVICE_STANDINS
+
+    prefixes = (*SERVICE_STANDINS, PGVECTOR[0])
+    raw = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+    pulled = [s["image"] for s in raw["services"].values() if "build" not in s]
+    assert pulled
+    assert [i for i in pulled if not i.startswith(prefixes)] == []
