@@ -108,7 +108,9 @@ def install_docker() -> None:
         return
     _need_root("dockerd")
     log("installing docker.io with apt-get")
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "docker.io"]
+    # Waits for the dpkg lock rather than failing while another apt-get runs.
+    install = ["apt-get", "-o", "DPkg::Lock::Timeout=600", "install", "-y", "-q",
+               "--no-install-recommends", "docker.io"]  # fmt: skip
     try:
         _run(install, timeout=900)
     except EngineUnavailable:
@@ -116,20 +118,25 @@ def install_docker() -> None:
         _run(install, timeout=900)
 
 
-def _compose_works() -> str | None:
+def _client_output(*args: str) -> str | None:
+    """stdout of one docker client command against our daemon, or None when it fails."""
     docker = client()
     if docker is None:
         return None
     done = subprocess.run(
-        [docker, "compose", "version", "--short"],
+        [docker, *args],
         env={**os.environ, **client_env()},
         capture_output=True,
         text=True,
         timeout=30,
         check=False,
     )
-    version = done.stdout.strip().removeprefix("v")
-    return version if done.returncode == 0 and version[:1].isdigit() and version[0] != "1" else None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _compose_works() -> str | None:
+    version = (_client_output("compose", "version", "--short") or "").removeprefix("v")
+    return version if version[:1].isdigit() and version[0] != "1" else None
 
 
 def install_compose() -> str:
@@ -180,18 +187,7 @@ def _fetch_compose() -> str:
 
 
 def _answers() -> bool:
-    docker = client()
-    if docker is None or not socket_path().exists():
-        return False
-    done = subprocess.run(
-        [docker, "info", "--format", "{{.ServerVersion}}"],
-        env={**os.environ, **client_env()},
-        capture_output=True,
-        text=True,
-        timeout=20,
-        check=False,
-    )
-    return done.returncode == 0 and bool(done.stdout.strip())
+    return socket_path().exists() and bool(_client_output("info", "--format", "{{.ServerVersion}}"))
 
 
 def start(*, install: bool = True) -> bool:
