@@ -55,6 +55,31 @@ def versions(engine: Engine) -> dict[str, str]:
     return found
 
 
+def _engine(variables: dict[str, str]) -> Engine:
+    exe = dockerd.client()
+    assert exe is not None
+    return Engine("docker", exe, {**dockerd.client_env(), **variables})
+
+
+def up() -> str:
+    """Start the private engine and ``docker compose up --wait`` with the environment's own
+    variables (compose.yaml's defaults otherwise); leave it running. Returns how to reach it."""
+    dockerd.start()
+    engine = _engine({})
+    project = project_for(engine)
+    prepare_images(engine, project, registry=registry_reachable())
+    project.up()
+    env = " ".join(f"{k}={v}" for k, v in dockerd.client_env().items())
+    return f"{env} docker compose ps"
+
+
+def down() -> None:
+    """``docker compose down -v`` on the private engine, then stop it (if it is running)."""
+    if dockerd.running():
+        project_for(_engine({})).down()
+    dockerd.stop()
+
+
 def run(secrets: dict[str, str], *, install: bool = True) -> dict[str, Any]:
     """``secrets``: compose.yaml's password variables, set to fresh random values. Raises
     EngineUnavailable when Docker or Compose v2 cannot be had or started."""
@@ -62,9 +87,7 @@ def run(secrets: dict[str, str], *, install: bool = True) -> dict[str, Any]:
     times: dict[str, float] = {}
     we_started = dockerd.start(install=install)
     times["engine (install, start)"] = time.monotonic() - started
-    exe = dockerd.client()
-    assert exe is not None
-    engine = Engine("docker", exe, {**dockerd.client_env(), **secrets, **free_ports()})
+    engine = _engine({**secrets, **free_ports()})
     try:
         registry = registry_reachable()
         project = project_for(engine)

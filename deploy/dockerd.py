@@ -186,6 +186,11 @@ def _fetch_compose() -> str:
     return version
 
 
+def running() -> bool:
+    """Does a daemon answer on our socket?"""
+    return _answers()
+
+
 def _answers() -> bool:
     return socket_path().exists() and bool(_client_output("info", "--format", "{{.ServerVersion}}"))
 

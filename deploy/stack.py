@@ -4,11 +4,14 @@
     python -m deploy.stack check    # build, start, check, always tear down (just deploy-test)
     python -m deploy.stack down     # stop and remove the project's containers, network, volumes
 
-The engine is docker when its daemon answers, else podman (installed with apt-get as root when
-missing) with the settings in deploy/engine.py. The services are compose.yaml's own (read with
-PyYAML: image, entrypoint, command, environment, healthcheck, depends_on conditions, replicas,
-init, stop signal and grace period, restart, volumes), started in dependency order by
-deploy/compose.py. Substituted, for this test only:
+With Docker (the default; deploy/dockerd.py installs docker.io and Compose v2 as root when missing
+and runs a private engine): Docker Compose itself on the unmodified compose.yaml, see
+deploy/compose_stack.py and deploy/compose_run.py. Where Docker cannot run (or with
+``TRIOINDEX_DEPLOY_ENGINE=podman``): podman (installed with apt-get as root when missing) with the
+settings in deploy/engine.py, and compose.yaml's services (read with PyYAML: image, entrypoint,
+command, environment, healthcheck, depends_on conditions, replicas, init, stop signal and grace
+period, restart, volumes) started in dependency order by deploy/compose.py. Substituted, for
+this test only:
 
 - ``pgvector/pgvector:*`` -> PostgreSQL 17 + pgvector from Debian trixie's packages (only when no
   registry answers);
@@ -124,7 +127,18 @@ def versions(engine: Engine) -> dict[str, str]:
     return found
 
 
+def _docker_wanted() -> bool:
+    return os.environ.get("TRIOINDEX_DEPLOY_ENGINE", "") in ("", "docker")
+
+
 def cmd_up(args: argparse.Namespace) -> int:
+    if _docker_wanted():
+        try:
+            reach = compose_run.up()
+            log(f"up; reach it with `{reach}`, stop it with `python -m deploy.stack down`")
+            return 0
+        except EngineUnavailable as error:
+            log(f"Docker Compose cannot run here ({error}); podman instead")
     engine = detect()
     registry = registry_reachable()
     times = build_all(engine, registry=registry)
@@ -143,7 +157,12 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    engine = detect(install=False)
+    if _docker_wanted():
+        compose_run.down()
+    try:
+        engine = detect(install=False, env={"TRIOINDEX_DEPLOY_ENGINE": "podman"})
+    except EngineUnavailable:
+        return 0
     project_for(engine, dict(os.environ), registry=True, name=args.project).down()
     return 0
 
@@ -185,7 +204,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     (``TRIOINDEX_DEPLOY_ENGINE=docker|podman`` picks one)."""
     wanted = os.environ.get("TRIOINDEX_DEPLOY_ENGINE", "")
     result: dict[str, Any] | None = None
-    if wanted in ("", "docker"):
+    if _docker_wanted():
         try:
             result = compose_run.run(check_env(), install=not args.no_install)
         except EngineUnavailable as error:
