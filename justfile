@@ -188,17 +188,26 @@ chaos *ARGS: setup
 mutants *ARGS: setup
     {{bin}}/python -m bench.mutants "$@"
 
-# Build the image and run compose.yaml's stack for real (docker, else podman, installed with
-# apt-get as root when missing), with test stand-ins for pgvector (when no registry answers),
-# MinIO and TEI; check migrate, registration, ingest, health, SIGTERM hand-back and logs; tear
-# down. The JSON result also goes to ~/.cache/trioindex-deploy/last-check.json. About 2 min
-# from cache, 5-6 min the first time; see docs/test-results/deployment.md.
+# A private Docker engine (docker.io and Compose v2 from Debian trixie's docker-compose package,
+# installed as root when missing; deploy/dockerd.py), stand-ins tagged under the real names only
+# for images no registry serves, then the checks (migrate once, hostnames, ingest, health,
+# `compose stop`, `kill -s KILL`, `restart db`, `--scale worker=6`, logs) and `down -v`; podman
+# only where Docker cannot run. First runs tests/test_deploy_files.py with that Compose on PATH.
+# Result: ~/.cache/trioindex-deploy/last-check.json; docs/test-results/deployment.md has times.
+# `docker compose up` on the unmodified compose.yaml, checked for real (about 5 min from cache).
 deploy-test *ARGS: setup
-    TRIOINDEX_CONTAINER_TESTS=1 {{bin}}/pytest -m containers tests/test_deploy_containers.py -p no:cacheprovider "$@"
+    #!/usr/bin/env bash
+    set -euo pipefail
+    if compose_bin=$({{bin}}/python -m deploy.dockerd install); then
+        PATH="$compose_bin:$PATH" {{bin}}/pytest -q -p no:cacheprovider tests/test_deploy_files.py
+    fi
+    TRIOINDEX_CONTAINER_TESTS=1 {{bin}}/pytest -m containers tests/test_deploy_containers.py \
+        -p no:cacheprovider "$@"
 
-# Containerised deployment (needs a Docker engine).
-up:
-    docker compose up -d --build
+# `just down -v` also drops the data volumes.
+# The stack on your own Docker engine with Compose v2: `docker compose up -d --build`.
+up *ARGS:
+    docker compose up -d --build "$@"
 
-down:
-    docker compose down
+down *ARGS:
+    docker compose down "$@"

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import time
@@ -21,7 +22,6 @@ from typing import Any
 
 from deploy.compose import Project, seconds, timestamp
 from deploy.engine import log, state_dir
-from deploy.images import PROJECT_IMAGE
 
 ROOT = Path(__file__).resolve().parents[1]
 WAIT = 240.0
@@ -81,24 +81,6 @@ def _hostname(project: Project, name: str) -> str:
     return str(project.inspect(name)["Config"]["Hostname"])
 
 
-def _run_cli(project: Project, folder: Path, *args: str, timeout: float = 300) -> str:
-    """`trioindex ARGS` in a one-off container of the project image, with the worker's
-    environment, on the project network, with ``folder`` at /in (read-only)."""
-    done = project.engine.command(
-        "run", "--rm", "--network", project.network,
-        "--label", f"com.docker.compose.project={project.name}",
-        "--env-file", str(project.env_file("worker")),
-        "--volume", f"{folder}:/in:ro",
-        PROJECT_IMAGE, *args,
-        timeout=timeout, check=False,
-    )  # fmt: skip
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"trioindex {' '.join(args)} exited {done.returncode}: {done.stderr[-2000:]}"
-        )
-    return done.stdout
-
-
 def _folder(prefix: str) -> Path:
     """A folder the image's user (uid 10001) can read."""
     path = Path(tempfile.mkdtemp(prefix=prefix, dir=state_dir()))
@@ -147,7 +129,7 @@ def check_ingest(project: Project) -> dict[str, Any]:
         shutil.copyfile(source, target)
         target.chmod(0o644)
     started = time.monotonic()
-    _run_cli(project, folder, "ingest", "/in", "--wait")
+    project.run_cli(folder, "ingest", "/in", "--wait")
     took = time.monotonic() - started
     jobs = _jobs(project)
     per_worker = sql(
@@ -185,13 +167,24 @@ def check_health(project: Project) -> dict[str, Any]:
     }
 
 
-def _embedder_mode(project: Project, kind: str) -> None:
+def _embedder_mode(project: Project, kind: str, latency: float = 0.0) -> None:
+    body = json.dumps({"kind": kind, "latency": latency})
     project.engine.command(
         "exec", project.container_names("tei")[0],
         "curl", "-fsS", "-X", "POST", "-H", "Content-Type: application/json",
-        "-d", f'{{"kind": "{kind}"}}', "http://127.0.0.1:80/_fake/mode",
+        "-d", body, "http://127.0.0.1:80/_fake/mode",
         timeout=30,
     )  # fmt: skip
+
+
+def _documents(prefix: str, count: int, what: str) -> Path:
+    """A readable folder of ``count`` small distinct text files."""
+    folder = _folder(prefix)
+    for index in range(count):
+        path = folder / f"{prefix}{index:02d}.txt"
+        path.write_text(f"Document {index} for the {what} check. " * 40, encoding="utf-8")
+        path.chmod(0o644)
+    return folder
 
 
 def check_sigterm(project: Project) -> dict[str, Any]:
@@ -201,17 +194,11 @@ def check_sigterm(project: Project) -> dict[str, Any]:
     stop_after = seconds(project.services["worker"].get("stop_grace_period"), 10)
     victim = _workers(project)[0]
     host = _hostname(project, victim)
-    folder = _folder("hang-")
     slots = int(worker_env.get("TRIOINDEX_WORKER_MAX_CONCURRENCY", "2"))
-    count = slots * len(_workers(project)) * 2
-    for index in range(count):
-        (folder / f"hang-{index:02d}.txt").write_text(
-            f"Document {index} for the shutdown check. " * 40, encoding="utf-8"
-        )
-        (folder / f"hang-{index:02d}.txt").chmod(0o644)
+    folder = _documents("hang-", slots * len(_workers(project)) * 2, "shutdown")
     _embedder_mode(project, "hang")
     try:
-        _run_cli(project, folder, "ingest", "/in")
+        project.run_cli(folder, "ingest", "/in")
         held_query = (
             "SELECT j.id, a.id FROM embedding_jobs j JOIN indexing_workers w ON w.id = j.worker_id "
             "JOIN embedding_job_attempts a ON a.embedding_job_id = j.id AND a.status = 'STARTED' "
@@ -272,8 +259,7 @@ def check_logs(project: Project, secrets: list[str]) -> dict[str, Any]:
     tokens = [r[0] for r in sql(project, "SELECT token FROM deploy_check_claim_tokens")]
     found: dict[str, list[str]] = {}
     lines = 0
-    for name in _workers(project):
-        text = project.logs(name)
+    for name, text in project.every_log().items():
         lines += len(text.splitlines())
         leaked = [f"secret {i}" for i, s in enumerate(secrets) if s in text]
         leaked += [f"claim token {t[:8]}…" for t in tokens if t in text]
@@ -288,23 +274,29 @@ def check_logs(project: Project, secrets: list[str]) -> dict[str, Any]:
     }
 
 
-def run_all(project: Project, *, secrets: list[str]) -> dict[str, dict[str, Any]]:
+def run_steps(steps: list[tuple[str, Callable[[], dict[str, Any]]]]) -> dict[str, dict[str, Any]]:
+    """Each step in turn; one failing check does not hide the others."""
     results: dict[str, dict[str, Any]] = {}
-    steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
-        ("migrate once, before the workers", lambda: check_migrate(project)),
-        ("workers registered by hostname", lambda: check_registration(project)),
-        ("ingest through the image's CLI", lambda: check_ingest(project)),
-        ("worker health checks", lambda: check_health(project)),
-        ("SIGTERM hands jobs back", lambda: check_sigterm(project)),
-        ("logs hold no secrets or tokens", lambda: check_logs(project, secrets)),
-    ]
     for title, step in steps:
         started = time.monotonic()
         try:
             results[title] = step()
-        except Exception as error:  # one failing check must not hide the others
+        except Exception as error:
             results[title] = {"ok": False, "error": f"{type(error).__name__}: {error}"}
             log("".join(traceback.format_exception(error))[-3000:])
         results[title]["check took (s)"] = round(time.monotonic() - started, 1)
         log(f"{'PASS' if results[title]['ok'] else 'FAIL'} {title}")
     return results
+
+
+def run_all(project: Project, *, secrets: list[str]) -> dict[str, dict[str, Any]]:
+    return run_steps(
+        [
+            ("migrate once, before the workers", lambda: check_migrate(project)),
+            ("workers registered by hostname", lambda: check_registration(project)),
+            ("ingest through the image's CLI", lambda: check_ingest(project)),
+            ("worker health checks", lambda: check_health(project)),
+            ("SIGTERM hands jobs back", lambda: check_sigterm(project)),
+            ("logs hold no secrets or tokens", lambda: check_logs(project, secrets)),
+        ]
+    )

@@ -247,7 +247,7 @@ class Project:
             log(f"{service}: {dep} is {condition.removeprefix('service_')}")
 
     def inspect(self, name: str) -> dict[str, Any]:
-        done = self.engine.command("inspect", "--format", "json", name, timeout=60)
+        done = self.engine.command("inspect", "--format", "{{json .}}", name, timeout=60)
         found = json.loads(done.stdout)
         return dict(found[0] if isinstance(found, list) else found)
 
@@ -298,6 +298,27 @@ class Project:
     def logs(self, name: str) -> str:
         done = self.engine.command("logs", name, timeout=60, check=False)
         return done.stdout + done.stderr
+
+    def every_log(self) -> dict[str, str]:
+        """Each container's log (every service), by container name."""
+        return {c.name: self.logs(c.name) for c in self.containers}
+
+    def run_cli(self, folder: Path, *args: str, timeout: float = 300) -> str:
+        """`trioindex ARGS` in a one-off container of the project image, with the worker's
+        environment, on the project network, with ``folder`` at /in (read-only)."""
+        done = self.engine.command(
+            "run", "--rm", "--network", self.network,
+            "--label", f"com.docker.compose.project={self.name}",
+            "--env-file", str(self.env_file("worker")),
+            "--volume", f"{folder}:/in:ro",
+            self.images["worker"], *args,
+            timeout=timeout, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"trioindex {' '.join(args)} exited {done.returncode}: {done.stderr[-2000:]}"
+            )
+        return done.stdout
 
     # -- stop ------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ cgroupfs, file events, netavark (for container DNS on a user network). They go i
 from __future__ import annotations
 
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -70,9 +71,14 @@ class Engine:
         return done
 
     def stream(self, args: Sequence[str], *, timeout: float) -> None:
-        """A long command (a build) with its output passed through, bounded by ``timeout``."""
+        """A long command (a build) with its output passed through to stderr (stdout is kept
+        for the result), bounded by ``timeout``."""
         done = subprocess.run(
-            [self.exe, *args], env={**os.environ, **self.env}, timeout=timeout, check=False
+            [self.exe, *args],
+            env={**os.environ, **self.env},
+            stdout=sys.stderr,
+            timeout=timeout,
+            check=False,
         )
         if done.returncode != 0:
             raise RuntimeError(f"{self.name} {' '.join(args[:2])} exited {done.returncode}")
@@ -173,6 +179,20 @@ def apt_install(*packages: str) -> None:
     )
     if done.returncode != 0:
         raise EngineUnavailable(f"apt-get install {' '.join(missing)}: {_tail(done.stderr)}")
+
+
+def apt_mirror() -> str:
+    """The host's Debian mirror (deb822 or one-line sources), for debootstrap."""
+    sources = [Path("/etc/apt/sources.list"), *Path("/etc/apt/sources.list.d").glob("*")]
+    for path in sources:
+        if not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for match in re.finditer(r"^(?:URIs:|deb)\s+(?:\[[^\]]*\]\s+)?(\S+)", text, re.M):
+            uri = match[1].rstrip("/")
+            if uri.endswith("/debian"):
+                return uri
+    return "http://deb.debian.org/debian"
 
 
 def detect(*, install: bool = True, env: Mapping[str, str] | None = None) -> Engine:

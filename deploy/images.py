@@ -21,7 +21,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploy.engine import Engine, apt_install, log, state_dir
+from deploy.engine import Engine, apt_install, apt_mirror, log, state_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDINS = Path(__file__).resolve().parent / "standins"
@@ -37,6 +37,20 @@ STANDIN_PGVECTOR = f"{STANDIN_PREFIX}-pgvector:pg17-trixie"
 STANDIN_SERVICES = f"{STANDIN_PREFIX}-services:test"
 
 BUILD_TIMEOUT = 1800
+
+# compose image (prefix) -> (stand-in image, entrypoint that makes it behave like the original)
+SERVICE_STANDINS: dict[str, tuple[str, list[str] | None]] = {
+    "minio/minio:": (STANDIN_SERVICES, ["minio"]),
+    "minio/mc:": (STANDIN_SERVICES, ["mc"]),
+    "ghcr.io/huggingface/text-embeddings-inference:": (
+        STANDIN_SERVICES,
+        ["text-embeddings-router"],
+    ),
+}
+PGVECTOR = ("pgvector/pgvector:", (STANDIN_PGVECTOR, None))
+# Stood in even when a registry answers: the checks steer the fake embedder (hang, slow), and the
+# real server downloads its model's weights (2.3 GB) on first start.
+ALWAYS_STOOD_IN = "ghcr.io/huggingface/text-embeddings-inference:"
 
 
 @dataclass(frozen=True)
@@ -77,20 +91,6 @@ def image_exists(engine: Engine, name: str) -> bool:
     return done.returncode == 0
 
 
-def _apt_mirror() -> str:
-    """The host's Debian mirror (deb822 or one-line sources), for debootstrap."""
-    sources = [Path("/etc/apt/sources.list"), *Path("/etc/apt/sources.list.d").glob("*")]
-    for path in sources:
-        if not path.is_file():
-            continue
-        text = path.read_text(encoding="utf-8", errors="replace")
-        for match in re.finditer(r"^(?:URIs:|deb)\s+(?:\[[^\]]*\]\s+)?(\S+)", text, re.M):
-            uri = match[1].rstrip("/")
-            if uri.endswith("/debian"):
-                return uri
-    return "http://deb.debian.org/debian"
-
-
 def build_args(engine: Engine, *, pypi: bool = True) -> list[str]:
     """Flags every build here gets: docker format (keeps HEALTHCHECK) and, for builds that reach
     PyPI, the host's CA bundle and a uv.toml with ``system-certs`` mounted read-only into RUN
@@ -113,7 +113,7 @@ def _debian(engine: Engine, suite: str) -> str:
     if image_exists(engine, name):
         return name
     apt_install("debootstrap")
-    mirror = _apt_mirror()
+    mirror = apt_mirror()
     log(f"debootstrap --variant=minbase {suite} from {mirror} -> {name}")
     with tempfile.TemporaryDirectory(prefix=f"debootstrap-{suite}-", dir=state_dir()) as tmp:
         rootfs = Path(tmp) / "rootfs"
@@ -179,21 +179,26 @@ def base_images(engine: Engine, *, use_standins: bool | None = None) -> BaseImag
         log(f"no registry: {uv_image} from the uv {uv_version} wheel on PyPI")
         with tempfile.TemporaryDirectory(prefix="uv-image-", dir=state_dir()) as tmp:
             _uv_binary(uv_version, Path(tmp) / "uv")
-            (Path(tmp) / "Containerfile").write_text("FROM scratch\nCOPY uv /uv\n")
+            (Path(tmp) / "Dockerfile").write_text("FROM scratch\nCOPY uv /uv\n")
             engine.stream(
                 ["build", *build_args(engine, pypi=False), "-t", uv_image, tmp], timeout=600
             )
     if not image_exists(engine, STANDIN_PYTHON):
         debian = _debian(engine, "bookworm")
         log(f"no registry: {STANDIN_PYTHON} (Debian's python3.11 on {debian})")
-        engine.stream(
-            [
-                "build", *build_args(engine, pypi=False), "--build-arg", f"BASE={debian}",
-                "-t", STANDIN_PYTHON, "-f", str(STANDINS / "python.Containerfile"),
-                str(STANDINS),
-            ],
-            timeout=BUILD_TIMEOUT,
-        )  # fmt: skip
+        with tempfile.TemporaryDirectory(prefix="python-image-", dir=state_dir()) as tmp:
+            bundle = Path(tmp) / "host-ca-bundle.crt"
+            if HOST_CA_BUNDLE.is_file():
+                shutil.copyfile(HOST_CA_BUNDLE, bundle)
+            else:  # Debian's own bundle alone
+                bundle.write_text("", encoding="utf-8")
+            engine.stream(
+                [
+                    "build", *build_args(engine, pypi=False), "--build-arg", f"BASE={debian}",
+                    "-t", STANDIN_PYTHON, "-f", str(STANDINS / "python.Containerfile"), tmp,
+                ],
+                timeout=BUILD_TIMEOUT,
+            )  # fmt: skip
     return BaseImages(STANDIN_PYTHON, uv_image, standins=True)
 
 

@@ -4,11 +4,14 @@
     python -m deploy.stack check    # build, start, check, always tear down (just deploy-test)
     python -m deploy.stack down     # stop and remove the project's containers, network, volumes
 
-The engine is docker when its daemon answers, else podman (installed with apt-get as root when
-missing) with the settings in deploy/engine.py. The services are compose.yaml's own (read with
-PyYAML: image, entrypoint, command, environment, healthcheck, depends_on conditions, replicas,
-init, stop signal and grace period, restart, volumes), started in dependency order by
-deploy/compose.py. Substituted, for this test only:
+With Docker (the default; deploy/dockerd.py installs docker.io and Compose v2 as root when missing
+and runs a private engine): Docker Compose itself on the unmodified compose.yaml, see
+deploy/compose_stack.py and deploy/compose_run.py. Where Docker cannot run (or with
+``TRIOINDEX_DEPLOY_ENGINE=podman``): podman (installed with apt-get as root when missing) with the
+settings in deploy/engine.py, and compose.yaml's services (read with PyYAML: image, entrypoint,
+command, environment, healthcheck, depends_on conditions, replicas, init, stop signal and grace
+period, restart, volumes) started in dependency order by deploy/compose.py. Substituted, for
+this test only:
 
 - ``pgvector/pgvector:*`` -> PostgreSQL 17 + pgvector from Debian trixie's packages (only when no
   registry answers);
@@ -30,13 +33,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from deploy import checks
+from deploy import checks, compose_run
 from deploy.compose import Project, load
 from deploy.engine import Engine, EngineUnavailable, detect, log, state_dir
 from deploy.images import (
+    PGVECTOR,
     PROJECT_IMAGE,
-    STANDIN_PGVECTOR,
-    STANDIN_SERVICES,
+    SERVICE_STANDINS,
     BaseImages,
     base_images,
     build_project,
@@ -46,17 +49,6 @@ from deploy.images import (
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose.yaml"
-
-# compose image (prefix) -> (stand-in image, entrypoint that makes it behave like the original)
-SERVICE_STANDINS: dict[str, tuple[str, list[str] | None]] = {
-    "minio/minio:": (STANDIN_SERVICES, ["minio"]),
-    "minio/mc:": (STANDIN_SERVICES, ["mc"]),
-    "ghcr.io/huggingface/text-embeddings-inference:": (
-        STANDIN_SERVICES,
-        ["text-embeddings-router"],
-    ),
-}
-PGVECTOR = ("pgvector/pgvector:", (STANDIN_PGVECTOR, None))
 
 
 def project_for(
@@ -135,7 +127,18 @@ def versions(engine: Engine) -> dict[str, str]:
     return found
 
 
+def _docker_wanted() -> bool:
+    return os.environ.get("TRIOINDEX_DEPLOY_ENGINE", "") in ("", "docker")
+
+
 def cmd_up(args: argparse.Namespace) -> int:
+    if _docker_wanted():
+        try:
+            reach = compose_run.up()
+            log(f"up; reach it with `{reach}`, stop it with `python -m deploy.stack down`")
+            return 0
+        except EngineUnavailable as error:
+            log(f"Docker Compose cannot run here ({error}); podman instead")
     engine = detect()
     registry = registry_reachable()
     times = build_all(engine, registry=registry)
@@ -154,23 +157,30 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    engine = detect(install=False)
+    if _docker_wanted():
+        compose_run.down()
+    try:
+        engine = detect(install=False, env={"TRIOINDEX_DEPLOY_ENGINE": "podman"})
+    except EngineUnavailable:
+        return 0
     project_for(engine, dict(os.environ), registry=True, name=args.project).down()
     return 0
 
 
-def cmd_check(args: argparse.Namespace) -> int:
+def check_podman(args: argparse.Namespace) -> dict[str, Any]:
+    """The fallback where Docker cannot run: podman, with deploy/compose.py starting the
+    containers compose.yaml describes (podman-compose cannot honour the file)."""
     started = time.monotonic()
-    try:
-        engine = detect(install=not args.no_install)
-    except EngineUnavailable as error:
-        print(json.dumps({"ok": False, "skipped": str(error)}))
-        return 3
+    engine = detect(install=not args.no_install)
     registry = registry_reachable()
     times = build_all(engine, registry=registry)
     env = check_env()
     project = project_for(engine, env, registry=registry, name=args.project)
-    result: dict[str, Any] = {"registry reachable": registry, "images": dict(project.images)}
+    result: dict[str, Any] = {
+        "engine": "podman (compose.yaml read by deploy/compose.py)",
+        "registry reachable": registry,
+        "images": dict(project.images),
+    }
     project.before_start = lambda service: checks.before_start(project, service)
     project.down()  # whatever an interrupted run left
     try:
@@ -186,6 +196,28 @@ def cmd_check(args: argparse.Namespace) -> int:
     result["seconds"] = {k: round(v, 1) for k, v in times.items()}
     result["versions"] = versions(engine)
     result["ok"] = all(c["ok"] for c in result["checks"].values())
+    return result
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Docker + Compose v2 on the unmodified compose.yaml; podman where Docker cannot run
+    (``TRIOINDEX_DEPLOY_ENGINE=docker|podman`` picks one)."""
+    wanted = os.environ.get("TRIOINDEX_DEPLOY_ENGINE", "")
+    result: dict[str, Any] | None = None
+    if _docker_wanted():
+        try:
+            result = compose_run.run(check_env(), install=not args.no_install)
+        except EngineUnavailable as error:
+            if wanted == "docker":
+                print(json.dumps({"ok": False, "skipped": str(error)}))
+                return 3
+            log(f"Docker Compose cannot run here ({error}); podman instead")
+    if result is None:
+        try:
+            result = check_podman(args)
+        except EngineUnavailable as error:
+            print(json.dumps({"ok": False, "skipped": str(error)}))
+            return 3
     text = json.dumps(result, indent=2)
     print(text)
     (state_dir() / "last-check.json").write_text(text + "\n", encoding="utf-8")
@@ -201,13 +233,15 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("up", help="build and start the stack, keep it running")
     check = sub.add_parser("check", help="build, start, check, tear down")
     check.add_argument("--output", help="also write the JSON result here")
-    check.add_argument("--no-install", action="store_true", help="never apt-get install podman")
+    check.add_argument(
+        "--no-install", action="store_true", help="never apt-get install docker.io or podman"
+    )
     sub.add_parser("down", help="remove the project's containers, network and volumes")
     args = parser.parse_args(argv)
     handler = {"up": cmd_up, "check": cmd_check, "down": cmd_down}[args.command]
     try:
         return handler(args)
-    except (RuntimeError, TimeoutError, subprocess.TimeoutExpired) as error:
+    except (RuntimeError, TimeoutError, ValueError, subprocess.TimeoutExpired) as error:
         log(f"failed: {error}")
         return 1
 

@@ -1,12 +1,16 @@
-"""The container deployment, run for real: `python -m deploy.stack check` (issue 17).
+"""The container deployment, run for real: `python -m deploy.stack check`.
 
-Builds the project image with the engine found here (docker, or podman with the settings in
-deploy/engine.py), starts compose.yaml's services in dependency order with the test stand-ins
-(deploy/stack.py says which), and checks: migrate once before the workers; three workers
-registered under their container hostnames; a folder ingested through the image's CLI ends
-SUCCEEDED; each worker's health check passes; SIGTERM hands a worker's jobs back and marks it
-STOPPED within the grace period; the workers' logs hold no password or claim token. The stack is
-torn down whatever happens.
+With Docker (deploy/dockerd.py installs docker.io and Compose v2 when missing and runs a private
+engine): ``docker compose build`` and ``docker compose up --wait`` on the unmodified compose.yaml,
+stand-ins tagged under the real names only for images no registry serves (deploy/compose_stack.py),
+then the checks: migrate once before the workers; three workers registered under their container
+hostnames; a folder ingested through the image's CLI (``docker compose run``) ends SUCCEEDED;
+every health check green; ``docker compose stop worker`` hands every held job back within the
+grace period; ``docker kill -s KILL`` on one worker's container and the others recover its jobs;
+``docker compose restart db`` loses nothing; ``docker compose up --scale worker=6`` shares the
+queue; ``docker compose logs`` hold no password or claim token; then ``down -v``. Where Docker
+cannot run: podman, with deploy/compose.py starting the services (fewer checks). The result names
+the engine that ran.
 
 Opt-in: it takes minutes (a first run also builds base images), so it runs only with
 ``TRIOINDEX_CONTAINER_TESTS=1`` (`just deploy-test` sets it) and skips when no engine can run
@@ -49,6 +53,7 @@ def test_the_compose_deployment_runs_and_passes_every_check(tmp_path: Path) -> N
         pytest.skip(f"no container engine can run here: {json.loads(done.stdout)['skipped']}")
     assert output.exists(), done.stderr[-5000:]
     result = json.loads(output.read_text(encoding="utf-8"))
+    assert result["engine"].split()[0] in ("docker", "podman"), result["engine"]
     failed = {name: c for name, c in result["checks"].items() if not c["ok"]}
     assert not failed, json.dumps(failed, indent=2) + "\n" + done.stderr[-3000:]
     assert done.returncode == 0, done.stderr[-3000:]

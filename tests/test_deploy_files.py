@@ -518,6 +518,27 @@ def test_runs_as_a_non_root_user_with_a_writable_home() -> None:
     assert env_of(stage)["TRIOINDEX_HOME"] == useradd[useradd.index("--home-dir") + 1]
 
 
+def test_builds_with_the_builders_own_frontend() -> None:
+    """A ``# syntax=`` directive makes BuildKit fetch that frontend image from a registry, so
+    the build would fail offline even with every base image present locally."""
+    for line in DOCKERFILE.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        assert not re.match(r"#\s*syntax\s*=", line, re.I), line
+
+
+def test_runtime_stage_has_tesseract_with_korean_and_english() -> None:
+    """OCR (the scanned-PDF and image formats) needs Tesseract with both languages at run time,
+    so the packages are installed in the final stage, not a build stage."""
+    installed = {
+        word
+        for c in final_stage()
+        if c.cmd == "RUN" and "apt-get install" in c.value[0]
+        for word in shlex.split(c.value[0])
+    }
+    assert {"tesseract-ocr", "tesseract-ocr-kor", "tesseract-ocr-eng"} <= installed
+
+
 def test_entrypoint_runs_the_worker() -> None:
     """`trioindex` is the entrypoint and `worker` the default command, so `docker run IMAGE
     status` (or `ingest`, `--help`) runs that command instead of the worker's options."""
@@ -632,3 +653,31 @@ print("ok")
     done = run([sys.executable, "-c", script], env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+# --------------------------------------------------------------------------------------------
+# What `just deploy-test` relies on in compose.yaml (deploy/compose_stack.py runs it unmodified)
+
+
+def test_deploy_test_moves_every_published_port_through_the_files_own_variables() -> None:
+    """The deployment test picks free loopback ports through these variables, so a published
+    port without one (or a variable it does not know) would collide on a busy host."""
+    from deploy.compose_stack import PORT_VARIABLES
+
+    raw = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+    published = [str(port) for spec in raw["services"].values() for port in spec.get("ports", [])]
+    matches = [re.fullmatch(r"127\.0\.0\.1:\$\{(\w+):-\d+\}:\d+", p) for p in published]
+    assert all(matches), published
+    assert {m[1] for m in matches if m} == set(PORT_VARIABLES)
+
+
+def test_deploy_test_has_a_stand_in_for_every_image_compose_pulls() -> None:
+    """Offline, every image compose.yaml pulls is built here under its own name; a new image in
+    the file without a stand-in would make `docker compose up` try a registry and fail."""
+    from deploy.images import PGVECTOR, SERVICE_STANDINS
+
+    prefixes = (*SERVICE_STANDINS, PGVECTOR[0])
+    raw = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+    pulled = [s["image"] for s in raw["services"].values() if "build" not in s]
+    assert pulled
+    assert [i for i in pulled if not i.startswith(prefixes)] == []
