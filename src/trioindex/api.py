@@ -53,6 +53,7 @@ from trioindex.search import (
     text_ranking,
     vector_ranking,
 )
+from trioindex.search.marking import marked_chunk_hits, marked_document_hits
 from trioindex.search.query import filter_text
 from trioindex.services import Services, open_configured_embedder, open_services
 
@@ -205,9 +206,12 @@ class Index:
         depth = max(MIN_CANDIDATES, top_k * chunks_per_document * CANDIDATES_PER_DOCUMENT)
         filters = _filters(key_prefix, content_types)
         ranked = await self._rank_many(queries, min(depth, MAX_CANDIDATES), mode, filters, hnsw)
+        db = self._services.db
         return [
-            r if isinstance(r, QueryRefused) else document_hits(r, top_k, chunks_per_document)
-            for r in ranked
+            r
+            if isinstance(r, QueryRefused)
+            else await db.run(marked_document_hits, q, document_hits(r, top_k, chunks_per_document))
+            for q, r in zip(queries, ranked, strict=True)
         ]
 
     async def search_chunks_many(
@@ -227,7 +231,13 @@ class Index:
         depth = top_k if mode == "vector" else max(top_k, MIN_CANDIDATES)
         filters = _filters(key_prefix, content_types)
         ranked = await self._rank_many(queries, min(depth, MAX_CANDIDATES), mode, filters, hnsw)
-        return [r if isinstance(r, QueryRefused) else chunk_hits(r, top_k) for r in ranked]
+        db = self._services.db
+        return [
+            r
+            if isinstance(r, QueryRefused)
+            else await db.run(marked_chunk_hits, q, chunk_hits(r, top_k))
+            for q, r in zip(queries, ranked, strict=True)
+        ]
 
     async def _rank_many(
         self,

@@ -17,7 +17,15 @@ from collections.abc import Sequence
 import trio
 
 from trioindex.db.models import EmbeddingModel
-from trioindex.db.search import DEFAULT_HNSW, NO_FILTERS, Filters, HnswSettings
+from trioindex.db.search import (
+    DEFAULT_BM25,
+    DEFAULT_HNSW,
+    NO_FILTERS,
+    Bm25,
+    Filters,
+    HnswSettings,
+    TextTerm,
+)
 from trioindex.embedding import Embedder
 from trioindex.embedding.vectors import validate_vectors
 from trioindex.errors import ResultInvalid
@@ -38,6 +46,7 @@ from trioindex.search.ranking import (
     hangul_terms,
     hybrid_ranking,
     match_tiers,
+    query_terms,
     text_ranking,
     vector_ranking,
 )
@@ -54,6 +63,7 @@ from trioindex.search.results import (
 )
 
 __all__ = [
+    "DEFAULT_BM25",
     "DEFAULT_HNSW",
     "DEFAULT_MODE",
     "MAX_QUERY_CHARS",
@@ -62,6 +72,7 @@ __all__ = [
     "QUERY_INVALID",
     "RRF_K",
     "SEARCH_MODES",
+    "Bm25",
     "ChunkHit",
     "DocumentHit",
     "Filters",
@@ -70,6 +81,7 @@ __all__ = [
     "RankedChunk",
     "SearchHit",
     "SearchMode",
+    "TextTerm",
     "check_terms",
     "chunk_hits",
     "document_hits",
@@ -80,6 +92,7 @@ __all__ = [
     "json_text",
     "match_tiers",
     "prepare_query",
+    "query_terms",
     "ranked_chunks",
     "snippet",
     "text_ranking",

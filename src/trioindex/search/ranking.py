@@ -6,15 +6,20 @@ and how their rankings are fused.
 * **vector**: cosine similarity ``1 - (vector <=> query)`` over the model's own partial HNSW
   index (``vector::vector(dim)``), with pgvector's iterative scan (``strict_order``) so that
   the filters (served version, key prefix, content type) still fill the list.
-* **text**: ``document_chunks.search_vector`` (``simple`` ⊕ ``english`` lexemes, GIN index)
-  against the query's terms: its English lexemes (stemmed, stop words dropped) and its Hangul
-  words as prefixes (``서울:*`` matches ``서울은``, ``서울입니다``: Korean attaches
-  particles to the word) — see :func:`hangul_terms`. Chunks matching every term come first,
-  then every term but one, and so on down to any term (:func:`match_tiers`); within a tier
-  ``ts_rank`` normalised by document length (flag 1) orders them. A tier is read only while
-  the list is short, so ``ts_rank`` scores a few hundred matches, not every chunk sharing one
-  common word with the query (OR-ing every term and ranking all matches cost ~10x more at
-  100k chunks; docs/test-results/search.md). The text is prepared and its terms bounded by
+* **text**: BM25 over ``document_chunks.search_vector`` (``simple`` ⊕ ``english`` lexemes, GIN
+  index) for the query's terms: its English lexemes (stemmed, stop words dropped) and its
+  Hangul words as prefixes (``서울:*`` matches ``서울은``, ``서울입니다``: Korean attaches
+  particles to the word) — see :func:`hangul_terms`. A chunk scores
+  ``Σ idf · tf·(k1 + 1) / (tf + k1·(1 - b + b·len / avglen))`` over the terms it holds
+  (``trioindex_bm25``, Lucene's form; :class:`Bm25`: k1 = 1.2, b = 0.75 by default): tf is
+  the term's positions in the chunk's vector (a prefix term: of every lexeme it starts), len
+  the chunk's length in characters, and N, the average length and each term's document
+  frequency count the chunks the model serves (``served_text_statistics``, the GIN index).
+  Candidates come by tiers — chunks matching every term, then every term but one, ... down to
+  any term (:func:`match_tiers`) — a tier read only while the list is short, so BM25 scores a
+  few hundred matches, not every chunk sharing one common word with the query (scoring every
+  OR match cost ~10x more at 100k chunks; docs/test-results/search.md); the candidates are
+  then ordered by BM25 alone. The text is prepared and its terms bounded by
   :mod:`trioindex.search.query`.
 * **hybrid**: both lists (each as deep as the requested candidates), fused by
   ``score = Σ 1 / (RRF_K + rank)`` over the lists a chunk appears in. :func:`hybrid_ranking`
@@ -40,7 +45,15 @@ import attrs
 from trioindex.db import search as db_search
 from trioindex.db.models import EmbeddingModel
 from trioindex.db.pool import Connection
-from trioindex.db.search import DEFAULT_HNSW, NO_FILTERS, Filters, HnswSettings
+from trioindex.db.search import (
+    DEFAULT_BM25,
+    DEFAULT_HNSW,
+    NO_FILTERS,
+    Bm25,
+    Filters,
+    HnswSettings,
+    TextTerm,
+)
 from trioindex.search.query import check_terms, prepare_query
 from trioindex.search.results import RankedChunk, ranked_chunks
 
@@ -74,20 +87,39 @@ def text_ranking(
     limit: int,
     *,
     filters: Filters = NO_FILTERS,
+    bm25: Bm25 = DEFAULT_BM25,
 ) -> list[RankedChunk]:
     """The ``limit`` chunks of the versions ``model`` serves, in its chunk sets (the chunks it
-    has vectors for: a version may hold one set per chunking), that best match ``text`` by full-text
-    search, best first: chunks
-    matching more of the query's terms first (all of them, then all but one, ...), each tier
-    ordered by ``ts_rank``; a tier is read only while the ones before it leave the list short
-    (see :func:`match_tiers`). ``text`` goes through :func:`prepare_query` and its terms
-    through :func:`check_terms`: either may raise :class:`~trioindex.search.query.QueryRefused`."""
-    text = prepare_query(text)
-    terms = check_terms([*_english_terms(conn, text), *hangul_terms(text)])
+    has vectors for: a version may hold one set per chunking), that best match ``text`` by BM25,
+    best first. Candidates come by tiers (chunks matching all the query's terms, then all but
+    one, ...: :func:`match_tiers`), each tier's best by BM25 read only while the ones before it
+    leave the list short; the list is then ordered by BM25 alone. ``text`` goes through
+    :func:`prepare_query` and its terms through :func:`check_terms`: either may raise
+    :class:`~trioindex.search.query.QueryRefused`."""
+    terms = query_terms(conn, text)
     if not terms:
         return []
-    tiers = match_tiers(terms)
-    return ranked_chunks(db_search.matching_chunks(conn, model, tiers, limit, filters=filters))
+    tiers = match_tiers([t.query for t in terms])
+    return ranked_chunks(
+        db_search.matching_chunks(conn, model, terms, tiers, limit, filters=filters, bm25=bm25)
+    )
+
+
+def query_terms(conn: Connection, text: str) -> list[TextTerm]:
+    """``text``'s search terms, prepared and bounded: its English lexemes (stemmed, stop words
+    dropped), then its Hangul words as prefixes (:func:`hangul_terms`)."""
+    text = prepare_query(text)
+    english = [
+        TextTerm(_quoted(lexeme), lexeme)
+        for lexeme in db_search.english_lexemes(conn, text)
+        # Hangul words are hangul_terms' (as prefixes): counted once, not twice, in a tier
+        if not _HANGUL_WORD.search(lexeme)
+    ]
+    terms = english + [
+        TextTerm(operand, stem or word, prefix=True) for word, stem, operand in _hangul_words(text)
+    ]
+    check_terms([t.query for t in terms])
+    return terms
 
 
 #: The most AND-clauses one tier may OR (``C(terms, k)``); past it the next tier is "any term".
@@ -117,13 +149,6 @@ def match_tiers(terms: Sequence[str]) -> list[str]:
     return tiers
 
 
-def _english_terms(conn: Connection, text: str) -> list[str]:
-    """The query's English lexemes (stemmed, stop words dropped) as quoted tsquery operands."""
-    lexemes = db_search.english_lexemes(conn, text)
-    # Hangul words are hangul_terms' (as prefixes): counted once, not twice, in a tier
-    return [_quoted(lexeme) for lexeme in lexemes if not _HANGUL_WORD.search(lexeme)]
-
-
 def _quoted(lexeme: str) -> str:
     # tsquery syntax: a quoted operand doubles its quotes and escapes its backslashes
     return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
@@ -138,10 +163,11 @@ def hybrid_ranking(
     *,
     filters: Filters = NO_FILTERS,
     hnsw: HnswSettings = DEFAULT_HNSW,
+    bm25: Bm25 = DEFAULT_BM25,
 ) -> list[RankedChunk]:
     """Vector and text rankings, ``limit`` deep each, fused by RRF; the ``limit`` best."""
     by_vector = vector_ranking(conn, model, vector, limit, filters=filters, hnsw=hnsw)
-    by_text = text_ranking(conn, model, text, limit, filters=filters)
+    by_text = text_ranking(conn, model, text, limit, filters=filters, bm25=bm25)
     return fuse([by_vector, by_text])[:limit]
 
 
@@ -179,15 +205,20 @@ def hangul_terms(text: str) -> list[str]:
     """One ``tsquery`` operand per distinct Hangul word of ``text``: the word as a prefix,
     OR-ed with the word without a trailing particle when two syllables stay. A word longer than
     PostgreSQL's longest word matches nothing and is left out."""
-    terms: list[str] = []
+    return [operand for _, _, operand in _hangul_words(text)]
+
+
+def _hangul_words(text: str) -> list[tuple[str, str | None, str]]:
+    """``(word, stem or None, tsquery operand)`` per distinct operand (:func:`hangul_terms`)."""
+    found: list[tuple[str, str | None, str]] = []
     for word in _HANGUL_WORD.findall(text):
         if 3 * len(word) > _MAX_WORD_BYTES:
             continue
         stem = _without_particle(word)
-        term = f"('{word}':* | '{stem}':*)" if stem else f"'{word}':*"
-        if term not in terms:
-            terms.append(term)
-    return terms
+        operand = f"('{word}':* | '{stem}':*)" if stem else f"'{word}':*"
+        if all(operand != seen for _, _, seen in found):
+            found.append((word, stem, operand))
+    return found
 
 
 def _without_particle(word: str) -> str | None:
