@@ -38,6 +38,7 @@ from trioindex.search import (
     DEFAULT_HNSW,
     DEFAULT_MODE,
     SEARCH_MODES,
+    Bm25,
     ChunkHit,
     DocumentHit,
     Filters,
@@ -48,13 +49,14 @@ from trioindex.search import (
     chunk_hits,
     document_hits,
     embed_queries,
-    fuse,
+    hybrid_fusion,
     prepare_query,
     text_ranking,
     vector_ranking,
 )
 from trioindex.search.marking import marked_chunk_hits, marked_document_hits
 from trioindex.search.query import filter_text
+from trioindex.search.rerank import Reranker
 from trioindex.services import Services, open_configured_embedder, open_services
 
 __all__ = ["FailedDocument", "Index", "IngestReport", "SyncIndex", "connect"]
@@ -127,6 +129,13 @@ class Index:
         self._services = services
         self._embedder: Embedder | None = None
         self._embedder_lock = trio.Lock()
+        search = settings.search
+        self._bm25 = Bm25(search.bm25_k1, search.bm25_b)
+        self._reranker = (
+            Reranker(search.rerank_url, top_n=search.rerank_top_n, timeout=search.rerank_timeout)
+            if search.rerank_url
+            else None
+        )
 
     @classmethod
     def open(cls, settings: Settings | None = None) -> AbstractAsyncContextManager[Index]:
@@ -263,7 +272,9 @@ class Index:
         by_vector: list[Answer[RankedChunk]] = [[] for _ in queries]
 
         async def rank_text(i: int, text: str) -> None:
-            by_text[i] = await _answer(db.run(text_ranking, model, text, depth, filters=filters))
+            by_text[i] = await _answer(
+                db.run(text_ranking, model, text, depth, filters=filters, bm25=self._bm25)
+            )
 
         async def rank_vector(i: int, vector: list[float]) -> None:
             by_vector[i] = await _answer(
@@ -295,10 +306,25 @@ class Index:
             elif isinstance(by_txt, QueryRefused):
                 answers.append(by_txt)
             elif mode == "hybrid":
-                answers.append(fuse([by_vec, by_txt])[:depth])
+                answers.append(hybrid_fusion(by_vec, by_txt)[:depth])
             else:
                 answers.append(by_txt if mode == "text" else by_vec)
+        if mode == "hybrid" and self._reranker is not None:
+            await self._rerank(queries, answers, self._reranker)
         return answers
+
+    async def _rerank(
+        self, queries: Sequence[str], answers: list[Answer[RankedChunk]], reranker: Reranker
+    ) -> None:
+        """Each answered query's fused chunks re-ordered by the re-ranker, concurrently."""
+
+        async def rerank(i: int, fused: list[RankedChunk]) -> None:
+            answers[i] = await reranker.rerank(queries[i], fused)
+
+        async with trio.open_nursery() as nursery:
+            for i, answer in enumerate(answers):
+                if not isinstance(answer, QueryRefused):
+                    nursery.start_soon(rerank, i, answer)
 
     async def open_model(self) -> None:
         """Open the embedding model now instead of at the first search that needs it (a
@@ -400,6 +426,8 @@ class Index:
         )
 
     async def aclose(self) -> None:
+        if self._reranker is not None:
+            await self._reranker.aclose()
         if self._embedder is not None:
             embedder, self._embedder = self._embedder, None
             await embedder.aclose()

@@ -63,6 +63,10 @@ DEFAULT_MODE: SearchMode = "hybrid"
 #: The constant of reciprocal rank fusion (Cormack et al. 2009): large enough that the first
 #: few ranks of one list do not drown the other list.
 RRF_K = 60
+#: Hybrid's fusion: RRF's k and the text ranking's weight (the vector ranking's is 1), tuned on
+#: `just eval`'s two labelled sets (docs/test-results/search.md).
+HYBRID_K = 60
+HYBRID_TEXT_WEIGHT = 1.0
 
 
 def vector_ranking(
@@ -168,17 +172,32 @@ def hybrid_ranking(
     """Vector and text rankings, ``limit`` deep each, fused by RRF; the ``limit`` best."""
     by_vector = vector_ranking(conn, model, vector, limit, filters=filters, hnsw=hnsw)
     by_text = text_ranking(conn, model, text, limit, filters=filters, bm25=bm25)
-    return fuse([by_vector, by_text])[:limit]
+    return hybrid_fusion(by_vector, by_text)[:limit]
 
 
-def fuse(rankings: Sequence[Sequence[RankedChunk]]) -> list[RankedChunk]:
-    """Reciprocal rank fusion: each chunk scores ``Σ 1/(RRF_K + rank)``; best first (ties:
-    the order of first appearance)."""
+def hybrid_fusion(
+    by_vector: Sequence[RankedChunk], by_text: Sequence[RankedChunk]
+) -> list[RankedChunk]:
+    """What hybrid search returns: the two rankings fused by :func:`fuse` with
+    :data:`HYBRID_K` and the text ranking weighted :data:`HYBRID_TEXT_WEIGHT`."""
+    return fuse([by_vector, by_text], k=HYBRID_K, weights=(1.0, HYBRID_TEXT_WEIGHT))
+
+
+def fuse(
+    rankings: Sequence[Sequence[RankedChunk]],
+    *,
+    k: int = RRF_K,
+    weights: Sequence[float] | None = None,
+) -> list[RankedChunk]:
+    """Weighted reciprocal rank fusion: each chunk scores ``Σ weight / (k + rank)`` over the
+    rankings it is in (every weight 1 unless given); best first (ties: the order of first
+    appearance)."""
+    weights = [1.0] * len(rankings) if weights is None else weights
     scores: dict[Any, float] = {}
     first: dict[Any, RankedChunk] = {}
-    for ranking in rankings:
+    for ranking, weight in zip(rankings, weights, strict=True):
         for rank, chunk in enumerate(ranking, start=1):
-            scores[chunk.chunk_id] = scores.get(chunk.chunk_id, 0.0) + 1.0 / (RRF_K + rank)
+            scores[chunk.chunk_id] = scores.get(chunk.chunk_id, 0.0) + weight / (k + rank)
             first.setdefault(chunk.chunk_id, chunk)
     order = sorted(first, key=lambda cid: -scores[cid])
     return [attrs.evolve(first[cid], score=scores[cid]) for cid in order]
