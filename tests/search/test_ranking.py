@@ -344,3 +344,19 @@ def test_migration_0007_keeps_simple_and_english_lexemes_of_every_chunk(
     # simple: every word as written (stop words too); english: stems, no stop words
     assert row["v"] == "'the':1 'worker':5 'workers':2 '서울입니다':3,6"
     assert "USING gin (search_vector)" in index["indexdef"]
+
+
+def test_a_common_terms_df_comes_from_analyze(
+    db: Database, model: EmbeddingModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    v = unit(1, 0, 0, 0)
+    texts = ["lease renewal"] * 6 + ["lease"] * 3 + ["deadline renewal of the lease"]
+    store(db, model, *(IndexedDocument(f"{i}.txt", [t], [v]) for i, t in enumerate(texts)))
+    with db.connection() as conn:
+        exact = text_ranking(conn, model, "lease renewal deadline", 10)
+        conn.execute("ANALYZE document_chunks")
+        # every term past the exact count: ANALYZE's shares of the chunks (here: all of them)
+        monkeypatch.setattr("trioindex.db.search.DF_EXACT_UP_TO", 0)
+        estimated = text_ranking(conn, model, "lease renewal deadline", 10)
+    assert keys(estimated) == keys(exact)
+    assert [r.score for r in estimated] == pytest.approx([r.score for r in exact], rel=1e-4)

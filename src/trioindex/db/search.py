@@ -124,6 +124,12 @@ class TextTerm:
     prefix: bool = False
 
 
+#: A term's document frequency is counted exactly up to this many chunks; a term in more is
+#: given ANALYZE's estimate (``pg_stats``: the share of chunks holding it, times N; a term
+#: ANALYZE did not list as common: the least listed share, an upper bound).
+DF_EXACT_UP_TO = 100
+
+
 def matching_chunks(
     conn: Connection,
     model: EmbeddingModel,
@@ -135,28 +141,28 @@ def matching_chunks(
     bm25: Bm25 = DEFAULT_BM25,
 ) -> list[dict[str, Any]]:
     """The ``limit`` chunks of the versions ``model`` serves, in its chunk set (the chunks it
-    has vectors for), that match the ``tsquery`` tiers, ranked by BM25 (``trioindex_bm25``):
-    each tier's best by BM25 while the tiers before it leave the list short, then all of them
-    by BM25. N, the average length and each term's document frequency count the model's
-    served chunk set (``served_text_statistics``; the GIN index for df), filters aside."""
+    has vectors for), that match the ``tsquery`` tiers, ranked by BM25 (``trioindex_bm25``).
+    The candidates are each tier's matches (by ``ts_rank`` within a tier) while the tiers before
+    it leave the list short; BM25 then orders them. N and the average length are the model's
+    served chunk set's (``served_text_statistics``); a term's document frequency counts that set
+    (the GIN index) up to :data:`DF_EXACT_UP_TO`, past it ANALYZE's estimate."""
     where, params = filters.sql()
-    score = """trioindex_bm25(c.search_vector, length(c.content), %(lexemes)s, %(prefixes)s,
-                              w.idf, w.average_length, %(k1)s, %(b)s)"""
     # Each tier is one branch of a UNION ALL under the LIMIT: PostgreSQL starts a branch only
-    # when the ones before it returned fewer than LIMIT rows, so BM25 scores the matches of
-    # the tiers read, not every chunk sharing one word with the query.
+    # when the ones before it returned fewer than LIMIT rows, so ts_rank scores the matches of
+    # the tiers read, not every chunk sharing one word with the query, and BM25 scores only
+    # the LIMIT candidates.
     branches = [
-        f"""(SELECT {_COLUMNS}, {score} AS score
+        f"""(SELECT {_COLUMNS}, c.search_vector,
+                    ts_rank(c.search_vector, %(any)s::tsquery, 1) AS tier_rank
              FROM document_chunks c
              JOIN served_versions s ON s.document_version_id = c.document_version_id
                                    AND s.embedding_model_id = %(model)s
              JOIN documents d ON d.id = s.document_id
              JOIN document_versions v ON v.id = c.document_version_id
-             CROSS JOIN weights w
              WHERE c.search_vector @@ %(tier{i})s::tsquery{_not_above(i)}{where}
                AND EXISTS (SELECT 1 FROM embeddings e
                            WHERE e.chunk_id = c.id AND e.embedding_model_id = %(model)s)
-             ORDER BY score DESC, c.id
+             ORDER BY tier_rank DESC, c.id
              LIMIT %(limit)s)"""
         for i in range(len(tiers))
     ]
@@ -167,39 +173,72 @@ def matching_chunks(
         "prefixes": [t.prefix for t in terms],
         "k1": bm25.k1,
         "b": bm25.b,
+        "exact_up_to": DF_EXACT_UP_TO,
     }
     with conn.transaction():
         # a plain Append runs its branches in order; a Parallel Append would not
         conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
         return conn.execute(
-            f"""WITH {_WEIGHTS}
-                SELECT * FROM (SELECT * FROM ({" UNION ALL ".join(branches)}) AS tiers
-                               LIMIT %(limit)s) AS read
-                ORDER BY score DESC, chunk_id""",
-            {"limit": limit, "model": model.id} | term_params | tier_params | params,
+            f"""WITH {_WEIGHTS},
+                candidates AS (
+                    SELECT * FROM ({" UNION ALL ".join(branches)}) AS tiers LIMIT %(limit)s)
+                SELECT c.chunk_id, c.external_key, c.document_id, c.version_no, c.content_type,
+                       c.chunk_index, c.content,
+                       trioindex_bm25(c.search_vector, length(c.content), %(lexemes)s,
+                                      %(prefixes)s, w.idf, w.average_length, %(k1)s, %(b)s)
+                           AS score
+                FROM candidates c CROSS JOIN weights w
+                ORDER BY score DESC, c.chunk_id""",
+            {"any": tiers[-1], "limit": limit, "model": model.id}
+            | term_params
+            | tier_params
+            | params,
         ).fetchall()
 
 
 # N and the average chunk length of the model's served chunk sets, and each term's inverse
-# document frequency, Lucene's ln(1 + (N - df + 0.5) / (df + 0.5)), df counting that set too.
+# document frequency, Lucene's ln(1 + (N - df + 0.5) / (df + 0.5)): df counts the term's
+# chunks in that set up to exact_up_to; past it, the share of chunks ANALYZE found holding the
+# term (a prefix: its lexemes; a lexeme it did not list: the least share it listed) times N,
+# at least what was counted.
 _WEIGHTS = """collection AS (
         SELECT coalesce(sum(t.chunks), 0)::float8 AS n,
                coalesce(sum(t.text_length)::float8 / nullif(sum(t.chunks), 0), 1) AS average_length
         FROM served_text_statistics t WHERE t.embedding_model_id = %(model)s),
+    analysed AS (
+        SELECT most_common_elems::text::text[] AS lexemes, most_common_elem_freqs AS shares
+        FROM pg_stats
+        WHERE schemaname = current_schema() AND tablename = 'document_chunks'
+          AND attname = 'search_vector'),
     weights AS MATERIALIZED (
         SELECT array_agg(ln(1 + (greatest(k.n, f.df) - f.df + 0.5) / (f.df + 0.5))
                          ORDER BY q.ord) AS idf,
                max(k.average_length) AS average_length
-        FROM unnest(%(queries)s::text[]) WITH ORDINALITY AS q (query, ord)
+        FROM unnest(%(queries)s::text[], %(lexemes)s::text[], %(prefixes)s::boolean[])
+             WITH ORDINALITY AS q (query, lexeme, prefix, ord)
         CROSS JOIN collection k
         CROSS JOIN LATERAL (
-            SELECT count(*)::float8 AS df
-            FROM document_chunks c
-            JOIN served_versions s ON s.document_version_id = c.document_version_id
-                                  AND s.embedding_model_id = %(model)s
-            WHERE c.search_vector @@ q.query::tsquery
-              AND EXISTS (SELECT 1 FROM embeddings e
-                          WHERE e.chunk_id = c.id AND e.embedding_model_id = %(model)s)) AS f)
+            SELECT count(*)::float8 AS counted FROM (
+                SELECT 1 FROM document_chunks c
+                JOIN served_versions s ON s.document_version_id = c.document_version_id
+                                      AND s.embedding_model_id = %(model)s
+                WHERE c.search_vector @@ q.query::tsquery
+                  AND EXISTS (SELECT 1 FROM embeddings e
+                              WHERE e.chunk_id = c.id AND e.embedding_model_id = %(model)s)
+                LIMIT %(exact_up_to)s + 1) AS found) AS e
+        CROSS JOIN LATERAL (
+            SELECT CASE WHEN e.counted <= %(exact_up_to)s THEN e.counted
+                        ELSE greatest(e.counted, k.n * coalesce((
+                            SELECT least(1, coalesce(
+                                       sum(a.share) FILTER (WHERE CASE WHEN q.prefix
+                                           THEN starts_with(a.lexeme, q.lexeme)
+                                           ELSE a.lexeme = q.lexeme END),
+                                       min(a.share)))
+                            FROM analysed
+                            CROSS JOIN unnest(analysed.lexemes, analysed.shares)
+                                AS a (lexeme, share)
+                            WHERE a.lexeme IS NOT NULL), 0))
+                   END AS df) AS f)
 """
 
 
