@@ -1,15 +1,14 @@
 """Search: ranking quality per mode (`just eval`) and latency over 100k chunks (`speed`).
 
-**eval** — a labelled known-item set built from texts installed on this machine, in English
-and Korean: each manual page (`/usr/share/man/man1`, a fixed sample, and every Korean page
-under `/usr/share/man/ko`) is a document without its NAME line, and the NAME line's
-description ("print lines that match patterns") is the query whose one relevant document is
-that page; each lesson of the Vim tutor (English and Korean) is a document without its title,
-and the title is the query. The documents are chunked by the production chunker (the local
+**eval** — each labelled set of `bench/eval_sets.py` (known-item: installed manual pages and
+Vim tutor lessons; progit: questions written over the Pro Git book's sections, English and
+Korean) in its own database. The documents are chunked by the production chunker (the local
 model's tokenizer, the default size and overlap), embedded by the local model
 (all-MiniLM-L6-v2, offline) and stored as a worker stores them; every query then runs through
-`Index.search_many` in each mode (documents, top 10). nDCG@10 (one relevant document: 1 /
-log2(1 + rank)) and recall@10 are averaged per language.
+`Index.search_many` in each mode (documents, top 10; `--rerank-url`: hybrid re-ranked too).
+nDCG@10 (binary relevance) and recall@10 are averaged per language. The fusion is tuned on the
+same sets: the vector and text chunk rankings (50 deep, as hybrid fuses them) fused by
+weighted RRF for each k and text weight of `FUSION_GRID`, grouped by document and scored alike.
 
 **speed** — 100k chunks (10k documents × 10) with clustered unit vectors (2,000 Gaussian
 clusters, so the HNSW graph sees structure like real embeddings) and text drawn from the
