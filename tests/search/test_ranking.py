@@ -15,6 +15,8 @@ from testkit.search_corpus import IndexedDocument, store_indexed
 from trioindex.db.models import EmbeddingModel, ensure_model
 from trioindex.db.pool import Connection, Database
 from trioindex.search import (
+    HYBRID_K,
+    HYBRID_TEXT_WEIGHT,
     RRF_K,
     Bm25,
     Filters,
@@ -168,7 +170,7 @@ def test_hybrid_puts_first_what_both_rankings_rank_high(
         )
         ranked = hybrid_ranking(conn, model, "lease renewal deadline", query, 10)
     assert keys(ranked)[0] == ("both.txt", 0)
-    assert ranked[0].score == pytest.approx(2 / (RRF_K + 2))
+    assert ranked[0].score == pytest.approx((1 + HYBRID_TEXT_WEIGHT) / (HYBRID_K + 2))
 
 
 def _ranked(key: str, index: int = 0) -> RankedChunk:

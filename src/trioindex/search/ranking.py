@@ -65,8 +65,8 @@ DEFAULT_MODE: SearchMode = "hybrid"
 RRF_K = 60
 #: Hybrid's fusion: RRF's k and the text ranking's weight (the vector ranking's is 1), tuned on
 #: `just eval`'s two labelled sets (docs/test-results/search.md).
-HYBRID_K = 60
-HYBRID_TEXT_WEIGHT = 1.0
+HYBRID_K = 10
+HYBRID_TEXT_WEIGHT = 1.5
 
 
 def vector_ranking(
