@@ -22,9 +22,10 @@ and how their rankings are fused.
   then ordered by BM25 alone. The text is prepared and its terms bounded by
   :mod:`trioindex.search.query`.
 * **hybrid**: both lists (each as deep as the requested candidates), fused by
-  ``score = Σ 1 / (RRF_K + rank)`` over the lists a chunk appears in. :func:`hybrid_ranking`
-  runs both on one connection; :class:`trioindex.Index` runs them concurrently and calls
-  :func:`fuse` itself.
+  ``score = 1 / (HYBRID_K + vector rank) + HYBRID_TEXT_WEIGHT / (HYBRID_K + text rank)``
+  (:func:`hybrid_fusion`: k = 10, text weight 1.5, tuned on `just eval`'s two sets).
+  :func:`hybrid_ranking` runs both on one connection; :class:`trioindex.Index` runs them
+  concurrently and calls :func:`hybrid_fusion` itself.
 
 Only chunks of the version the ranking model serves for each document (``served_versions``)
 are ranked, and of that version only the model's own chunk set (a version may hold one set per
