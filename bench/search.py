@@ -1,15 +1,14 @@
 """Search: ranking quality per mode (`just eval`) and latency over 100k chunks (`speed`).
 
-**eval** — a labelled known-item set built from texts installed on this machine, in English
-and Korean: each manual page (`/usr/share/man/man1`, a fixed sample, and every Korean page
-under `/usr/share/man/ko`) is a document without its NAME line, and the NAME line's
-description ("print lines that match patterns") is the query whose one relevant document is
-that page; each lesson of the Vim tutor (English and Korean) is a document without its title,
-and the title is the query. The documents are chunked by the production chunker (the local
+**eval** — each labelled set of `bench/eval_sets.py` (known-item: installed manual pages and
+Vim tutor lessons; progit: questions written over the Pro Git book's sections, English and
+Korean) in its own database. The documents are chunked by the production chunker (the local
 model's tokenizer, the default size and overlap), embedded by the local model
 (all-MiniLM-L6-v2, offline) and stored as a worker stores them; every query then runs through
-`Index.search_many` in each mode (documents, top 10). nDCG@10 (one relevant document: 1 /
-log2(1 + rank)) and recall@10 are averaged per language.
+`Index.search_many` in each mode (documents, top 10; `--rerank-url`: hybrid re-ranked too).
+nDCG@10 (binary relevance) and recall@10 are averaged per language. The fusion is tuned on the
+same sets: the vector and text chunk rankings (50 deep, as hybrid fuses them) fused by
+weighted RRF for each k and text weight of `FUSION_GRID`, grouped by document and scored alike.
 
 **speed** — 100k chunks (10k documents × 10) with clustered unit vectors (2,000 Gaussian
 clusters, so the HNSW graph sees structure like real embeddings) and text drawn from the
@@ -25,11 +24,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import gzip
 import math
 import re
 import tempfile
 import time
+import uuid
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -47,116 +46,134 @@ from bench.common import (
     percentiles,
     utc_now,
 )
+from bench.eval_sets import MAN, LabelledSet, Query, known_items, man_pages, progit
 from testkit.embed_server import FakeEmbedServer
 from testkit.search_corpus import IndexedDocument, store_indexed
 from trioindex.api import Index
 from trioindex.config import load_settings
 from trioindex.db.models import ensure_model
 from trioindex.db.pool import connect
-from trioindex.search import SEARCH_MODES, HnswSettings, vector_ranking
+from trioindex.search import (
+    SEARCH_MODES,
+    ChunkHit,
+    HnswSettings,
+    QueryRefused,
+    RankedChunk,
+    document_hits,
+    fuse,
+    vector_ranking,
+)
 from trioindex.services import open_configured_embedder
 from trioindex.worker.wiring import build_chunker
 
-MAN = Path("/usr/share/man")
-TUTOR = Path("/usr/share/vim/vim90/tutor")
 REPORT = RESULTS_DIR / "search.md"
+#: The depth of each chunk ranking the fusion is tuned over (as `Index` ranks for hybrid).
+TUNE_DEPTH = 50
+#: The fusions tried on each set: (k, weight of the text list; the vector list's is 1).
+FUSION_GRID = [(k, w) for k in (10, 30, 60, 100) for w in (0.5, 0.75, 1.0, 1.5, 2.0)]
 
-# -- the labelled corpus --------------------------------------------------------------------------
-
-
-def roff_text(source: str) -> tuple[str, str]:
-    """A manual page's NAME description and the rest as plain text (good enough for search)."""
-    description, lines, section = "", [], ""
-    for line in source.splitlines():
-        if line.startswith(('.\\"', "'\\\"")):
-            continue
-        if line.startswith(".SH"):
-            section = line[3:].strip().strip('"')
-            lines += ["", section, ""]
-            continue
-        text = re.sub(r"\\f(\[[^]]*\]|\(..|.)|\\&|\\[cd]", "", line)
-        text = text.replace("\\-", "-").replace("\\ ", " ").replace("\\(em", "—")
-        if text.startswith("."):
-            text = text.split(" ", 1)[1] if " " in text else ""
-        if section in ("NAME", "이름") and not description and " - " in text:
-            description = text.split(" - ", 1)[1].strip()
-            continue
-        lines.append(text)
-    return description, re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+# -- ranking quality --------------------------------------------------------------------------------
 
 
-def man_pages(folders: Sequence[Path], take: int, lang: str) -> list[tuple[str, str, str, str]]:
-    """``(key, text, query, language)`` per page with a description of 3+ words."""
-    found = []
-    for path in sorted(p for f in folders for p in f.glob("*.gz")):
-        source = gzip.decompress(path.read_bytes()).decode("utf-8", "replace")
-        if source.lstrip().startswith(".so"):
-            continue
-        query, text = roff_text(source)
-        if len(query.split()) >= 3 and 1000 <= len(text) <= 20_000:
-            found.append((f"man/{lang}/{path.name[:-3]}", text, query, lang))
-    step = max(1, len(found) // take)
-    return found[::step][:take]
+def scores(relevant: frozenset[str], ranked_keys: Sequence[str]) -> tuple[float, float]:
+    """nDCG@10 and recall@10 of one query (binary relevance)."""
+    dcg = sum(1 / math.log2(1 + r) for r, k in enumerate(ranked_keys[:10], 1) if k in relevant)
+    ideal = sum(1 / math.log2(1 + r) for r in range(1, min(len(relevant), 10) + 1))
+    return dcg / ideal, len(relevant & set(ranked_keys[:10])) / len(relevant)
 
 
-def tutor_lessons(path: Path, lang: str) -> list[tuple[str, str, str, str]]:
-    text = path.read_text(encoding="utf-8", errors="replace")
-    parts = re.split(r"^\s*Lesson (\d+\.\d+(?:\.\d+)?):\s*(.+)$", text, flags=re.M)
+def mean_scores(
+    queries: Sequence[Query], rankings: Sequence[Sequence[str]]
+) -> dict[str, dict[str, float]]:
+    """nDCG@10 and recall@10 averaged per language."""
+    by_lang: dict[str, list[tuple[float, float]]] = {}
+    for query, keys in zip(queries, rankings, strict=True):
+        by_lang.setdefault(query.lang, []).append(scores(query.relevant, keys))
+    return {
+        lang: {
+            "queries": len(s),
+            "ndcg@10": float(np.mean([n for n, _ in s])),
+            "recall@10": float(np.mean([r for _, r in s])),
+        }
+        for lang, s in sorted(by_lang.items())
+    }
+
+
+def _ranked(hits: Sequence[ChunkHit]) -> list[RankedChunk]:
     return [
-        (f"tutor/{lang}/{num}", body.strip("~ \n"), title.strip(), lang)
-        for num, title, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True)
-        if len(title.split()) >= 2 or lang == "ko"
+        RankedChunk(
+            uuid.uuid5(uuid.NAMESPACE_URL, f"{h.document_id}/{h.chunk_index}"),
+            h.score,
+            h.document_key,
+            h.document_id,
+            h.version_no,
+            None,
+            h.chunk_index,
+            h.text,
+        )
+        for h in hits
     ]
 
 
-def labelled_corpus(english_pages: int) -> list[tuple[str, str, str, str]]:
-    return (
-        man_pages([MAN / "man1"], english_pages, "en")
-        + man_pages(sorted((MAN / "ko").glob("man*")), 1000, "ko")
-        + tutor_lessons(TUTOR / "tutor", "en")
-        + tutor_lessons(TUTOR / "tutor.ko.utf-8", "ko")
-    )
-
-
-async def evaluate(url: str, home: Path, english_pages: int) -> dict[str, Any]:
+async def evaluate(
+    url: str, home: Path, labelled: LabelledSet, rerank_url: str | None = None
+) -> dict[str, Any]:
     settings = load_settings(environ={"TRIOINDEX_DATABASE_URL": url, "TRIOINDEX_HOME": str(home)})
-    corpus = labelled_corpus(english_pages)
     embedder = await open_configured_embedder(settings)
     chunker = build_chunker(settings, embedder)
     started = time.monotonic()
-    chunked = [await trio.to_thread.run_sync(chunker.chunk, text) for _, text, _, _ in corpus]
+    chunked = [await trio.to_thread.run_sync(chunker.chunk, text) for _, text in labelled.documents]
     texts = [c.text for chunks in chunked for c in chunks]
     vectors = iter(await embedder.embed(texts))
     await embedder.aclose()
     print(
-        f"eval: {len(corpus)} documents, {len(texts)} chunks embedded in {time.monotonic() - started:.0f}s"
+        f"eval {labelled.name}: {len(labelled.documents)} documents, {len(texts)} chunks embedded"
+        f" in {time.monotonic() - started:.0f}s"
     )
-    figures: dict[str, Any] = {"documents": len(corpus), "chunks": len(texts), "modes": {}}
+    figures: dict[str, Any] = {
+        "set": labelled.name, "documents": len(labelled.documents), "chunks": len(texts),
+        "modes": {}, "fusion": {},
+    }  # fmt: skip
+    questions = [q.text for q in labelled.queries]
     async with Index.open(settings) as index:
         docs = [
             IndexedDocument(key, [c.text for c in chunks], [next(vectors) for _ in chunks])
-            for (key, *_), chunks in zip(corpus, chunked, strict=True)
+            for (key, _), chunks in zip(labelled.documents, chunked, strict=True)
         ]
         with connect(url) as conn:
             store_indexed(conn, index.model, docs)
         for mode in SEARCH_MODES:
-            answers = await index.search_many(
-                [q for *_, q, _ in corpus], mode=mode, top_k=10, chunks_per_document=1
-            )
-            scores: dict[str, list[tuple[float, float]]] = {"en": [], "ko": []}
-            for (key, _, _, lang), hits in zip(corpus, answers, strict=True):
-                rank = next((h.rank for h in hits if h.document_key == key), None)
-                scores[lang].append((1 / math.log2(1 + rank), 1.0) if rank else (0.0, 0.0))
-            figures["modes"][mode] = {
-                lang: {
-                    "queries": len(s),
-                    "ndcg@10": float(np.mean([n for n, _ in s])),
-                    "recall@10": float(np.mean([r for _, r in s])),
-                }
-                for lang, s in scores.items()
-            }
-            print(f"eval {mode}: {figures['modes'][mode]}")
+            answers = await index.search_many(questions, mode=mode, top_k=10, chunks_per_document=1)
+            keys = [[h.document_key for h in _hits(a)] for a in answers]
+            figures["modes"][mode] = mean_scores(labelled.queries, keys)
+            print(f"eval {labelled.name} {mode}: {figures['modes'][mode]}")
+        if rerank_url:
+            reranking = settings.with_overrides(search={"rerank_url": rerank_url})
+            async with Index.open(reranking) as reranked:
+                answers = await reranked.search_many(questions, top_k=10, chunks_per_document=1)
+            keys = [[h.document_key for h in _hits(a)] for a in answers]
+            figures["modes"]["hybrid + re-ranker"] = mean_scores(labelled.queries, keys)
+        # the fusion's parameters, tuned on the two chunk rankings hybrid fuses
+        lists = {
+            mode: [
+                _ranked(_hits(a))
+                for a in await index.search_chunks_many(questions, mode=mode, top_k=TUNE_DEPTH)
+            ]
+            for mode in ("vector", "text")
+        }
+    for k, weight in FUSION_GRID:
+        fused = [
+            fuse([v, t], k=k, weights=(1.0, weight))
+            for v, t in zip(lists["vector"], lists["text"], strict=True)
+        ]
+        keys = [[h.document_key for h in document_hits(f, 10, 1)] for f in fused]
+        figures["fusion"][f"{k}/{weight}"] = mean_scores(labelled.queries, keys)
     return figures
+
+
+def _hits(answer: Any) -> Any:
+    assert not isinstance(answer, QueryRefused), answer
+    return answer
 
 
 # -- speed ------------------------------------------------------------------------------------------
@@ -270,25 +287,33 @@ async def speed(
 # -- report -----------------------------------------------------------------------------------------
 
 
-def eval_lines(f: dict[str, Any]) -> list[str]:
-    rows = [
-        [
-            mode,
-            *(
-                f"{f['modes'][mode][lang][m]:.3f}"
-                for lang in ("en", "ko")
-                for m in ("ndcg@10", "recall@10")
-            ),
+def eval_lines(sets: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for f in sets:
+        langs = sorted(f["modes"]["vector"])
+        n = ", ".join(f"{f['modes']['vector'][lang]['queries']} {lang}" for lang in langs)
+        header = ["mode"] + [f"{lang} {m}" for lang in langs for m in ("nDCG@10", "recall@10")]
+        rows = [
+            [mode, *(f"{v[lang][m]:.3f}" for lang in langs for m in ("ndcg@10", "recall@10"))]
+            for mode, v in f["modes"].items()
         ]
-        for mode in SEARCH_MODES
-    ]
-    n = {lang: f["modes"]["vector"][lang]["queries"] for lang in ("en", "ko")}
-    return [
-        f"## Ranking quality ({f['documents']} documents, {f['chunks']} chunks; {n['en']} English and {n['ko']} Korean queries)",
-        "",
-        *markdown_table(["mode", "en nDCG@10", "en recall@10", "ko nDCG@10", "ko recall@10"], rows),
-        "",
-    ]
+        fusion = [
+            [params.replace("/", " / "), *(f"{v[lang]['ndcg@10']:.3f}" for lang in langs)]
+            for params, v in f["fusion"].items()
+        ]
+        lines += [
+            f"## Ranking quality: {f['set']} ({f['documents']} documents, {f['chunks']} chunks;"
+            f" queries: {n})",
+            "",
+            *markdown_table(header, rows),
+            "",
+            f"Fusion of the {TUNE_DEPTH}-deep vector and text chunk rankings, nDCG@10 by"
+            " k / text weight (vector weight 1):",
+            "",
+            *markdown_table(["k / text weight", *(f"{lang} nDCG@10" for lang in langs)], fusion),
+            "",
+        ]
+    return lines
 
 
 def speed_lines(runs: list[dict[str, Any]]) -> list[str]:
@@ -343,27 +368,41 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["eval", "speed"])
     parser.add_argument("--quick", action="store_true", help="a small run; nothing is written")
+    parser.add_argument("--progit", help="a clone of github.com/progit/progit2 (eval)")
+    parser.add_argument("--progit-ko", help="a clone of github.com/progit/progit2-ko (eval)")
+    parser.add_argument("--rerank-url", help="a TEI /rerank server: also rank hybrid re-ranked")
     args = parser.parse_args()
     began, figures = time.monotonic(), []
     models = [("sentence-transformers/all-MiniLM-L6-v2", 384), ("BAAI/bge-m3", 1024)]
-    for model, dim in models[: 1 if args.what == "eval" else 2]:
-        with (
-            BenchPostgres() as pg,
-            pg.fresh_database("search") as url,
-            tempfile.TemporaryDirectory() as home,
-            FakeEmbedServer() as server,
-        ):
-            if args.what == "eval":
-                figures.append(trio.run(evaluate, url, Path(home), 40 if args.quick else 120))
-            else:
+    if args.what == "eval":
+        sets = [known_items(40 if args.quick else 120), progit(args.progit, args.progit_ko)]
+        if sets[1] is None:
+            print("eval: the progit set is skipped (no --progit / --progit-ko clones given)")
+        for labelled in filter(None, sets):
+            with (
+                BenchPostgres() as pg,
+                pg.fresh_database("search") as url,
+                tempfile.TemporaryDirectory() as home,
+            ):
+                run = functools.partial(evaluate, rerank_url=args.rerank_url)
+                figures.append(trio.run(run, url, Path(home), labelled))
+                machine = machine_info(url)
+    else:
+        for model, dim in models:
+            with (
+                BenchPostgres() as pg,
+                pg.fresh_database("search") as url,
+                tempfile.TemporaryDirectory() as home,
+                FakeEmbedServer() as server,
+            ):
                 chunks, served = (
                     5_000 if args.quick else 100_000,
                     None if dim == 384 else server.url,
                 )
                 run = functools.partial(speed, chunks=chunks, server_url=served)
                 figures.append(trio.run(run, url, Path(home), model, dim))
-            machine = machine_info(url)
-    body = eval_lines(figures[0]) if args.what == "eval" else speed_lines(figures)
+                machine = machine_info(url)
+    body = eval_lines(figures) if args.what == "eval" else speed_lines(figures)
     command = f".venv/bin/python -m bench.search {args.what}" + (" --quick" if args.quick else "")
     head = page_head(f"search {args.what}", utc_now(), command, time.monotonic() - began, machine)
     if args.quick:

@@ -175,6 +175,7 @@ def test_search_chunks_json_keeps_the_first_release_shape(indexed: Indexed) -> N
     assert [h["rank"] for h in hits] == list(range(1, len(hits) + 1))
     assert set(hits[0]) == {
         "rank", "score", "document_key", "document_id", "version_no", "chunk_index", "text",
+        "matches", "snippet", "highlights",  # added fields, the first release's kept
     }  # fmt: skip
 
 
@@ -188,7 +189,7 @@ def test_search_lists_documents_with_their_best_chunks(indexed: Indexed) -> None
     assert set(docs[0]) == {
         "rank", "score", "document_key", "document_id", "version_no", "content_type", "chunks",
     }  # fmt: skip
-    assert set(docs[0]["chunks"][0]) == {"chunk_index", "score", "snippet"}
+    assert set(docs[0]["chunks"][0]) == {"chunk_index", "score", "snippet", "highlights"}
     assert all(1 <= len(d["chunks"]) <= 3 for d in docs)
     assert all(d["score"] == d["chunks"][0]["score"] for d in docs)
     text = cli(indexed.env, *args).stdout.splitlines()

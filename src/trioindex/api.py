@@ -39,6 +39,7 @@ from trioindex.search import (
     DEFAULT_HNSW,
     DEFAULT_MODE,
     SEARCH_MODES,
+    Bm25,
     ChunkHit,
     DocumentHit,
     Filters,
@@ -49,12 +50,14 @@ from trioindex.search import (
     chunk_hits,
     document_hits,
     embed_queries,
-    fuse,
+    hybrid_fusion,
     prepare_query,
     text_ranking,
     vector_ranking,
 )
+from trioindex.search.marking import marked_chunk_hits, marked_document_hits
 from trioindex.search.query import filter_text
+from trioindex.search.rerank import Reranker
 from trioindex.services import (
     Services,
     open_configured_embedder,
@@ -132,6 +135,13 @@ class Index:
         self._services = services
         self._embedder: Embedder | None = None
         self._embedder_lock = trio.Lock()
+        search = settings.search
+        self._bm25 = Bm25(search.bm25_k1, search.bm25_b)
+        self._reranker = (
+            Reranker(search.rerank_url, top_n=search.rerank_top_n, timeout=search.rerank_timeout)
+            if search.rerank_url
+            else None
+        )
 
     @classmethod
     def open(cls, settings: Settings | None = None) -> AbstractAsyncContextManager[Index]:
@@ -221,9 +231,12 @@ class Index:
         depth = max(MIN_CANDIDATES, top_k * chunks_per_document * CANDIDATES_PER_DOCUMENT)
         filters = _filters(key_prefix, content_types, low_confidence)
         ranked = await self._rank_many(queries, min(depth, MAX_CANDIDATES), mode, filters, hnsw)
+        db = self._services.db
         return [
-            r if isinstance(r, QueryRefused) else document_hits(r, top_k, chunks_per_document)
-            for r in ranked
+            r
+            if isinstance(r, QueryRefused)
+            else await db.run(marked_document_hits, q, document_hits(r, top_k, chunks_per_document))
+            for q, r in zip(queries, ranked, strict=True)
         ]
 
     async def search_chunks_many(
@@ -244,7 +257,13 @@ class Index:
         depth = top_k if mode == "vector" else max(top_k, MIN_CANDIDATES)
         filters = _filters(key_prefix, content_types, low_confidence)
         ranked = await self._rank_many(queries, min(depth, MAX_CANDIDATES), mode, filters, hnsw)
-        return [r if isinstance(r, QueryRefused) else chunk_hits(r, top_k) for r in ranked]
+        db = self._services.db
+        return [
+            r
+            if isinstance(r, QueryRefused)
+            else await db.run(marked_chunk_hits, q, chunk_hits(r, top_k))
+            for q, r in zip(queries, ranked, strict=True)
+        ]
 
     async def _rank_many(
         self,
@@ -270,7 +289,9 @@ class Index:
         by_vector: list[Answer[RankedChunk]] = [[] for _ in queries]
 
         async def rank_text(i: int, text: str) -> None:
-            by_text[i] = await _answer(db.run(text_ranking, model, text, depth, filters=filters))
+            by_text[i] = await _answer(
+                db.run(text_ranking, model, text, depth, filters=filters, bm25=self._bm25)
+            )
 
         async def rank_vector(i: int, vector: list[float]) -> None:
             by_vector[i] = await _answer(
@@ -302,10 +323,25 @@ class Index:
             elif isinstance(by_txt, QueryRefused):
                 answers.append(by_txt)
             elif mode == "hybrid":
-                answers.append(fuse([by_vec, by_txt])[:depth])
+                answers.append(hybrid_fusion(by_vec, by_txt)[:depth])
             else:
                 answers.append(by_txt if mode == "text" else by_vec)
+        if mode == "hybrid" and self._reranker is not None:
+            await self._rerank(queries, answers, self._reranker)
         return answers
+
+    async def _rerank(
+        self, queries: Sequence[str], answers: list[Answer[RankedChunk]], reranker: Reranker
+    ) -> None:
+        """Each answered query's fused chunks re-ordered by the re-ranker, concurrently."""
+
+        async def rerank(i: int, fused: list[RankedChunk]) -> None:
+            answers[i] = await reranker.rerank(queries[i], fused)
+
+        async with trio.open_nursery() as nursery:
+            for i, answer in enumerate(answers):
+                if not isinstance(answer, QueryRefused):
+                    nursery.start_soon(rerank, i, answer)
 
     async def open_model(self) -> None:
         """Open the embedding model now instead of at the first search that needs it (a
@@ -410,6 +446,8 @@ class Index:
         )
 
     async def aclose(self) -> None:
+        if self._reranker is not None:
+            await self._reranker.aclose()
         if self._embedder is not None:
             embedder, self._embedder = self._embedder, None
             await embedder.aclose()

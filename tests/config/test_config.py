@@ -203,6 +203,11 @@ def test_every_key_is_settable_from_the_environment(tmp_path: Path) -> None:
         "log.format": ("json", "json"),
         "http.webhook-token": ("hook-1", "hook-1"),
         "http.max-concurrent-requests": ("3", 3),
+        "search.bm25-k1": ("0.9", 0.9),
+        "search.bm25-b": ("0.4", 0.4),
+        "search.rerank-url": ("http://127.0.0.1:9", "http://127.0.0.1:9"),
+        "search.rerank-top-n": ("7", 7),
+        "search.rerank-timeout": ("500ms", 0.5),
     }
     assert set(values) == {spec.key for spec in KEYS}
     env = {env_name(key): text for key, (text, _) in values.items()}

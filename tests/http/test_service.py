@@ -303,8 +303,11 @@ def test_searches_in_every_mode_and_filter_over_what_a_worker_indexed(service: R
                 results[0]
             )
             assert results[0]["chunks"][0]["snippet"]
-            if mode != "vector":
+            if mode == "text":
                 assert "postgres" in results[0]["document_key"], (mode, results[0])
+            elif mode == "hybrid":  # the fake vectors carry no meaning: the text match fused in
+                top = [r["document_key"] for r in results[:3]]
+                assert any("postgres" in key for key in top), (mode, top)
         only_papers = client.get(
             "/v1/search",
             params={"q": "workers", "mode": "text", "prefix": "papers/", "top_k": "10"},

@@ -3,6 +3,8 @@ current versions only, and reciprocal rank fusion; grouping by document."""
 
 from __future__ import annotations
 
+import math
+import re
 import uuid
 
 import attrs
@@ -11,9 +13,12 @@ import pytest
 
 from testkit.search_corpus import IndexedDocument, store_indexed
 from trioindex.db.models import EmbeddingModel, ensure_model
-from trioindex.db.pool import Database
+from trioindex.db.pool import Connection, Database
 from trioindex.search import (
+    HYBRID_K,
+    HYBRID_TEXT_WEIGHT,
     RRF_K,
+    Bm25,
     Filters,
     RankedChunk,
     document_hits,
@@ -165,7 +170,7 @@ def test_hybrid_puts_first_what_both_rankings_rank_high(
         )
         ranked = hybrid_ranking(conn, model, "lease renewal deadline", query, 10)
     assert keys(ranked)[0] == ("both.txt", 0)
-    assert ranked[0].score == pytest.approx(2 / (RRF_K + 2))
+    assert ranked[0].score == pytest.approx((1 + HYBRID_TEXT_WEIGHT) / (HYBRID_K + 2))
 
 
 def _ranked(key: str, index: int = 0) -> RankedChunk:
@@ -212,36 +217,120 @@ def test_match_tiers_go_from_every_term_to_any_term() -> None:
     assert len(tiers) == 3 and tiers[1].count("|") == 11 and tiers[2].count("&") == 0
 
 
-def test_text_ranking_puts_chunks_matching_more_terms_first_and_fills_from_fewer(
-    db: Database, model: EmbeddingModel
-) -> None:
+def _bm25_reference(
+    conn: Connection, query: str, served: list[uuid.UUID], k1: float = 1.2, b: float = 0.75
+) -> dict[tuple[str, int], float]:
+    """BM25 (Lucene's form) computed here from the stored vectors' text, over the chunks of
+    the ``served`` documents: tf = the positions of the query's lexemes, length = characters."""
+    rows = conn.execute(
+        """SELECT d.external_key, c.chunk_index, c.content, c.search_vector::text AS v
+           FROM document_chunks c JOIN documents d ON d.id = c.document_id
+           WHERE d.id = ANY(%s)""",
+        (served,),
+    ).fetchall()
+    (lexemes,) = (
+        conn.execute(
+            "SELECT array(SELECT lexeme FROM unnest(to_tsvector('english', %s)))", (query,)
+        )
+        .fetchone()
+        .values()
+    )
+    vectors = {}
+    for row in rows:
+        counts = {}
+        for lexeme, positions in re.findall(r"'((?:[^']|'')+)':([\d,]+)", row["v"]):
+            counts[lexeme] = len(positions.split(","))
+        vectors[(row["external_key"], row["chunk_index"])] = (counts, len(row["content"]))
+    n = len(vectors)
+    average = sum(length for _, length in vectors.values()) / n
+    scores = {}
+    for key, (counts, length) in vectors.items():
+        score = 0.0
+        for term in lexemes:
+            df = sum(1 for c, _ in vectors.values() if term in c)
+            tf = counts.get(term, 0)
+            if tf:
+                idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+                score += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / average))
+        if score:
+            scores[key] = score
+    return scores
+
+
+def test_text_ranking_is_bm25_over_the_served_chunks(db: Database, model: EmbeddingModel) -> None:
     v = unit(1, 0, 0, 0)
-    store(
+    ids = store(
         db,
         model,
-        # one word of the query, repeated in a short chunk: the best ts_rank of all
+        # one word of the query, repeated in a short chunk
         IndexedDocument("one.txt", ["lease lease lease"], [v]),
-        # two words of the query in a long chunk: a lower ts_rank than one.txt's
+        # two words of the query in a long chunk
         IndexedDocument("two.txt", ["lease renewal " + " ".join(f"w{i}" for i in range(60))], [v]),
         IndexedDocument(
             "all.txt", ["the lease renewal deadline, in a long sentence of words"], [v]
         ),
-        IndexedDocument("none.txt", ["unrelated"], [v]),
+        IndexedDocument("none.txt", ["unrelated", "renewal renewal of everything"], [v, v]),
+        # not served: counts in neither N, the average length nor a term's df
+        IndexedDocument("gone.txt", ["deadline " * 40, "lease"], [v, v]),
     )
     with db.connection() as conn:
-        ranked = text_ranking(conn, model, "lease renewal deadline", 10)
-        assert keys(ranked) == [("all.txt", 0), ("two.txt", 0), ("one.txt", 0)]
-        assert ranked[1].score < ranked[2].score  # tiers, not ts_rank, order across tiers
+        conn.execute("DELETE FROM served_versions WHERE document_id = %s", (ids["gone.txt"],))
+        served = [i for key, i in ids.items() if key != "gone.txt"]
+        query = "lease renewal deadline"
+        expected = _bm25_reference(conn, query, served)
+        ranked = text_ranking(conn, model, query, 10)
+        assert keys(ranked) == sorted(expected, key=lambda k: -expected[k])
+        assert [r.score for r in ranked] == pytest.approx([expected[k] for k in keys(ranked)])
+        # k1 and b are the caller's
+        other = _bm25_reference(conn, query, served, k1=2.0, b=0.0)
+        ranked = text_ranking(conn, model, query, 10, bm25=Bm25(k1=2.0, b=0.0))
+        assert [r.score for r in ranked] == pytest.approx([other[k] for k in keys(ranked)])
         # the limit is reached inside the first tiers: the others are not read
-        assert keys(text_ranking(conn, model, "lease renewal deadline", 2)) == [
-            ("all.txt", 0),
-            ("two.txt", 0),
-        ]
+        assert keys(text_ranking(conn, model, query, 1)) == [("all.txt", 0)]
         # a Korean word and its particle-less stem are one term, not two
         store(db, model, IndexedDocument("ko.txt", ["서울입니다 lease"], [v]))
         assert keys(text_ranking(conn, model, "서울에서 lease", 10))[0] == ("ko.txt", 0)
         # quotes and backslashes in a word are tsquery-quoted, not syntax
         assert text_ranking(conn, model, "o'neil \\ back\\slash '", 10) == []
+
+
+def test_bm25_parameters_are_checked() -> None:
+    assert Bm25() == Bm25(k1=1.2, b=0.75)  # Lucene's defaults
+    for k1, b in [(-0.1, 0.5), (1.2, 1.5), (1.2, -0.1), (math.nan, 0.5)]:
+        with pytest.raises(ValueError, match="BM25 needs"):
+            Bm25(k1=k1, b=b)
+
+
+def test_text_statistics_follow_what_the_model_serves(db: Database, model: EmbeddingModel) -> None:
+    v = unit(1, 0, 0, 0)
+    ids = store(db, model, IndexedDocument("a.txt", ["abc", "defgh"], [v, v]))
+    other = store(db, model, IndexedDocument("b.txt", ["xy"], [v]))
+
+    def statistics(conn: Connection) -> list[tuple[str, int, int]]:
+        rows = conn.execute(
+            """SELECT d.external_key, t.chunks, t.text_length FROM served_text_statistics t
+               JOIN documents d ON d.id = t.document_id ORDER BY 1"""
+        ).fetchall()
+        return [(r["external_key"], r["chunks"], r["text_length"]) for r in rows]
+
+    with db.connection() as conn:
+        assert statistics(conn) == [("a.txt", 2, 8), ("b.txt", 1, 2)]
+        # the served row moves (here: to the same version, one vector fewer): re-counted
+        conn.execute(
+            """DELETE FROM embeddings WHERE chunk_id =
+                 (SELECT id FROM document_chunks WHERE document_id = %s AND chunk_index = 1)""",
+            (ids["a.txt"],),
+        )
+        conn.execute(
+            "UPDATE served_versions SET document_version_id = document_version_id"
+            " WHERE document_id = %s",
+            (ids["a.txt"],),
+        )
+        assert statistics(conn) == [("a.txt", 1, 3), ("b.txt", 1, 2)]
+        conn.execute("DELETE FROM served_versions WHERE document_id = %s", (ids["a.txt"],))
+        assert statistics(conn) == [("b.txt", 1, 2)]
+        conn.execute("DELETE FROM documents WHERE id = %s", (other["b.txt"],))
+        assert statistics(conn) == []
 
 
 def test_migration_0007_keeps_simple_and_english_lexemes_of_every_chunk(
@@ -257,3 +346,19 @@ def test_migration_0007_keeps_simple_and_english_lexemes_of_every_chunk(
     # simple: every word as written (stop words too); english: stems, no stop words
     assert row["v"] == "'the':1 'worker':5 'workers':2 '서울입니다':3,6"
     assert "USING gin (search_vector)" in index["indexdef"]
+
+
+def test_a_common_terms_df_comes_from_analyze(
+    db: Database, model: EmbeddingModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    v = unit(1, 0, 0, 0)
+    texts = ["lease renewal"] * 6 + ["lease"] * 3 + ["deadline renewal of the lease"]
+    store(db, model, *(IndexedDocument(f"{i}.txt", [t], [v]) for i, t in enumerate(texts)))
+    with db.connection() as conn:
+        exact = text_ranking(conn, model, "lease renewal deadline", 10)
+        conn.execute("ANALYZE document_chunks")
+        # every term past the exact count: ANALYZE's shares of the chunks (here: all of them)
+        monkeypatch.setattr("trioindex.db.search.DF_EXACT_UP_TO", 0)
+        estimated = text_ranking(conn, model, "lease renewal deadline", 10)
+    assert keys(estimated) == keys(exact)
+    assert [r.score for r in estimated] == pytest.approx([r.score for r in exact], rel=1e-4)

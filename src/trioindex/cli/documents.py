@@ -295,11 +295,11 @@ def search(
     for hit in hits:
         if chunks:
             typer.echo(f"{hit.rank:>3}. {hit.score:.4f}  {hit.document_key} #{hit.chunk_index}")
-            typer.echo(f"     {hit.snippet()}")
+            typer.echo(f"     {hit.passage().styled()}")  # bold: a terminal only
             continue
         typer.echo(f"{hit.rank:>3}. {hit.score:.4f}  {hit.document_key}  (v{hit.version_no})")
         for c in hit.chunks:
-            typer.echo(f"       #{c.chunk_index:<4} {c.score:.4f}  {c.snippet(120)}")
+            typer.echo(f"       #{c.chunk_index:<4} {c.score:.4f}  {c.passage(120).styled()}")
 
 
 #: Queries embedded and ranked together by `search --queries`.

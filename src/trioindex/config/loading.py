@@ -42,6 +42,7 @@ from trioindex.config.settings import (
     EmbeddingSettings,
     HttpSettings,
     ParsingSettings,
+    SearchSettings,
     Settings,
     StorageSettings,
     WorkerSettings,
@@ -302,6 +303,7 @@ def _build(values: Mapping[str, Any]) -> Settings:
         worker=WorkerSettings(**sections["worker"]),
         parsing=ParsingSettings(**sections["parsing"]),
         http=HttpSettings(**sections["http"]),
+        search=SearchSettings(**sections["search"]),
         **top,
     )
 

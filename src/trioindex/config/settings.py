@@ -96,6 +96,17 @@ class HttpSettings:
 
 
 @attrs.frozen
+class SearchSettings:
+    """``search.*``: BM25's parameters and the optional re-ranker (``rerank_url`` None: none)."""
+
+    bm25_k1: float = 1.2
+    bm25_b: float = 0.75
+    rerank_url: str | None = None
+    rerank_top_n: int = 20
+    rerank_timeout: float = 2.0
+
+
+@attrs.frozen
 class Settings:
     """Everything configurable, validated. ``home`` is absolute."""
 
@@ -107,6 +118,7 @@ class Settings:
     parsing: ParsingSettings
     log_format: str
     http: HttpSettings = HttpSettings()
+    search: SearchSettings = SearchSettings()
 
     def with_overrides(self, **changes: Any) -> Settings:
         """A validated copy with ``changes`` applied.

@@ -1,6 +1,8 @@
 """The search queries: the chunks of the versions a model serves, nearest to a vector or
-matching full-text tiers, and the query's English lexemes (what :mod:`trioindex.search.ranking`
-asks). Rows come back as the result columns ``trioindex.search.results`` reads.
+matching full-text tiers ranked by BM25, the query's English lexemes (what
+:mod:`trioindex.search.ranking` asks), and the words a query matches in given texts (what
+:mod:`trioindex.search.marking` asks). Rows come back as the result columns
+``trioindex.search.results`` reads.
 """
 
 from __future__ import annotations
@@ -102,18 +104,62 @@ def _set_hnsw(conn: Connection, hnsw: HnswSettings) -> None:
         pass  # pgvector < 0.8: plain index scan
 
 
+@attrs.frozen
+class Bm25:
+    """BM25's parameters: ``k1`` (term-frequency saturation) and ``b`` (length normalisation),
+    Lucene's defaults."""
+
+    k1: float = 1.2
+    b: float = 0.75
+
+    def __attrs_post_init__(self) -> None:
+        if not (self.k1 >= 0 and 0 <= self.b <= 1):
+            raise ValueError(f"BM25 needs k1 >= 0 and 0 <= b <= 1, not k1={self.k1}, b={self.b}")
+
+
+DEFAULT_BM25 = Bm25()
+
+
+@attrs.frozen
+class TextTerm:
+    """One query term: its ``tsquery`` operand (what matches) and what its term frequency counts
+    in a chunk's ``search_vector`` (``lexeme``, or every lexeme it starts when ``prefix``)."""
+
+    query: str
+    lexeme: str
+    prefix: bool = False
+
+
+#: A term's document frequency is counted exactly up to this many chunks; a term in more is
+#: given ANALYZE's estimate (``pg_stats``: the share of chunks holding it, times N; a term
+#: ANALYZE did not list as common: the least listed share, an upper bound).
+DF_EXACT_UP_TO = 100
+
+
 def matching_chunks(
-    conn: Connection, model: EmbeddingModel, tiers: Sequence[str], limit: int, *, filters: Filters
+    conn: Connection,
+    model: EmbeddingModel,
+    terms: Sequence[TextTerm],
+    tiers: Sequence[str],
+    limit: int,
+    *,
+    filters: Filters,
+    bm25: Bm25 = DEFAULT_BM25,
 ) -> list[dict[str, Any]]:
     """The ``limit`` chunks of the versions ``model`` serves, in its chunk set (the chunks it
-    has vectors for), that match the ``tsquery`` tiers, best tier first and ``ts_rank`` (by the
-    last, "any term", tier) within one."""
+    has vectors for), that match the ``tsquery`` tiers, ranked by BM25 (``trioindex_bm25``).
+    The candidates are each tier's matches (by ``ts_rank`` within a tier) while the tiers before
+    it leave the list short; BM25 then orders them. N and the average length are the model's
+    served chunk set's (``served_text_statistics``); a term's document frequency counts that set
+    (the GIN index) up to :data:`DF_EXACT_UP_TO`, past it ANALYZE's estimate."""
     where, params = filters.sql()
     # Each tier is one branch of a UNION ALL under the LIMIT: PostgreSQL starts a branch only
-    # when the ones before it returned fewer than LIMIT rows, so ts_rank scores the matches
-    # of the tiers read, not every chunk sharing one word with the query.
+    # when the ones before it returned fewer than LIMIT rows, so ts_rank scores the matches of
+    # the tiers read, not every chunk sharing one word with the query, and BM25 scores only
+    # the LIMIT candidates.
     branches = [
-        f"""(SELECT {_COLUMNS}, ts_rank(c.search_vector, %(any)s::tsquery, 1) AS score
+        f"""(SELECT {_COLUMNS}, c.search_vector,
+                    ts_rank(c.search_vector, %(any)s::tsquery, 1) AS tier_rank
              FROM document_chunks c
              JOIN served_versions s ON s.document_version_id = c.document_version_id
                                    AND s.embedding_model_id = %(model)s
@@ -122,18 +168,84 @@ def matching_chunks(
              WHERE c.search_vector @@ %(tier{i})s::tsquery{_not_above(i)}{where}
                AND EXISTS (SELECT 1 FROM embeddings e
                            WHERE e.chunk_id = c.id AND e.embedding_model_id = %(model)s)
-             ORDER BY score DESC, c.id
+             ORDER BY tier_rank DESC, c.id
              LIMIT %(limit)s)"""
         for i in range(len(tiers))
     ]
     tier_params = {f"tier{i}": tier for i, tier in enumerate(tiers)}
+    term_params = {
+        "queries": [t.query for t in terms],
+        "lexemes": [t.lexeme for t in terms],
+        "prefixes": [t.prefix for t in terms],
+        "k1": bm25.k1,
+        "b": bm25.b,
+        "exact_up_to": DF_EXACT_UP_TO,
+    }
     with conn.transaction():
         # a plain Append runs its branches in order; a Parallel Append would not
         conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
         return conn.execute(
-            f"SELECT * FROM ({' UNION ALL '.join(branches)}) AS tiers LIMIT %(limit)s",
-            {"any": tiers[-1], "limit": limit, "model": model.id} | tier_params | params,
+            f"""WITH {_WEIGHTS},
+                candidates AS (
+                    SELECT * FROM ({" UNION ALL ".join(branches)}) AS tiers LIMIT %(limit)s)
+                SELECT c.chunk_id, c.external_key, c.document_id, c.version_no, c.content_type,
+                       c.chunk_index, c.content,
+                       trioindex_bm25(c.search_vector, length(c.content), %(lexemes)s,
+                                      %(prefixes)s, w.idf, w.average_length, %(k1)s, %(b)s)
+                           AS score
+                FROM candidates c CROSS JOIN weights w
+                ORDER BY score DESC, c.chunk_id""",
+            {"any": tiers[-1], "limit": limit, "model": model.id}
+            | term_params
+            | tier_params
+            | params,
         ).fetchall()
+
+
+# N and the average chunk length of the model's served chunk sets, and each term's inverse
+# document frequency, Lucene's ln(1 + (N - df + 0.5) / (df + 0.5)): df counts the term's
+# chunks in that set up to exact_up_to; past it, the share of chunks ANALYZE found holding the
+# term (a prefix: its lexemes; a lexeme it did not list: the least share it listed) times N,
+# at least what was counted.
+_WEIGHTS = """collection AS (
+        SELECT coalesce(sum(t.chunks), 0)::float8 AS n,
+               coalesce(sum(t.text_length)::float8 / nullif(sum(t.chunks), 0), 1) AS average_length
+        FROM served_text_statistics t WHERE t.embedding_model_id = %(model)s),
+    analysed AS (
+        SELECT most_common_elems::text::text[] AS lexemes, most_common_elem_freqs AS shares
+        FROM pg_stats
+        WHERE schemaname = current_schema() AND tablename = 'document_chunks'
+          AND attname = 'search_vector'),
+    weights AS MATERIALIZED (
+        SELECT array_agg(ln(1 + (greatest(k.n, f.df) - f.df + 0.5) / (f.df + 0.5))
+                         ORDER BY q.ord) AS idf,
+               max(k.average_length) AS average_length
+        FROM unnest(%(queries)s::text[], %(lexemes)s::text[], %(prefixes)s::boolean[])
+             WITH ORDINALITY AS q (query, lexeme, prefix, ord)
+        CROSS JOIN collection k
+        CROSS JOIN LATERAL (
+            SELECT count(*)::float8 AS counted FROM (
+                SELECT 1 FROM document_chunks c
+                JOIN served_versions s ON s.document_version_id = c.document_version_id
+                                      AND s.embedding_model_id = %(model)s
+                WHERE c.search_vector @@ q.query::tsquery
+                  AND EXISTS (SELECT 1 FROM embeddings e
+                              WHERE e.chunk_id = c.id AND e.embedding_model_id = %(model)s)
+                LIMIT %(exact_up_to)s + 1) AS found) AS e
+        CROSS JOIN LATERAL (
+            SELECT CASE WHEN e.counted <= %(exact_up_to)s THEN e.counted
+                        ELSE greatest(e.counted, k.n * coalesce((
+                            SELECT least(1, coalesce(
+                                       sum(a.share) FILTER (WHERE CASE WHEN q.prefix
+                                           THEN starts_with(a.lexeme, q.lexeme)
+                                           ELSE a.lexeme = q.lexeme END),
+                                       min(a.share)))
+                            FROM analysed
+                            CROSS JOIN unnest(analysed.lexemes, analysed.shares)
+                                AS a (lexeme, share)
+                            WHERE a.lexeme IS NOT NULL), 0))
+                   END AS df) AS f)
+"""
 
 
 def _not_above(tier: int) -> str:
@@ -150,3 +262,19 @@ def english_lexemes(conn: Connection, text: str) -> list[str]:
     ).fetchone()
     lexemes: list[str] = row["lexemes"] if row else []
     return lexemes
+
+
+def marked_texts(
+    conn: Connection, texts: Sequence[str], query: str, start: str, stop: str
+) -> list[str]:
+    """Each text with the words ``query`` (a ``tsquery``) matches between ``start`` and
+    ``stop`` (``ts_headline`` over the whole text, ``english``: the stems and prefixes text
+    search matches)."""
+    rows = conn.execute(
+        """SELECT ts_headline('english', t.text, %(query)s::tsquery,
+                              'HighlightAll=true, StartSel=' || %(start)s
+                              || ', StopSel=' || %(stop)s) AS marked
+           FROM unnest(%(texts)s::text[]) WITH ORDINALITY AS t (text, ord) ORDER BY t.ord""",
+        {"query": query, "texts": list(texts), "start": start, "stop": stop},
+    ).fetchall()
+    return [row["marked"] for row in rows]

@@ -17,7 +17,15 @@ from collections.abc import Sequence
 import trio
 
 from trioindex.db.models import EmbeddingModel
-from trioindex.db.search import DEFAULT_HNSW, NO_FILTERS, Filters, HnswSettings
+from trioindex.db.search import (
+    DEFAULT_BM25,
+    DEFAULT_HNSW,
+    NO_FILTERS,
+    Bm25,
+    Filters,
+    HnswSettings,
+    TextTerm,
+)
 from trioindex.embedding import Embedder
 from trioindex.embedding.vectors import validate_vectors
 from trioindex.errors import ResultInvalid
@@ -31,13 +39,17 @@ from trioindex.search.query import (
 )
 from trioindex.search.ranking import (
     DEFAULT_MODE,
+    HYBRID_K,
+    HYBRID_TEXT_WEIGHT,
     RRF_K,
     SEARCH_MODES,
     SearchMode,
     fuse,
     hangul_terms,
+    hybrid_fusion,
     hybrid_ranking,
     match_tiers,
+    query_terms,
     text_ranking,
     vector_ranking,
 )
@@ -54,14 +66,18 @@ from trioindex.search.results import (
 )
 
 __all__ = [
+    "DEFAULT_BM25",
     "DEFAULT_HNSW",
     "DEFAULT_MODE",
+    "HYBRID_K",
+    "HYBRID_TEXT_WEIGHT",
     "MAX_QUERY_CHARS",
     "MAX_QUERY_TERMS",
     "NO_FILTERS",
     "QUERY_INVALID",
     "RRF_K",
     "SEARCH_MODES",
+    "Bm25",
     "ChunkHit",
     "DocumentHit",
     "Filters",
@@ -70,16 +86,19 @@ __all__ = [
     "RankedChunk",
     "SearchHit",
     "SearchMode",
+    "TextTerm",
     "check_terms",
     "chunk_hits",
     "document_hits",
     "embed_queries",
     "fuse",
     "hangul_terms",
+    "hybrid_fusion",
     "hybrid_ranking",
     "json_text",
     "match_tiers",
     "prepare_query",
+    "query_terms",
     "ranked_chunks",
     "snippet",
     "text_ranking",

@@ -23,7 +23,7 @@ from uuid import UUID
 
 import attrs
 
-SNIPPET_WIDTH = 160
+from trioindex.search.passages import SNIPPET_WIDTH, Passage, Span, passage
 
 
 def json_text(value: object, *, indent: int | None = None) -> str:
@@ -34,10 +34,11 @@ def json_text(value: object, *, indent: int | None = None) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def snippet(text: str, width: int = SNIPPET_WIDTH) -> str:
-    """``text`` on one line, cut to ``width`` characters (an ellipsis marks the cut)."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= width else flat[: width - 1] + "…"
+def snippet(text: str, width: int = SNIPPET_WIDTH, matches: Sequence[Span] = ()) -> str:
+    """``text``'s passage at ``matches`` (:func:`~trioindex.search.passages.passage`) on one
+    line, at most ``width`` characters (an ellipsis marks each cut); without matches, its
+    start."""
+    return passage(text, matches, width).text
 
 
 @attrs.frozen
@@ -51,12 +52,20 @@ class ChunkHit:
     version_no: int
     chunk_index: int
     text: str = attrs.field(repr=False)
+    #: ``[start, end)`` character offsets in ``text`` of the words the query's terms match
+    matches: tuple[Span, ...] = attrs.field(default=(), repr=False)
+
+    def passage(self, width: int = SNIPPET_WIDTH) -> Passage:
+        """The chunk's passage at its matches, with their offsets in it."""
+        return passage(self.text, self.matches, width)
 
     def snippet(self, width: int = SNIPPET_WIDTH) -> str:
-        return snippet(self.text, width)
+        return self.passage(width).text
 
     def as_json(self) -> dict[str, Any]:
-        """The ``search --chunks --json`` element (unchanged since the first release)."""
+        """The ``search --chunks --json`` element: the first release's fields, then the
+        matches' offsets in ``text``, the snippet and the matches' offsets in it."""
+        shown = self.passage()
         return {
             "rank": self.rank,
             "score": self.score,
@@ -65,6 +74,9 @@ class ChunkHit:
             "version_no": self.version_no,
             "chunk_index": self.chunk_index,
             "text": self.text,
+            "matches": [list(m) for m in self.matches],
+            "snippet": shown.text,
+            "highlights": [list(h) for h in shown.highlights],
         }
 
 
@@ -86,7 +98,8 @@ class DocumentHit:
     low_confidence_pages: tuple[int, ...] = ()  # the pages OCR read with low confidence
 
     def as_json(self) -> dict[str, Any]:
-        """The ``search --json`` element: chunks carry index, score and snippet."""
+        """The ``search --json`` element: chunks carry index, score, snippet and the offsets of
+        the matched words in the snippet (``highlights``: ``[start, end)`` pairs)."""
         return {
             "rank": self.rank,
             "score": self.score,
@@ -94,11 +107,18 @@ class DocumentHit:
             "document_id": str(self.document_id),
             "version_no": self.version_no,
             "content_type": self.content_type,
-            "chunks": [
-                {"chunk_index": c.chunk_index, "score": c.score, "snippet": c.snippet()}
-                for c in self.chunks
-            ],
+            "chunks": [_chunk_json(c) for c in self.chunks],
         }
+
+
+def _chunk_json(chunk: ChunkHit) -> dict[str, Any]:
+    shown = chunk.passage()
+    return {
+        "chunk_index": chunk.chunk_index,
+        "score": chunk.score,
+        "snippet": shown.text,
+        "highlights": [list(h) for h in shown.highlights],
+    }
 
 
 @attrs.frozen
