@@ -24,6 +24,7 @@ from trioindex.config import Settings, load_settings
 from trioindex.db.models import ensure_model
 from trioindex.db.pool import Database
 from trioindex.errors import ConfigError
+from trioindex.search.ranking import HYBRID_K, HYBRID_TEXT_WEIGHT
 
 MODEL, DIM = "BAAI/bge-m3", 1024
 
@@ -96,7 +97,8 @@ async def test_modes_and_filters(settings: Settings, stored: None) -> None:
         # hybrid: the chunk that is the query wins both rankings
         [best, *_] = await index.search(LEASE[0], mode="hybrid")
         assert (best.document_key, best.chunks[0].chunk_index) == ("docs/lease.txt", 0)
-        assert best.score == pytest.approx(2 / 61)
+        # first in both: 1 / (k + 1) from the vector ranking, the text weight's share from text
+        assert best.score == pytest.approx((1 + HYBRID_TEXT_WEIGHT) / (HYBRID_K + 1))
         # Korean words match with another particle
         [ko] = await index.search("임대가 갱신", mode="text")
         assert (ko.document_key, ko.chunks[0].chunk_index) == ("ko/korean.txt", 1)
