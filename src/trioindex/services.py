@@ -78,6 +78,9 @@ class Services:
     storage: AsyncObjectStore
     model: EmbeddingModel
     embedder: Embedder | None
+    # PostgreSQL itself, for what needs a session (LISTEN, index builds); None behind a
+    # transaction pooler when database.direct-url is unset (workers then poll)
+    direct_url: str | None = attrs.field(default=None, repr=False)
 
 
 @asynccontextmanager
@@ -85,8 +88,16 @@ async def open_services(settings: Settings, *, embedder: bool = False) -> AsyncI
     """Open what a command needs; migrate the database and register the configured model."""
     async with AsyncExitStack() as stack:
         url = await resolve_database_url(settings)
+        d = settings.database
+        direct = d.direct_url or (url if d.pooler == "none" else None)
         db = await stack.enter_async_context(
-            open_database(url, pool_size=settings.database.pool_size)
+            open_database(
+                url,
+                pool_size=d.pool_size,
+                max_idle=d.pool_max_idle,
+                pooler=d.pooler != "none",
+                direct_conninfo=direct,
+            )
         )
         model = await db.run(ensure_model, settings.embedding.model, settings.embedding.dimension)
         store = await open_storage(settings)
@@ -94,4 +105,4 @@ async def open_services(settings: Settings, *, embedder: bool = False) -> AsyncI
         if embedder:
             opened = await open_configured_embedder(settings)
             stack.push_async_callback(opened.aclose)
-        yield Services(url, db, store, model, opened)
+        yield Services(url, db, store, model, opened, direct)
