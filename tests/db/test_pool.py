@@ -104,13 +104,21 @@ async def test_a_server_refusing_for_too_many_clients_is_waited_out_with_one_lin
         async with open_database(limited_url, pool_size=1, run_migrations=False) as db:
             opened.append(db)
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(open_it)
-        # virtual time: it jumps while the connection attempts run in their threads
-        with trio.fail_after(10**6):
-            while not [r for r in caplog.records if "retrying" in r.getMessage()]:
-                await trio.sleep(0.5)
-        occupant.close()
+    retrying = trio.Event()
+
+    class _Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            retrying.set()
+
+    handler = _Seen(logging.WARNING)
+    logging.getLogger("trioindex.db.pool").addHandler(handler)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(open_it)
+            await retrying.wait()
+            occupant.close()
+    finally:
+        logging.getLogger("trioindex.db.pool").removeHandler(handler)
     assert len(opened) == 1
     warnings = [r.getMessage() for r in caplog.records if r.name == "trioindex.db.pool"]
     line = warnings[0]
