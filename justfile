@@ -31,6 +31,18 @@ setup-jdbc:
     install || { apt-get update -q >/dev/null 2>&1 && install; } \
         || echo "could not install libpostgresql-jdbc-java; the JDBC test will skip" >&2
 
+# Not a dependency of `test` (the test runs for about a minute: `just test tests/test_pgbouncer.py`).
+# PgBouncer (Debian's pgbouncer) for tests/test_pgbouncer.py and bench/fleet.py, installed when
+# running as root and missing; otherwise that test skips and says why.
+setup-pgbouncer:
+    #!/usr/bin/env bash
+    command -v pgbouncer >/dev/null || [[ -x /usr/sbin/pgbouncer ]] && exit 0
+    [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null || exit 0
+    echo "installing PgBouncer (pgbouncer), once" >&2
+    install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer >/dev/null 2>&1; }
+    install || { apt-get update -q >/dev/null 2>&1 && install; } \
+        || echo "could not install pgbouncer; the PgBouncer test will skip" >&2
+
 # Headless Chromium and its WebDriver for the console's browser tests (Debian's chromium and
 # chromium-driver), installed when running as root and missing; otherwise those tests skip and
 # say why.

@@ -27,7 +27,9 @@ def _backends(admin_url: str, dbname: str) -> int:
 
 
 def _dbname(conn: Connection) -> str:
-    return str(conn.execute("SELECT current_database() AS d").fetchone()["d"])  # type: ignore[index]
+    row = conn.execute("SELECT current_database() AS d").fetchone()
+    assert row is not None
+    return str(row["d"])
 
 
 def _hold_all(db: Database, n: int) -> None:
