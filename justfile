@@ -138,6 +138,11 @@ bench *ARGS: setup
 bench-queue *ARGS: setup
     {{bin}}/python -m bench.queue "$@"
 
+# 1, 4, 16 and 64 real workers on one embedded PostgreSQL (max_connections 100): claim throughput,
+# connections per worker idle and busy, wait events, PostgreSQL CPU per job (docs/test-results/fleet.md).
+bench-fleet *ARGS: setup
+    {{bin}}/python -m bench.fleet "$@"
+
 # Enqueue from SQL (trioindex_enqueue_documents) against the raw rows, one connection, in
 # batches (docs/test-results/enqueue.md).
 bench-enqueue *ARGS: setup

@@ -16,14 +16,13 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from testkit.processes import free_port
+from testkit.processes import free_port, stop_process, wait_for_port
 
 BINARY_PLACES = ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer")
 
@@ -84,35 +83,14 @@ def running_pgbouncer(
     if user is not None:
         shutil.chown(folder, user)
     command = [str(binary), *(["-u", user] if user else []), str(ini)]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_for_port(port, process)
+        wait_for_port(port, process, 15, "pgbouncer")
         client = make_conninfo(
             "", host="127.0.0.1", port=str(port), dbname=target.get("dbname", "postgres")
         )
         client += " user=trioindex"
         yield client
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process)
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def _wait_for_port(port: int, process: subprocess.Popen[bytes]) -> None:
-    import socket
-
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            error = process.stderr.read().decode(errors="replace") if process.stderr else ""
-            raise RuntimeError(f"pgbouncer exited: {error.strip()[:300]}")
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError("pgbouncer did not open its port within 15 s")
