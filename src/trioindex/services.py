@@ -19,7 +19,13 @@ import trio
 
 from trioindex.config import Settings
 from trioindex.db.models import EmbeddingModel, ensure_model
-from trioindex.db.pool import Database, describe_conninfo, open_database, start_embedded
+from trioindex.db.pool import (
+    Database,
+    describe_conninfo,
+    open_database,
+    session_conninfo,
+    start_embedded,
+)
 from trioindex.storage import AsyncObjectStore, open_store, redact_url
 
 if TYPE_CHECKING:  # imported when an embedder is opened: `status` and `jobs` need none of it
@@ -89,7 +95,7 @@ async def open_services(settings: Settings, *, embedder: bool = False) -> AsyncI
     async with AsyncExitStack() as stack:
         url = await resolve_database_url(settings)
         d = settings.database
-        direct = d.direct_url or (url if d.pooler == "none" else None)
+        direct = session_conninfo(url, pooler=d.pooler != "none", direct=d.direct_url)
         db = await stack.enter_async_context(
             open_database(
                 url,

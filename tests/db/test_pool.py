@@ -13,7 +13,14 @@ import pytest
 import trio
 
 from testkit.postgres import admin
-from trioindex.db.pool import DEFAULT_MAX_IDLE, Connection, Database, connect, open_database
+from trioindex.db.pool import (
+    DEFAULT_MAX_IDLE,
+    Connection,
+    Database,
+    connect,
+    open_database,
+    session_conninfo,
+)
 from trioindex.errors import DatabaseUnavailable
 
 
@@ -161,3 +168,9 @@ def test_a_pooler_database_prepares_no_statements(database_url: str) -> None:
         assert prepared is not None and prepared["n"] == 0
     finally:
         db.close()
+
+
+def test_session_work_goes_to_the_direct_url_and_a_pooler_without_one_means_polling() -> None:
+    assert session_conninfo("host=pg", pooler=False, direct=None) == "host=pg"
+    assert session_conninfo("host=bouncer", pooler=True, direct=None) is None
+    assert session_conninfo("host=bouncer", pooler=True, direct="host=pg") == "host=pg"

@@ -355,6 +355,15 @@ class Database:
         )
 
 
+def session_conninfo(conninfo: str, *, pooler: bool, direct: str | None) -> str | None:
+    """Where work that needs a session of its own goes (LISTEN, migrations, index builds):
+    ``direct`` when given; otherwise ``conninfo``, unless it is a transaction-pooling proxy
+    (``pooler``), where there is none (workers poll)."""
+    if direct:
+        return direct
+    return None if pooler else conninfo
+
+
 #: Longest pause between two tries of a server that refuses connections for having too many.
 REFUSED_RETRY_MAX = 30.0
 
