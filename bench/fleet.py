@@ -23,6 +23,7 @@ Run ``.venv/bin/python -m bench.fleet`` (``just bench-fleet``); ``--quick`` runs
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -44,6 +45,7 @@ from psycopg.conninfo import conninfo_to_dict
 from bench.common import BenchPostgres, format_machine, machine_info
 from bench.harness import ingest_folder, tei_settings, worker_env
 from testkit.embed_process import EmbedServerProcess
+from testkit.pgbouncer import running_pgbouncer
 from testkit.postgres import admin
 from trioindex.db.pool import with_dbname
 
@@ -96,9 +98,12 @@ def server_cpu_now(pg: BenchPostgres) -> float:
     return total
 
 
-def _one(url: str, sql: str) -> Any:
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(sql).fetchone()
+def _one(target: str | psycopg.Connection[Any], sql: str) -> Any:
+    """The first column of ``sql``'s first row, on ``target`` (a URL or an open connection)."""
+    if isinstance(target, str):
+        with psycopg.connect(target, autocommit=True) as conn:
+            return _one(conn, sql)
+    row = target.execute(sql).fetchone()
     return row[0] if row else None
 
 
@@ -110,6 +115,7 @@ class ActivitySampler:
         self.backends: list[int] = []
         self.waits: Counter[str] = Counter()
         self._stop = threading.Event()
+        self._conn = psycopg.connect(admin_url, autocommit=True)
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> ActivitySampler:
@@ -121,7 +127,7 @@ class ActivitySampler:
         self._thread.join()
 
     def _run(self) -> None:
-        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+        with self._conn as conn:
             while not self._stop.wait(SAMPLE_EVERY):
                 rows = conn.execute(
                     """SELECT state, coalesce(wait_event_type || ':' || wait_event, 'CPU')
@@ -133,14 +139,15 @@ class ActivitySampler:
                 self.waits.update(wait for state, wait in rows if state == "active")
 
 
-def backends_of(admin_url: str, dbname: str) -> int:
-    rows = admin(
-        admin_url,
-        "SELECT count(*) FROM pg_stat_activity"
-        " WHERE datname = %s AND backend_type = 'client backend'",
-        [dbname],
+def backends_of(watch: psycopg.Connection[Any]) -> int:
+    """Client backends of ``watch``'s database, ``watch`` itself left out."""
+    return int(
+        _one(
+            watch,
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND backend_type = 'client backend' AND pid <> pg_backend_pid()",
+        )
     )
-    return int(rows[0][0])
 
 
 def run_size(
@@ -152,20 +159,30 @@ def run_size(
     n: int,
     jobs: int,
     start_timeout: float,
+    bouncer: str | None,
 ) -> SizeResult:
     dbname = f"fleet_{n}"
     admin(pg.admin_url, f'DROP DATABASE IF EXISTS "{dbname}"')
     admin(pg.admin_url, f'CREATE DATABASE "{dbname}" TEMPLATE "{source}"')
     url = with_dbname(pg.admin_url, dbname)
+    settings: dict[str, str] = {"DATABASE_URL": url}
+    if bouncer is not None:
+        settings = {
+            "DATABASE_URL": with_dbname(bouncer, dbname),
+            "DATABASE_POOLER": "transaction",
+            "DATABASE_DIRECT_URL": url,
+        }
     env = worker_env(
         HOME=str(root / "home"),
-        DATABASE_URL=url,
         STORAGE_URL=(root / "blobs").as_uri(),
+        **settings,
         **tei_settings(embedder, DIMENSION),
     )
+    watch = psycopg.connect(url, autocommit=True)
     logs = root / f"logs-{n}"
     logs.mkdir(exist_ok=True)
     load_before = os.getloadavg()[0]
+    sampler = ActivitySampler(pg.admin_url, dbname)  # connects now, records once entered
     processes = []
     for i in range(n):
         handle = (logs / f"worker-{i}.log").open("ab")
@@ -183,46 +200,50 @@ def run_size(
         started = 0
         while time.monotonic() < deadline:
             started = int(
-                _one(url, "SELECT count(*) FROM indexing_workers WHERE status = 'RUNNING'")
+                _one(watch, "SELECT count(*) FROM indexing_workers WHERE status = 'RUNNING'")
             )
             if started >= n or any(p.poll() is not None for p in processes):
                 break
             time.sleep(0.5)
         start_seconds = time.monotonic() - launched
         time.sleep(3)  # the listeners connect
-        idle_at_start = backends_of(pg.admin_url, dbname)
+        idle_at_start = backends_of(watch)
         # the start-up's extra pooled connections close one per database.pool-max-idle
         settle_from = time.monotonic()
         while time.monotonic() - settle_from < SETTLE_LIMIT:
-            if backends_of(pg.admin_url, dbname) <= 2 * n:
+            if backends_of(watch) <= 2 * n:
                 break
             time.sleep(0.5)
         settled_after = time.monotonic() - settle_from
-        idle = sum(backends_of(pg.admin_url, dbname) for _ in range(3)) / 3
+        idle = sum(backends_of(watch) for _ in range(3)) / 3
         cpu_before = server_cpu_now(pg)
-        with ActivitySampler(pg.admin_url, dbname) as sampler, psycopg.connect(url) as conn:
-            released = conn.execute(
-                "UPDATE embedding_jobs SET available_at = now() WHERE status = 'PENDING'"
-                " RETURNING now()"
-            ).fetchone()
-            conn.execute("NOTIFY trioindex_jobs")
-            conn.commit()
+        with sampler:
+            with watch.transaction():
+                released = watch.execute(
+                    "UPDATE embedding_jobs SET available_at = now() WHERE status = 'PENDING'"
+                    " RETURNING now()"
+                ).fetchone()
+                watch.execute("NOTIFY trioindex_jobs")
             assert released is not None
             finish_deadline = time.monotonic() + 120 + jobs / 5
             while time.monotonic() < finish_deadline:
                 done = int(
-                    _one(url, "SELECT count(*) FROM embedding_jobs WHERE status = 'SUCCEEDED'")
+                    _one(watch, "SELECT count(*) FROM embedding_jobs WHERE status = 'SUCCEEDED'")
                 )
                 if done >= jobs:
                     break
                 time.sleep(0.2)
             cpu_after = server_cpu_now(pg)
             seconds = float(
-                _one(url, "SELECT extract(epoch FROM max(finished_at))::float8 FROM embedding_jobs")
+                _one(
+                    watch,
+                    "SELECT extract(epoch FROM max(finished_at))::float8 FROM embedding_jobs",
+                )
                 - released[0].timestamp()
             )
         samples = sampler.backends or [0]
     finally:
+        watch.close()
         for process in processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -280,6 +301,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--start-timeout", type=float, default=600, help="seconds for N workers to start (600)"
     )
+    parser.add_argument(
+        "--pgbouncer",
+        action="store_true",
+        help="workers through PgBouncer (transaction mode), LISTEN on PostgreSQL itself",
+    )
     parser.add_argument("--quick", action="store_true", help="sizes 1,4 and 100 documents")
     parser.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
     return parser.parse_args(argv)
@@ -293,6 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     root.chmod(0o755)
     results: list[SizeResult] = []
     with (
+        contextlib.ExitStack() as stack,
         BenchPostgres() as pg,
         EmbedServerProcess(latency_ms=0, dimension=DIMENSION) as embedder,
         pg.fresh_database("fleet_source") as source_url,
@@ -311,9 +338,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             conn.execute("UPDATE embedding_jobs SET available_at = now() + interval '1 hour'")
         print(f"{created} documents staged; max_connections {info['max_connections']}", flush=True)
         source = str(conninfo_to_dict(source_url)["dbname"])
+        bouncer = None
+        if args.pgbouncer:
+            bouncer = stack.enter_context(running_pgbouncer(pg.admin_url))
         for n in sizes:
             result = run_size(
-                pg, source, root, embedder, n=n, jobs=created, start_timeout=args.start_timeout
+                pg,
+                source,
+                root,
+                embedder,
+                n=n,
+                jobs=created,
+                start_timeout=args.start_timeout,
+                bouncer=bouncer,
             )
             results.append(result)
             print(table([result])[-1], flush=True)
