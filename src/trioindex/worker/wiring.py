@@ -252,7 +252,11 @@ def build_worker(
         model_id=services.model.id,
         chunking=chunk_set_of(chunker, services.model.name),
         version=__version__,
-        listener=functools.partial(listen_for_jobs, services.database_url) if listen else None,
+        listener=(
+            functools.partial(listen_for_jobs, services.direct_url)
+            if listen and services.direct_url is not None
+            else None
+        ),
     )
 
 
@@ -260,7 +264,9 @@ async def run_worker(settings: Settings, *, drain: bool = False, listen: bool = 
     """Run one worker to the end; return it (its counters say what happened)."""
     async with open_services(settings, embedder=True) as services:
         keeper = VectorIndexKeeper(
-            services.database_url, services.model, settings.embedding.index_min_vectors
+            services.direct_url or services.database_url,
+            services.model,
+            settings.embedding.index_min_vectors,
         )
         worker = build_worker(settings, services, listen=listen, index_keeper=keeper)
         async with trio.open_nursery() as nursery:

@@ -1,0 +1,371 @@
+"""Fleet benchmark: 1, 4, 16 and 64 real ``trioindex worker`` processes on one PostgreSQL.
+
+One embedded PostgreSQL with its default ``max_connections`` (100) and the fake TEI embedder
+(``testkit.embed_server``, no latency, 1024 dimensions). ``--docs`` small text documents are
+ingested once into a source database, their jobs held back (``available_at`` an hour ahead),
+and every fleet size gets a copy of it (``CREATE DATABASE ... TEMPLATE``). Per size:
+
+1. N worker processes start with default settings (and the benchmark's URLs); **all start**
+   means N rows RUNNING in ``indexing_workers`` with every process alive (waited for up to
+   ``--start-timeout``; the time it took is reported);
+2. idle: client backends of the database divided by N, 3 s after the last start and once the
+   start-up's extra pooled connections have closed (at most two a worker; waited up to 40 s);
+3. the jobs are released at once (``available_at = now()`` and a NOTIFY); throughput = jobs /
+   (last ``finished_at`` − release), and its ratio to the best size;
+4. while they run, ``pg_stat_activity`` is sampled every 250 ms: client backends (busy
+   connections per worker = mean and peak / N) and the wait events of active backends;
+5. PostgreSQL CPU per job: the postmaster's CPU with its reaped children plus every live
+   server process, across release → last job.
+
+Run ``.venv/bin/python -m bench.fleet`` (``just bench-fleet``); ``--quick`` runs sizes 1 and 4.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import psutil
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from bench.common import BenchPostgres, format_machine, machine_info
+from bench.harness import ingest_folder, tei_settings, worker_env
+from testkit.embed_process import EmbedServerProcess
+from testkit.pgbouncer import running_pgbouncer
+from testkit.postgres import admin
+from trioindex.db.pool import with_dbname
+
+DIMENSION = 1024
+SAMPLE_EVERY = 0.25
+#: Longest wait for an idle fleet to be down to two connections a worker
+SETTLE_LIMIT = 40.0
+
+
+@attrs.define
+class SizeResult:
+    workers: int
+    started: int
+    start_seconds: float
+    refused_logs: int
+    jobs: int
+    seconds: float
+    idle_at_start_per_worker: float
+    idle_per_worker: float
+    settled_after: float
+    busy_mean_per_worker: float
+    busy_peak: int
+    server_cpu_ms_per_job: float
+    waits: dict[str, int]
+    load_before: float
+
+    @property
+    def jobs_per_s(self) -> float:
+        return self.jobs / self.seconds if self.seconds > 0 else 0.0
+
+
+def write_documents(folder: Path, count: int) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        (folder / f"doc-{i:05d}.txt").write_text(
+            f"Document {i} of the fleet benchmark. It is short: one chunk, one vector.\n"
+        )
+
+
+def server_cpu_now(pg: BenchPostgres) -> float:
+    """The postmaster with its reaped children, plus every live server process."""
+    total = pg.server_cpu_seconds()
+    pid = int((pg.home.resolve() / "pgdata" / "postmaster.pid").read_text().splitlines()[0])
+    for child in psutil.Process(pid).children():
+        try:
+            times = child.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def _one(target: str | psycopg.Connection[Any], sql: str) -> Any:
+    """The first column of ``sql``'s first row, on ``target`` (a URL or an open connection)."""
+    if isinstance(target, str):
+        with psycopg.connect(target, autocommit=True) as conn:
+            return _one(conn, sql)
+    row = target.execute(sql).fetchone()
+    return row[0] if row else None
+
+
+class ActivitySampler:
+    """``pg_stat_activity`` of one database every :data:`SAMPLE_EVERY` seconds, in a thread."""
+
+    def __init__(self, admin_url: str, dbname: str) -> None:
+        self.admin_url, self.dbname = admin_url, dbname
+        self.backends: list[int] = []
+        self.waits: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._conn = psycopg.connect(admin_url, autocommit=True)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ActivitySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        with self._conn as conn:
+            while not self._stop.wait(SAMPLE_EVERY):
+                rows = conn.execute(
+                    """SELECT state, coalesce(wait_event_type || ':' || wait_event, 'CPU')
+                       FROM pg_stat_activity
+                       WHERE datname = %s AND backend_type = 'client backend'""",
+                    (self.dbname,),
+                ).fetchall()
+                self.backends.append(len(rows))
+                self.waits.update(wait for state, wait in rows if state == "active")
+
+
+def backends_of(watch: psycopg.Connection[Any]) -> int:
+    """Client backends of ``watch``'s database, ``watch`` itself left out."""
+    return int(
+        _one(
+            watch,
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND backend_type = 'client backend' AND pid <> pg_backend_pid()",
+        )
+    )
+
+
+def run_size(
+    pg: BenchPostgres,
+    source: str,
+    root: Path,
+    embedder: EmbedServerProcess,
+    *,
+    n: int,
+    jobs: int,
+    start_timeout: float,
+    bouncer: str | None,
+) -> SizeResult:
+    dbname = f"fleet_{n}"
+    admin(pg.admin_url, f'DROP DATABASE IF EXISTS "{dbname}"')
+    admin(pg.admin_url, f'CREATE DATABASE "{dbname}" TEMPLATE "{source}"')
+    url = with_dbname(pg.admin_url, dbname)
+    settings: dict[str, str] = {"DATABASE_URL": url}
+    if bouncer is not None:
+        settings = {
+            "DATABASE_URL": with_dbname(bouncer, dbname),
+            "DATABASE_POOLER": "transaction",
+            "DATABASE_DIRECT_URL": url,
+        }
+    env = worker_env(
+        HOME=str(root / "home"),
+        STORAGE_URL=(root / "blobs").as_uri(),
+        **settings,
+        **tei_settings(embedder, DIMENSION),
+    )
+    watch = psycopg.connect(url, autocommit=True)
+    logs = root / f"logs-{n}"
+    logs.mkdir(exist_ok=True)
+    load_before = os.getloadavg()[0]
+    sampler = ActivitySampler(pg.admin_url, dbname)  # connects now, records once entered
+    processes = []
+    for i in range(n):
+        handle = (logs / f"worker-{i}.log").open("ab")
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "trioindex.cli", "worker"],
+                env=env,
+                stdout=handle,
+                stderr=handle,
+            )
+        )
+    try:
+        launched = time.monotonic()
+        deadline = launched + start_timeout
+        started = 0
+        while time.monotonic() < deadline:
+            started = int(
+                _one(watch, "SELECT count(*) FROM indexing_workers WHERE status = 'RUNNING'")
+            )
+            if started >= n or any(p.poll() is not None for p in processes):
+                break
+            time.sleep(0.5)
+        start_seconds = time.monotonic() - launched
+        time.sleep(3)  # the listeners connect
+        idle_at_start = backends_of(watch)
+        # the start-up's extra pooled connections close one per database.pool-max-idle
+        settle_from = time.monotonic()
+        while time.monotonic() - settle_from < SETTLE_LIMIT:
+            if backends_of(watch) <= 2 * n:
+                break
+            time.sleep(0.5)
+        settled_after = time.monotonic() - settle_from
+        idle = sum(backends_of(watch) for _ in range(3)) / 3
+        cpu_before = server_cpu_now(pg)
+        with sampler:
+            with watch.transaction():
+                released = watch.execute(
+                    "UPDATE embedding_jobs SET available_at = now() WHERE status = 'PENDING'"
+                    " RETURNING now()"
+                ).fetchone()
+                watch.execute("NOTIFY trioindex_jobs")
+            assert released is not None
+            finish_deadline = time.monotonic() + 120 + jobs / 5
+            while time.monotonic() < finish_deadline:
+                done = int(
+                    _one(watch, "SELECT count(*) FROM embedding_jobs WHERE status = 'SUCCEEDED'")
+                )
+                if done >= jobs:
+                    break
+                time.sleep(0.2)
+            cpu_after = server_cpu_now(pg)
+            seconds = float(
+                _one(
+                    watch,
+                    "SELECT extract(epoch FROM max(finished_at))::float8 FROM embedding_jobs",
+                )
+                - released[0].timestamp()
+            )
+        samples = sampler.backends or [0]
+    finally:
+        watch.close()
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in processes:
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    refused = sum(
+        1 for log in logs.glob("*.log") if "too many clients" in log.read_text(errors="replace")
+    )
+    return SizeResult(
+        workers=n,
+        started=started,
+        start_seconds=start_seconds,
+        refused_logs=refused,
+        jobs=done,
+        seconds=seconds,
+        idle_at_start_per_worker=idle_at_start / n,
+        idle_per_worker=idle / n,
+        settled_after=settled_after,
+        busy_mean_per_worker=sum(samples) / len(samples) / n,
+        busy_peak=max(samples),
+        server_cpu_ms_per_job=(cpu_after - cpu_before) * 1000 / max(1, done),
+        waits=dict(sampler.waits.most_common(6)),
+        load_before=load_before,
+    )
+
+
+def table(results: Sequence[SizeResult]) -> list[str]:
+    best = max(r.jobs_per_s for r in results) or 1.0
+    lines = [
+        "| workers | started (s) | jobs | jobs/s | × best | conns/worker 3 s after start | idle (settled after s) | busy mean | busy peak"
+        " (all) | PG CPU ms/job | load before | top wait events of active backends (samples) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in results:
+        waits = ", ".join(f"{k} {v}" for k, v in r.waits.items())
+        lines.append(
+            f"| {r.workers} | {r.started} ({r.start_seconds:.0f}){' (refused in ' + str(r.refused_logs) + ')' if r.refused_logs else ''}"
+            f" | {r.jobs} | {r.jobs_per_s:.0f} | {r.jobs_per_s / best:.2f}"
+            f" | {r.idle_at_start_per_worker:.2f}"
+            f" | {r.idle_per_worker:.2f} ({r.settled_after:.0f})"
+            f" | {r.busy_mean_per_worker:.2f} | {r.busy_peak}"
+            f" | {r.server_cpu_ms_per_job:.2f} | {r.load_before:.1f} | {waits} |"
+        )
+    return lines
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("--sizes", default="1,4,16,64", help="worker counts (1,4,16,64)")
+    parser.add_argument("--docs", type=int, default=1000, help="jobs per size (1000)")
+    parser.add_argument(
+        "--start-timeout", type=float, default=600, help="seconds for N workers to start (600)"
+    )
+    parser.add_argument(
+        "--pgbouncer",
+        action="store_true",
+        help="workers through PgBouncer (transaction mode), LISTEN on PostgreSQL itself",
+    )
+    parser.add_argument("--quick", action="store_true", help="sizes 1,4 and 100 documents")
+    parser.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    sizes = [1, 4] if args.quick else [int(s) for s in args.sizes.split(",")]
+    docs = 100 if args.quick else args.docs
+    root = Path(tempfile.mkdtemp(prefix="trioindex-bench-fleet-"))
+    root.chmod(0o755)
+    results: list[SizeResult] = []
+    with (
+        contextlib.ExitStack() as stack,
+        BenchPostgres() as pg,
+        EmbedServerProcess(latency_ms=0, dimension=DIMENSION) as embedder,
+        pg.fresh_database("fleet_source") as source_url,
+    ):
+        info = machine_info(pg.admin_url)
+        info["max_connections"] = _one(pg.admin_url, "SHOW max_connections")
+        write_documents(root / "docs", docs)
+        env = worker_env(
+            HOME=str(root / "home"),
+            DATABASE_URL=source_url,
+            STORAGE_URL=(root / "blobs").as_uri(),
+            **tei_settings(embedder, DIMENSION),
+        )
+        created = ingest_folder(env, root / "docs")
+        with psycopg.connect(source_url, autocommit=True) as conn:
+            conn.execute("UPDATE embedding_jobs SET available_at = now() + interval '1 hour'")
+        print(f"{created} documents staged; max_connections {info['max_connections']}", flush=True)
+        source = str(conninfo_to_dict(source_url)["dbname"])
+        bouncer = None
+        if args.pgbouncer:
+            bouncer = stack.enter_context(running_pgbouncer(pg.admin_url))
+        for n in sizes:
+            result = run_size(
+                pg,
+                source,
+                root,
+                embedder,
+                n=n,
+                jobs=created,
+                start_timeout=args.start_timeout,
+                bouncer=bouncer,
+            )
+            results.append(result)
+            print(table([result])[-1], flush=True)
+    lines = [*format_machine(info), "", *table(results)]
+    print("\n".join(lines))
+    if args.out is not None:
+        args.out.write_text(
+            json.dumps(
+                {"machine": info, "results": [attrs.asdict(r) for r in results]},
+                indent=2,
+                default=str,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,176 @@
+"""The pool follows the work: one connection while idle, more only while threads use them at
+once; a server refusing connections for too many clients is waited out, said in one line."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import trio
+
+from testkit.postgres import admin
+from trioindex.db.pool import (
+    DEFAULT_MAX_IDLE,
+    Connection,
+    Database,
+    connect,
+    open_database,
+    session_conninfo,
+)
+from trioindex.errors import DatabaseUnavailable
+
+
+def _backends(admin_url: str, dbname: str) -> int:
+    rows = admin(
+        admin_url,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND backend_type = 'client backend'",
+        [dbname],
+    )
+    return int(rows[0][0])
+
+
+def _dbname(conn: Connection) -> str:
+    row = conn.execute("SELECT current_database() AS d").fetchone()
+    assert row is not None
+    return str(row["d"])
+
+
+def _hold_all(db: Database, n: int) -> None:
+    """``n`` threads each hold a pooled connection at the same time, then give it back."""
+    barrier = threading.Barrier(n)
+    threads = [
+        threading.Thread(target=db.call, args=(lambda conn: barrier.wait(timeout=10),))
+        for _ in range(n)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=20)
+
+
+def _wait_until(check: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return bool(check())
+
+
+def test_the_pool_grows_for_concurrent_work_and_shrinks_back_to_one_when_idle(
+    database_url: str, pg_server_url: str
+) -> None:
+    db = Database(database_url, pool_size=4, max_idle=0.3)
+    db.open()
+    try:
+        dbname = db.call(_dbname)
+        assert db.connections_open() == 1
+        _hold_all(db, 4)
+        assert db.connections_open() == 4
+        # the pool closes one unused connection per max_idle period, down to its one
+        assert _wait_until(lambda: db.connections_open() == 1, timeout=10)
+        assert _backends(pg_server_url, dbname) == 1
+    finally:
+        db.close()
+
+
+def test_the_default_idle_time_closes_a_spare_connection_within_seconds(database_url: str) -> None:
+    db = Database(database_url, pool_size=2)
+    assert db._pool.max_idle == DEFAULT_MAX_IDLE <= 30
+
+
+@pytest.fixture
+def limited_url(database_url: str, pg_server_url: str) -> Iterator[str]:
+    """``database_url`` as a role that may hold one connection at a time."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    admin(pg_server_url, "DROP ROLE IF EXISTS ti_one_conn")
+    admin(pg_server_url, "CREATE ROLE ti_one_conn LOGIN PASSWORD 'one-secret' CONNECTION LIMIT 1")
+    parts = conninfo_to_dict(database_url)
+    parts.update(user="ti_one_conn", password="one-secret")
+    try:
+        yield make_conninfo("", **parts)
+    finally:
+        admin(
+            pg_server_url,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'ti_one_conn'",
+        )
+        admin(pg_server_url, "DROP ROLE IF EXISTS ti_one_conn")
+
+
+async def test_a_server_refusing_for_too_many_clients_is_waited_out_with_one_line(
+    limited_url: str, caplog: pytest.LogCaptureFixture, autojump_clock: trio.abc.Clock
+) -> None:
+    caplog.set_level(logging.WARNING, logger="trioindex.db.pool")
+    occupant = connect(limited_url)  # the role's one connection is taken
+    opened: list[Database] = []
+
+    async def open_it() -> None:
+        async with open_database(limited_url, pool_size=1, run_migrations=False) as db:
+            opened.append(db)
+
+    retrying = trio.Event()
+
+    class _Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            retrying.set()
+
+    handler = _Seen(logging.WARNING)
+    logging.getLogger("trioindex.db.pool").addHandler(handler)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(open_it)
+            await retrying.wait()
+            occupant.close()
+    finally:
+        logging.getLogger("trioindex.db.pool").removeHandler(handler)
+    assert len(opened) == 1
+    warnings = [r.getMessage() for r in caplog.records if r.name == "trioindex.db.pool"]
+    line = warnings[0]
+    assert "\n" not in line
+    assert "too many clients" in line and "max_connections" in line
+    assert "database.pool-size" in line
+    assert "one-secret" not in " ".join(warnings)
+
+
+async def test_other_connection_failures_are_not_retried(database_url: str) -> None:
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    parts = conninfo_to_dict(database_url)
+    parts.update(password="wrong-password", user="nobody_here")
+    with pytest.raises(DatabaseUnavailable):
+        async with open_database(make_conninfo("", **parts), pool_size=1, run_migrations=False):
+            pass
+
+
+def test_a_bounded_call_leaves_no_statement_timeout_on_the_session(db: Database) -> None:
+    """The timeout is the transaction's own: nothing stays on a server connection that a
+    transaction-pooling proxy would hand to another client next."""
+    db.call_bounded(5, lambda conn: conn.execute("SELECT 1"))
+    with db.connection() as conn:
+        row = conn.execute("SHOW statement_timeout").fetchone()
+    assert row is not None and row["statement_timeout"] == "0"
+
+
+def test_a_pooler_database_prepares_no_statements(database_url: str) -> None:
+    db = Database(database_url, pool_size=1, pooler=True)
+    db.open()
+    try:
+        for _ in range(8):
+            db.call(lambda conn: conn.execute("SELECT 1").fetchall())
+        with db.connection() as conn:
+            assert conn.prepare_threshold is None
+            prepared = conn.execute("SELECT count(*) AS n FROM pg_prepared_statements").fetchone()
+        assert prepared is not None and prepared["n"] == 0
+    finally:
+        db.close()
+
+
+def test_session_work_goes_to_the_direct_url_and_a_pooler_without_one_means_polling() -> None:
+    assert session_conninfo("host=pg", pooler=False, direct=None) == "host=pg"
+    assert session_conninfo("host=bouncer", pooler=True, direct=None) is None
+    assert session_conninfo("host=bouncer", pooler=True, direct="host=pg") == "host=pg"

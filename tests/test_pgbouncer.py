@@ -1,0 +1,128 @@
+"""Workers behind a real PgBouncer in transaction mode (``database.pooler = transaction``).
+
+PgBouncer (Debian's package; ``just setup-pgbouncer``) runs on a free port in front of the test
+database. A worker with ``database.direct-url`` wakes on an enqueue through its LISTEN connection
+to PostgreSQL itself (its polling interval is a minute, so only the NOTIFY can explain a job
+done in seconds); it is killed with SIGKILL mid-job, and a worker without a direct URL (polling)
+takes the expired job over and completes it, once.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from testkit.documents import write_corpus
+from testkit.embed_server import FakeEmbedServer
+from testkit.pgbouncer import pgbouncer_binary, running_pgbouncer
+from testkit.processes import FAST_WORKER, base_env, cli, query, spawn, wait_for
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        pgbouncer_binary() is None,
+        reason="pgbouncer is not installed (as root: just setup-pgbouncer)",
+    ),
+]
+
+
+def _status(url: str, key: str) -> str | None:
+    rows = query(
+        url,
+        """SELECT j.status FROM embedding_jobs j
+           JOIN document_versions v ON v.id = j.document_version_id
+           JOIN documents d ON d.id = v.document_id
+           WHERE d.external_key LIKE %s ORDER BY j.created_at DESC LIMIT 1""",
+        f"%{key}",
+    )
+    return str(rows[0]["status"]) if rows else None
+
+
+def _listening(url: str) -> bool:
+    return bool(
+        query(
+            url,
+            """SELECT 1 FROM pg_stat_activity
+               WHERE datname = current_database() AND query LIKE 'LISTEN %%'""",
+        )
+    )
+
+
+def test_workers_behind_pgbouncer_index_wake_on_enqueue_and_recover_a_kill_9(
+    database_url: str, tmp_path: Path, embed_server: FakeEmbedServer
+) -> None:
+    docs = tmp_path / "docs"
+    write_corpus(docs, sentences=3)
+    first_doc, second_doc = sorted(docs.glob("*.txt"))[:2]
+    with running_pgbouncer(database_url) as bouncer_url:
+        common = {
+            **FAST_WORKER,
+            "TRIOINDEX_DATABASE_URL": bouncer_url,
+            "TRIOINDEX_DATABASE_POOLER": "transaction",
+            "TRIOINDEX_STORAGE_URL": (tmp_path / "blobs").as_uri(),
+            "TRIOINDEX_EMBEDDING_API": "tei",
+            "TRIOINDEX_EMBEDDING_URL": embed_server.url,
+            "TRIOINDEX_EMBEDDING_MODEL": "BAAI/bge-m3",
+            "TRIOINDEX_EMBEDDING_DIMENSION": "1024",
+            "TRIOINDEX_HOME": str(tmp_path / "home"),
+        }
+        listening = base_env(
+            **{
+                **common,
+                "TRIOINDEX_DATABASE_DIRECT_URL": database_url,
+                "TRIOINDEX_WORKER_POLLING_INTERVAL": "60s",
+            }
+        )
+        polling = base_env(**common)
+        logs = [tmp_path / "listening.log", tmp_path / "polling.log"]
+
+        first = spawn(listening, "worker", log=logs[0])
+        try:
+            wait_for(lambda: _listening(database_url), 60, "the worker's LISTEN on PostgreSQL")
+            ingest = cli(polling, "ingest", str(first_doc))
+            assert ingest.returncode == 0, ingest.stderr
+            wait_for(
+                lambda: _status(database_url, first_doc.name) == "SUCCEEDED",
+                20,
+                "the job done long before the next poll (woken by NOTIFY)",
+            )
+            embed_server.set_fault_rates({"hang": 1.0})
+            before = embed_server.stats().embed_requests
+            assert cli(polling, "ingest", str(second_doc)).returncode == 0
+            wait_for(lambda: embed_server.stats().embed_requests > before, 30, "mid-embedding")
+            first.kill()  # SIGKILL: no cleanup at all
+            first.wait(timeout=10)
+        finally:
+            first.kill()
+        embed_server.set_fault_rates({})
+        second = spawn(polling, "worker", log=logs[1])
+        try:
+            wait_for(
+                lambda: _status(database_url, second_doc.name) == "SUCCEEDED",
+                60,
+                "the polling worker to finish the expired job",
+            )
+            second.send_signal(signal.SIGTERM)
+            assert second.wait(timeout=30) == 0
+        finally:
+            second.kill()
+    attempts = query(
+        database_url,
+        """SELECT a.status FROM embedding_job_attempts a
+           JOIN embedding_jobs j ON j.id = a.embedding_job_id
+           JOIN document_versions v ON v.id = j.document_version_id
+           JOIN documents d ON d.id = v.document_id
+           WHERE d.external_key LIKE %s ORDER BY a.attempt_no""",
+        f"%{second_doc.name}",
+    )
+    assert [a["status"] for a in attempts] == ["EXPIRED", "SUCCEEDED"]
+    duplicates = query(
+        database_url,
+        "SELECT chunk_id FROM embeddings GROUP BY chunk_id, embedding_model_id HAVING count(*) > 1",
+    )
+    assert duplicates == []
+    text = "\n".join(log.read_text() for log in logs)
+    assert "prepared statement" not in text
+    assert "Traceback" not in text
