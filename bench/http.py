@@ -274,16 +274,12 @@ def side(latencies: list[float]) -> dict[str, Any]:
     return {"n": len(ms), **percentiles(ms, (50, 95, 99))}
 
 
-def run(args: argparse.Namespace, pg: BenchPostgres, url: str, work: Path) -> dict[str, Any]:
-    figures: dict[str, Any] = {
-        "chunks": args.chunks,
-        "seconds": args.seconds,
-        "rounds": args.rounds,
-    }
-    queries = load_corpus(url, args.chunks)
-    with EmbedServerProcess(
-        latency_ms=0, dimension=DIMENSION, log_path=work / "embed.log"
-    ) as embed:
+def run(args: argparse.Namespace, url: str, work: Path) -> dict[str, Any]:
+    figures: dict[str, Any] = {"chunks": args.chunks, "seconds": args.seconds}
+    figures["rounds"] = args.rounds
+    queries = load_corpus(url, args.chunks) if args.only != "upload" else []
+    log = work / "embed.log"
+    with EmbedServerProcess(latency_ms=0, dimension=DIMENSION, log_path=log) as embed:
         env = base_env(
             TRIOINDEX_DATABASE_URL=url,
             TRIOINDEX_HOME=str(work / "home"),
@@ -298,35 +294,60 @@ def run(args: argparse.Namespace, pg: BenchPostgres, url: str, work: Path) -> di
         servers: dict[str, Path | None] = {"this": None}
         if args.baseline:
             servers[args.baseline] = baseline_src(args.baseline, work / "baseline")
-        results: dict[str, list[float]] = {name: [] for name in [*servers, "in-process"]}
         with client_pool() as pool:
-            for r in range(args.rounds):
-                for name, src in servers.items():
-                    with serving(env, work / f"serve-{r}-{len(results)}.log", src) as service:
-                        got = http_searches(pool, service, token, queries, args.seconds)
-                    results[name] += got
-                    print(f"round {r + 1} search over HTTP ({name}): {side(got)}")
-                got = in_process_searches(env, queries, args.seconds)
-                results["in-process"] += got
-                print(f"round {r + 1} search in-process: {side(got)}")
-            figures["search"] = {name: side(t) for name, t in results.items()}
-            up_files = small_files(work / "files-upload", "upload", args.files)
-            small_files(work / "files-ingest", "ingest", args.files)
-            with serving(env, work / "serve-upload.log") as service:
-                upload_s = http_uploads(pool, service, token, work / "files-upload", up_files)
-            ingest_s = ingest_seconds(env, work / "files-ingest")
-        figures["upload"] = {"files": args.files, "http_s": upload_s, "ingest_s": ingest_s}
-        print(
-            f"upload: {args.files} files over HTTP in {upload_s:.1f} s, ingest in {ingest_s:.1f} s"
-        )
-    counts = {
-        "upload": _count(url, "upload/%"),
-        "ingest": _count(url, "ingest/%"),
-    }
-    if counts != {"upload": args.files, "ingest": args.files}:
-        raise RuntimeError(f"documents stored: {counts}, expected {args.files} each")
+            if args.only != "upload":
+                figures["search"] = searches(args, env, pool, servers, token, queries, work)
+            if args.only != "search":
+                figures["upload"] = uploads(args, env, pool, servers, token, work)
+    if args.only != "search":
+        expected = {"upload": args.files * len(servers), "ingest": args.files}
+        counts = {name: _count(url, f"{name}/%") for name in expected}
+        if counts != expected:
+            raise RuntimeError(f"documents stored: {counts}, expected {expected}")
     figures["machine"] = machine_info(url)
     return figures
+
+
+def searches(  # noqa: PLR0917 (the run's parts)
+    args: argparse.Namespace,
+    env: dict[str, str],
+    pool: Any,
+    servers: dict[str, Path | None],
+    token: str,
+    queries: Sequence[str],
+    work: Path,
+) -> dict[str, Any]:
+    results: dict[str, list[float]] = {name: [] for name in [*servers, "in-process"]}
+    for r in range(args.rounds):
+        for i, (name, src) in enumerate(servers.items()):
+            with serving(env, work / f"serve-search-{r}-{i}.log", src) as service:
+                got = http_searches(pool, service, token, queries, args.seconds)
+            results[name] += got
+            print(f"round {r + 1} search over HTTP ({name}): {side(got)}")
+        got = in_process_searches(env, queries, args.seconds)
+        results["in-process"] += got
+        print(f"round {r + 1} search in-process: {side(got)}")
+    return {name: side(t) for name, t in results.items()}
+
+
+def uploads(  # noqa: PLR0917 (the run's parts)
+    args: argparse.Namespace,
+    env: dict[str, str],
+    pool: Any,
+    servers: dict[str, Path | None],
+    token: str,
+    work: Path,
+) -> dict[str, Any]:
+    seconds: dict[str, float] = {}
+    for i, (name, src) in enumerate(servers.items()):
+        files = small_files(work / f"files-{i}", f"upload {name}", args.files)
+        with serving(env, work / f"serve-upload-{i}.log", src) as service:
+            seconds[name] = http_uploads(pool, service, token, work, files)
+        print(f"upload: {args.files} files over HTTP ({name}) in {seconds[name]:.1f} s")
+    small_files(work / "files-ingest", "ingest", args.files)
+    seconds["ingest"] = ingest_seconds(env, work / "files-ingest")
+    print(f"ingest: {args.files} files in {seconds['ingest']:.1f} s")
+    return {"files": args.files, "seconds": seconds}
 
 
 def _count(url: str, pattern: str) -> int:
@@ -339,6 +360,15 @@ def _count(url: str, pattern: str) -> int:
 
 
 def report(figures: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    if "search" in figures:
+        lines += search_lines(figures)
+    if "upload" in figures:
+        lines += upload_lines(figures["upload"])
+    return lines
+
+
+def search_lines(figures: dict[str, Any]) -> list[str]:
     search = figures["search"]
     own = search["in-process"]["p50"]
     rows = [
@@ -353,29 +383,41 @@ def report(figures: dict[str, Any]) -> list[str]:
         for name, s in search.items()
     ]
     ratio = search["this"]["p50"] / own
-    up = figures["upload"]
-    http_rate, ingest_rate = up["files"] / up["http_s"], up["files"] / up["ingest_s"]
     return [
         f"## Search: {figures['chunks']:,} chunks, {MODEL}, {CLIENTS} concurrent clients",
         "",
-        f"{figures['rounds']} rounds of {figures['seconds']:.0f} s per side, alternating; latency in ms.",
+        f"{figures['rounds']} rounds of {figures['seconds']:.0f} s per side, alternating;"
+        " latency in ms.",
         "",
         *markdown_table(["", "searches", "p50", "p95", "p99", "p50 / in-process"], rows),
         "",
-        f"Goal: HTTP p50 ≤ {SEARCH_GOAL}× in-process: {ratio:.2f}× — {verdict(ratio <= SEARCH_GOAL)}.",
+        f"Goal: HTTP p50 ≤ {SEARCH_GOAL}× in-process: {ratio:.2f}× —"
+        f" {verdict(ratio <= SEARCH_GOAL)}.",
         "",
-        f"## Upload: {up['files']:,} small files",
+    ]
+
+
+def upload_lines(up: dict[str, Any]) -> list[str]:
+    rate = {name: up["files"] / s for name, s in up["seconds"].items()}
+    rows = [
+        [
+            "`trioindex ingest FOLDER` (one process, its start included)"
+            if name == "ingest"
+            else f"HTTP, `serve` at {name}, {CLIENTS} client processes",
+            f"{up['seconds'][name]:.1f}",
+            f"{r:.0f}",
+            f"{r / rate['ingest']:.2f}×",
+        ]
+        for name, r in rate.items()
+    ]
+    ratio = rate["this"] / rate["ingest"]
+    return [
+        f"## Upload: {up['files']:,} small files (200-400 bytes)",
         "",
-        *markdown_table(
-            ["", "seconds", "files/s"],
-            [
-                [f"HTTP, {CLIENTS} client processes", f"{up['http_s']:.1f}", f"{http_rate:.0f}"],
-                ["`trioindex ingest FOLDER`", f"{up['ingest_s']:.1f}", f"{ingest_rate:.0f}"],
-            ],
-        ),
+        *markdown_table(["", "seconds", "files/s", "files/s / ingest"], rows),
         "",
-        f"Goal: HTTP ≥ {UPLOAD_GOAL}× ingest's files/s: {http_rate / ingest_rate:.2f}× —"
-        f" {verdict(http_rate / ingest_rate >= UPLOAD_GOAL)}.",
+        f"Goal: HTTP ≥ {UPLOAD_GOAL}× ingest's files/s: {ratio:.2f}× —"
+        f" {verdict(ratio >= UPLOAD_GOAL)}.",
         "",
     ]
 
@@ -387,6 +429,9 @@ def main() -> None:
     )
     parser.add_argument("--baseline", metavar="REF", help="also serve REF's src/ (e.g. main)")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--only", choices=["search", "upload"], help="run one part (nothing is written)"
+    )
     args = parser.parse_args()
     args.chunks, args.seconds, args.files = (
         (5_000, 4.0, 200) if args.quick else (100_000, 15.0, 1_000)
@@ -397,13 +442,14 @@ def main() -> None:
         pg.fresh_database("http") as url,
         tempfile.TemporaryDirectory() as tmp,
     ):
-        figures = run(args, pg, url, Path(tmp))
+        figures = run(args, url, Path(tmp))
     body = report(figures)
     command = "just bench-http" + (f" --baseline {args.baseline}" if args.baseline else "")
+    command += f" --only {args.only}" if args.only else ""
     head = page_head("HTTP service next to the Python API", utc_now(), command, time.monotonic() - began,
                      figures["machine"], about=__doc__ or "")  # fmt: skip
     print("\n".join(body))
-    if not args.quick:
+    if not (args.quick or args.only):
         REPORT.write_text("\n".join([*head, *body]))
         print(f"wrote {REPORT}")
 
