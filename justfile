@@ -191,6 +191,12 @@ eval *ARGS: setup
 bench-search *ARGS: setup
     {{bin}}/python -m bench.search speed "$@"
 
+# Search over HTTP next to `Index.search` (100k chunks, 16 client processes) and upload over
+# HTTP next to `ingest` (1,000 small files); `--baseline REF` also serves REF's src/:
+# docs/test-results/http.md.
+bench-http *ARGS: setup
+    {{bin}}/python -m bench.http "$@"
+
 # A model switch against first indexing (same documents, same server): docs/test-results/switch.md.
 bench-switch *ARGS: setup
     {{bin}}/python -m bench.switch "$@"

@@ -1,0 +1,458 @@
+"""HTTP service against the Python API: search latency and upload throughput (`just bench-http`).
+
+**search** — 100k chunks (10k documents × 10, bench/search.py's clustered 1024-dimension
+vectors and manual-page words, stored as a worker stores them, HNSW built after the load) for
+the server model BAAI/bge-m3, embedded by testkit's fake TEI server in a process of its own.
+`trioindex serve` runs as a process; 16 clients, each a process of its own (so no client
+shares the measuring Python's GIL), send `GET /v1/search` (keep-alive, one connection each)
+for a fixed time with an API key; beside it, in the same run and on the same data,
+`Index.search` in this process from 16 Trio tasks for the same time. The queries cycle through
+four texts of five corpus words in the modes hybrid, text, vector, hybrid. The two runs
+alternate (HTTP, in-process, HTTP, in-process) and each side's latencies are pooled: p50, p95,
+p99 and the ratio of the p50s (goal ≤ 1.3×). With `--baseline REF` a second `serve` process
+runs REF's `src/` (git archive) on the same database and takes turns with the first, so a
+change is measured before and after in one run.
+
+**upload** — 1,000 small text files (200-400 bytes, distinct), uploaded by 16 client
+processes with `POST /v1/documents/{key}` (each process its share, keep-alive), next to
+`trioindex ingest FOLDER` of another 1,000 files of the same shape (a fresh process, as a user
+runs it, its start included) on the same database and folder store: files/s and the ratio
+(goal ≥ 0.8×). No worker runs: both only store the bytes and enqueue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import multiprocessing
+import re
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import trio
+
+from bench.common import (
+    REPO_ROOT,
+    RESULTS_DIR,
+    BenchPostgres,
+    machine_info,
+    markdown_table,
+    page_head,
+    percentiles,
+    utc_now,
+    verdict,
+)
+from bench.search import MAN, clustered, man_pages
+from testkit.embed_process import EmbedServerProcess
+from testkit.processes import base_env, cli, free_port, spawn, stop_process, wait_for, wait_for_port
+from testkit.search_corpus import IndexedDocument, store_indexed
+from trioindex.api import Index
+from trioindex.config import load_settings
+from trioindex.db.api_keys import Role, create_key
+from trioindex.db.models import ensure_model
+from trioindex.db.pool import connect
+
+REPORT = RESULTS_DIR / "http.md"
+MODEL, DIMENSION = "BAAI/bge-m3", 1024
+CLIENTS = 16
+MODES = ("hybrid", "text", "vector", "hybrid")
+SEARCH_GOAL, UPLOAD_GOAL = 1.3, 0.8
+
+# -- data ---------------------------------------------------------------------------------------
+
+
+def load_corpus(url: str, chunks: int) -> list[str]:
+    """Store ``chunks`` chunks for the server model and build its HNSW index; return the
+    query texts (five words of a stored chunk each)."""
+    rng = np.random.default_rng(15)
+    vectors = clustered(chunks, DIMENSION, rng)
+    vocabulary = sorted(
+        {
+            w
+            for _, t, _, _ in man_pages([MAN / "man1"], 100, "en")
+            for w in re.findall(r"[a-z]{4,}", t)
+        }
+    )
+    words = rng.choice(vocabulary, (chunks, 40))
+    texts = [" ".join(row) for row in words]
+    began = time.monotonic()
+    with connect(url) as conn:
+        model = ensure_model(conn, MODEL, DIMENSION)
+        conn.execute(f"DROP INDEX IF EXISTS {model.index_name}")
+        docs = (
+            IndexedDocument(
+                f"doc-{d:05d}", texts[d * 10 : d * 10 + 10], vectors[d * 10 : d * 10 + 10]
+            )
+            for d in range(chunks // 10)
+        )
+        store_indexed(conn, model, docs)
+        conn.execute("SET maintenance_work_mem = '512MB'")
+        conn.execute(
+            f"""CREATE INDEX {model.index_name} ON embeddings
+            USING hnsw ((vector::vector({DIMENSION})) vector_cosine_ops)
+            WHERE embedding_model_id = '{model.id}'"""
+        )
+        conn.execute("VACUUM ANALYZE")
+    print(f"loaded {chunks:,} chunks and built the HNSW index in {time.monotonic() - began:.0f} s")
+    return [" ".join(words[i][:5]) for i in rng.integers(0, chunks, 64)]
+
+
+def small_files(folder: Path, tag: str, count: int) -> list[Path]:
+    """``count`` distinct text files of 200-400 bytes under ``folder``."""
+    rng = np.random.default_rng(len(tag))
+    folder.mkdir(parents=True)
+    paths = []
+    for i in range(count):
+        path = folder / f"{i // 100:02d}" / f"note-{i:04d}.txt"
+        path.parent.mkdir(exist_ok=True)
+        body = f"{tag} note {i}: " + "lorem ipsum dolor sit amet " * int(rng.integers(7, 14))
+        path.write_text(body)
+        paths.append(path)
+    return paths
+
+
+# -- the service --------------------------------------------------------------------------------
+
+
+@contextmanager
+def serving(env: dict[str, str], log: Path, src: Path | None = None) -> Iterator[str]:
+    """``trioindex serve`` on a free port (``src``: another checkout's sources); its URL."""
+    if src is not None:
+        env = env | {"PYTHONPATH": str(src)}
+    port = free_port()
+    process = spawn(env, "serve", "--port", str(port), log=log)
+    try:
+        wait_for_port(port, process, 120, "trioindex serve")
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _healthy(url), 60, "/healthz to answer 200")
+        yield url
+    finally:
+        stop_process(process)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def baseline_src(ref: str, into: Path) -> Path:
+    """``ref``'s ``src/`` folder, extracted under ``into``."""
+    archive = subprocess.run(
+        ["git", "archive", ref, "src"], cwd=REPO_ROOT, capture_output=True, check=True
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return into / "src"
+
+
+# -- clients (each in a process of its own) -----------------------------------------------------
+
+
+_client: httpx.Client | None = None
+_barrier: Any = None
+
+
+def _start_client(barrier: Any) -> None:
+    """A pool process's one HTTP client (made once: on a loaded machine it takes seconds)."""
+    global _client, _barrier
+    _client, _barrier = httpx.Client(timeout=60), barrier
+
+
+def _search_client(
+    url: str, token: str, queries: Sequence[str], first: int, seconds: float
+) -> list[float]:
+    assert _client is not None
+    headers = {"Authorization": f"Bearer {token}"}
+    _client.get(f"{url}/v1/search", params={"q": queries[0]}, headers=headers).raise_for_status()
+    _barrier.wait()
+    latencies = []
+    n, stop_at = first, time.monotonic() + seconds
+    while time.monotonic() < stop_at:
+        params = {"q": queries[n % len(queries)], "mode": MODES[n % len(MODES)]}
+        began = time.perf_counter()
+        answer = _client.get(f"{url}/v1/search", params=params, headers=headers)
+        latencies.append(time.perf_counter() - began)
+        if answer.status_code != 200:
+            raise RuntimeError(f"search answered {answer.status_code}: {answer.text[:200]}")
+        n += 1
+    return latencies
+
+
+def _upload_client(url: str, token: str, files: Sequence[tuple[str, str]]) -> tuple[float, float]:
+    """The client's start and end (wall clock) of its uploads."""
+    assert _client is not None
+    headers = {"Authorization": f"Bearer {token}"}
+    _client.get(f"{url}/v1/status", headers=headers).raise_for_status()
+    _barrier.wait()
+    began = time.time()
+    for key, path in files:
+        data = Path(path).read_bytes()
+        answer = _client.post(f"{url}/v1/documents/{key}", content=data, headers=headers)
+        if answer.status_code != 201:
+            raise RuntimeError(f"upload answered {answer.status_code}: {answer.text[:200]}")
+    return began, time.time()
+
+
+def _ready(_: int) -> None:
+    time.sleep(0.5)  # long enough that every process of the pool takes one
+
+
+def client_pool() -> Any:
+    """``CLIENTS`` processes, each with its HTTP client, meeting at one barrier per run."""
+    context = multiprocessing.get_context("spawn")
+    pool = context.Pool(CLIENTS, initializer=_start_client, initargs=(context.Barrier(CLIENTS),))
+    pool.map(_ready, range(CLIENTS * 2), chunksize=1)
+    return pool
+
+
+def http_searches(
+    pool: Any, url: str, token: str, queries: Sequence[str], seconds: float
+) -> list[float]:
+    jobs = [(url, token, queries, i, seconds) for i in range(CLIENTS)]
+    return [t for part in pool.starmap(_search_client, jobs, chunksize=1) for t in part]
+
+
+async def _in_process(settings: Any, queries: Sequence[str], seconds: float) -> list[float]:
+    latencies: list[float] = []
+    async with Index.open(settings) as index:
+        await index.open_model()
+        await index.search(queries[0])
+        deadline = trio.current_time() + seconds
+
+        async def client(first: int) -> None:
+            n = first
+            while trio.current_time() < deadline:
+                began = time.perf_counter()
+                await index.search(queries[n % len(queries)], mode=MODES[n % len(MODES)])  # type: ignore[arg-type]
+                latencies.append(time.perf_counter() - began)
+                n += 1
+
+        async with trio.open_nursery() as nursery:
+            for i in range(CLIENTS):
+                nursery.start_soon(client, i)
+    return latencies
+
+
+def in_process_searches(env: dict[str, str], queries: Sequence[str], seconds: float) -> list[float]:
+    settings = load_settings(environ=env)
+    return trio.run(_in_process, settings, queries, seconds)
+
+
+def http_uploads(pool: Any, url: str, token: str, root: Path, paths: Sequence[Path]) -> float:
+    """Seconds from the first client's start to the last client's last answer."""
+    named = [(f"upload/{p.relative_to(root).as_posix()}", str(p)) for p in paths]
+    spans = pool.starmap(
+        _upload_client, [(url, token, named[i::CLIENTS]) for i in range(CLIENTS)], chunksize=1
+    )
+    return float(max(end for _, end in spans) - min(start for start, _ in spans))
+
+
+def ingest_seconds(env: dict[str, str], folder: Path) -> float:
+    began = time.monotonic()
+    done = cli(env, "ingest", str(folder), "--as", "ingest", timeout=900)
+    took = time.monotonic() - began
+    if done.returncode != 0:
+        raise RuntimeError(f"ingest failed: {done.stderr[-2000:]}")
+    return took
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+
+def side(latencies: list[float]) -> dict[str, Any]:
+    ms = [t * 1000 for t in latencies]
+    return {"n": len(ms), **percentiles(ms, (50, 95, 99))}
+
+
+def run(args: argparse.Namespace, url: str, work: Path) -> dict[str, Any]:
+    figures: dict[str, Any] = {"chunks": args.chunks, "seconds": args.seconds}
+    figures["rounds"] = args.rounds
+    queries = load_corpus(url, args.chunks) if args.only != "upload" else []
+    log = work / "embed.log"
+    with EmbedServerProcess(latency_ms=0, dimension=DIMENSION, log_path=log) as embed:
+        env = base_env(
+            TRIOINDEX_DATABASE_URL=url,
+            TRIOINDEX_HOME=str(work / "home"),
+            TRIOINDEX_STORAGE_URL=(work / "blobs").as_uri(),
+            TRIOINDEX_EMBEDDING_API="tei",
+            TRIOINDEX_EMBEDDING_URL=embed.url,
+            TRIOINDEX_EMBEDDING_MODEL=MODEL,
+            TRIOINDEX_EMBEDDING_DIMENSION=str(DIMENSION),
+        )
+        with connect(url) as conn:
+            token = create_key(conn, "bench", Role.WRITE)[1]
+        servers: dict[str, Path | None] = {"this": None}
+        if args.baseline:
+            servers[args.baseline] = baseline_src(args.baseline, work / "baseline")
+        with client_pool() as pool:
+            if args.only != "upload":
+                figures["search"] = searches(args, env, pool, servers, token, queries, work)
+            if args.only != "search":
+                figures["upload"] = uploads(args, env, pool, servers, token, work)
+    if args.only != "search":
+        expected = {"upload": args.files * len(servers), "ingest": args.files}
+        counts = {name: _count(url, f"{name}/%") for name in expected}
+        if counts != expected:
+            raise RuntimeError(f"documents stored: {counts}, expected {expected}")
+    figures["machine"] = machine_info(url)
+    return figures
+
+
+def searches(  # noqa: PLR0917 (the run's parts)
+    args: argparse.Namespace,
+    env: dict[str, str],
+    pool: Any,
+    servers: dict[str, Path | None],
+    token: str,
+    queries: Sequence[str],
+    work: Path,
+) -> dict[str, Any]:
+    results: dict[str, list[float]] = {name: [] for name in [*servers, "in-process"]}
+    for r in range(args.rounds):
+        for i, (name, src) in enumerate(servers.items()):
+            with serving(env, work / f"serve-search-{r}-{i}.log", src) as service:
+                got = http_searches(pool, service, token, queries, args.seconds)
+            results[name] += got
+            print(f"round {r + 1} search over HTTP ({name}): {side(got)}")
+        got = in_process_searches(env, queries, args.seconds)
+        results["in-process"] += got
+        print(f"round {r + 1} search in-process: {side(got)}")
+    return {name: side(t) for name, t in results.items()}
+
+
+def uploads(  # noqa: PLR0917 (the run's parts)
+    args: argparse.Namespace,
+    env: dict[str, str],
+    pool: Any,
+    servers: dict[str, Path | None],
+    token: str,
+    work: Path,
+) -> dict[str, Any]:
+    seconds: dict[str, float] = {}
+    for i, (name, src) in enumerate(servers.items()):
+        files = small_files(work / f"files-{i}", f"upload {name}", args.files)
+        with serving(env, work / f"serve-upload-{i}.log", src) as service:
+            seconds[name] = http_uploads(pool, service, token, work, files)
+        print(f"upload: {args.files} files over HTTP ({name}) in {seconds[name]:.1f} s")
+    small_files(work / "files-ingest", "ingest", args.files)
+    seconds["ingest"] = ingest_seconds(env, work / "files-ingest")
+    print(f"ingest: {args.files} files in {seconds['ingest']:.1f} s")
+    return {"files": args.files, "seconds": seconds}
+
+
+def _count(url: str, pattern: str) -> int:
+    with connect(url) as conn:
+        row = conn.execute(
+            "SELECT count(*) AS n FROM documents WHERE external_key LIKE %s", (pattern,)
+        ).fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
+def report(figures: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    if "search" in figures:
+        lines += search_lines(figures)
+    if "upload" in figures:
+        lines += upload_lines(figures["upload"])
+    return lines
+
+
+def search_lines(figures: dict[str, Any]) -> list[str]:
+    search = figures["search"]
+    own = search["in-process"]["p50"]
+    rows = [
+        [
+            "`Index.search`, 16 Trio tasks in one process"
+            if name == "in-process"
+            else f"over HTTP, `serve` at {name}",
+            f"{s['n']:,}",
+            *(f"{s[p]:.1f}" for p in ("p50", "p95", "p99")),
+            f"{s['p50'] / own:.2f}×",
+        ]
+        for name, s in search.items()
+    ]
+    ratio = search["this"]["p50"] / own
+    return [
+        f"## Search: {figures['chunks']:,} chunks, {MODEL}, {CLIENTS} concurrent clients",
+        "",
+        f"{figures['rounds']} rounds of {figures['seconds']:.0f} s per side, alternating;"
+        " latency in ms.",
+        "",
+        *markdown_table(["", "searches", "p50", "p95", "p99", "p50 / in-process"], rows),
+        "",
+        f"Goal: HTTP p50 ≤ {SEARCH_GOAL}× in-process: {ratio:.2f}× —"
+        f" {verdict(ratio <= SEARCH_GOAL)}.",
+        "",
+    ]
+
+
+def upload_lines(up: dict[str, Any]) -> list[str]:
+    rate = {name: up["files"] / s for name, s in up["seconds"].items()}
+    rows = [
+        [
+            "`trioindex ingest FOLDER` (one process, its start included)"
+            if name == "ingest"
+            else f"HTTP, `serve` at {name}, {CLIENTS} client processes",
+            f"{up['seconds'][name]:.1f}",
+            f"{r:.0f}",
+            f"{r / rate['ingest']:.2f}×",
+        ]
+        for name, r in rate.items()
+    ]
+    ratio = rate["this"] / rate["ingest"]
+    return [
+        f"## Upload: {up['files']:,} small files (200-400 bytes)",
+        "",
+        *markdown_table(["", "seconds", "files/s", "files/s / ingest"], rows),
+        "",
+        f"Goal: HTTP ≥ {UPLOAD_GOAL}× ingest's files/s: {ratio:.2f}× —"
+        f" {verdict(ratio >= UPLOAD_GOAL)}.",
+        "",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="5k chunks, short runs; nothing is written"
+    )
+    parser.add_argument("--baseline", metavar="REF", help="also serve REF's src/ (e.g. main)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--only", choices=["search", "upload"], help="run one part (nothing is written)"
+    )
+    args = parser.parse_args()
+    args.chunks, args.seconds, args.files = (
+        (5_000, 4.0, 200) if args.quick else (100_000, 15.0, 1_000)
+    )
+    began = time.monotonic()
+    with (
+        BenchPostgres() as pg,
+        pg.fresh_database("http") as url,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        figures = run(args, url, Path(tmp))
+    body = report(figures)
+    command = "just bench-http" + (f" --baseline {args.baseline}" if args.baseline else "")
+    command += f" --only {args.only}" if args.only else ""
+    head = page_head("HTTP service next to the Python API", utc_now(), command, time.monotonic() - began,
+                     figures["machine"], about=__doc__ or "")  # fmt: skip
+    print("\n".join(body))
+    if not (args.quick or args.only):
+        REPORT.write_text("\n".join([*head, *body]))
+        print(f"wrote {REPORT}")
+
+
+if __name__ == "__main__":
+    main()
