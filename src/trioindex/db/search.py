@@ -166,8 +166,7 @@ def matching_chunks(
              JOIN documents d ON d.id = s.document_id
              JOIN document_versions v ON v.id = c.document_version_id
              WHERE c.search_vector @@ %(tier{i})s::tsquery{_not_above(i)}{where}
-               AND EXISTS (SELECT 1 FROM embeddings e
-                           WHERE e.chunk_id = c.id AND e.embedding_model_id = %(model)s)
+               AND {_HAS_VECTOR}
              ORDER BY tier_rank DESC, c.id
              LIMIT %(limit)s)"""
         for i in range(len(tiers))
@@ -202,12 +201,21 @@ def matching_chunks(
         ).fetchall()
 
 
+# A chunk of the model's own chunk set: one it has a vector for (a version may hold a chunk set
+# per chunking; the text ranking and its document frequencies count only this one).
+_HAS_VECTOR = (
+    "EXISTS (SELECT 1 FROM embeddings e"
+    " WHERE e.chunk_id = c.id AND e.embedding_model_id = %(model)s)"
+)
+
+
 # N and the average chunk length of the model's served chunk sets, and each term's inverse
 # document frequency, Lucene's ln(1 + (N - df + 0.5) / (df + 0.5)): df counts the term's
 # chunks in that set up to exact_up_to; past it, the share of chunks ANALYZE found holding the
 # term (a prefix: its lexemes; a lexeme it did not list: the least share it listed) times N,
 # at least what was counted.
-_WEIGHTS = """collection AS (
+_WEIGHTS = (
+    """collection AS (
         SELECT coalesce(sum(t.chunks), 0)::float8 AS n,
                coalesce(sum(t.text_length)::float8 / nullif(sum(t.chunks), 0), 1) AS average_length
         FROM served_text_statistics t WHERE t.embedding_model_id = %(model)s),
@@ -229,8 +237,9 @@ _WEIGHTS = """collection AS (
                 JOIN served_versions s ON s.document_version_id = c.document_version_id
                                       AND s.embedding_model_id = %(model)s
                 WHERE c.search_vector @@ q.query::tsquery
-                  AND EXISTS (SELECT 1 FROM embeddings e
-                              WHERE e.chunk_id = c.id AND e.embedding_model_id = %(model)s)
+                  AND """
+    + _HAS_VECTOR
+    + """
                 LIMIT %(exact_up_to)s + 1) AS found) AS e
         CROSS JOIN LATERAL (
             SELECT CASE WHEN e.counted <= %(exact_up_to)s THEN e.counted
@@ -246,6 +255,7 @@ _WEIGHTS = """collection AS (
                             WHERE a.lexeme IS NOT NULL), 0))
                    END AS df) AS f)
 """
+)
 
 
 def _not_above(tier: int) -> str:
