@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 
@@ -23,6 +24,8 @@ from trioindex.config import load_settings
 pytestmark = pytest.mark.slow
 
 CLIENTS = 16
+#: One request of a client: (its HTTP client, the client's number, the request's number).
+Step = Callable[[httpx.Client, int, int], None]
 QUERIES = [
     ("structured concurrency nurseries", "hybrid"),
     ("SKIP LOCKED claims", "text"),
@@ -36,33 +39,51 @@ def _percentiles(seconds: list[float]) -> tuple[float, float]:
     return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
 
 
-def _threads(count: int, work: Callable[[int], None]) -> None:
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(count)]
+def _clients(service: Running, token: str, seconds: float, step: Step) -> None:
+    """``CLIENTS`` threads, each with its own HTTP client, calling ``step(client, i, n)`` for
+    ``seconds`` from the moment every client is ready (making one can take seconds on a busy
+    machine), each at least once."""
+    ready = threading.Barrier(CLIENTS)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            with service.client(token) as c:
+                ready.wait()
+                deadline = time.monotonic() + seconds
+                n = 0
+                while True:
+                    step(c, i, n)
+                    n += 1
+                    if time.monotonic() >= deadline:
+                        break
+        except BaseException as exc:
+            errors.append(exc)
+            ready.abort()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(CLIENTS)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    if errors:
+        raise errors[0]
 
 
 def _http_searches(service: Running, token: str, seconds: float) -> list[float]:
     latencies: list[float] = []
     lock = threading.Lock()
-    deadline = time.monotonic() + seconds
 
-    def client(i: int) -> None:
-        with service.client(token) as c:
-            n = i
-            while time.monotonic() < deadline:
-                q, mode = QUERIES[n % len(QUERIES)]
-                start = time.perf_counter()
-                answer = c.get("/v1/search", params={"q": q, "mode": mode})
-                took = time.perf_counter() - start
-                assert answer.status_code == 200, answer.text
-                with lock:
-                    latencies.append(took)
-                n += 1
+    def search(c: httpx.Client, i: int, n: int) -> None:
+        q, mode = QUERIES[(i + n) % len(QUERIES)]
+        start = time.perf_counter()
+        answer = c.get("/v1/search", params={"q": q, "mode": mode})
+        took = time.perf_counter() - start
+        assert answer.status_code == 200, answer.text
+        with lock:
+            latencies.append(took)
 
-    _threads(CLIENTS, client)
+    _clients(service, token, seconds, search)
     return latencies
 
 
@@ -109,30 +130,25 @@ def test_sixteen_clients_search_and_upload_for_ten_seconds_and_lose_nothing(
     answers: list[int] = []
     mixed: list[float] = []
     lock = threading.Lock()
-    deadline = time.monotonic() + 10
 
-    def client(i: int) -> None:
-        with service.client(token) as c:
-            n = 0
-            while time.monotonic() < deadline:
-                if n % 2 == 0:
-                    key = f"load/{i}/{n}.txt"
-                    data = f"client {i} upload {n}: the load run marker-load-{i}-{n}".encode()
-                    answer = c.post(f"/v1/documents/{key}", content=data)
-                    with lock:
-                        answers.append(answer.status_code)
-                        if answer.status_code == 201:
-                            uploaded.append(key)
-                else:
-                    q, mode = QUERIES[n % len(QUERIES)]
-                    start = time.perf_counter()
-                    found = c.get("/v1/search", params={"q": q, "mode": mode})
-                    with lock:
-                        answers.append(found.status_code)
-                        mixed.append(time.perf_counter() - start)
-                n += 1
+    def upload_or_search(c: httpx.Client, i: int, n: int) -> None:
+        if n % 2 == 0:
+            key = f"load/{i}/{n}.txt"
+            data = f"client {i} upload {n}: the load run marker-load-{i}-{n}".encode()
+            answer = c.post(f"/v1/documents/{key}", content=data)
+            with lock:
+                answers.append(answer.status_code)
+                if answer.status_code == 201:
+                    uploaded.append(key)
+        else:
+            q, mode = QUERIES[n % len(QUERIES)]
+            start = time.perf_counter()
+            found = c.get("/v1/search", params={"q": q, "mode": mode})
+            with lock:
+                answers.append(found.status_code)
+                mixed.append(time.perf_counter() - start)
 
-    _threads(CLIENTS, client)
+    _clients(service, token, 10, upload_or_search)
     assert set(answers) == {200, 201}, sorted(set(answers))
     rows = query(
         service.database_url,
@@ -153,5 +169,8 @@ def test_sixteen_clients_search_and_upload_for_ten_seconds_and_lose_nothing(
         f"\nmixed run: {len(uploaded)} uploads, {len(mixed)} searches, search p50"
         f" {mixed_p50 * 1000:.1f} ms p99 {mixed_p99 * 1000:.1f} ms"
     )
-    assert http_p99 < 5 and mixed_p99 < 10
+    # the latency target, against the in-process search measured in this run (the machine may
+    # be busy with other work): bench/http.py measures it properly (docs/test-results/http.md)
+    assert http_p99 < max(5.0, 5 * own_p99), (http_p99, own_p99)
+    assert mixed_p99 < max(10.0, 10 * own_p99), (mixed_p99, own_p99)
     assert "Traceback" not in service.log_text()
