@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import io
 import multiprocessing
-import re
 import subprocess
 import tarfile
 import tempfile
@@ -50,7 +49,7 @@ from bench.common import (
     utc_now,
     verdict,
 )
-from bench.search import MAN, clustered, man_pages
+from bench.search import synthetic_corpus
 from testkit.embed_process import EmbedServerProcess
 from testkit.processes import base_env, cli, free_port, spawn, stop_process, wait_for, wait_for_port
 from testkit.search_corpus import IndexedDocument, store_indexed
@@ -72,17 +71,7 @@ SEARCH_GOAL, UPLOAD_GOAL = 1.3, 0.8
 def load_corpus(url: str, chunks: int) -> list[str]:
     """Store ``chunks`` chunks for the server model and build its HNSW index; return the
     query texts (five words of a stored chunk each)."""
-    rng = np.random.default_rng(15)
-    vectors = clustered(chunks, DIMENSION, rng)
-    vocabulary = sorted(
-        {
-            w
-            for _, t, _, _ in man_pages([MAN / "man1"], 100, "en")
-            for w in re.findall(r"[a-z]{4,}", t)
-        }
-    )
-    words = rng.choice(vocabulary, (chunks, 40))
-    texts = [" ".join(row) for row in words]
+    rng, vectors, words, texts = synthetic_corpus(chunks, DIMENSION)
     began = time.monotonic()
     with connect(url) as conn:
         model = ensure_model(conn, MODEL, DIMENSION)

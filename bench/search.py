@@ -185,6 +185,25 @@ def clustered(n: int, dim: int, rng: np.random.Generator) -> np.ndarray:
     return (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32)
 
 
+def synthetic_corpus(
+    chunks: int, dim: int
+) -> tuple[np.random.Generator, np.ndarray, np.ndarray, list[str]]:
+    """``chunks`` clustered ``dim``-dimension vectors and as many texts of 40 words drawn from
+    the installed manual pages (seeded: the same corpus every run): the generator (to draw
+    queries from next), the vectors, the words (one row per chunk) and the texts."""
+    rng = np.random.default_rng(15)
+    vectors = clustered(chunks, dim, rng)
+    vocabulary = sorted(
+        {
+            w
+            for _, t, _, _ in man_pages([MAN / "man1"], 100, "en")
+            for w in re.findall(r"[a-z]{4,}", t)
+        }
+    )
+    words = rng.choice(vocabulary, (chunks, 40))
+    return rng, vectors, words, [" ".join(row) for row in words]
+
+
 def timed(fn: Any, *args: Any, **kwargs: Any) -> tuple[float, Any]:
     began = time.perf_counter()
     result = fn(*args, **kwargs)
@@ -199,17 +218,7 @@ async def speed(
     if server_url:
         env |= {"TRIOINDEX_EMBEDDING_API": "tei", "TRIOINDEX_EMBEDDING_URL": server_url}
     settings = load_settings(environ=env)
-    rng = np.random.default_rng(15)
-    vectors = clustered(chunks, dim, rng)
-    vocabulary = sorted(
-        {
-            w
-            for _, t, _, _ in man_pages([MAN / "man1"], 100, "en")
-            for w in re.findall(r"[a-z]{4,}", t)
-        }
-    )
-    words = rng.choice(vocabulary, (chunks, 40))
-    texts = [" ".join(row) for row in words]
+    rng, vectors, words, texts = synthetic_corpus(chunks, dim)
     figures: dict[str, Any] = {"model": model, "dimension": dim, "chunks": chunks}
     with connect(url) as conn:
         registered = ensure_model(conn, model, dim)

@@ -352,11 +352,7 @@ def _folder_problem(folder: Path) -> str | None:
     st = folder.lstat()
     if not stat.S_ISDIR(st.st_mode):
         return f"{folder} is not a folder"
-    if st.st_uid != os.geteuid():
-        return f"{folder} belongs to another user"
-    if st.st_mode & 0o077:
-        return f"{folder} is open to other users (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
+    return _private_problem(folder, st)
 
 
 def _socket_problem(path: Path) -> str | None:
@@ -366,6 +362,11 @@ def _socket_problem(path: Path) -> str | None:
         return f"{path} is gone"
     if not stat.S_ISSOCK(st.st_mode):
         return f"{path} is not a socket"
+    return _private_problem(path, st)
+
+
+def _private_problem(path: Path, st: os.stat_result) -> str | None:
+    """Why ``path`` is not this user's alone (another owner, or open to group or others)."""
     if st.st_uid != os.geteuid():
         return f"{path} belongs to another user"
     if st.st_mode & 0o077:

@@ -28,8 +28,8 @@ Two bounds keep any text cheap and every chunk meaningful:
   however long it is, so token-aware chunks are capped at :data:`CHARS_PER_TOKEN` characters
   per token of the budget, and longer ones are split again by characters.
 
-Three passes keep every chunk useful for retrieval (issue 15: tiny chunks rank badly, and a
-title cut off from its text takes its words out of the text's vector):
+Three passes keep every chunk useful for retrieval (tiny chunks rank badly, and a title cut
+off from its text takes its words out of the text's vector):
 
 * **headings stay with their text**: a block of at most :data:`HEADING_LINES` short lines
   (at most :data:`HEADING_CHARS` characters, a quarter of the chunk size for small ones, and
