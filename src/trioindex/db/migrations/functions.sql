@@ -43,14 +43,35 @@ CREATE TRIGGER touch BEFORE UPDATE ON served_versions
 
 -- the fence ----------------------------------------------------------------------------------
 
--- "This claim still owns the job": under the job row lock, the job is PROCESSING, held by this
--- worker with this claim token, its lease has not expired by a fresh clock, and the attempt is
--- the job's current STARTED attempt. Every write after the claim runs it first.
+-- Why a claim (worker p_worker, claim token p_token, attempt row a) does not own job j, or NULL
+-- when it does: the job is PROCESSING, held by this worker with this claim token, its lease
+-- has not expired by a fresh clock, and a is the job's current STARTED attempt (a is all NULL
+-- when the claim's attempt is not a row of this job). j must be read under its row lock. The
+-- one text of "this claim still owns the job": the fence of one job and of a group ask it.
+CREATE FUNCTION trioindex_ownership_refusal(
+    j embedding_jobs, a embedding_job_attempts, p_worker uuid, p_token uuid)
+RETURNS text LANGUAGE sql VOLATILE AS $$
+    SELECT CASE
+        WHEN j.status <> 'PROCESSING' THEN format('the job is %s, not PROCESSING', j.status)
+        WHEN j.worker_id IS DISTINCT FROM p_worker THEN 'the job is claimed by another worker'
+        WHEN j.claim_token IS DISTINCT FROM p_token
+            THEN 'the claim token belongs to an older claim'
+        -- a fresh clock, not the transaction's start time
+        WHEN j.lease_expires_at <= clock_timestamp() THEN 'the lease has expired'
+        WHEN a.id IS NULL OR a.status <> 'STARTED' OR a.worker_id <> p_worker
+             OR a.attempt_no <> j.attempt_count
+            THEN 'the attempt is not the job''s current STARTED attempt'
+    END
+$$;
+
+-- The fence of one claim: lock the job row, then refuse unless the claim owns it. Every write
+-- of one job after the claim runs it first.
 CREATE FUNCTION trioindex_lock_owned_job(p_job uuid, p_worker uuid, p_token uuid, p_attempt uuid)
 RETURNS embedding_jobs LANGUAGE plpgsql AS $$
 DECLARE
     j embedding_jobs;
     a embedding_job_attempts;
+    refused text;
 BEGIN
     SELECT * INTO j FROM embedding_jobs WHERE id = p_job FOR UPDATE;
     IF NOT FOUND THEN
@@ -58,29 +79,59 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TI003',
             MESSAGE = 'the job no longer exists: its document or model was removed';
     END IF;
-    IF j.status <> 'PROCESSING' THEN
-        RAISE EXCEPTION USING ERRCODE = 'TI001',
-            MESSAGE = format('the job is %s, not PROCESSING', j.status);
-    END IF;
-    IF j.worker_id IS DISTINCT FROM p_worker THEN
-        RAISE EXCEPTION USING ERRCODE = 'TI001', MESSAGE = 'the job is claimed by another worker';
-    END IF;
-    IF j.claim_token IS DISTINCT FROM p_token THEN
-        RAISE EXCEPTION USING ERRCODE = 'TI001',
-            MESSAGE = 'the claim token belongs to an older claim';
-    END IF;
-    -- a fresh clock, not the transaction's start time
-    IF j.lease_expires_at <= clock_timestamp() THEN
-        RAISE EXCEPTION USING ERRCODE = 'TI001', MESSAGE = 'the lease has expired';
-    END IF;
     SELECT * INTO a FROM embedding_job_attempts
     WHERE id = p_attempt AND embedding_job_id = p_job;
-    IF NOT FOUND OR a.status <> 'STARTED' OR a.worker_id <> p_worker
-       OR a.attempt_no <> j.attempt_count THEN
-        RAISE EXCEPTION USING ERRCODE = 'TI001',
-            MESSAGE = 'the attempt is not the job''s current STARTED attempt';
+    refused := trioindex_ownership_refusal(j, a, p_worker, p_token);
+    IF refused IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'TI001', MESSAGE = refused;
     END IF;
     RETURN j;
+END;
+$$;
+
+-- The fence of a group of claims (element i: job p_jobs[i], claimed by p_workers[i] with
+-- p_tokens[i] and attempt p_attempts[i]) in one locking statement: the jobs the group still
+-- owns are locked in id order (the check in the statement's WHERE, so a refused job is not
+-- locked), then their versions in id order. codes[i] and messages[i] are NULL for an owned
+-- job, else its refusal: TI003 (the job is gone), TI001 (ownership lost, with the reason read
+-- again after the lock) or TI002 (no version row).
+CREATE FUNCTION trioindex_fence_many(
+    p_jobs uuid[], p_workers uuid[], p_tokens uuid[], p_attempts uuid[],
+    OUT codes text[], OUT messages text[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    owned uuid[];
+    versions uuid[];
+BEGIN
+    SELECT coalesce(array_agg(l.id), '{}'), coalesce(array_agg(l.document_version_id), '{}')
+    INTO owned, versions
+    FROM (SELECT j.id, j.document_version_id FROM embedding_jobs j
+          JOIN unnest(p_jobs, p_workers, p_tokens, p_attempts) AS u(job, worker, token, attempt)
+            ON u.job = j.id
+          LEFT JOIN embedding_job_attempts a
+            ON a.id = u.attempt AND a.embedding_job_id = j.id
+          WHERE trioindex_ownership_refusal(j, a, u.worker, u.token) IS NULL
+          ORDER BY j.id FOR UPDATE OF j) AS l;
+    SELECT coalesce(array_agg(l.id), '{}') INTO versions
+    FROM (SELECT v.id FROM document_versions v WHERE v.id = ANY(versions)
+          ORDER BY v.id FOR UPDATE) AS l;
+    SELECT array_agg(r.code ORDER BY u.ord), array_agg(r.message ORDER BY u.ord)
+    INTO codes, messages
+    FROM unnest(p_jobs, p_workers, p_tokens, p_attempts) WITH ORDINALITY
+         AS u(job, worker, token, attempt, ord)
+    LEFT JOIN embedding_jobs j ON j.id = u.job
+    LEFT JOIN embedding_job_attempts a ON a.id = u.attempt AND a.embedding_job_id = j.id
+    CROSS JOIN LATERAL (
+        SELECT x.code, x.message FROM (VALUES
+            (1, j.id IS NULL, 'TI003',
+             'the job no longer exists: its document or model was removed'),
+            (2, NOT (j.id = ANY(owned)), 'TI001',
+             coalesce(trioindex_ownership_refusal(j, a, u.worker, u.token),
+                      'the claim no longer owns the job')),
+            (3, NOT (j.document_version_id = ANY(versions)), 'TI002',
+             'the job''s document version does not exist'),
+            (4, true, NULL, NULL)) AS x(rank, refused, code, message)
+        WHERE x.refused ORDER BY x.rank LIMIT 1) AS r;
 END;
 $$;
 
@@ -402,20 +453,13 @@ FROM PUBLIC;
 
 -- the steps of a job, for many claims at once ------------------------------------------------
 --
--- Each function takes parallel arrays, one element per job, and handles every job in its own
--- subtransaction: a job refused with TI001, TI002 or TI003 changes nothing and is reported in
--- its own result row (refusal, message) while the other jobs commit; any other error fails the
--- call, and the caller writes each job alone. Callers pass jobs in version-id order, so two
--- groups never wait on each other's version locks in opposite orders. Events carry ids and
--- counts only.
-
--- The job's chunk set in chunk order: what its vectors must match, one for one.
-CREATE FUNCTION trioindex_chunk_set(p_version uuid, p_chunking text)
-RETURNS uuid[] LANGUAGE sql STABLE AS $$
-    SELECT ARRAY(SELECT c.id FROM document_chunks c
-                 WHERE c.document_version_id = p_version AND c.chunking = p_chunking
-                 ORDER BY c.chunk_index)
-$$;
+-- Each function takes parallel arrays, one element per job, and returns one row per job in the
+-- order given. It fences the whole group in one statement (trioindex_fence_many), checks every
+-- job's own conditions in one statement, and writes the jobs that pass with one statement per
+-- table: a job refused with TI001, TI002 or TI003 changes nothing and is reported in its own
+-- result row (refusal, message) while the other jobs commit; any other error fails the call,
+-- and the caller writes each job alone. Callers pass jobs in version-id order. Events carry
+-- ids and counts only.
 
 -- The parse step's prepare: a snapshot of what to read, and chunk_count, the size of the job's
 -- chunk set when the version has it (a replay: nothing to parse) or NULL. A job that must parse
@@ -429,35 +473,42 @@ RETURNS TABLE (
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    j embedding_jobs;
-    v document_versions;
-    n integer;
+    codes text[];
+    messages text[];
 BEGIN
-    FOR i IN 1 .. coalesce(array_length(p_jobs, 1), 0) LOOP
-        job_id := p_jobs[i];
-        refusal := NULL; message := NULL; version_id := NULL; document_id := NULL;
-        storage_key := NULL; original_name := NULL; content_type := NULL; byte_size := NULL;
-        sha256 := NULL; chunk_count := NULL;
-        BEGIN
-            j := trioindex_lock_owned_job(p_jobs[i], p_workers[i], p_tokens[i], p_attempts[i]);
-            v := trioindex_lock_version(j.document_version_id);
-            SELECT count(*) INTO n FROM document_chunks c
-            WHERE c.document_version_id = v.id AND c.chunking = j.chunking;
-            chunk_count := nullif(n, 0);
-            IF chunk_count IS NULL AND j.progress < 10 THEN
-                UPDATE embedding_jobs SET progress = 10 WHERE id = j.id;
-                INSERT INTO indexing_events
-                    (event_type, embedding_job_id, document_version_id, attempt_id, worker_id)
-                VALUES ('PARSING_STARTED', j.id, v.id, p_attempts[i], p_workers[i]);
-            END IF;
-            version_id := v.id; document_id := v.document_id; storage_key := v.storage_key;
-            original_name := v.original_name; content_type := v.content_type;
-            byte_size := v.byte_size; sha256 := v.sha256;
-        EXCEPTION WHEN SQLSTATE 'TI001' OR SQLSTATE 'TI002' OR SQLSTATE 'TI003' THEN
-            refusal := SQLSTATE; message := SQLERRM;
-        END;
-        RETURN NEXT;
-    END LOOP;
+    SELECT f.codes, f.messages INTO codes, messages
+    FROM trioindex_fence_many(p_jobs, p_workers, p_tokens, p_attempts) AS f;
+    RETURN QUERY
+    WITH given AS (
+        SELECT u.ord, u.job, u.worker, u.attempt, u.code, u.msg
+        FROM unnest(p_jobs, p_workers, p_attempts, codes, messages) WITH ORDINALITY
+             AS u(job, worker, attempt, code, msg, ord)
+    ), owned AS (
+        SELECT g.ord, g.job, g.worker, g.attempt, j.progress, v.id AS version,
+               v.document_id AS doc, v.storage_key AS skey, v.original_name AS oname,
+               v.content_type AS ctype, v.byte_size AS size, v.sha256 AS hash,
+               (SELECT count(*) FROM document_chunks c
+                WHERE c.document_version_id = v.id AND c.chunking = j.chunking)::integer
+                   AS stored
+        FROM given g
+        JOIN embedding_jobs j ON j.id = g.job
+        JOIN document_versions v ON v.id = j.document_version_id
+        WHERE g.code IS NULL
+    ), parsing AS (
+        SELECT o.ord, o.job, o.worker, o.attempt, o.version FROM owned o
+        WHERE o.stored = 0 AND o.progress < 10
+    ), progressed AS (
+        UPDATE embedding_jobs j SET progress = 10 FROM parsing p WHERE j.id = p.job
+    ), events AS (
+        INSERT INTO indexing_events
+            (event_type, embedding_job_id, document_version_id, attempt_id, worker_id)
+        SELECT 'PARSING_STARTED', p.job, p.version, p.attempt, p.worker
+        FROM parsing p ORDER BY p.ord
+    )
+    SELECT g.job, g.code, g.msg, o.version, o.doc, o.skey, o.oname, o.ctype, o.size, o.hash,
+           nullif(o.stored, 0)
+    FROM given g LEFT JOIN owned o ON o.ord = g.ord
+    ORDER BY g.ord;
 END;
 $$;
 
@@ -465,10 +516,11 @@ $$;
 -- set (job i's chunks are elements p_first[i] .. p_first[i] + p_count[i] - 1 of the c_* arrays,
 -- in chunk order) with CHUNKS_STORED and EMBEDDING_STARTED (progress 50). The version must
 -- still match the snapshot the parse was prepared from. When the set is already stored (another
--- model's job shares it, or a repeated commit) nothing is written and started_embedding is
--- false: the caller prepares the embed step from the stored set. p_low_confidence[i] is NULL,
--- or the pages OCR read with low confidence (an integer array literal, '{1,3}'): stored on the
--- version (ocr_low_confidence_pages) with an OCR_LOW_CONFIDENCE event.
+-- model's job shares it, or a repeated commit), or an earlier job of the same call stores it,
+-- nothing is written for this job and started_embedding is false: the caller prepares the
+-- embed step from the stored set. p_low_confidence[i] is NULL, or the pages OCR read with low
+-- confidence (an integer array literal, '{1,3}'): stored on the version
+-- (ocr_low_confidence_pages) with an OCR_LOW_CONFIDENCE event.
 CREATE FUNCTION trioindex_store_chunks_many(
     p_jobs uuid[], p_workers uuid[], p_tokens uuid[], p_attempts uuid[],
     p_versions uuid[], p_storage_keys text[], p_sha256s text[], p_byte_sizes bigint[],
@@ -481,83 +533,91 @@ RETURNS TABLE (
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    j embedding_jobs;
-    v document_versions;
-    m embedding_models;
-    first_i integer;
-    last_i integer;
-    stored integer;
-    detail jsonb;
+    codes text[];
+    messages text[];
 BEGIN
-    FOR i IN 1 .. coalesce(array_length(p_jobs, 1), 0) LOOP
-        job_id := p_jobs[i];
-        refusal := NULL; message := NULL; chunks := NULL; started_embedding := false;
-        model_id := NULL; model_name := NULL; dimension := NULL;
-        BEGIN
-            IF p_count[i] < 1 THEN
-                RAISE EXCEPTION USING ERRCODE = 'TI002',
-                    MESSAGE = 'refusing to store an empty chunk set';
-            END IF;
-            j := trioindex_lock_owned_job(p_jobs[i], p_workers[i], p_tokens[i], p_attempts[i]);
-            v := trioindex_lock_version(j.document_version_id);
-            IF v.id <> p_versions[i] OR v.storage_key <> p_storage_keys[i]
-               OR v.sha256 <> p_sha256s[i] OR v.byte_size <> p_byte_sizes[i] THEN
-                RAISE EXCEPTION USING ERRCODE = 'TI002',
-                    MESSAGE = 'the version changed since parsing was prepared';
-            END IF;
-            SELECT * INTO m FROM embedding_models WHERE id = j.embedding_model_id;
-            IF NOT FOUND THEN
-                RAISE EXCEPTION USING ERRCODE = 'TI002',
-                    MESSAGE = 'the job''s embedding model no longer exists';
-            END IF;
-            model_id := m.id; model_name := m.name; dimension := m.dimension;
-            SELECT count(*) INTO stored FROM document_chunks c
-            WHERE c.document_version_id = v.id AND c.chunking = j.chunking;
-            IF stored > 0 THEN
-                -- the set is stored already (under the version lock, so never half): converge
-                chunks := stored;
-            ELSE
-                first_i := p_first[i];
-                last_i := p_first[i] + p_count[i] - 1;
-                INSERT INTO document_chunks
-                    (id, document_id, document_version_id, chunking, chunk_index, content,
-                     char_start, char_end, token_count, content_sha256)
-                SELECT u.id, v.document_id, v.id, j.chunking, (u.ord - 1)::integer, u.content,
-                       u.s, u.e, u.t, u.h
-                FROM unnest(c_ids[first_i:last_i], c_content[first_i:last_i],
-                            c_start[first_i:last_i], c_end[first_i:last_i],
-                            c_tokens[first_i:last_i], c_sha256s[first_i:last_i])
-                     WITH ORDINALITY AS u(id, content, s, e, t, h, ord);
-                chunks := p_count[i];
-                UPDATE embedding_jobs SET progress = 50 WHERE id = j.id;
-                detail := jsonb_build_object('chunks', chunks, 'characters', c_end[last_i],
-                                             'chunking', j.chunking);
-                IF p_replaced[i] > 0 THEN
-                    detail := detail || jsonb_build_object('replaced_sequences', p_replaced[i]);
-                END IF;
-                INSERT INTO indexing_events
-                    (event_type, embedding_job_id, document_version_id, attempt_id, worker_id,
-                     detail)
-                VALUES ('CHUNKS_STORED', j.id, v.id, p_attempts[i], p_workers[i], detail),
-                       ('EMBEDDING_STARTED', j.id, v.id, p_attempts[i], p_workers[i],
-                        jsonb_build_object('chunks', chunks, 'model', m.name));
-                IF p_low_confidence[i] IS NOT NULL THEN
-                    UPDATE document_versions
-                    SET ocr_low_confidence_pages = p_low_confidence[i]::integer[] WHERE id = v.id;
-                    INSERT INTO indexing_events
-                        (event_type, embedding_job_id, document_version_id, attempt_id,
-                         worker_id, detail)
-                    VALUES ('OCR_LOW_CONFIDENCE', j.id, v.id, p_attempts[i], p_workers[i],
-                            jsonb_build_object('pages', p_low_confidence[i]::integer[]));
-                END IF;
-                started_embedding := true;
-            END IF;
-        EXCEPTION WHEN SQLSTATE 'TI001' OR SQLSTATE 'TI002' OR SQLSTATE 'TI003' THEN
-            refusal := SQLSTATE; message := SQLERRM;
-            chunks := NULL; started_embedding := false;
-        END;
-        RETURN NEXT;
-    END LOOP;
+    SELECT f.codes, f.messages INTO codes, messages
+    FROM trioindex_fence_many(p_jobs, p_workers, p_tokens, p_attempts) AS f;
+    RETURN QUERY
+    WITH given AS (
+        SELECT u.*, j.chunking, j.embedding_model_id AS model, v.id AS version,
+               v.document_id AS doc, m.name AS mname, m.dimension AS dim,
+               (SELECT count(*) FROM document_chunks c
+                WHERE c.document_version_id = v.id AND c.chunking = j.chunking)::integer
+                   AS stored,
+               r.code AS refused, r.message AS why
+        FROM unnest(p_jobs, p_workers, p_attempts, codes, messages, p_versions, p_storage_keys,
+                    p_sha256s, p_byte_sizes, p_replaced, p_first, p_count, p_low_confidence)
+             WITH ORDINALITY AS u(job, worker, attempt, code, msg, given_version, given_key,
+                                  given_sha256, given_size, replaced, first, n, low, ord)
+        LEFT JOIN embedding_jobs j ON j.id = u.job AND u.code IS NULL
+        LEFT JOIN document_versions v ON v.id = j.document_version_id
+        LEFT JOIN embedding_models m ON m.id = j.embedding_model_id
+        CROSS JOIN LATERAL (
+            SELECT x.code, x.message FROM (VALUES
+                (1, u.n < 1, 'TI002', 'refusing to store an empty chunk set'),
+                (2, u.code IS NOT NULL, u.code, u.msg),
+                (3, v.id <> u.given_version OR v.storage_key <> u.given_key
+                    OR v.sha256 <> u.given_sha256 OR v.byte_size <> u.given_size,
+                 'TI002', 'the version changed since parsing was prepared'),
+                (4, m.id IS NULL, 'TI002', 'the job''s embedding model no longer exists'),
+                (5, true, NULL, NULL)) AS x(rank, refused, code, message)
+            WHERE x.refused ORDER BY x.rank LIMIT 1) AS r
+    ), passed AS (
+        SELECT g.* FROM given g WHERE g.refused IS NULL
+    ), storing AS (
+        -- the set is stored already (under the version lock, so never half): converge; of
+        -- two jobs of this call on one set, the first stores it
+        SELECT p.* FROM passed p
+        WHERE p.stored = 0
+          AND p.ord = (SELECT min(q.ord) FROM passed q
+                       WHERE q.version = p.version AND q.chunking = p.chunking)
+    ), new_chunks AS (
+        INSERT INTO document_chunks
+            (id, document_id, document_version_id, chunking, chunk_index, content,
+             char_start, char_end, token_count, content_sha256)
+        SELECT c.id, s.doc, s.version, s.chunking, (c.k - 1)::integer, c.content,
+               c.s, c.e, c.t, c.h
+        FROM storing s
+        CROSS JOIN LATERAL unnest(
+            c_ids[s.first : s.first + s.n - 1], c_content[s.first : s.first + s.n - 1],
+            c_start[s.first : s.first + s.n - 1], c_end[s.first : s.first + s.n - 1],
+            c_tokens[s.first : s.first + s.n - 1], c_sha256s[s.first : s.first + s.n - 1])
+            WITH ORDINALITY AS c(id, content, s, e, t, h, k)
+    ), progressed AS (
+        UPDATE embedding_jobs j SET progress = 50 FROM storing s WHERE j.id = s.job
+    ), marked AS (
+        UPDATE document_versions v SET ocr_low_confidence_pages = s.low::integer[]
+        FROM storing s WHERE v.id = s.version AND s.low IS NOT NULL
+    ), events AS (
+        INSERT INTO indexing_events
+            (event_type, embedding_job_id, document_version_id, attempt_id, worker_id, detail)
+        SELECT e.event_type, s.job, s.version, s.attempt, s.worker, e.detail
+        FROM storing s
+        CROSS JOIN LATERAL (VALUES
+            (1, 'CHUNKS_STORED',
+             jsonb_build_object('chunks', s.n, 'characters', c_end[s.first + s.n - 1],
+                                'chunking', s.chunking)
+             || CASE WHEN s.replaced > 0
+                     THEN jsonb_build_object('replaced_sequences', s.replaced)
+                     ELSE '{}' END),
+            (2, 'EMBEDDING_STARTED', jsonb_build_object('chunks', s.n, 'model', s.mname)),
+            (3, 'OCR_LOW_CONFIDENCE', jsonb_build_object('pages', s.low::integer[])))
+            AS e(rank, event_type, detail)
+        WHERE e.rank < 3 OR s.low IS NOT NULL
+        ORDER BY s.ord, e.rank
+    )
+    SELECT g.job, g.refused, g.why,
+           CASE WHEN g.refused IS NULL
+                THEN coalesce(nullif(g.stored, 0),
+                              (SELECT s.n FROM storing s
+                               WHERE s.version = g.version AND s.chunking = g.chunking)) END,
+           coalesce(g.ord IN (SELECT s.ord FROM storing s), false),
+           CASE WHEN g.refused IS NULL THEN g.model END,
+           CASE WHEN g.refused IS NULL THEN g.mname END,
+           CASE WHEN g.refused IS NULL THEN g.dim END
+    FROM given g
+    ORDER BY g.ord;
 END;
 $$;
 
@@ -616,11 +676,11 @@ $$;
 -- vectors (elements p_first[i] .. p_first[i] + p_count[i] - 1 of the e_* arrays, for chunks
 -- p_offsets[i] .. p_offsets[i] + p_count[i] - 1 of the job's chunk set, whose ids they must
 -- name in order) with EMBEDDINGS_STORED; the slice that ends the set completes the job in the
--- same subtransaction (completed), so a set is served only once it is whole. A small document
--- is one slice; a large one is several calls, each after the slice before it (a crash between
--- them leaves a partial set that trioindex_begin_embedding clears for the next attempt). A
--- complete set already stored (a repeated commit) is not written again (stored = false) and
--- the job still completes.
+-- same call (completed), so a set is served only once it is whole. A small document is one
+-- slice; a large one is several calls, each after the slice before it (a crash between them
+-- leaves a partial set that trioindex_begin_embedding clears for the next attempt). A complete
+-- set already stored (a repeated commit) is not written again (stored = false) and the job
+-- still completes.
 CREATE FUNCTION trioindex_store_embeddings_many(
     p_jobs uuid[], p_workers uuid[], p_tokens uuid[], p_attempts uuid[],
     p_versions uuid[], p_models uuid[], p_first integer[], p_count integer[],
@@ -631,153 +691,227 @@ RETURNS TABLE (
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    j embedding_jobs;
-    v document_versions;
-    m embedding_models;
-    set_ids uuid[];
-    set_size integer;
-    first_i integer;
-    last_i integer;
-    off integer;
-    existing integer;
-    detail jsonb;
+    codes text[];
+    messages text[];
+    written boolean[];
+    ending boolean[];
+    finished uuid[];
+    currents boolean[];
+    failed_code text;
+    failed_message text;
 BEGIN
-    FOR i IN 1 .. coalesce(array_length(p_jobs, 1), 0) LOOP
-        job_id := p_jobs[i];
-        refusal := NULL; message := NULL; stored := false; completed := false;
-        became_current := NULL;
-        BEGIN
-            j := trioindex_lock_owned_job(p_jobs[i], p_workers[i], p_tokens[i], p_attempts[i]);
-            v := trioindex_lock_version(j.document_version_id);
-            IF v.id <> p_versions[i] OR j.embedding_model_id <> p_models[i] THEN
-                RAISE EXCEPTION USING ERRCODE = 'TI002',
-                    MESSAGE = 'the job''s version or model changed since embedding began';
-            END IF;
-            set_ids := trioindex_chunk_set(v.id, j.chunking);
-            set_size := coalesce(array_length(set_ids, 1), 0);
-            first_i := p_first[i];
-            last_i := p_first[i] + p_count[i] - 1;
-            off := p_offsets[i];
-            IF p_count[i] < 1 OR off < 0 OR off + p_count[i] > set_size
-               OR set_ids[off + 1 : off + p_count[i]] IS DISTINCT FROM e_chunk_ids[first_i:last_i]
-            THEN
-                RAISE EXCEPTION USING ERRCODE = 'TI002',
-                    MESSAGE = 'the version''s chunks changed since embedding began';
-            END IF;
-            SELECT count(*) INTO existing FROM embeddings e
-            JOIN document_chunks c ON c.id = e.chunk_id AND c.chunking = j.chunking
-            WHERE e.document_version_id = v.id AND e.embedding_model_id = p_models[i];
-            IF existing <> set_size THEN
-                IF existing <> off THEN
-                    RAISE EXCEPTION USING ERRCODE = 'TI002',
-                        MESSAGE = format('partial embedding set: %s embeddings for %s chunks,'
-                                         ' slice at %s', existing, set_size, off);
-                END IF;
-                SELECT * INTO m FROM embedding_models WHERE id = p_models[i];
-                INSERT INTO embeddings
-                    (chunk_id, document_id, document_version_id, embedding_model_id, vector,
-                     dimension, vector_sha256)
-                SELECT u.c, v.document_id, v.id, m.id, u.vec, m.dimension, u.h
-                FROM unnest(e_chunk_ids[first_i:last_i], e_vectors[first_i:last_i],
-                            e_sha256s[first_i:last_i]) AS u(c, vec, h);
-                detail := jsonb_build_object('embeddings', p_count[i], 'model', m.name);
-                IF off > 0 OR off + p_count[i] < set_size THEN
-                    detail := detail || jsonb_build_object('offset', off, 'of', set_size);
-                END IF;
-                INSERT INTO indexing_events
-                    (event_type, embedding_job_id, document_version_id, attempt_id, worker_id,
-                     detail)
-                VALUES ('EMBEDDINGS_STORED', j.id, v.id, p_attempts[i], p_workers[i], detail);
-                stored := true;
-                existing := existing + p_count[i];
-            END IF;
-            IF existing = set_size THEN
-                -- fenced above, in this subtransaction: complete without a second fence
-                SELECT c.became_current INTO became_current
-                FROM trioindex_complete_owned(j, v, p_workers[i], p_attempts[i]) c;
-                completed := true;
-            END IF;
-        EXCEPTION WHEN SQLSTATE 'TI001' OR SQLSTATE 'TI002' OR SQLSTATE 'TI003' THEN
-            refusal := SQLSTATE; message := SQLERRM;
-            stored := false; completed := false; became_current := NULL;
-        END;
-        RETURN NEXT;
-    END LOOP;
+    SELECT f.codes, f.messages INTO codes, messages
+    FROM trioindex_fence_many(p_jobs, p_workers, p_tokens, p_attempts) AS f;
+    WITH given AS (
+        SELECT u.*, j.chunking, v.id AS version, v.document_id AS doc, m.name AS mname,
+               m.dimension AS dim, sets.size, sets.existing, sets.matching,
+               r.code AS refused, r.message AS why
+        FROM unnest(p_jobs, p_workers, p_attempts, codes, messages, p_versions, p_models,
+                    p_first, p_count, p_offsets)
+             WITH ORDINALITY AS u(job, worker, attempt, code, msg, given_version, model, first,
+                                  n, off, ord)
+        LEFT JOIN embedding_jobs j ON j.id = u.job AND u.code IS NULL
+        LEFT JOIN document_versions v ON v.id = j.document_version_id
+        LEFT JOIN embedding_models m ON m.id = j.embedding_model_id
+        LEFT JOIN LATERAL (
+            SELECT
+                (SELECT count(*) FROM document_chunks c
+                 WHERE c.document_version_id = v.id AND c.chunking = j.chunking)::integer
+                    AS size,
+                (SELECT count(*) FROM embeddings e
+                 JOIN document_chunks c ON c.id = e.chunk_id AND c.chunking = j.chunking
+                 WHERE e.document_version_id = v.id AND e.embedding_model_id = u.model)::integer
+                    AS existing,
+                -- the slice's ids are the set's chunks off .. off + n - 1, in order
+                (SELECT count(*) FROM unnest(e_chunk_ids[u.first : u.first + u.n - 1])
+                     WITH ORDINALITY AS s(id, k)
+                 JOIN document_chunks c ON c.id = s.id
+                 WHERE c.document_version_id = v.id AND c.chunking = j.chunking
+                   AND c.chunk_index = u.off + s.k - 1)::integer AS matching
+        ) AS sets ON j.id IS NOT NULL
+        CROSS JOIN LATERAL (
+            SELECT x.code, x.message FROM (VALUES
+                (1, u.code IS NOT NULL, u.code, u.msg),
+                (2, v.id <> u.given_version OR j.embedding_model_id <> u.model, 'TI002',
+                 'the job''s version or model changed since embedding began'),
+                (3, u.n < 1 OR u.off < 0 OR u.off + u.n > sets.size OR sets.matching <> u.n,
+                 'TI002', 'the version''s chunks changed since embedding began'),
+                (4, sets.existing <> sets.size AND sets.existing <> u.off, 'TI002',
+                 format('partial embedding set: %s embeddings for %s chunks, slice at %s',
+                        sets.existing, sets.size, u.off)),
+                (5, true, NULL, NULL)) AS x(rank, refused, code, message)
+            WHERE x.refused ORDER BY x.rank LIMIT 1) AS r
+    ), writing AS (
+        SELECT g.* FROM given g WHERE g.refused IS NULL AND g.existing <> g.size
+    ), new_vectors AS (
+        INSERT INTO embeddings
+            (chunk_id, document_id, document_version_id, embedding_model_id, vector,
+             dimension, vector_sha256)
+        SELECT e.c, w.doc, w.version, w.model, e.vec, w.dim, e.h
+        FROM writing w
+        CROSS JOIN LATERAL unnest(
+            e_chunk_ids[w.first : w.first + w.n - 1], e_vectors[w.first : w.first + w.n - 1],
+            e_sha256s[w.first : w.first + w.n - 1]) AS e(c, vec, h)
+    ), events AS (
+        INSERT INTO indexing_events
+            (event_type, embedding_job_id, document_version_id, attempt_id, worker_id, detail)
+        SELECT 'EMBEDDINGS_STORED', w.job, w.version, w.attempt, w.worker,
+               jsonb_build_object('embeddings', w.n, 'model', w.mname)
+               || CASE WHEN w.off > 0 OR w.off + w.n < w.size
+                       THEN jsonb_build_object('offset', w.off, 'of', w.size)
+                       ELSE '{}' END
+        FROM writing w ORDER BY w.ord
+    )
+    SELECT array_agg(g.refused ORDER BY g.ord), array_agg(g.why ORDER BY g.ord),
+           array_agg(g.refused IS NULL AND g.existing <> g.size ORDER BY g.ord),
+           array_agg(g.refused IS NULL
+                     AND g.existing + CASE WHEN g.existing <> g.size THEN g.n ELSE 0 END
+                         = g.size ORDER BY g.ord)
+    INTO codes, messages, written, ending
+    FROM given g;
+    -- fenced and locked above: complete the jobs whose set is now whole without a second
+    -- fence; their slices were checked against their set, so the completion refuses none (if
+    -- it did, the whole call fails: no job's slice is kept without its completion)
+    SELECT coalesce(array_agg(c.job_id), '{}'), coalesce(array_agg(c.became_current), '{}'),
+           min(c.refusal), min(c.message)
+    INTO finished, currents, failed_code, failed_message
+    FROM trioindex_complete_owned(
+        ARRAY(SELECT p_jobs[i] FROM generate_subscripts(p_jobs, 1) AS i WHERE ending[i]),
+        ARRAY(SELECT p_workers[i] FROM generate_subscripts(p_jobs, 1) AS i WHERE ending[i]),
+        ARRAY(SELECT p_attempts[i] FROM generate_subscripts(p_jobs, 1) AS i WHERE ending[i])
+    ) AS c;
+    IF failed_code IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = failed_code, MESSAGE = failed_message;
+    END IF;
+    RETURN QUERY
+    SELECT u.job, u.code, u.msg, coalesce(u.w, false), coalesce(u.e, false), d.current
+    FROM unnest(p_jobs, codes, messages, written, ending) WITH ORDINALITY
+         AS u(job, code, msg, w, e, ord)
+    LEFT JOIN unnest(finished, currents) AS d(job, current) ON d.job = u.job AND u.e
+    ORDER BY u.ord;
 END;
 $$;
 
 -- completion ---------------------------------------------------------------------------------
 
--- Complete a claim: fence it, then trioindex_complete_owned.
+-- Complete a claim: fence it, lock its version, then trioindex_complete_owned.
 CREATE FUNCTION trioindex_complete_job(p_job uuid, p_worker uuid, p_token uuid, p_attempt uuid)
 RETURNS TABLE (became_current boolean, chunks integer) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
 DECLARE
     j embedding_jobs;
+    done record;
 BEGIN
     j := trioindex_lock_owned_job(p_job, p_worker, p_token, p_attempt);
-    RETURN QUERY SELECT * FROM trioindex_complete_owned(
-        j, trioindex_lock_version(j.document_version_id), p_worker, p_attempt);
+    PERFORM trioindex_lock_version(j.document_version_id);
+    SELECT * INTO done
+    FROM trioindex_complete_owned(ARRAY[p_job], ARRAY[p_worker], ARRAY[p_attempt]);
+    IF done.refusal IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = done.refusal, MESSAGE = done.message;
+    END IF;
+    became_current := done.became_current;
+    chunks := done.chunks;
+    RETURN NEXT;
 END;
 $$;
 
--- The completion of job j on version v, both fenced and locked by the caller in this
--- transaction: the job's chunk set must have exactly one of its model's vectors per chunk; the
--- attempt and the job become SUCCEEDED (with the job's chunk count), and the model's served
--- version of the document moves to v unless the model already serves a newer one
--- (became_current). Nothing of another model changes.
-CREATE FUNCTION trioindex_complete_owned(
-    j embedding_jobs, v document_versions, p_worker uuid, p_attempt uuid)
-RETURNS TABLE (became_current boolean, chunks integer) LANGUAGE plpgsql AS $$
+-- The completion of jobs p_jobs (element i: its worker p_workers[i] and attempt
+-- p_attempts[i]), fenced and locked with their versions by the caller in this transaction,
+-- one row per job in the order given. A job's chunk set must have exactly one of its model's
+-- vectors per chunk, else it is refused (TI002) and nothing of it changes; the others'
+-- attempts and jobs become SUCCEEDED (with the job's chunk count), and the model's served
+-- version of each document moves to the newest version completed here unless the model
+-- already serves a newer one (became_current). Nothing of another model changes.
+CREATE FUNCTION trioindex_complete_owned(p_jobs uuid[], p_workers uuid[], p_attempts uuid[])
+RETURNS TABLE (job_id uuid, refusal text, message text, became_current boolean, chunks integer)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
 DECLARE
-    n_chunks integer;
-    n_vectors integer;
-    served_no integer;
-    attempt integer;
+    codes text[];
+    messages text[];
+    counts integer[];
+    model_ids uuid[];
+    doc_ids uuid[];
 BEGIN
-    SELECT count(*) INTO n_chunks FROM document_chunks
-    WHERE document_version_id = v.id AND chunking = j.chunking;
-    SELECT count(*) INTO n_vectors FROM embeddings e
-    JOIN document_chunks c ON c.id = e.chunk_id AND c.chunking = j.chunking
-    WHERE e.document_version_id = v.id AND e.embedding_model_id = j.embedding_model_id;
-    IF n_chunks = 0 OR n_chunks <> n_vectors THEN
-        RAISE EXCEPTION USING ERRCODE = 'TI002',
-            MESSAGE = format('cannot complete: %s embeddings for %s chunks', n_vectors, n_chunks);
-    END IF;
+    SELECT array_agg(r.code ORDER BY u.ord), array_agg(r.message ORDER BY u.ord),
+           array_agg(n.n_chunks ORDER BY u.ord),
+           coalesce(array_agg(DISTINCT j.embedding_model_id)
+                    FILTER (WHERE r.code IS NULL), '{}'),
+           coalesce(array_agg(DISTINCT v.document_id) FILTER (WHERE r.code IS NULL), '{}')
+    INTO codes, messages, counts, model_ids, doc_ids
+    FROM unnest(p_jobs) WITH ORDINALITY AS u(job, ord)
+    JOIN embedding_jobs j ON j.id = u.job
+    JOIN document_versions v ON v.id = j.document_version_id
+    CROSS JOIN LATERAL (
+        SELECT (SELECT count(*) FROM document_chunks c
+                WHERE c.document_version_id = v.id AND c.chunking = j.chunking)::integer
+                   AS n_chunks,
+               (SELECT count(*) FROM embeddings e
+                JOIN document_chunks c ON c.id = e.chunk_id AND c.chunking = j.chunking
+                WHERE e.document_version_id = v.id
+                  AND e.embedding_model_id = j.embedding_model_id)::integer AS n_vectors) AS n
+    CROSS JOIN LATERAL (
+        SELECT x.code, x.message FROM (VALUES
+            (1, n.n_chunks = 0 OR n.n_chunks <> n.n_vectors, 'TI002',
+             format('cannot complete: %s embeddings for %s chunks', n.n_vectors, n.n_chunks)),
+            (2, true, NULL, NULL)) AS x(rank, refused, code, message)
+        WHERE x.refused ORDER BY x.rank LIMIT 1) AS r;
     -- Held to commit: trioindex_finish_switch locks the serving model's row FOR UPDATE, so it
     -- waits for this model's completions in flight before it compares what each model serves.
-    -- Taken before the document row, so a switch never waits for a document while a
+    -- Taken before the document rows, so a switch never waits for a document while a
     -- completion waits for it.
-    PERFORM 1 FROM embedding_models WHERE id = j.embedding_model_id FOR KEY SHARE;
-    -- Lock the document row on its own, then read the served version in a new statement: a
-    -- statement that waited for the lock sees only the locked row's new version, not rows it
+    PERFORM 1 FROM embedding_models WHERE id = ANY(model_ids) ORDER BY id FOR KEY SHARE;
+    -- Lock the document rows on their own, then read the served versions in a new statement:
+    -- a statement that waited for a lock sees only the locked row's new version, not rows it
     -- joined, so reading both in one statement could miss a newer version committed meanwhile.
-    PERFORM 1 FROM documents WHERE id = v.document_id FOR UPDATE;
-    SELECT cur.version_no INTO served_no
-    FROM served_versions s JOIN document_versions cur ON cur.id = s.document_version_id
-    WHERE s.embedding_model_id = j.embedding_model_id AND s.document_id = v.document_id;
-    -- what a model serves only moves forward
-    became_current := served_no IS NULL OR served_no < v.version_no;
-    IF became_current THEN
+    PERFORM 1 FROM documents WHERE id = ANY(doc_ids) ORDER BY id FOR UPDATE;
+    RETURN QUERY
+    WITH given AS (
+        SELECT u.ord, u.job, u.worker, u.attempt, u.code, u.msg, u.n_chunks,
+               j.embedding_model_id AS model, v.id AS version, v.document_id AS doc,
+               v.version_no
+        FROM unnest(p_jobs, p_workers, p_attempts, codes, messages, counts) WITH ORDINALITY
+             AS u(job, worker, attempt, code, msg, n_chunks, ord)
+        JOIN embedding_jobs j ON j.id = u.job
+        JOIN document_versions v ON v.id = j.document_version_id
+    ), finishing AS (
+        SELECT g.*,
+               (SELECT cur.version_no FROM served_versions s
+                JOIN document_versions cur ON cur.id = s.document_version_id
+                WHERE s.embedding_model_id = g.model AND s.document_id = g.doc) AS served_no,
+               max(g.version_no) OVER (PARTITION BY g.model, g.doc) AS newest
+        FROM given g WHERE g.code IS NULL
+    ), decided AS (
+        -- what a model serves only moves forward, to the newest version completed here
+        SELECT f.*, (f.served_no IS NULL OR f.served_no < f.version_no)
+                    AND f.version_no = f.newest AS current
+        FROM finishing f
+    ), served AS (
         INSERT INTO served_versions (document_id, embedding_model_id, document_version_id)
-        VALUES (v.document_id, j.embedding_model_id, v.id)
+        SELECT d.doc, d.model, d.version FROM decided d WHERE d.current
         ON CONFLICT (embedding_model_id, document_id)
-        DO UPDATE SET document_version_id = EXCLUDED.document_version_id;
-    END IF;
-    UPDATE embedding_job_attempts SET status = 'SUCCEEDED', finished_at = now()
-    WHERE id = p_attempt
-    RETURNING attempt_no INTO attempt;
-    UPDATE embedding_jobs
-    SET status = 'SUCCEEDED', progress = 100, finished_at = now(), chunk_count = n_chunks,
-        worker_id = NULL, claim_token = NULL, locked_at = NULL, lease_expires_at = NULL,
-        last_failure_type = NULL, last_failure_message = NULL
-    WHERE id = j.id;
-    INSERT INTO indexing_events
-        (event_type, embedding_job_id, document_version_id, attempt_id, worker_id, detail)
-    VALUES ('JOB_SUCCEEDED', j.id, v.id, p_attempt, p_worker,
-            jsonb_build_object('attempt_no', attempt, 'chunks', n_chunks,
-                               'became_current', became_current));
-    chunks := n_chunks;
-    RETURN NEXT;
+        DO UPDATE SET document_version_id = EXCLUDED.document_version_id
+    ), attempts AS (
+        UPDATE embedding_job_attempts a SET status = 'SUCCEEDED', finished_at = now()
+        FROM decided d WHERE a.id = d.attempt
+        RETURNING a.id, a.attempt_no
+    ), jobs AS (
+        UPDATE embedding_jobs j
+        SET status = 'SUCCEEDED', progress = 100, finished_at = now(), chunk_count = d.n_chunks,
+            worker_id = NULL, claim_token = NULL, locked_at = NULL, lease_expires_at = NULL,
+            last_failure_type = NULL, last_failure_message = NULL
+        FROM decided d WHERE j.id = d.job
+    ), events AS (
+        INSERT INTO indexing_events
+            (event_type, embedding_job_id, document_version_id, attempt_id, worker_id, detail)
+        SELECT 'JOB_SUCCEEDED', d.job, d.version, d.attempt, d.worker,
+               jsonb_build_object('attempt_no', a.attempt_no, 'chunks', d.n_chunks,
+                                  'became_current', d.current)
+        FROM decided d JOIN attempts a ON a.id = d.attempt ORDER BY d.ord
+    )
+    SELECT g.job, g.code, g.msg, d.current, d.n_chunks
+    FROM given g LEFT JOIN decided d ON d.ord = g.ord
+    ORDER BY g.ord;
 END;
 $$;
 
@@ -923,6 +1057,7 @@ $$;
 -- Every statement in these functions has an index to use; the setting holds for the
 -- functions they call too.
 ALTER FUNCTION trioindex_lock_owned_job(uuid, uuid, uuid, uuid) SET enable_seqscan = off;
+ALTER FUNCTION trioindex_fence_many(uuid[], uuid[], uuid[], uuid[]) SET enable_seqscan = off;
 ALTER FUNCTION trioindex_begin_parse_many(uuid[], uuid[], uuid[], uuid[]) SET enable_seqscan = off;
 ALTER FUNCTION trioindex_store_chunks_many(
     uuid[], uuid[], uuid[], uuid[], uuid[], text[], text[], bigint[], integer[], integer[],
@@ -932,5 +1067,4 @@ ALTER FUNCTION trioindex_store_embeddings_many(
     uuid[], uuid[], uuid[], uuid[], uuid[], uuid[], integer[], integer[], integer[], uuid[],
     vector[], text[]) SET enable_seqscan = off;
 ALTER FUNCTION trioindex_begin_embedding(uuid, uuid, uuid, uuid) SET enable_seqscan = off;
-ALTER FUNCTION trioindex_complete_owned(embedding_jobs, document_versions, uuid, uuid)
-    SET enable_seqscan = off;
+ALTER FUNCTION trioindex_complete_owned(uuid[], uuid[], uuid[]) SET enable_seqscan = off;
