@@ -8,8 +8,11 @@ database, interleaved over rounds:
 
 1. **trioindex's group functions** — the claim (`claim_jobs`), then the worker's three group
    statements in their own transactions: `trioindex_begin_parse_many`,
-   `trioindex_store_chunks_many` and `trioindex_store_embeddings_many` (every job fenced in
-   its own subtransaction, its rows read and locked, its counts checked).
+   `trioindex_store_chunks_many` and `trioindex_store_embeddings_many` (the group fenced in
+   one locking statement, every job's own checks in one statement, then one statement per
+   table). With `--baseline REF` the same calls also run over the `functions.sql` of git
+   revision REF (say `main`), applied to its own fresh database: the before and after of a
+   change to the functions, in one run.
 2. **The same rows, set-based** — the same claim, then exactly the rows (1) writes (job
    progress and completion with its chunk count, the attempt's end, five events, the chunk
    with its full-text column, the vector, the model's served version), one statement per
@@ -29,8 +32,10 @@ otherwise.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import statistics
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -56,6 +61,7 @@ from bench.common import (
 from bench.harness import chunk_texts
 from testkit.jobs import enqueue_text
 from trioindex.db.jobs import claim_jobs, register_worker
+from trioindex.db.migrations import _OUR_OBJECTS
 from trioindex.db.models import ensure_model
 from trioindex.db.pool import Connection, connect
 from trioindex.db.steps import (
@@ -146,6 +152,23 @@ def group_functions(conn: Connection, corpus: Corpus, setup: Setup) -> int:
                 raise RuntimeError(f"not completed: {outcome!r}")
         done += len(claims)
     return done
+
+
+def functions_at(revision: str) -> str:
+    """``functions.sql`` as git revision ``revision`` has it."""
+    return subprocess.run(
+        ["git", "show", f"{revision}:src/trioindex/db/migrations/functions.sql"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+
+
+def use_functions(text: str, conn: Connection) -> None:
+    """Replace the database's trioindex functions by ``text`` (what ``migrate`` does when
+    ``functions.sql`` changes)."""
+    with conn.transaction():
+        for row in conn.execute(_OUR_OBJECTS).fetchall():
+            conn.execute(f"DROP {row['object']} CASCADE")
+        conn.execute(text.encode())
 
 
 def _claim_arrays(claims: Sequence[Claim]) -> tuple[list[UUID], ...]:
@@ -357,6 +380,17 @@ def rows_left(conn: Connection) -> dict[str, int]:
     return {row["what"]: int(row["n"]) for row in conn.execute(_ROWS_LEFT).fetchall()}
 
 
+def baseline_way(revision: str) -> str:
+    return f"the group functions at {revision}"
+
+
+def add_baseline(revision: str) -> None:
+    """Measure the group functions over ``functions.sql`` at git ``revision`` too."""
+    way = baseline_way(revision)
+    WAYS[way] = group_functions
+    PREPARE[way] = functools.partial(use_functions, functions_at(revision))
+
+
 def measure(pg: BenchPostgres, corpus: Corpus, way: str) -> dict[str, Any]:
     with pg.fresh_database("sql_floor") as url:
         with connect(url) as conn:
@@ -386,12 +420,13 @@ def measure(pg: BenchPostgres, corpus: Corpus, way: str) -> dict[str, Any]:
 
 
 def check_same_rows(runs: Sequence[dict[str, Any]]) -> None:
-    """The set-based way must leave exactly the rows the group functions leave (by table,
-    status, event type with its detail's keys, and job progress), or its figure is not their
-    floor."""
+    """The set-based way (and the baseline's functions) must leave exactly the rows the group
+    functions leave (by table, status, event type with its detail's keys, and job progress),
+    or its figure is not their floor."""
     product_way, floor_way = list(WAYS)[:2]
+    compared = {product_way, floor_way} | {w for w in WAYS if w.startswith(baseline_way(""))}
     product = next(r["rows_left"] for r in runs if r["way"] == product_way)
-    for floor in (r["rows_left"] for r in runs if r["way"] in (product_way, floor_way)):
+    for floor in (r["rows_left"] for r in runs if r["way"] in compared):
         if floor != product:
             keys = product.keys() | floor.keys()
             differ = sorted(k for k in keys if product.get(k) != floor.get(k))
@@ -406,9 +441,11 @@ def _span(values: Sequence[float], digits: int = 2) -> str:
 
 
 def summary(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    product = statistics.median(
-        r["postgres_cpu_ms_per_doc"] for r in runs if r["way"] == "trioindex's group functions"
-    )
+    def median_of(way: str) -> float:
+        return statistics.median(r["postgres_cpu_ms_per_doc"] for r in runs if r["way"] == way)
+
+    product = median_of("trioindex's group functions")
+    data = median_of("the document's data only")
     rows = []
     for way in WAYS:
         mine = [r for r in runs if r["way"] == way]
@@ -418,6 +455,7 @@ def summary(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "cpu_ms": cpu,
             "median_cpu_ms": statistics.median(cpu),
             "share_of_group_functions": statistics.median(cpu) / product,
+            "times_data_floor": statistics.median(cpu) / data,
             "xacts": [r["xacts_per_doc"] for r in mine],
             "wal_bytes": [r["wal_bytes_per_doc"] for r in mine],
         })  # fmt: skip
@@ -430,15 +468,15 @@ def markdown(session: Session, machine: dict[str, Any], rows: list[dict[str, Any
                           session.command, elapsed, machine, about=__doc__ or "")  # fmt: skip
         table = [
             [r["way"], _span(r["cpu_ms"], 3), f"{r['share_of_group_functions']:.2f}",
-             _span(r["xacts"]), _span(r["wal_bytes"], 0)]
+             f"{r['times_data_floor']:.2f}", _span(r["xacts"]), _span(r["wal_bytes"], 0)]
             for r in rows
         ]  # fmt: skip
         lines += ["## Results", "", f"![sql floor]({png})", "",
                   *markdown_table(["way", "PostgreSQL CPU ms/doc", "median / group functions",
-                                   "xacts/doc", "WAL bytes/doc"], table),
+                                   "median / data only", "xacts/doc", "WAL bytes/doc"], table),
                   "",
-                  "Checked in every round: the set-based way left exactly the rows the group "
-                  "functions left (rows per table, per status, per event type with its detail's "
+                  "Checked in every round: the set-based way (and the baseline's functions, if "
+                  "measured) left exactly the rows the group functions left (rows per table, per status, per event type with its detail's "
                   "keys, and per job progress; `check_same_rows`). Tables a way needs of its "
                   "own are made before its measurement.",
                   ""]  # fmt: skip
@@ -450,9 +488,13 @@ def markdown(session: Session, machine: dict[str, Any], rows: list[dict[str, Any
 def main(argv: Sequence[str] | None = None) -> int:
     parser = bench_parser("sql_floor", "PostgreSQL CPU per small document.", "200 documents, once")
     parser.add_argument("--rounds", type=int, default=None, help=f"interleaved rounds ({ROUNDS})")
+    parser.add_argument("--baseline", metavar="REV", default=None,
+                        help="also measure functions.sql as git revision REV has it (say main)")
     add_out(parser, "sql_floor")
     args: argparse.Namespace = parser.parse_args(argv)
     session = Session.start("sql_floor", args)
+    if args.baseline:
+        add_baseline(args.baseline)
     count = QUICK_DOCUMENTS if args.quick else DOCUMENTS
     rounds = args.rounds or (QUICK_ROUNDS if args.quick else ROUNDS)
     rng = np.random.default_rng(13)

@@ -1,5 +1,6 @@
-"""The group-commit functions of migration 0005 on real PostgreSQL: many jobs in one
-transaction, each fenced on its own (pipeline/parse_step.py and pipeline/embed_step.py call them).
+"""The group-commit functions on real PostgreSQL: many jobs in one transaction, the group
+fenced in one statement and each job refused alone (pipeline/parse_step.py and
+pipeline/embed_step.py call them).
 """
 
 from __future__ import annotations
@@ -8,10 +9,12 @@ import hashlib
 
 import attrs
 import numpy as np
+import psycopg
 import pytest
 
 from tests import helpers
 from trioindex.db import jobs as lifecycle
+from trioindex.db.models import activate_model
 from trioindex.db.pool import Connection, Database
 from trioindex.db.steps import (
     ChunkCommit,
@@ -252,3 +255,89 @@ def lifecycle_backoff() -> object:
     from trioindex.values import BackoffPolicy
 
     return BackoffPolicy(initial=0.0, maximum=0.0, jitter=0.0)
+
+
+def test_a_refused_job_is_not_locked_while_the_owned_jobs_of_its_group_are(
+    db: Database,
+) -> None:
+    """The group's fence locks only the jobs it still owns: a refused job's row stays free for
+    lease recovery while the group's transaction is open."""
+    with db.connection() as conn, db.connection() as other:
+        group = claims(conn, 2)
+        helpers.expire_lease(conn, group[0].job_id)
+        with conn.transaction():
+            first = begin_parse_many(conn, group)
+            assert isinstance(first[0], OwnershipLost)
+            assert isinstance(first[1], ParseSnapshot)
+            with other.transaction():
+                free = other.execute(
+                    "SELECT id FROM embedding_jobs WHERE id = %s FOR UPDATE NOWAIT",
+                    (group[0].job_id,),
+                ).fetchone()
+                assert free is not None
+            with pytest.raises(psycopg.errors.LockNotAvailable), other.transaction():
+                other.execute(
+                    "SELECT id FROM embedding_jobs WHERE id = %s FOR UPDATE NOWAIT",
+                    (group[1].job_id,),
+                )
+
+
+def test_two_jobs_of_one_group_on_one_chunk_set_store_it_once(db: Database) -> None:
+    """Twin jobs of a switch (two models, one chunking) in one chunk commit: the first stores
+    the set and starts embedding, the second converges on it (its count, nothing written)."""
+    with db.connection() as conn:
+        old = helpers.model(conn, "group-model", DIM)
+        new = activate_model(conn, "group-model-2", DIM, max_attempts=3).model
+        helpers.enqueue(conn, old.id, "twin.txt", priority=10)
+        worker = helpers.worker(conn)
+        twins = [
+            lifecycle.claim_jobs(conn, worker, 1, 300, model_id=model.id)[0]
+            for model in (old, new)
+        ]
+        assert twins[0].document_version_id == twins[1].document_version_id
+        snapshots = begin_parse_many(conn, twins)
+        commits = [
+            ChunkCommit(c, s, [drafts_for("one", 0), drafts_for("two", 1)])  # type: ignore[arg-type]
+            for c, s in zip(twins, snapshots, strict=True)
+        ]
+        stored = store_chunks_many(conn, commits)
+        assert isinstance(stored[0], EmbedSnapshot) and stored[1] == 2
+        assert (
+            helpers.count(
+                conn,
+                "SELECT count(*) FROM document_chunks WHERE document_version_id = %s",
+                twins[0].document_version_id,
+            )
+            == 2
+        )
+        assert helpers.events(conn, twins[1].job_id).count("CHUNKS_STORED") == 0
+
+
+def test_two_versions_of_a_document_completed_in_one_group_serve_the_newer(
+    db: Database,
+) -> None:
+    with db.connection() as conn:
+        model = helpers.model(conn, "group-model", DIM)
+        helpers.enqueue(conn, model.id, "same-key", content=b"first text")
+        helpers.enqueue(conn, model.id, "same-key", content=b"second text")
+        group = lifecycle.claim_jobs(conn, helpers.worker(conn), 2, 300)
+        started = chunk_and_start(conn, group)
+        commits = [
+            EmbeddingCommit(c, s, drafts_from_matrix(s, vectors_for(s, i)))
+            for i, (c, s) in enumerate(zip(group, started, strict=True))
+        ]
+        numbers = {
+            row["id"]: row["version_no"]
+            for row in conn.execute(
+                "SELECT id, version_no FROM document_versions WHERE id = ANY(%s)",
+                ([c.document_version_id for c in group],),
+            ).fetchall()
+        }
+        results = store_embeddings_many(conn, commits)
+        newer = max(range(2), key=lambda i: numbers[group[i].document_version_id])
+        assert results[newer] == DONE
+        assert results[1 - newer] == StoredSlice(CompleteResult(became_current=False))
+        served = conn.execute("SELECT document_version_id FROM served_versions").fetchall()
+        assert [row["document_version_id"] for row in served] == [
+            group[newer].document_version_id
+        ]
