@@ -27,7 +27,7 @@ from trioindex.db.steps import (
     store_chunks_many,
     store_embeddings_many,
 )
-from trioindex.errors import OwnershipLost, StateInconsistent
+from trioindex.errors import JobRemoved, OwnershipLost, StateInconsistent
 from trioindex.pipeline.chunking import ChunkDraft
 from trioindex.pipeline.embed_step import drafts_from_matrix
 from trioindex.values import Claim, CompleteResult
@@ -341,3 +341,21 @@ def test_two_versions_of_a_document_completed_in_one_group_serve_the_newer(
         assert [row["document_version_id"] for row in served] == [
             group[newer].document_version_id
         ]
+
+
+def test_a_job_whose_document_was_deleted_is_refused_as_removed_and_the_others_commit(
+    db: Database,
+) -> None:
+    with db.connection() as conn:
+        group = claims(conn, 3)
+        key = conn.execute(
+            """SELECT d.external_key FROM documents d
+               JOIN document_versions v ON v.document_id = d.id WHERE v.id = %s""",
+            (group[1].document_version_id,),
+        ).fetchone()
+        assert key is not None
+        conn.execute("SELECT trioindex_delete_document(%s)", (key["external_key"],))
+        results = begin_parse_many(conn, group)
+        assert isinstance(results[1], JobRemoved)
+        assert isinstance(results[0], ParseSnapshot) and isinstance(results[2], ParseSnapshot)
+        assert helpers.job_row(conn, group[0].job_id)["progress"] == 10
