@@ -488,8 +488,12 @@ def markdown(session: Session, machine: dict[str, Any], rows: list[dict[str, Any
 def main(argv: Sequence[str] | None = None) -> int:
     parser = bench_parser("sql_floor", "PostgreSQL CPU per small document.", "200 documents, once")
     parser.add_argument("--rounds", type=int, default=None, help=f"interleaved rounds ({ROUNDS})")
-    parser.add_argument("--baseline", metavar="REV", default=None,
-                        help="also measure functions.sql as git revision REV has it (say main)")
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        default=None,
+        help="also measure functions.sql as git revision REV has it (say main)",
+    )
     add_out(parser, "sql_floor")
     args: argparse.Namespace = parser.parse_args(argv)
     session = Session.start("sql_floor", args)

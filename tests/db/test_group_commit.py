@@ -291,8 +291,7 @@ def test_two_jobs_of_one_group_on_one_chunk_set_store_it_once(db: Database) -> N
         helpers.enqueue(conn, old.id, "twin.txt", priority=10)
         worker = helpers.worker(conn)
         twins = [
-            lifecycle.claim_jobs(conn, worker, 1, 300, model_id=model.id)[0]
-            for model in (old, new)
+            lifecycle.claim_jobs(conn, worker, 1, 300, model_id=model.id)[0] for model in (old, new)
         ]
         assert twins[0].document_version_id == twins[1].document_version_id
         snapshots = begin_parse_many(conn, twins)
@@ -338,9 +337,7 @@ def test_two_versions_of_a_document_completed_in_one_group_serve_the_newer(
         assert results[newer] == DONE
         assert results[1 - newer] == StoredSlice(CompleteResult(became_current=False))
         served = conn.execute("SELECT document_version_id FROM served_versions").fetchall()
-        assert [row["document_version_id"] for row in served] == [
-            group[newer].document_version_id
-        ]
+        assert [row["document_version_id"] for row in served] == [group[newer].document_version_id]
 
 
 def test_a_job_whose_document_was_deleted_is_refused_as_removed_and_the_others_commit(

@@ -1,17 +1,19 @@
 """The fence: the Python side of "this claim still owns its job".
 
-The checks themselves live in one place, the SQL function ``trioindex_lock_owned_job``
+The checks themselves live in one place, the SQL function ``trioindex_ownership_refusal``
 (``functions.sql``): under the job row lock, the job is PROCESSING, held by this worker with this
 claim token, its lease has not expired by a fresh database clock, and the attempt is the job's
-current STARTED attempt. Every write after the claim runs it first — the steps' commits through
-:func:`lock_owned_job`, and the SQL functions for renew, complete and release by calling it
-themselves. A refusal is SQLSTATE ``TI001``, which :func:`fenced_errors` turns into
-:class:`OwnershipLost`; the refused transaction changes nothing.
+current STARTED attempt. Every write after the claim is fenced first. One job's writes go through
+``trioindex_lock_owned_job`` — the steps' commits through :func:`lock_owned_job`, and the SQL
+functions for renew, complete and release by calling it themselves. A refusal is SQLSTATE
+``TI001``, which :func:`fenced_errors` turns into :class:`OwnershipLost`; the refused transaction
+changes nothing.
 
-The group-commit functions fence each job of a group in its own
-subtransaction and report a refusal in that job's result row instead of raising it:
-:func:`refusal_error` turns it into the same exceptions, so a job refused in a group ends
-exactly as a job refused alone, and the other jobs of the group commit.
+The group-commit functions fence a whole group in one locking statement
+(``trioindex_fence_many``: the checks in its ``WHERE``, so only the jobs still owned are locked)
+and report each refused job in its own result row instead of raising: :func:`refusal_error`
+turns it into the same exceptions, so a job refused in a group ends exactly as a job refused
+alone, and the other jobs of the group commit.
 """
 
 from __future__ import annotations
@@ -68,8 +70,9 @@ def lock_owned_job(conn: Connection, claim: Claim) -> OwnedJob:
     """Lock the job row and prove ``claim`` still owns it; raise :class:`OwnershipLost` if not.
 
     Must run inside the caller's transaction; it is the first lock that transaction takes. The
-    checks live in one place, the SQL function ``trioindex_lock_owned_job`` (status PROCESSING,
-    worker, claim token, lease unexpired by a fresh clock, current STARTED attempt).
+    SQL function ``trioindex_lock_owned_job`` locks the row and asks
+    ``trioindex_ownership_refusal`` (status PROCESSING, worker, claim token, lease unexpired by
+    a fresh clock, current STARTED attempt).
     """
     with fenced_errors():
         row = conn.execute(
@@ -90,8 +93,8 @@ def lock_owned_job(conn: Connection, claim: Claim) -> OwnedJob:
 
 
 def refusal_error(code: str | None, message: str | None) -> Exception | None:
-    """The error one job's result row of a fenced array function stands for (each job is
-    fenced in its own subtransaction and a refusal is reported, not raised).
+    """The error one job's result row of a fenced array function stands for (a refused job
+    is reported in its row, not raised).
 
     ``TI001`` → :class:`OwnershipLost`, ``TI003`` → :class:`JobRemoved`, ``TI002`` →
     :class:`StateInconsistent`, no code → None.

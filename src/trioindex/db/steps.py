@@ -1,12 +1,13 @@
 """The pipeline steps' writes: a job's parse prepare, its chunk set, its embed prepare, and its
-vectors with the completion — for many jobs at once, each fenced on its own.
+vectors with the completion — for many jobs at once, each job refused or written on its own.
 
 Each function here calls one SQL function of ``functions.sql`` (``trioindex_begin_parse_many``,
 ``trioindex_store_chunks_many``, ``trioindex_begin_embedding``,
 ``trioindex_store_embeddings_many``) and turns its rows into values. The group functions return
 one result per job, in the order given: a value, or the exception that refused that job alone
 (:func:`trioindex.db.fence.refusal_error`); the worker's group committers
-(:mod:`trioindex.worker.committer`) batch many jobs' writes into one call. Jobs are passed to
+(:mod:`trioindex.worker.committer`) batch many jobs' writes into one call, which the SQL side
+writes set-based (one fence statement per group, one statement per table). Jobs are passed to
 SQL in version-id order, so two groups never take version locks in opposite orders.
 
 The values that cross from the pipeline to these writes and back live here too: what the parse
