@@ -356,3 +356,25 @@ def test_a_job_whose_document_was_deleted_is_refused_as_removed_and_the_others_c
         assert isinstance(results[1], JobRemoved)
         assert isinstance(results[0], ParseSnapshot) and isinstance(results[2], ParseSnapshot)
         assert helpers.job_row(conn, group[0].job_id)["progress"] == 10
+
+
+def test_two_slices_of_one_job_in_one_group_are_written_one_after_the_other(
+    db: Database,
+) -> None:
+    with db.connection() as conn:
+        group = claims(conn, 2)
+        started = chunk_and_start(conn, group)
+        drafts = [drafts_from_matrix(s, vectors_for(s, i)) for i, s in enumerate(started)]
+        results = store_embeddings_many(
+            conn,
+            [
+                EmbeddingCommit(group[0], started[0], drafts[0][:1], 0),
+                EmbeddingCommit(group[1], started[1], drafts[1]),
+                EmbeddingCommit(group[0], started[0], drafts[0][1:], 1),
+            ],
+        )
+        assert results == [StoredSlice(None), DONE, DONE]
+        for claim in group:
+            assert len(stored_vectors(conn, claim)) == 2
+            assert helpers.job_row(conn, claim.job_id)["status"] == "SUCCEEDED"
+        assert helpers.events(conn, group[0].job_id).count("EMBEDDINGS_STORED") == 2

@@ -680,6 +680,13 @@ BEGIN
 END;
 $$;
 
+-- The elements of p_values at the positions p_positions, in that order.
+CREATE FUNCTION trioindex_pick(p_values anyarray, p_positions integer[]) RETURNS anyarray
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ARRAY(SELECT p_values[u.i] FROM unnest(p_positions) WITH ORDINALITY AS u(i, o)
+                 ORDER BY u.o)
+$$;
+
 -- The embed step's commit and the job's completion, for many claims: store a slice of job i's
 -- vectors (elements p_first[i] .. p_first[i] + p_count[i] - 1 of the e_* arrays, for chunks
 -- p_offsets[i] .. p_offsets[i] + p_count[i] - 1 of the job's chunk set, whose ids they must
@@ -688,7 +695,8 @@ $$;
 -- slice; a large one is several calls, each after the slice before it (a crash between them
 -- leaves a partial set that trioindex_begin_embedding clears for the next attempt). A complete
 -- set already stored (a repeated commit) is not written again (stored = false) and the job
--- still completes.
+-- still completes. A job given twice in one call (a slice and the next, or a repeat) is
+-- written as if its elements came one call after the other.
 CREATE FUNCTION trioindex_store_embeddings_many(
     p_jobs uuid[], p_workers uuid[], p_tokens uuid[], p_attempts uuid[],
     p_versions uuid[], p_models uuid[], p_first integer[], p_count integer[],
@@ -707,7 +715,50 @@ DECLARE
     currents boolean[];
     failed_code text;
     failed_message text;
+    ahead integer[];
+    behind integer[];
+    turn integer[];
+    done record;
+    k integer;
+    out_refusals text[];
+    out_messages text[];
+    out_stored boolean[];
+    out_completed boolean[];
+    out_current boolean[];
 BEGIN
+    IF cardinality(p_jobs) > (SELECT count(DISTINCT x) FROM unnest(p_jobs) AS x) THEN
+        -- each job's first element first, then the rest of the call (by the same rule)
+        SELECT coalesce(array_agg(t.i ORDER BY t.i) FILTER (WHERE t.n = 1), '{}'),
+               coalesce(array_agg(t.i ORDER BY t.i) FILTER (WHERE t.n > 1), '{}')
+        INTO ahead, behind
+        FROM (SELECT u.i::integer AS i,
+                     row_number() OVER (PARTITION BY u.job ORDER BY u.i) AS n
+              FROM unnest(p_jobs) WITH ORDINALITY AS u(job, i)) AS t;
+        FOR round IN 1 .. 2 LOOP
+            turn := CASE round WHEN 1 THEN ahead ELSE behind END;
+            k := 0;
+            FOR done IN
+                SELECT * FROM trioindex_store_embeddings_many(
+                    trioindex_pick(p_jobs, turn), trioindex_pick(p_workers, turn),
+                    trioindex_pick(p_tokens, turn), trioindex_pick(p_attempts, turn),
+                    trioindex_pick(p_versions, turn), trioindex_pick(p_models, turn),
+                    trioindex_pick(p_first, turn), trioindex_pick(p_count, turn),
+                    trioindex_pick(p_offsets, turn), e_chunk_ids, e_vectors, e_sha256s)
+            LOOP
+                k := k + 1;
+                out_refusals[turn[k]] := done.refusal;
+                out_messages[turn[k]] := done.message;
+                out_stored[turn[k]] := done.stored;
+                out_completed[turn[k]] := done.completed;
+                out_current[turn[k]] := done.became_current;
+            END LOOP;
+        END LOOP;
+        RETURN QUERY
+        SELECT p_jobs[i], out_refusals[i], out_messages[i], out_stored[i], out_completed[i],
+               out_current[i]
+        FROM generate_subscripts(p_jobs, 1) AS i ORDER BY i;
+        RETURN;
+    END IF;
     SELECT f.codes, f.messages INTO codes, messages
     FROM trioindex_fence_many(p_jobs, p_workers, p_tokens, p_attempts) AS f;
     WITH given AS (
