@@ -264,6 +264,7 @@ def test_a_refused_job_is_not_locked_while_the_owned_jobs_of_its_group_are(
     lease recovery while the group's transaction is open."""
     with db.connection() as conn, db.connection() as other:
         group = claims(conn, 2)
+        begin_parse_many(conn, group)  # progress 10: the next prepare writes no job row
         helpers.expire_lease(conn, group[0].job_id)
         with conn.transaction():
             first = begin_parse_many(conn, group)
@@ -378,3 +379,14 @@ def test_two_slices_of_one_job_in_one_group_are_written_one_after_the_other(
             assert len(stored_vectors(conn, claim)) == 2
             assert helpers.job_row(conn, claim.job_id)["status"] == "SUCCEEDED"
         assert helpers.events(conn, group[0].job_id).count("EMBEDDINGS_STORED") == 2
+
+
+def test_a_group_claim_naming_another_jobs_attempt_is_refused_alone(db: Database) -> None:
+    with db.connection() as conn:
+        group = claims(conn, 2)
+        borrowed = attrs.evolve(group[0], attempt_id=group[1].attempt_id)
+        results = begin_parse_many(conn, [borrowed, group[1]])
+        assert isinstance(results[0], OwnershipLost)
+        assert "attempt" in str(results[0])
+        assert isinstance(results[1], ParseSnapshot)
+        assert helpers.events(conn, group[0].job_id) == ["JOB_ENQUEUED", "JOB_CLAIMED"]

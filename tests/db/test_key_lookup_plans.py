@@ -7,6 +7,7 @@ from __future__ import annotations
 from tests import helpers
 from trioindex.db import jobs as lifecycle
 from trioindex.db.pool import Connection, Database
+from trioindex.db.steps import begin_parse_many
 from trioindex.values import Claim
 
 
@@ -42,3 +43,18 @@ def test_the_fence_finds_the_attempt_by_index_while_the_table_is_tiny(db: Databa
                     fence(conn, claim)
             assert sequential_scans(conn, "embedding_job_attempts") == 0
             assert sequential_scans(conn, "embedding_jobs") == 0
+
+
+def test_the_group_fence_finds_its_jobs_by_key_while_the_tables_are_tiny(db: Database) -> None:
+    with db.connection() as conn:
+        model = helpers.model(conn)
+        for _ in range(3):
+            helpers.enqueue(conn, model.id)
+        claims = lifecycle.claim_jobs(conn, helpers.worker(conn), 3, 300)
+        conn.execute("ANALYZE embedding_jobs, embedding_job_attempts, document_versions")
+        with conn.transaction():
+            # past the five custom plans, onto the cached generic one
+            for _ in range(7):
+                begin_parse_many(conn, claims)
+            for table in ("embedding_jobs", "embedding_job_attempts", "document_versions"):
+                assert sequential_scans(conn, table) == 0, table
