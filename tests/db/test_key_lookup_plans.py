@@ -27,16 +27,21 @@ def fence(conn: Connection, claim: Claim) -> None:
     )
 
 
+def three_claims_on_tiny_analysed_tables(conn: Connection) -> list[Claim]:
+    """Three claimed jobs, and what autovacuum does to a new table after its first rows:
+    statistics of a small table (one page), where a sequential scan costs least."""
+    model = helpers.model(conn)
+    for _ in range(3):
+        helpers.enqueue(conn, model.id)
+    claims = lifecycle.claim_jobs(conn, helpers.worker(conn), 3, 300)
+    conn.execute("ANALYZE embedding_jobs, embedding_job_attempts, document_versions")
+    return claims
+
+
 def test_the_fence_finds_the_attempt_by_index_while_the_table_is_tiny(db: Database) -> None:
     with db.connection() as conn:
-        model = helpers.model(conn)
-        for _ in range(3):
-            helpers.enqueue(conn, model.id)
-        claims = lifecycle.claim_jobs(conn, helpers.worker(conn), 3, 300)
-        # what autovacuum does to a new table after its first rows: statistics of a small table
-        conn.execute("ANALYZE embedding_jobs, embedding_job_attempts")
-        # a dozen calls on one connection: five custom plans, then the cached generic one, all
-        # made for a table of three rows (one page), where a sequential scan costs least
+        claims = three_claims_on_tiny_analysed_tables(conn)
+        # a dozen calls on one connection: five custom plans, then the cached generic one
         with conn.transaction():
             for _ in range(4):
                 for claim in claims:
@@ -47,11 +52,7 @@ def test_the_fence_finds_the_attempt_by_index_while_the_table_is_tiny(db: Databa
 
 def test_the_group_fence_finds_its_jobs_by_key_while_the_tables_are_tiny(db: Database) -> None:
     with db.connection() as conn:
-        model = helpers.model(conn)
-        for _ in range(3):
-            helpers.enqueue(conn, model.id)
-        claims = lifecycle.claim_jobs(conn, helpers.worker(conn), 3, 300)
-        conn.execute("ANALYZE embedding_jobs, embedding_job_attempts, document_versions")
+        claims = three_claims_on_tiny_analysed_tables(conn)
         with conn.transaction():
             # past the five custom plans, onto the cached generic one
             for _ in range(7):
