@@ -362,3 +362,56 @@ def test_a_common_terms_df_comes_from_analyze(
         estimated = text_ranking(conn, model, "lease renewal deadline", 10)
     assert keys(estimated) == keys(exact)
     assert [r.score for r in estimated] == pytest.approx([r.score for r in exact], rel=1e-4)
+
+
+def test_a_tier_past_chunks_it_may_not_return_still_fills_the_list(
+    db: Database, model: EmbeddingModel
+) -> None:
+    v = unit(1, 0, 0, 0)
+    long = "the lease of a house, in a sentence long enough to rank below the short ones"
+    ids = store(
+        db,
+        model,
+        # ts_rank puts these short chunks first: none may be returned
+        *(IndexedDocument(f"gone/{i}.txt", ["lease lease lease"], [v]) for i in range(5)),
+        IndexedDocument("other/x.txt", ["lease lease"], [v]),
+        IndexedDocument("keep/novec.txt", ["lease lease lease"], [v]),
+        IndexedDocument("keep/a.txt", [long], [v]),
+        IndexedDocument("keep/b.txt", [long + " again"], [v]),
+    )
+    with db.connection() as conn:
+        for i in range(5):
+            conn.execute(
+                "DELETE FROM served_versions WHERE document_id = %s", (ids[f"gone/{i}.txt"],)
+            )
+        # a chunk without the model's vector is not in its chunk set
+        conn.execute("DELETE FROM embeddings WHERE document_id = %s", (ids["keep/novec.txt"],))
+        keep = Filters(key_prefix="keep/")
+        assert keys(text_ranking(conn, model, "lease", 2, filters=keep)) == [
+            ("keep/a.txt", 0),
+            ("keep/b.txt", 0),
+        ]
+        assert {k for k, _ in keys(text_ranking(conn, model, "lease", 3))} == {
+            "other/x.txt",
+            "keep/a.txt",
+            "keep/b.txt",
+        }
+
+
+def test_a_term_analyze_lists_as_common_takes_its_estimate_uncounted(
+    db: Database, model: EmbeddingModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    v = unit(1, 0, 0, 0)
+    store(db, model, *(IndexedDocument(f"{i}.txt", ["lease renewal"], [v]) for i in range(10)))
+    with db.connection() as conn:
+        conn.execute("ANALYZE document_chunks")
+        # after ANALYZE: 10 chunks more without "lease"; its listed share (all chunks) is stale
+        store(db, model, *(IndexedDocument(f"r{i}.txt", ["renewal"], [v]) for i in range(10)))
+        counted = text_ranking(conn, model, "lease", 1)  # 10 <= 100 chunks: counted
+        # ANALYZE's estimate, 20 chunks of 20, is past 12: taken as df without counting
+        monkeypatch.setattr("trioindex.db.search.DF_EXACT_UP_TO", 12)
+        estimated = text_ranking(conn, model, "lease", 1)
+    n = 20
+    idf = [math.log(1 + (n - df + 0.5) / (df + 0.5)) for df in (10, 20)]
+    assert keys(estimated) == keys(counted)
+    assert estimated[0].score / counted[0].score == pytest.approx(idf[1] / idf[0])

@@ -150,24 +150,36 @@ def matching_chunks(
     has vectors for), that match the ``tsquery`` tiers, ranked by BM25 (``trioindex_bm25``).
     The candidates are each tier's matches (by ``ts_rank`` within a tier) while the tiers before
     it leave the list short; BM25 then orders them. N and the average length are the model's
-    served chunk set's (``served_text_statistics``); a term's document frequency counts that set
-    (the GIN index) up to :data:`DF_EXACT_UP_TO`, past it ANALYZE's estimate."""
+    served chunk set's (``served_text_statistics``); a term's document frequency is ANALYZE's
+    estimate when ANALYZE lists the term in more than :data:`DF_EXACT_UP_TO` chunks, otherwise
+    it is counted in that set (the GIN index) up to :data:`DF_EXACT_UP_TO`, past it estimated."""
     where, params = filters.sql()
     # Each tier is one branch of a UNION ALL under the LIMIT: PostgreSQL starts a branch only
     # when the ones before it returned fewer than LIMIT rows, so ts_rank scores the matches of
     # the tiers read, not every chunk sharing one word with the query, and BM25 scores only
-    # the LIMIT candidates.
-    branches = [
-        f"""(SELECT {_COLUMNS}, c.search_vector,
-                    ts_rank(c.search_vector, %(any)s::tsquery, 1) AS tier_rank
-             FROM document_chunks c
-             JOIN served_versions s ON s.document_version_id = c.document_version_id
-                                   AND s.embedding_model_id = %(model)s
+    # the LIMIT candidates. A branch sorts its tier's chunks by ts_rank first and checks the
+    # served row, the model's vector and the filters on that order until LIMIT pass: a few
+    # index probes per candidate, not per match. The result columns are joined for the LIMIT
+    # candidates alone.
+    filtered = (
+        """
              JOIN documents d ON d.id = s.document_id
-             JOIN document_versions v ON v.id = c.document_version_id
-             WHERE c.search_vector @@ %(tier{i})s::tsquery{_not_above(i)}{where}
-               AND {_HAS_VECTOR}
-             ORDER BY tier_rank DESC, c.id
+             JOIN document_versions v ON v.id = c.document_version_id"""
+        if where
+        else ""
+    )
+    branches = [
+        f"""(SELECT c.id, c.tier_rank
+             FROM (SELECT c.id, c.document_version_id,
+                          ts_rank(c.search_vector, %(any)s::tsquery, 1) AS tier_rank
+                   FROM document_chunks c
+                   WHERE c.search_vector @@ %(tier{i})s::tsquery{_not_above(i)}
+                   ORDER BY tier_rank DESC, c.id
+                   OFFSET 0) AS c
+             JOIN served_versions s ON s.document_version_id = c.document_version_id
+                                   AND s.embedding_model_id = %(model)s{filtered}
+             WHERE {_HAS_VECTOR}{where}
+             ORDER BY c.tier_rank DESC, c.id
              LIMIT %(limit)s)"""
         for i in range(len(tiers))
     ]
@@ -187,13 +199,16 @@ def matching_chunks(
             f"""WITH {_WEIGHTS},
                 candidates AS (
                     SELECT * FROM ({" UNION ALL ".join(branches)}) AS tiers LIMIT %(limit)s)
-                SELECT c.chunk_id, c.external_key, c.document_id, c.version_no, c.content_type,
-                       c.chunk_index, c.content,
+                SELECT {_COLUMNS},
                        trioindex_bm25(c.search_vector, length(c.content), %(lexemes)s,
                                       %(prefixes)s, w.idf, w.average_length, %(k1)s, %(b)s)
                            AS score
-                FROM candidates c CROSS JOIN weights w
-                ORDER BY score DESC, c.chunk_id""",
+                FROM candidates t
+                JOIN document_chunks c ON c.id = t.id
+                JOIN documents d ON d.id = c.document_id
+                JOIN document_versions v ON v.id = c.document_version_id
+                CROSS JOIN weights w
+                ORDER BY score DESC, c.id""",
             {"any": tiers[-1], "limit": limit, "model": model.id}
             | term_params
             | tier_params
@@ -210,16 +225,17 @@ _HAS_VECTOR = (
 
 
 # N and the average chunk length of the model's served chunk sets, and each term's inverse
-# document frequency, Lucene's ln(1 + (N - df + 0.5) / (df + 0.5)): df counts the term's
-# chunks in that set up to exact_up_to; past it, the share of chunks ANALYZE found holding the
-# term (a prefix: its lexemes; a lexeme it did not list: the least share it listed) times N,
-# at least what was counted.
+# document frequency, Lucene's ln(1 + (N - df + 0.5) / (df + 0.5)). df: a term ANALYZE lists as
+# held by more than exact_up_to chunks (pg_stats.most_common_elems: the share of chunks holding
+# it, or a prefix's lexemes, times N) is that estimate, not counted; any other term is counted
+# in the served set up to exact_up_to, and past it estimated alike (a lexeme ANALYZE did not
+# list: the least share it listed, an upper bound), at least what was counted.
 _WEIGHTS = (
     """collection AS (
         SELECT coalesce(sum(t.chunks), 0)::float8 AS n,
                coalesce(sum(t.text_length)::float8 / nullif(sum(t.chunks), 0), 1) AS average_length
         FROM served_text_statistics t WHERE t.embedding_model_id = %(model)s),
-    analysed AS (
+    analysed AS MATERIALIZED (
         SELECT most_common_elems::text::text[] AS lexemes, most_common_elem_freqs AS shares
         FROM pg_stats
         WHERE schemaname = current_schema() AND tablename = 'document_chunks'
@@ -232,27 +248,36 @@ _WEIGHTS = (
              WITH ORDINALITY AS q (query, lexeme, prefix, ord)
         CROSS JOIN collection k
         CROSS JOIN LATERAL (
+            SELECT CASE WHEN q.prefix
+                        THEN (SELECT sum(a.share) FROM analysed
+                              CROSS JOIN unnest(analysed.lexemes, analysed.shares)
+                                  AS a (lexeme, share)
+                              WHERE starts_with(a.lexeme, q.lexeme))
+                        ELSE (SELECT shares[array_position(lexemes, q.lexeme)] FROM analysed)
+                   END AS share,
+                   (SELECT min(a.share) FROM analysed
+                    CROSS JOIN unnest(analysed.lexemes, analysed.shares) AS a (lexeme, share)
+                    WHERE a.lexeme IS NOT NULL) AS least_share) AS listed
+        CROSS JOIN LATERAL (
+            SELECT listed.share IS NOT NULL
+                       AND k.n * least(1, listed.share) > %(exact_up_to)s AS common,
+                   k.n * least(1, coalesce(listed.share, listed.least_share, 0)) AS estimate
+        ) AS st
+        CROSS JOIN LATERAL (
             SELECT count(*)::float8 AS counted FROM (
                 SELECT 1 FROM document_chunks c
                 JOIN served_versions s ON s.document_version_id = c.document_version_id
                                       AND s.embedding_model_id = %(model)s
-                WHERE c.search_vector @@ q.query::tsquery
+                WHERE NOT st.common
+                  AND c.search_vector @@ q.query::tsquery
                   AND """
     + _HAS_VECTOR
     + """
                 LIMIT %(exact_up_to)s + 1) AS found) AS e
         CROSS JOIN LATERAL (
-            SELECT CASE WHEN e.counted <= %(exact_up_to)s THEN e.counted
-                        ELSE greatest(e.counted, k.n * coalesce((
-                            SELECT least(1, coalesce(
-                                       sum(a.share) FILTER (WHERE CASE WHEN q.prefix
-                                           THEN starts_with(a.lexeme, q.lexeme)
-                                           ELSE a.lexeme = q.lexeme END),
-                                       min(a.share)))
-                            FROM analysed
-                            CROSS JOIN unnest(analysed.lexemes, analysed.shares)
-                                AS a (lexeme, share)
-                            WHERE a.lexeme IS NOT NULL), 0))
+            SELECT CASE WHEN st.common THEN st.estimate
+                        WHEN e.counted <= %(exact_up_to)s THEN e.counted
+                        ELSE greatest(e.counted, st.estimate)
                    END AS df) AS f)
 """
 )

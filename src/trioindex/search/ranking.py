@@ -14,7 +14,8 @@ and how their rankings are fused.
   (``trioindex_bm25``, Lucene's form; :class:`Bm25`: k1 = 1.2, b = 0.75 by default): tf is
   the term's positions in the chunk's vector (a prefix term: of every lexeme it starts), len
   the chunk's length in characters, and N, the average length and each term's document
-  frequency count the chunks the model serves (``served_text_statistics``, the GIN index).
+  frequency count the chunks the model serves (``served_text_statistics``, the GIN index;
+  ANALYZE's estimate for a term it lists as common).
   Candidates come by tiers — chunks matching every term, then every term but one, ... down to
   any term (:func:`match_tiers`) — a tier read only while the list is short, so BM25 scores a
   few hundred matches, not every chunk sharing one common word with the query (scoring every
@@ -97,8 +98,8 @@ def text_ranking(
     """The ``limit`` chunks of the versions ``model`` serves, in its chunk sets (the chunks it
     has vectors for: a version may hold one set per chunking), that best match ``text`` by BM25,
     best first. Candidates come by tiers (chunks matching all the query's terms, then all but
-    one, ...: :func:`match_tiers`), each tier's best by BM25 read only while the ones before it
-    leave the list short; the list is then ordered by BM25 alone. ``text`` goes through
+    one, ...: :func:`match_tiers`), each tier's best by ``ts_rank`` read only while the ones
+    before it leave the list short; the list is then ordered by BM25 alone. ``text`` goes through
     :func:`prepare_query` and its terms through :func:`check_terms`: either may raise
     :class:`~trioindex.search.query.QueryRefused`."""
     terms = query_terms(conn, text)
