@@ -21,6 +21,7 @@ import trio
 import trio.testing
 
 from tests import helpers
+from tests.fixtures.s3 import S3Server
 from tests.http.conftest import Running
 from trioindex.db.pool import Connection, Database, connect
 from trioindex.http.enqueuer import (
@@ -265,3 +266,22 @@ def test_a_hostile_upload_among_concurrent_ones_is_refused_alone(service: Runnin
         assert versions_and_jobs(conn, hostile) == (0, 0)
     with service.client(token) as client:
         assert client.get("/healthz").status_code == 200
+
+
+def test_the_same_bytes_after_their_blob_was_lost_are_repaired(
+    service: Running, s3_server: S3Server
+) -> None:
+    token = service.key("uploader", "write")
+    data = b"a document whose stored copy goes missing"
+    blob = storage_key_for(hashlib.sha256(data).hexdigest())
+    with service.client(token) as client:
+        first = client.post("/v1/documents/lost.txt", content=data)
+        assert (first.status_code, first.json()["status"]) == (201, "created")
+        s3_server.client().remove_object(service.bucket, blob)
+        again = client.post("/v1/documents/lost.txt", content=data)
+        assert (again.status_code, again.json()["status"]) == (200, "repaired")
+        assert again.json()["version_no"] == 1
+        third = client.post("/v1/documents/lost.txt", content=data)
+        assert (third.status_code, third.json()["status"]) == (200, "unchanged")
+    stored = s3_server.client().get_object(service.bucket, blob)
+    assert stored.read() == data
