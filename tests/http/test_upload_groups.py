@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 import httpx
+import psycopg
 import pytest
 import trio
 import trio.testing
@@ -26,38 +27,25 @@ from tests.http.conftest import Running
 from trioindex.db.pool import Connection, Database, connect
 from trioindex.http.enqueuer import (
     MAX_GROUP,
-    MAX_GROUP_BYTES,
     Body,
-    Enqueued,
+    StoredBody,
     Upload,
-    store_and_enqueue,
+    enqueue_group,
+    store_body,
     upload_enqueuer,
 )
 from trioindex.ingest.files import storage_key_for
-from trioindex.ingest.results import FileChanged
+from trioindex.ingest.results import IngestResult
 from trioindex.storage.folder import FolderStore
 
 
-def body(key: str, data: bytes, *, sha256: str | None = None) -> Body:
-    digest = sha256 or hashlib.sha256(data).hexdigest()
+def body(key: str, data: bytes) -> Body:
+    digest = hashlib.sha256(data).hexdigest()
     return Body(key, key.rsplit("/", 1)[-1], digest, len(data), None, io.BytesIO(data))
 
 
-@attrs.define
-class SyncCounting(FolderStore):
-    """A folder store that counts its ``deferred_sync`` blocks and the puts made in them."""
-
-    blocks: int = 0
-    puts_in_blocks: int = 0
-
-    def put(self, key: str, data: Any, **options: Any) -> Any:
-        if getattr(self._deferred, "pending", None) is not None:
-            self.puts_in_blocks += 1
-        return super().put(key, data, **options)
-
-    def deferred_sync(self) -> Any:
-        self.blocks += 1
-        return super().deferred_sync()
+def stored(store: FolderStore, key: str, data: bytes, priority: int = 0) -> Upload:
+    return Upload(store_body(store, body(key, data)), priority)
 
 
 def versions_and_jobs(conn: Connection, key: str) -> tuple[int, int]:
@@ -72,42 +60,39 @@ def versions_and_jobs(conn: Connection, key: str) -> tuple[int, int]:
     return row["versions"], row["jobs"]
 
 
-def test_a_group_stores_every_body_in_one_sync_block_and_a_refused_body_fails_alone(
+def transactions_of(conn: Connection, prefix: str) -> list[int]:
+    """How many versions each transaction created: ``created_at`` is ``now()``, the start of
+    the transaction (the same in its savepoints, whose rows have an ``xmin`` of their own)."""
+    rows = conn.execute(
+        """SELECT count(*) AS n FROM document_versions v JOIN documents d ON d.id = v.document_id
+           WHERE d.external_key LIKE %s GROUP BY v.created_at""",
+        (prefix + "%",),
+    ).fetchall()
+    return [row["n"] for row in rows]
+
+
+def test_a_group_is_one_transaction_with_each_upload_its_version_job_and_priority(
     db: Database, tmp_path: Path
 ) -> None:
-    store = SyncCounting(tmp_path / "blobs")
+    store = FolderStore(tmp_path / "blobs")
     store.ensure_ready()
     with db.connection() as conn:
         model = helpers.model(conn)
-    uploads = [Upload(0, body(f"group/{i}.txt", f"body {i}".encode())) for i in range(5)]
-    # bytes that are not those the hash names: the store refuses them
-    uploads[2] = Upload(0, body("group/2.txt", b"other bytes", sha256="0" * 64))
-    uploads.append(Upload(7, body("group/urgent.txt", b"urgent")))
+    uploads = [stored(store, f"group/{i}.txt", f"body {i}".encode()) for i in range(5)]
+    uploads.insert(2, stored(store, "group/urgent.txt", b"urgent", priority=7))
     with db.connection() as conn:
-        results = store_and_enqueue(conn, uploads, store=store, model_id=model.id, max_attempts=3)
-    assert isinstance(results[2], FileChanged)
-    assert (store.blocks, store.puts_in_blocks) == (1, 6)  # the refused one tried too
-    with db.connection() as conn:
-        for upload, result in zip(uploads, results, strict=True):
-            assert upload.body is not None
-            key = upload.body.document_key
-            if result is results[2]:
-                assert versions_and_jobs(conn, key) == (0, 0)
-                assert not (tmp_path / "blobs" / storage_key_for("0" * 64)).exists()
-                continue
-            assert isinstance(result, Enqueued)
-            assert (result.result.document_key, result.result.status) == (key, "created")
-            assert versions_and_jobs(conn, key) == (1, 1)
-            assert store.get(result.stored.version.storage_key, max_bytes=100) == (
-                upload.body.handle.getvalue()  # type: ignore[attr-defined]
-            )
-        priority = conn.execute(
-            """SELECT j.priority FROM embedding_jobs j
+        results = enqueue_group(conn, uploads, model_id=model.id, max_attempts=3)
+        keys = [u.stored.version.document_key for u in uploads]
+        assert [r.document_key for r in results if isinstance(r, IngestResult)] == keys
+        assert {r.status for r in results if isinstance(r, IngestResult)} == {"created"}
+        assert [versions_and_jobs(conn, k) for k in keys] == [(1, 1)] * len(keys)
+        assert transactions_of(conn, "group/") == [len(keys)]
+        priorities = conn.execute(
+            """SELECT d.external_key, j.priority FROM embedding_jobs j
                JOIN document_versions v ON v.id = j.document_version_id
-               JOIN documents d ON d.id = v.document_id WHERE d.external_key = %s""",
-            ("group/urgent.txt",),
-        ).fetchone()
-    assert priority == {"priority": 7}
+               JOIN documents d ON d.id = v.document_id WHERE j.priority <> 0"""
+        ).fetchall()
+    assert priorities == [{"external_key": "group/urgent.txt", "priority": 7}]
 
 
 def test_the_same_bytes_again_in_a_group_are_unchanged_and_a_key_twice_is_two_versions(
@@ -117,18 +102,14 @@ def test_the_same_bytes_again_in_a_group_are_unchanged_and_a_key_twice_is_two_ve
     store.ensure_ready()
     with db.connection() as conn:
         model = helpers.model(conn)
-        first = store_and_enqueue(
-            conn, [Upload(0, body("twice.txt", b"one"))], store=store, model_id=model.id,
-            max_attempts=3,
-        )  # fmt: skip
-        again = [Upload(0, body("twice.txt", b"one")), Upload(0, body("twice.txt", b"two"))]
-        results = store_and_enqueue(conn, again, store=store, model_id=model.id, max_attempts=3)
+        first = stored(store, "twice.txt", b"one")
+        enqueue_group(conn, [first], model_id=model.id, max_attempts=3)
+        again = [stored(store, "twice.txt", b"one"), stored(store, "twice.txt", b"two")]
+        results = enqueue_group(conn, again, model_id=model.id, max_attempts=3)
         assert versions_and_jobs(conn, "twice.txt") == (2, 2)
-    assert isinstance(first[0], Enqueued)
-    assert first[0].stored.was_intact is False
-    statuses = [(r.result.status, r.result.version_no) for r in results if isinstance(r, Enqueued)]
+    assert (first.stored.was_intact, again[0].stored.was_intact) == (False, True)
+    statuses = [(r.status, r.version_no) for r in results if isinstance(r, IngestResult)]
     assert statuses == [("unchanged", 1), ("created", 2)]
-    assert isinstance(results[0], Enqueued) and results[0].stored.was_intact
 
 
 def test_a_group_the_database_refuses_commits_nothing(db: Database, tmp_path: Path) -> None:
@@ -136,9 +117,9 @@ def test_a_group_the_database_refuses_commits_nothing(db: Database, tmp_path: Pa
     store.ensure_ready()
     with db.connection() as conn:
         model = helpers.model(conn)
-        uploads = [Upload(0, body("fine.txt", b"fine")), Upload(0, body(hostile_key(), b"x"))]
-        with pytest.raises(Exception, match="index row"):
-            store_and_enqueue(conn, uploads, store=store, model_id=model.id, max_attempts=3)
+        uploads = [stored(store, "fine.txt", b"fine"), stored(store, hostile_key(), b"x")]
+        with pytest.raises(psycopg.errors.ProgramLimitExceeded):
+            enqueue_group(conn, uploads, model_id=model.id, max_attempts=3)
         assert versions_and_jobs(conn, "fine.txt") == (0, 0)
 
 
@@ -164,18 +145,13 @@ class RecordingDb:
         return list(items)
 
 
-async def test_groups_hold_at_most_max_group_uploads_and_max_group_bytes(
+async def test_a_group_holds_at_most_max_group_uploads(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
     db = RecordingDb()
-    enqueuer = upload_enqueuer(
-        db,  # type: ignore[arg-type]
-        FolderStore(tmp_path),
-        model_id=uuid.uuid4(),
-        max_attempts=3,
-    )
-    small = [Upload(0, body(f"s{i}", b"x")) for i in range(3 * MAX_GROUP)]
-    large = [Upload(0, body(f"l{i}", b"y" * (1 << 20))) for i in range(20)]
+    enqueuer = upload_enqueuer(db, model_id=uuid.uuid4(), max_attempts=3)  # type: ignore[arg-type]
+    version = store_body(FolderStore(tmp_path), body("k", b"x")).version
+    uploads = [Upload(StoredBody(version, False), i) for i in range(3 * MAX_GROUP + 5)]
     answered: list[object] = []
 
     async def submit(upload: Upload) -> None:
@@ -184,14 +160,12 @@ async def test_groups_hold_at_most_max_group_uploads_and_max_group_bytes(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(enqueuer.serve)
         async with trio.open_nursery() as clients:
-            for upload in small + large:
+            for upload in uploads:
                 clients.start_soon(submit, upload)
         nursery.cancel_scope.cancel()
-    assert sorted(map(id, answered)) == sorted(map(id, small + large))
-    assert sum(len(g) for g in db.groups) == len(small + large)
-    assert max(len(g) for g in db.groups) == MAX_GROUP  # full groups formed, none larger
-    for group in db.groups:
-        assert sum(u.body.size for u in group if u.body) <= MAX_GROUP_BYTES + 1024 * len(group)
+    assert sorted(map(id, answered)) == sorted(map(id, uploads))  # each its own answer
+    assert sorted(map(len, db.groups), reverse=True)[:3] == [MAX_GROUP] * 3
+    assert sum(map(len, db.groups)) == len(uploads)
 
 
 # -- the service as a process -------------------------------------------------------------------
@@ -221,16 +195,6 @@ def upload_together(service: Running, token: str, keys: Sequence[str]) -> list[h
     assert not_committed == []
     assert all(a is not None for a in answers)
     return [a for a in answers if a is not None]
-
-
-def transactions_of(conn: Connection, prefix: str) -> list[int]:
-    """How many versions each transaction created (rows one transaction inserts share xmin)."""
-    rows = conn.execute(
-        """SELECT count(*) AS n FROM document_versions v JOIN documents d ON d.id = v.document_id
-           WHERE d.external_key LIKE %s GROUP BY v.xmin""",
-        (prefix + "%",),
-    ).fetchall()
-    return [row["n"] for row in rows]
 
 
 def test_concurrent_uploads_share_transactions_each_one_version_and_one_job(

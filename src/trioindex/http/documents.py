@@ -2,10 +2,9 @@
 each model's state, and show one with every version.
 
 An upload is what ``ingest`` does for one file: the body is spooled and hashed
-(:mod:`trioindex.http.upload`), then stored under its content address and enqueued together
-with the other uploads that arrived meanwhile (:mod:`trioindex.http.enqueuer`: one thread
-call, one disk flush, one ``trioindex_enqueue_documents`` call and one commit for the group;
-a body too large to keep in memory is stored by its own request first). The answer is sent
+(:mod:`trioindex.http.upload`), stored under its content address, then enqueued together with
+the other uploads stored meanwhile (:mod:`trioindex.http.enqueuer`: one
+``trioindex_enqueue_documents`` call and one commit for the group). The answer is sent
 once the upload's row is committed. The same bytes twice are one version (``unchanged``;
 ``repaired`` when that version had lost its blob).
 """
@@ -58,14 +57,10 @@ async def upload(request: Request) -> Response:
     async with spooled_body(request, limit=svc.settings.parsing.max_document_bytes) as spooled:
         UPLOADED.inc(spooled.size)
         body = Body(key, name, spooled.sha256, spooled.size, content_type, spooled.file)
-        if spooled.in_memory:  # stored by the enqueuer's group, with the others' bodies
-            enqueued = await svc.uploads.submit(Upload(priority, body=body))
-        else:  # streamed from its file in a thread of its own; only enqueued with the group
-            stored = await svc.services.storage.run(functools.partial(store_body, body=body))
-            enqueued = await svc.uploads.submit(Upload(priority, stored=stored))
-        result = enqueued.result
+        stored = await svc.services.storage.run(functools.partial(store_body, body=body))
+        result = await svc.uploads.submit(Upload(stored, priority))
         if result.status == "unchanged":
-            result = await _repaired(svc, result, enqueued.stored, body)
+            result = await _repaired(svc, result, stored, body)
     payload = result.as_json()
     del payload["path"]
     payload.update(sha256=spooled.sha256, byte_size=spooled.size)

@@ -1,23 +1,21 @@
-"""Concurrent uploads stored and enqueued together: one worker-thread call, one disk flush and
-one transaction for every upload that arrived while the previous group was being committed.
+"""Concurrent uploads enqueued together: one transaction for every upload stored while the
+previous group was being committed.
 
-An upload hands its body (or, for a body too large to keep in memory, the version it stored
-already) to the service's :class:`UploadEnqueuer` and waits for its own result. A Trio task of
-the service (:meth:`GroupCommitter.serve`, the worker's group committer) takes what has
-gathered, at most :data:`MAX_GROUP` uploads and :data:`MAX_GROUP_BYTES` of bodies, and in one
-thread stores the bodies under their content addresses in one ``deferred_sync`` block (their
-fsyncs made together at its end, as ``ingest`` does for a slice of files), then enqueues them
-with one call of ``trioindex_enqueue_documents`` per job priority, in one transaction: one
-commit (one WAL flush) for the group instead of one per upload. No row is written before the
-bytes it names are durable.
+Each upload's request stores its body (:func:`store_body`, in a store thread of its own, so
+the uploads' writes and fsyncs run side by side), then hands the stored version to the
+service's :class:`UploadEnqueuer` and waits for its own result. A Trio task of the service
+(:meth:`GroupCommitter.serve`, the worker's group committer) takes what has gathered, at most
+:data:`MAX_GROUP` uploads, and enqueues them with one call of ``trioindex_enqueue_documents``
+per job priority, in one transaction: one commit (one WAL flush) and one worker-thread call
+for the group instead of one each. The enqueue function decides whether bytes are a new
+version, so no upload reads the document's versions first.
 
 Each upload's outcome is what it would have been alone (``created`` or ``unchanged``; the same
-key twice in a group is two versions in arrival order); a body the store refuses is that
-upload's error alone. If the enqueue call refuses the group (an element the database will not
-take), each upload is stored and enqueued again alone and gets the outcome of its own
-transaction, so a hostile upload is refused by itself. The handler answers only after
-:meth:`GroupCommitter.submit` returns, i.e. after its row is committed; a client that goes
-away while its upload is in a group's transaction does not undo it.
+key twice in a group is two versions in arrival order). If the call refuses the group (an
+element the database will not take), each upload is enqueued again alone and gets the outcome
+of its own transaction, so a hostile upload is refused by itself. The handler answers only
+after :meth:`GroupCommitter.submit` returns, i.e. after its row is committed; a client that
+goes away while its upload is in a group's transaction does not undo it.
 """
 
 from __future__ import annotations
@@ -42,9 +40,6 @@ from trioindex.worker.committer import GroupCommitter
 #: Uploads enqueued in one transaction at most (the service takes
 #: ``http.max-concurrent-requests`` requests at once, 64 by default).
 MAX_GROUP: Final = 64
-#: Bytes of bodies one group stores at most (a body is at most 1 MiB when it reaches the
-#: enqueuer: larger ones are stored by their own request first).
-MAX_GROUP_BYTES: Final = 8 << 20
 #: Times a group's transaction is run again after PostgreSQL broke a deadlock with it (a delete
 #: locks documents by id, an enqueue by key): rolled back whole, so running it again is safe.
 DEADLOCK_RETRIES: Final = 3
@@ -74,36 +69,24 @@ class StoredBody:
 
 @attrs.frozen
 class Upload:
-    """One upload for the enqueuer: a body to store (``body``) or one stored already
-    (``stored``), and its job priority."""
+    """One stored upload for the enqueuer, with its job priority."""
 
-    priority: int
-    body: Body | None = None
-    stored: StoredBody | None = None
-
-
-@attrs.frozen
-class Enqueued:
-    """One upload's outcome: its enqueue result and how its bytes were stored."""
-
-    result: IngestResult
     stored: StoredBody
+    priority: int = 0
 
 
-UploadEnqueuer = GroupCommitter[Upload, Enqueued]
+UploadEnqueuer = GroupCommitter[Upload, IngestResult]
 
 
 def store_body(store: ObjectStore, body: Body) -> StoredBody:
     """Store the body under its content address (:func:`prepare_bytes` as for new bytes: a
     put is atomic, and the same address always holds the same bytes), noting first whether it
-    was there: the enqueue function decides whether the bytes are a new version, so the
-    document's versions are not read here. Blocking: it runs in a worker thread."""
+    was there. Blocking: it runs in a store thread."""
     try:
         info = store.stat(storage_key_for(body.sha256))
         was_intact = info.size == body.size and info.sha256 in (None, body.sha256)
     except ObjectNotFound:
         was_intact = False
-    body.handle.seek(0)  # from its start: a group that failed stores its bodies again, alone
     prepared = prepare_bytes(
         store,
         body.handle,
@@ -117,36 +100,13 @@ def store_body(store: ObjectStore, body: Body) -> StoredBody:
     return StoredBody(prepared.version, was_intact)
 
 
-def store_and_enqueue(
-    conn: Connection,
-    uploads: Sequence[Upload],
-    *,
-    store: ObjectStore,
-    model_id: UUID,
-    max_attempts: int,
-) -> list[Enqueued | Exception]:
-    """Store the bodies of ``uploads`` (fsynced together), then enqueue every upload stored;
-    one result per upload, in order: its outcome, or the exception refusing it. Raises
-    (nothing committed) when the database refuses the enqueue."""
-    stored: list[StoredBody | Exception] = []
-    with store.deferred_sync():
-        for upload in uploads:
-            try:
-                stored.append(upload.stored or _store(store, upload))
-            except Exception as exc:  # this upload's own refusal; the others go on
-                stored.append(exc)
-    versions = [
-        (s.version, upload.priority)
-        for upload, s in zip(uploads, stored, strict=True)
-        if isinstance(s, StoredBody)
-    ]
-    enqueued = iter(_enqueue_retrying(conn, versions, model_id=model_id, max_attempts=max_attempts))
-    return [s if isinstance(s, Exception) else Enqueued(next(enqueued), s) for s in stored]
-
-
-def _store(store: ObjectStore, upload: Upload) -> StoredBody:
-    assert upload.body is not None
-    return store_body(store, upload.body)
+def enqueue_group(
+    conn: Connection, uploads: Sequence[Upload], *, model_id: UUID, max_attempts: int
+) -> list[IngestResult | Exception]:
+    """``uploads`` in one transaction; one result per upload, in order. Raises (nothing
+    committed) when the database refuses any of them."""
+    versions = [(u.stored.version, u.priority) for u in uploads]
+    return list(_enqueue_retrying(conn, versions, model_id=model_id, max_attempts=max_attempts))
 
 
 def _enqueue_retrying(
@@ -193,24 +153,8 @@ def _enqueue(
     return [r for r in results if r is not None]
 
 
-def _weight(upload: Upload) -> int:
-    """A group's share of :data:`MAX_GROUP_BYTES`, in KiB (at least 1)."""
-    return 1 + (upload.body.size >> 10 if upload.body is not None else 0)
-
-
-def upload_enqueuer(
-    db: Database, store: ObjectStore, *, model_id: UUID, max_attempts: int
-) -> UploadEnqueuer:
+def upload_enqueuer(db: Database, *, model_id: UUID, max_attempts: int) -> UploadEnqueuer:
     """The service's one enqueuer; its :meth:`~GroupCommitter.serve` must run while uploads
     are answered."""
-    write = functools.partial(
-        store_and_enqueue, store=store, model_id=model_id, max_attempts=max_attempts
-    )
-    return GroupCommitter(
-        "upload",
-        db,
-        write,
-        weight=_weight,
-        max_items=MAX_GROUP,
-        max_weight=MAX_GROUP_BYTES >> 10,
-    )
+    write = functools.partial(enqueue_group, model_id=model_id, max_attempts=max_attempts)
+    return GroupCommitter("upload-enqueue", db, write, max_items=MAX_GROUP, max_weight=MAX_GROUP)

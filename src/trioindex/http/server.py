@@ -58,7 +58,6 @@ async def run_service(settings: Settings, *, host: str, port: int, auth: bool = 
             guard = Guard(services.db, auth, settings.http.webhook_token)
             uploads = upload_enqueuer(
                 services.db,
-                services.storage.store,
                 model_id=services.model.id,
                 max_attempts=settings.worker.max_attempts,
             )

@@ -32,16 +32,11 @@ TOO_LARGE: Final = "document_too_large"
 
 @attrs.frozen
 class Spooled:
-    """The body in memory or on disk (``file``, at its start), its SHA-256 and its size."""
+    """The body on disk (``file``, at its start), its SHA-256 and its size."""
 
     file: BinaryIO
     sha256: str
     size: int
-
-    @property
-    def in_memory(self) -> bool:
-        """Whether the body is held in memory (it ended before its first full piece)."""
-        return isinstance(self.file, io.BytesIO)
 
 
 def _write(file: BinaryIO, sha: hashlib._Hash, piece: bytearray) -> None:
