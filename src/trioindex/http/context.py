@@ -1,5 +1,5 @@
 """What every handler reaches through its request: the opened services, the index, the
-settings and the guard (one :class:`Service` per running ``serve``)."""
+settings, the guard and the uploads' enqueuer (one :class:`Service` per running ``serve``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from starlette.requests import Request
 from trioindex.api import Index
 from trioindex.config import Settings
 from trioindex.http.auth import Guard
+from trioindex.http.enqueuer import UploadEnqueuer
 from trioindex.services import Services
 
 
@@ -20,6 +21,7 @@ class Service:
     services: Services
     index: Index
     guard: Guard
+    uploads: UploadEnqueuer
 
 
 def service(request: Request) -> Service:

@@ -2,10 +2,11 @@
 each model's state, and show one with every version.
 
 An upload is what ``ingest`` does for one file: the body is spooled and hashed
-(:mod:`trioindex.http.upload`), stored under its content address unless the document's newest
-version has the same bytes (:func:`trioindex.ingest.files.prepare_bytes`), then enqueued
-(:func:`trioindex.ingest.files.enqueue_files`, i.e. ``trioindex_enqueue_documents``). The same
-bytes twice are one version (``unchanged``).
+(:mod:`trioindex.http.upload`), stored under its content address, then enqueued together with
+the other uploads stored meanwhile (:mod:`trioindex.http.enqueuer`: one
+``trioindex_enqueue_documents`` call and one commit for the group). The answer is sent
+once the upload's row is committed. The same bytes twice are one version (``unchanged``;
+``repaired`` when that version had lost its blob).
 """
 
 from __future__ import annotations
@@ -13,17 +14,20 @@ from __future__ import annotations
 import functools
 from typing import Any, Final
 
+import attrs
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from trioindex.db.enqueue import latest_version, requeue_failed_job
 from trioindex.db.operations import DocumentView, VersionView, list_documents, show_document
-from trioindex.http.context import service
+from trioindex.http.context import Service, service
+from trioindex.http.enqueuer import Body, StoredBody, Upload, store_body
 from trioindex.http.errors import ApiError
 from trioindex.http.limits import bool_param, check_text, int_param, priority_param
 from trioindex.http.metrics import UPLOADED
 from trioindex.http.upload import spooled_body
-from trioindex.ingest import latest_version
-from trioindex.ingest.files import enqueue_files, prepare_bytes
+from trioindex.ingest.files import prepare_bytes
+from trioindex.ingest.results import IngestResult
 from trioindex.values import as_json
 
 #: Content types that say nothing about the document (clients send them by default): the
@@ -50,33 +54,53 @@ async def upload(request: Request) -> Response:
     name = check_text("name", params.get("name") or key.rsplit("/", 1)[-1])
     priority = priority_param(params.get("priority"))
     content_type = _declared_type(request)
-    db, store = svc.services.db, svc.services.storage
-    async with spooled_body(request, limit=svc.settings.parsing.max_document_bytes) as body:
-        UPLOADED.inc(body.size)
-        latest = await db.run(latest_version, key)
-        prepared = await store.run(
+    async with spooled_body(request, limit=svc.settings.parsing.max_document_bytes) as spooled:
+        UPLOADED.inc(spooled.size)
+        body = Body(key, name, spooled.sha256, spooled.size, content_type, spooled.file)
+        stored = await svc.services.storage.run(functools.partial(store_body, body=body))
+        result = await svc.uploads.submit(Upload(stored, priority))
+        if result.status == "unchanged":
+            result = await _repaired(svc, result, stored, body)
+    payload = result.as_json()
+    del payload["path"]
+    payload.update(sha256=spooled.sha256, byte_size=spooled.size)
+    return JSONResponse(payload, status_code=201 if result.status == "created" else 200)
+
+
+async def _repaired(
+    svc: Service, result: IngestResult, stored: StoredBody, body: Body
+) -> IngestResult:
+    """An ``unchanged`` upload, ``repaired`` if its version had lost its blob (the rule of
+    ``ingest``): the blob is whole again and the version's FAILED job goes back to the queue.
+    A version at the content address was restored when the upload was stored; one registered in
+    place from a bucket has its own object, checked (and restored) here."""
+    db = svc.services.db
+    latest = await db.run(latest_version, result.document_key)
+    if latest is None or latest["version_id"] != result.version_id:
+        return result  # another upload made a newer version meanwhile
+    if latest["storage_key"] == stored.version.storage_key:
+        lost = not stored.was_intact
+    else:
+        body.handle.seek(0)
+        prepared = await svc.services.storage.run(
             functools.partial(
                 prepare_bytes,
-                handle=body.file,
-                document_key=key,
-                original_name=name,
+                handle=body.handle,
+                document_key=body.document_key,
+                original_name=body.original_name,
                 sha256=body.sha256,
                 size=body.size,
                 latest=latest,
-                content_type=content_type,
+                content_type=stored.version.content_type,
             )
         )
-    (result,) = await enqueue_files(
-        [prepared],
-        db=db,
-        model_id=svc.services.model.id,
-        max_attempts=svc.settings.worker.max_attempts,
-        priority=priority,
+        lost = prepared.restored
+    if not lost:
+        return result
+    requeued = result.job_id is not None and await db.run(
+        requeue_failed_job, result.job_id, extra_attempts=svc.settings.worker.max_attempts
     )
-    payload = result.as_json()
-    del payload["path"]
-    payload.update(sha256=body.sha256, byte_size=body.size)
-    return JSONResponse(payload, status_code=201 if result.status == "created" else 200)
+    return attrs.evolve(result, status="repaired", requeued=requeued)
 
 
 async def delete(request: Request) -> Response:

@@ -1,6 +1,6 @@
-"""Running the service: open the services, load the embedding model once, bind, and serve on
-hypercorn's Trio worker until SIGTERM or SIGINT, then stop gracefully (requests in flight get
-hypercorn's graceful timeout to end)."""
+"""Running the service: open the services, load the embedding model once, start the uploads'
+enqueuer, bind, and serve on hypercorn's Trio worker until SIGTERM or SIGINT, then stop
+gracefully (requests in flight get hypercorn's graceful timeout to end)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from trioindex.config import Settings
 from trioindex.http.app import build_app
 from trioindex.http.auth import Guard
 from trioindex.http.context import Service
+from trioindex.http.enqueuer import upload_enqueuer
 from trioindex.services import open_services
 
 logger = logging.getLogger(__name__)
@@ -55,7 +56,12 @@ async def run_service(settings: Settings, *, host: str, port: int, auth: bool = 
         try:
             await index.open_model()
             guard = Guard(services.db, auth, settings.http.webhook_token)
-            app = build_app(Service(settings, services, index, guard))
+            uploads = upload_enqueuer(
+                services.db,
+                model_id=services.model.id,
+                max_attempts=settings.worker.max_attempts,
+            )
+            app = build_app(Service(settings, services, index, guard, uploads))
             config = Config()
             config.bind = [_bind(host, port)]
             config.errorlog = logging.getLogger("hypercorn.error")
@@ -67,7 +73,11 @@ async def run_service(settings: Settings, *, host: str, port: int, auth: bool = 
                 _bind(host, port),
                 "API keys required" if auth else "NO authentication: --no-auth, loopback only",
             )
-            await hypercorn_serve(app, config, shutdown_trigger=_stop_signal)  # type: ignore[arg-type]
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(uploads.serve)
+                # returns once the requests in flight have ended (their enqueues included)
+                await hypercorn_serve(app, config, shutdown_trigger=_stop_signal)  # type: ignore[arg-type]
+                nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
                 await index.aclose()
