@@ -8,9 +8,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from uuid import uuid4
 
-from tests import helpers
 from testkit.jobs import enqueue_text
 from testkit.processes import wait_for
+from tests import helpers
 from trioindex.db.folders import (
     IngestFolder,
     claim_folders,
@@ -86,14 +86,13 @@ def test_two_syncs_releasing_one_document_at_once_leave_it_to_the_last_holder(
             ).fetchone()
         return int(row["n"]) if row else 0
 
-    with ThreadPoolExecutor(2) as pool:
-        with db.connection() as holder, holder.transaction():
-            holder.execute("SELECT 1 FROM documents WHERE external_key = 'shared.txt' FOR UPDATE")
-            releases = [
-                pool.submit(db.call, release_shared, [folder.id], ["shared.txt"])
-                for folder in (one, two)
-            ]
-            wait_for(lambda: lock_waiters() == 2, 30, "both releases to wait for the document")
+    with ThreadPoolExecutor(2) as pool, db.connection() as holder, holder.transaction():
+        holder.execute("SELECT 1 FROM documents WHERE external_key = 'shared.txt' FOR UPDATE")
+        releases = [
+            pool.submit(db.call, release_shared, [folder.id], ["shared.txt"])
+            for folder in (one, two)
+        ]
+        wait_for(lambda: lock_waiters() == 2, 30, "both releases to wait for the document")
     # the first let go (the other folder still held it); the second found itself the last
     assert sorted(len(r.result(timeout=30)) for r in releases) == [0, 1]
     with db.connection() as conn:
