@@ -313,3 +313,14 @@ async def test_sync_keeps_a_document_another_ingest_added_while_it_ran(
     entries = await _ingest(db, store, work / "docs", sync=True)
     assert not [e for e in entries if isinstance(e, DeletedDocument)]
     assert _keys(db) == ["docs/a.txt", "docs/new.md"]
+
+
+async def test_a_folder_whose_name_is_no_key_is_reported_not_recorded(
+    db: Database, store: AsyncObjectStore, work: Path
+) -> None:
+    bad = Path(os.fsdecode(os.fsencode(work) + b"/bad\xff"))
+    _write(bad / "a.txt", "alpha")
+    entries = await _ingest(db, store, bad, sync=True)
+    assert [(e.document_key, e.status) for e in entries] == [(None, "error")]
+    with db.connection() as conn:
+        assert conn.execute("SELECT 1 FROM ingest_folders").fetchall() == []
