@@ -41,6 +41,7 @@ from trioindex.pipeline.embed_step import SLICE_ROWS, drafts_from_matrix
 from trioindex.pipeline.formats import DEFAULT_OCR
 from trioindex.pipeline.parse_process import DEFAULT_TIMEOUT
 from trioindex.pipeline.parse_step import parse_and_store
+from trioindex.pipeline.step_progress import StepProgress
 from trioindex.services import Services, open_services
 from trioindex.storage import AsyncObjectStore
 from trioindex.values import (
@@ -160,7 +161,10 @@ class PipelineSteps:
         # a large document's text is freed while it is embedded, and never held with its drafts
         texts = snapshot.texts()
         snapshot = snapshot.without_texts()
-        matrix = await self.coalescer.embed(texts, snapshot.dimension, release=True)
+        progress = StepProgress(claim.job_id, len(texts))
+        matrix = await self.coalescer.embed(
+            texts, snapshot.dimension, release=True, on_arrived=progress.add
+        )
         del texts
         drafts = drafts_from_matrix(snapshot, matrix)
         self._to_store[claim.job_id] = EmbeddingCommit(claim, snapshot, drafts)
