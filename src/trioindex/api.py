@@ -348,13 +348,14 @@ class Index:
                 if not isinstance(answer, QueryRefused):
                     nursery.start_soon(rerank, i, answer)
 
-    async def open_model(self) -> None:
+    async def open_model(self) -> Embedder:
         """Open the embedding model now instead of at the first search that needs it (a
         service that answers searches keeps it open from its start): this process's own,
-        never one borrowed from a worker."""
+        never one borrowed from a worker; returns it."""
         async with self._embedder_lock:
             if self._embedder is None:
                 self._embedder = await open_configured_embedder(self._settings)
+            return self._embedder
 
     async def _query_embedder(self) -> Embedder:
         async with self._embedder_lock:

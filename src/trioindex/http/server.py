@@ -15,6 +15,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from trioindex.api import Index
 from trioindex.config import Settings
+from trioindex.embedding.warm import lend_if_local
 from trioindex.http.app import build_app
 from trioindex.http.auth import Guard
 from trioindex.http.context import Service
@@ -53,7 +54,7 @@ async def run_service(settings: Settings, *, host: str, port: int, auth: bool = 
     async with open_services(settings) as services:
         index = Index(settings, services)
         try:
-            await index.open_model()
+            embedder = await index.open_model()
             guard = Guard(services.db, auth, settings.http.webhook_token)
             app = build_app(Service(settings, services, index, guard))
             config = Config()
@@ -67,7 +68,11 @@ async def run_service(settings: Settings, *, host: str, port: int, auth: bool = 
                 _bind(host, port),
                 "API keys required" if auth else "NO authentication: --no-auth, loopback only",
             )
-            await hypercorn_serve(app, config, shutdown_trigger=_stop_signal)  # type: ignore[arg-type]
+            async with trio.open_nursery() as nursery:
+                # this home's searches borrow a local model loaded here, as from a worker
+                await nursery.start(lend_if_local, settings.embedding.api, settings.home, embedder)
+                await hypercorn_serve(app, config, shutdown_trigger=_stop_signal)  # type: ignore[arg-type]
+                nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
                 await index.aclose()

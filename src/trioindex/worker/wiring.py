@@ -34,7 +34,7 @@ from trioindex.db.steps import (
 )
 from trioindex.embedding import Embedder
 from trioindex.embedding.batching import EmbeddingCoalescer
-from trioindex.embedding.warm import lend_model
+from trioindex.embedding.warm import lend_if_local
 from trioindex.errors import StateInconsistent
 from trioindex.pipeline.chunking import Chunker, ChunkingPolicy
 from trioindex.pipeline.embed_step import SLICE_ROWS, drafts_from_matrix
@@ -277,9 +277,11 @@ async def run_worker(settings: Settings, *, drain: bool = False, listen: bool = 
             # beside the worker, not in it: a build under way when a drain ends is finished,
             # not cancelled and started again
             nursery.start_soon(keeper.serve)
-            if settings.embedding.api == "local":  # searches of this home borrow the model
-                assert services.embedder is not None
-                await nursery.start(lend_model, settings.home, services.embedder)
+            # searches of this home borrow a local model
+            assert services.embedder is not None
+            await nursery.start(
+                lend_if_local, settings.embedding.api, settings.home, services.embedder
+            )
             await serve_until_signalled(worker, drain=drain)
             if drain:
                 await keeper.check()  # a bulk load ends with its index, if it is due
