@@ -35,7 +35,7 @@ from bench.common import (
     utc_now,
     write_json,
 )
-from bench.harness import PYTHON, worker_env
+from bench.harness import PYTHON, start_worker, worker_env
 
 QUERY = "how do workers share a queue"
 DOCUMENTS = ("README.md", "docs/design/architecture.md", "docs/design/state-machine.md")
@@ -105,17 +105,8 @@ def measure(baseline: Path, runs: int) -> dict[str, Any]:
             "imports_cpu_s": {name: _import_cpu(env, runs) for name, env in envs.items()}
         }
         log = Path(tmp) / "worker.log"
-        with log.open("wb") as out:
-            worker = subprocess.Popen(
-                [PYTHON, "-m", "trioindex.cli", "worker"], env=envs["this tree"],
-                stdout=out, stderr=out,
-            )  # fmt: skip
+        worker = start_worker([PYTHON, "-m", "trioindex.cli", "worker"], envs["this tree"], log)
         try:
-            began = time.perf_counter()
-            while "ready:" not in log.read_text(errors="replace"):
-                if worker.poll() is not None or time.perf_counter() - began > 600:
-                    raise RuntimeError("the worker did not get ready:\n" + log.read_text()[-2000:])
-                time.sleep(0.2)
             subprocess.run(
                 [PYTHON, "-m", "trioindex.cli", "ingest", *DOCUMENTS, "--wait"],
                 cwd=REPO_ROOT, env=envs["this tree"], capture_output=True, check=True,
