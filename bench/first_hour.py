@@ -52,7 +52,7 @@ from bench.common import (
     utc_now,
     write_json,
 )
-from bench.harness import PYTHON, tei_settings, worker_env
+from bench.harness import PYTHON, start_worker, tei_settings, worker_env
 from testkit.embed_process import EmbedServerProcess
 
 CLI = str(REPO_ROOT / ".venv" / "bin" / "trioindex")
@@ -79,14 +79,8 @@ def _local_search(root: Path, runs: int) -> dict[str, dict[str, Any]]:
     env = _user_env(worker_env(HOME=str(root / "local-home")))
     search = [CLI, "search", "how do workers share a queue"]
     log = root / "worker.log"
-    with log.open("wb") as out:
-        worker = subprocess.Popen([CLI, "worker"], env=env, stdout=out, stderr=out)
+    worker = start_worker([CLI, "worker"], env, log)
     try:
-        began = time.perf_counter()
-        while "ready:" not in log.read_text(errors="replace"):
-            if worker.poll() is not None or time.perf_counter() - began > 600:
-                raise RuntimeError("the worker did not get ready:\n" + log.read_text()[-2000:])
-            time.sleep(0.2)
         ingest = [CLI, "ingest", str(REPO_ROOT / "docs" / "design"), "--wait"]
         subprocess.run(ingest, cwd=REPO_ROOT, env=env, capture_output=True, check=True)
         warm = _time(search, env, runs)

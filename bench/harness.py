@@ -482,3 +482,18 @@ def log_tail(path: Path, lines: int = 15) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def start_worker(args: Sequence[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """Start ``args`` (a ``trioindex worker`` command) logging to ``log``, and return it once
+    it says ``ready:``; raise if it exits first or takes over 600 s."""
+    with log.open("wb") as out:
+        worker = subprocess.Popen(list(args), env=env, stdout=out, stderr=out)
+    began = time.perf_counter()
+    while "ready:" not in log.read_text(errors="replace"):
+        if worker.poll() is not None or time.perf_counter() - began > 600:
+            worker.kill()
+            worker.wait()
+            raise RuntimeError("the worker did not get ready:\n" + log_tail(log, 30))
+        time.sleep(0.2)
+    return worker

@@ -1,9 +1,14 @@
-"""`trioindex delete` and `trioindex models` as people run them: subprocesses on a fresh
-database with a folder store (no worker: these commands work on what is stored)."""
+"""`trioindex delete`, `trioindex models` and `ingest --sync` as people run them: subprocesses
+on a fresh database with a folder store (no worker: these commands work on what is stored). A
+folder ingested from elsewhere syncs from any current folder and by any name of it (relative,
+absolute, through a link), and two folders keyed into one namespace never delete each other's
+documents."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,7 +125,88 @@ def test_ingest_sync_deletes_documents_whose_files_are_gone(
     rows = query(database_url, "SELECT external_key FROM documents ORDER BY 1")
     assert [r["external_key"] for r in rows] == ["docs/a.txt", "docs/c.txt", "docs/d.txt"]
 
-    human = cli(env, "ingest", str(docs), "--sync")  # outside the current folder, no --as
-    assert human.returncode == 1 and "--as NAME" in human.stderr, human.stderr
-    assert "Traceback" not in human.stderr
-    assert len(query(database_url, "SELECT 1 FROM documents")) == 3
+    (docs / "c.txt").unlink()
+    human = cli(env, "ingest", str(docs), "--sync")  # no --as: the root recorded with it
+    assert human.returncode == 0, human.stderr
+    assert "0 added, 0 changed, 2 unchanged, 1 deleted" in human.stdout
+    rows = query(database_url, "SELECT external_key FROM documents ORDER BY 1")
+    assert [r["external_key"] for r in rows] == ["docs/a.txt", "docs/d.txt"]
+
+
+# --- ingest --sync from another folder: the recorded key root ----------------------------------
+
+
+def ingest_in(env: dict[str, str], cwd: Path, *args: str) -> list[tuple[str, str]]:
+    """``ingest ARGS --json`` run in ``cwd``: (key, change) of each line; it must succeed."""
+    done = subprocess.run(
+        [sys.executable, "-m", "trioindex.cli", "ingest", *args, "--json"],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    return [(e["document_key"], e["change"]) for e in map(json.loads, done.stdout.splitlines())]
+
+
+def stored_keys(database_url: str) -> list[str]:
+    rows = query(database_url, "SELECT external_key FROM documents ORDER BY 1")
+    return [row["external_key"] for row in rows]
+
+
+def test_a_folder_ingested_from_elsewhere_syncs_from_any_folder_by_any_name(
+    env: dict[str, str], database_url: str, tmp_path: Path
+) -> None:
+    papers, elsewhere = tmp_path / "papers", tmp_path / "elsewhere"
+    papers.mkdir()
+    elsewhere.mkdir()
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (papers / name).write_text(f"the text of {name}")
+    (tmp_path / "papers-link").symlink_to(papers)
+
+    assert ingest_in(env, elsewhere, str(papers)) == [
+        ("a.txt", "added"),
+        ("b.txt", "added"),
+        ("c.txt", "added"),
+    ]
+    (papers / "b.txt").unlink()
+    # the same command with --sync, from the same folder
+    assert ingest_in(env, elsewhere, str(papers), "--sync") == [
+        ("a.txt", "unchanged"),
+        ("c.txt", "unchanged"),
+        ("b.txt", "deleted"),
+    ]
+    # by its relative name from its parent (which would key it "papers/..."): same keys
+    (papers / "c.txt").unlink()
+    assert ingest_in(env, tmp_path, "papers", "--sync") == [
+        ("a.txt", "unchanged"),
+        ("c.txt", "deleted"),
+    ]
+    # through a link, and as "." from inside it
+    (papers / "d.txt").write_text("new")
+    assert ingest_in(env, tmp_path, "papers-link", "--sync") == [
+        ("a.txt", "unchanged"),
+        ("d.txt", "added"),
+    ]
+    assert ingest_in(env, papers, ".", "--sync") == [("a.txt", "unchanged"), ("d.txt", "unchanged")]
+    assert stored_keys(database_url) == ["a.txt", "d.txt"]
+
+
+def test_two_folders_keyed_into_one_namespace_keep_each_others_documents(
+    env: dict[str, str], database_url: str, tmp_path: Path
+) -> None:
+    one, two, elsewhere = tmp_path / "one", tmp_path / "two", tmp_path / "elsewhere"
+    for folder in (one, two, elsewhere):
+        folder.mkdir()
+    (one / "mine.txt").write_text("one's")
+    (one / "shared.txt").write_text("both")
+    (two / "shared.txt").write_text("both")
+    ingest_in(env, elsewhere, str(one))
+    ingest_in(env, elsewhere, str(two))
+
+    # mine.txt has no file under two: it is one's, and two's sync leaves it
+    assert ingest_in(env, elsewhere, str(two), "--sync") == [("shared.txt", "unchanged")]
+    (one / "shared.txt").unlink()
+    assert ingest_in(env, elsewhere, str(one), "--sync") == [("mine.txt", "unchanged")]
+    assert stored_keys(database_url) == ["mine.txt", "shared.txt"]  # two still has shared.txt
+    (two / "shared.txt").unlink()
+    assert ingest_in(env, elsewhere, str(two), "--sync") == [("shared.txt", "deleted")]
+    assert stored_keys(database_url) == ["mine.txt"]

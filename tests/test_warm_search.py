@@ -8,6 +8,7 @@ real model is made to fail, so a search that would load it fails the test.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import shutil
@@ -15,6 +16,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -145,8 +147,49 @@ async def test_the_search_command_borrowing_a_model_imports_no_torch(
     assert "queue.md" in stdout and lender.calls == 1
     imported = re.findall(r"^import time:.*\|\s*([\w.]+)$", stderr, re.MULTILINE)
     assert "trioindex.embedding.warm" in imported
-    heavy = [
-        m for m in imported if m.split(".")[0] in {"torch", "transformers", "sentence_transformers"}
+    heavy = [  # numpy too: a query vector is checked without it
+        m
+        for m in imported
+        if m.split(".")[0] in {"torch", "transformers", "sentence_transformers", "numpy"}
     ]
     assert heavy == []
     assert "loading the model" not in stderr
+
+
+async def test_a_service_with_the_local_model_lends_it_to_the_searches_of_its_home(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``trioindex serve`` (run_service, in this process) lends the model it loaded, as a
+    worker does; a search of the same home then borrows it and loads nothing; the socket goes
+    when the service stops."""
+    from testkit.processes import free_port
+    from trioindex.embedding.warm import lenders
+    from trioindex.http import server
+    from trioindex.http.server import run_service
+
+    served = OwnModel(True, monkeypatch)  # the service's own model: a fake, loaded once
+    lent = trio.Event()
+    lend = server.lend_if_local
+
+    async def lend_and_say(
+        *args: Any, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED
+    ) -> None:  # the service's own lending, and a word to this test once it listens
+        async with trio.open_nursery() as inner:
+            task_status.started(await inner.start(functools.partial(lend, *args)))
+            lent.set()
+
+    monkeypatch.setattr(server, "lend_if_local", lend_and_say)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(
+            functools.partial(run_service, settings, host="127.0.0.1", port=free_port())
+        )
+        with trio.fail_after(60):
+            await lent.wait()
+        assert len(lenders(settings.home)) == 1
+        served.allowed = False  # from here, a search that loads its own model fails
+        async with trioindex.Index.open(settings) as index:
+            [hit] = await index.search(TEXTS[1], mode="vector")
+        assert hit.document_key == "queue.md" and hit.chunks[0].chunk_index == 1
+        assert served.opened == 1
+        nursery.cancel_scope.cancel()
+    assert lenders(settings.home) == []

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 from uuid import UUID
 
 import attrs
@@ -57,7 +57,6 @@ from trioindex.search import (
 )
 from trioindex.search.marking import marked_chunk_hits, marked_document_hits
 from trioindex.search.query import filter_text
-from trioindex.search.rerank import Reranker
 from trioindex.services import (
     Services,
     open_configured_embedder,
@@ -66,6 +65,9 @@ from trioindex.services import (
 )
 
 __all__ = ["FailedDocument", "Index", "IngestReport", "SyncIndex", "connect"]
+
+if TYPE_CHECKING:
+    from trioindex.search.rerank import Reranker
 
 T = TypeVar("T")
 H = TypeVar("H")
@@ -137,11 +139,14 @@ class Index:
         self._embedder_lock = trio.Lock()
         search = settings.search
         self._bm25 = Bm25(search.bm25_k1, search.bm25_b)
-        self._reranker = (
-            Reranker(search.rerank_url, top_n=search.rerank_top_n, timeout=search.rerank_timeout)
-            if search.rerank_url
-            else None
-        )
+        self._reranker: Reranker | None = None
+        if search.rerank_url:
+            # the HTTP client it brings is imported only by those who rerank
+            from trioindex.search.rerank import Reranker
+
+            self._reranker = Reranker(
+                search.rerank_url, top_n=search.rerank_top_n, timeout=search.rerank_timeout
+            )
 
     @classmethod
     def open(cls, settings: Settings | None = None) -> AbstractAsyncContextManager[Index]:
@@ -343,13 +348,14 @@ class Index:
                 if not isinstance(answer, QueryRefused):
                     nursery.start_soon(rerank, i, answer)
 
-    async def open_model(self) -> None:
+    async def open_model(self) -> Embedder:
         """Open the embedding model now instead of at the first search that needs it (a
         service that answers searches keeps it open from its start): this process's own,
-        never one borrowed from a worker."""
+        never one borrowed from a worker; returns it."""
         async with self._embedder_lock:
             if self._embedder is None:
                 self._embedder = await open_configured_embedder(self._settings)
+            return self._embedder
 
     async def _query_embedder(self) -> Embedder:
         async with self._embedder_lock:

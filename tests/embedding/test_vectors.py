@@ -14,7 +14,7 @@ import trio
 
 from tests.search.zero_embedder import ZERO_MARK, ZeroEmbedServer
 from trioindex.embedding import open_embedder
-from trioindex.embedding.vectors import MIN_NORM, validate_vectors
+from trioindex.embedding.vectors import MIN_NORM, SMALL_ANSWER, validate_vectors
 from trioindex.errors import FailureType, ResultInvalid
 from trioindex.pipeline.embed_step import as_float32
 
@@ -48,6 +48,24 @@ def test_a_vector_without_a_direction_is_refused_and_named(short: list[float]) -
                 vectors, expected_count=len(vectors), dimension=3, base64_allowed=base64_allowed
             )
         assert caught.value.failure_type is FailureType.EMBEDDING_RESULT_INVALID
+
+
+@pytest.mark.parametrize("bad", [*SHORT, [0.6, math.nan, 0.0], [math.inf, 0.0, 0.0]])
+def test_a_search_sized_answer_and_a_large_one_are_checked_alike(bad: list[float]) -> None:
+    """A few query vectors are checked without numpy (SMALL_ANSWER), a large answer with it:
+    the same bad vector is refused with the same message, by its position, either way."""
+    many = SMALL_ANSWER // 3 + 1  # rows of UNIT before the bad one: past the small size
+    messages = []
+    for before in (1, many):
+        for encode in (list, _b64):
+            vectors = [encode(UNIT)] * before + [encode(bad)]  # type: ignore[operator]
+            with pytest.raises(ResultInvalid) as caught:
+                validate_vectors(
+                    vectors, expected_count=before + 1, dimension=3, base64_allowed=True
+                )
+            messages.append(str(caught.value).replace(f"vector {before} ", "vector N "))
+    assert len(set(messages)) == 1, messages
+    assert "vector N " in messages[0]
 
 
 def test_the_line_is_min_norm() -> None:

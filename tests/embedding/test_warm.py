@@ -32,6 +32,7 @@ from trioindex.embedding.warm import (
     BorrowingEmbedder,
     WarmUnavailable,
     borrow_vectors,
+    lend_if_local,
     lend_model,
     lenders,
     open_query_embedder,
@@ -301,4 +302,14 @@ async def test_a_stale_socket_beside_a_live_lender_costs_nothing(home: Path) -> 
         embedder = await open_query_embedder(home, INFO, own)
         assert close_to(await embedder.embed(["q"]), ["q"])
         assert (own.opened, lender.calls) == (0, 1)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_server_model_is_not_lent_and_the_local_one_is(home: Path) -> None:
+    lender = FakeEmbedder(dimension=DIM, model=MODEL)
+    async with trio.open_nursery() as nursery:
+        assert await nursery.start(lend_if_local, "tei", home, lender) is None
+        assert lenders(home) == []  # every process reaches a server model itself
+        path = await nursery.start(lend_if_local, "local", home, lender)
+        assert lenders(home) == [path]
         nursery.cancel_scope.cancel()

@@ -85,6 +85,12 @@ def test_ingesting_a_then_b_makes_two_documents_not_two_versions(
     assert refused.returncode == 1 and "would both be document 'docs/README.md'" in refused.stderr
     assert len(query(database_url, "SELECT 1 FROM documents")) == 4  # nothing ingested
 
-    outside = ingest("../a", cwd=two / "b")
+    # a folder ingested before keeps its recorded keys from anywhere; a new one outside the
+    # current folder is keyed from itself
+    again = ingest("../a", cwd=two / "b")
+    assert again.returncode == 0 and "0 added, 0 changed, 2 unchanged" in again.stdout
+    (two / "c").mkdir()
+    (two / "c" / "README.md").write_text("c")
+    outside = ingest("../c", cwd=two / "b")
     assert outside.returncode == 0 and "is outside the current folder" in outside.stderr
-    assert "created   README.md  (version 1)" in outside.stdout  # keyed from itself
+    assert "created   README.md  (version 1)" in outside.stdout

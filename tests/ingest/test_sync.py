@@ -1,5 +1,6 @@
 """``ingest --sync`` on real PostgreSQL, real files and the folder store: which documents a sync
-deletes (gone files under the folder's key prefix), which it keeps, and when it refuses."""
+deletes (gone files the folder holds, under its recorded key root), and which it keeps: another
+folder's, a renamed folder's, what the walk could not see."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import trio
 
 from trioindex.db.models import ensure_model
 from trioindex.db.pool import Database
-from trioindex.ingest import DeletedDocument, IngestEntry, SyncRefused, ingest_paths
+from trioindex.ingest import DeletedDocument, IngestEntry, ingest_paths
 from trioindex.storage import AsyncObjectStore, FolderStore
 
 
@@ -146,19 +147,114 @@ async def test_sync_deletes_nothing_when_part_of_the_walk_has_no_key(
     assert _keys(db) == ["docs/a.txt", "docs/b.txt"]
 
 
-async def test_sync_of_a_folder_outside_the_current_one_needs_a_prefix(
-    db: Database, store: AsyncObjectStore, work: Path, tmp_path: Path
+def _deleted(entries: list[IngestEntry]) -> list[str]:
+    return [e.document_key for e in entries if isinstance(e, DeletedDocument)]
+
+
+async def test_a_folder_outside_the_current_one_syncs_from_anywhere_by_any_name(
+    db: Database,
+    store: AsyncObjectStore,
+    work: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _write(work / "mine.txt", "keyed from the current folder")
     await _ingest(db, store, work / "mine.txt")
-    _write(tmp_path / "elsewhere" / "a.txt", "alpha")
-    with pytest.raises(SyncRefused, match="--as"):
-        await _ingest(db, store, tmp_path / "elsewhere", sync=True)
-    assert _keys(db) == ["mine.txt"]  # nothing ingested, nothing deleted
+    papers = tmp_path / "papers"
+    _write(papers / "a.txt", "alpha")
+    _write(papers / "b.txt", "beta")
+    first = await _ingest(db, store, papers)  # outside the current folder: keyed from itself
+    assert [(e.document_key, e.status) for e in first] == [
+        ("a.txt", "created"),
+        ("b.txt", "created"),
+    ]
+    (papers / "b.txt").unlink()
+    synced = await _ingest(db, store, papers, sync=True)
+    assert _deleted(synced) == ["b.txt"]
+    assert _keys(db) == ["a.txt", "mine.txt"]  # mine.txt is not the folder's: kept
 
-    synced = await _ingest(db, store, tmp_path / "elsewhere", sync=True, key_as="ext")
-    assert [(e.document_key, e.status) for e in synced] == [("ext/a.txt", "created")]
-    assert _keys(db) == ["ext/a.txt", "mine.txt"]
+    # from the folder's parent (where its relative name would key it "papers/..."), through a
+    # link to it, and from inside it: the recorded root, the same keys, no re-keying
+    (tmp_path / "link").symlink_to(papers)
+    _write(papers / "c.txt", "gamma")
+    monkeypatch.chdir(tmp_path)
+    again = await _ingest(db, store, Path("papers"), sync=True)
+    assert [(e.document_key, e.status) for e in again] == [
+        ("a.txt", "unchanged"),
+        ("c.txt", "created"),
+    ]
+    (papers / "c.txt").unlink()
+    linked = await _ingest(db, store, Path("link"), sync=True)
+    assert _deleted(linked) == ["c.txt"]
+    monkeypatch.chdir(papers)
+    inside = await _ingest(db, store, Path("."), sync=True)
+    assert [(e.document_key, e.status) for e in inside] == [("a.txt", "unchanged")]
+    assert _keys(db) == ["a.txt", "mine.txt"]
+
+
+async def test_two_folders_keyed_into_one_namespace_never_delete_each_others_documents(
+    db: Database, store: AsyncObjectStore, work: Path, tmp_path: Path
+) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    _write(one / "only-one.txt", "1")
+    _write(one / "shared.txt", "shared")
+    _write(two / "only-two.txt", "2")
+    _write(two / "shared.txt", "shared")
+    await _ingest(db, store, one)
+    await _ingest(db, store, two)
+    assert _keys(db) == ["only-one.txt", "only-two.txt", "shared.txt"]
+
+    # two's sync sees only-one.txt missing under two: not two's, kept
+    assert _deleted(await _ingest(db, store, two, sync=True)) == []
+    # shared.txt gone from one: two still has it, so one only lets go of it
+    (one / "shared.txt").unlink()
+    assert _deleted(await _ingest(db, store, one, sync=True)) == []
+    assert _keys(db) == ["only-one.txt", "only-two.txt", "shared.txt"]
+    # and gone from two as well: two was its last holder
+    (two / "shared.txt").unlink()
+    assert _deleted(await _ingest(db, store, two, sync=True)) == ["shared.txt"]
+    (one / "only-one.txt").unlink()
+    assert _deleted(await _ingest(db, store, one, sync=True)) == ["only-one.txt"]
+    assert _keys(db) == ["only-two.txt"]
+
+
+async def test_a_renamed_folder_is_a_new_folder_and_deletes_none_of_the_old_names_documents(
+    db: Database, store: AsyncObjectStore, work: Path, tmp_path: Path
+) -> None:
+    _write(tmp_path / "old" / "a.txt", "alpha")
+    _write(tmp_path / "old" / "b.txt", "beta")
+    await _ingest(db, store, tmp_path / "old")
+    (tmp_path / "old").rename(tmp_path / "new")
+    (tmp_path / "new" / "b.txt").unlink()
+    synced = await _ingest(db, store, tmp_path / "new", sync=True)
+    # b.txt was found only by the old name's ingest: kept (delete it by key)
+    assert [(e.document_key, e.status) for e in synced] == [("a.txt", "unchanged")]
+    assert _keys(db) == ["a.txt", "b.txt"]
+    (tmp_path / "new" / "a.txt").unlink()
+    # a.txt is held by the old name too, whose folder is gone: the new name only lets go
+    assert _deleted(await _ingest(db, store, tmp_path / "new", sync=True)) == []
+
+
+async def test_a_folder_keyed_with_as_keeps_its_root_and_its_subfolders_inherit_it(
+    db: Database, store: AsyncObjectStore, work: Path, tmp_path: Path
+) -> None:
+    _write(tmp_path / "ext" / "sub" / "a.txt", "alpha")
+    _write(tmp_path / "ext" / "sub" / "b.txt", "beta")
+    synced = await _ingest(db, store, tmp_path / "ext", sync=True, key_as="ext")
+    assert [e.document_key for e in synced] == ["ext/sub/a.txt", "ext/sub/b.txt"]
+    (tmp_path / "ext" / "sub" / "b.txt").unlink()
+    # the subfolder alone, without --as: keyed under the root its recorded parent gives it
+    sub = await _ingest(db, store, tmp_path / "ext" / "sub", sync=True)
+    assert [(e.document_key, e.status) for e in sub] == [
+        ("ext/sub/a.txt", "unchanged"),
+        ("ext/sub/b.txt", "deleted"),
+    ]
+    # --as again re-keys (and is recorded): the old keys are not the new root's
+    moved = await _ingest(db, store, tmp_path / "ext", sync=True, key_as="renamed")
+    assert [(e.document_key, e.status) for e in moved] == [("renamed/sub/a.txt", "created")]
+    plain = await _ingest(db, store, tmp_path / "ext")
+    assert [e.document_key for e in plain] == ["renamed/sub/a.txt"]
+    assert _keys(db) == ["ext/sub/a.txt", "renamed/sub/a.txt"]
 
 
 async def test_sync_of_the_current_folder_covers_every_key(
@@ -217,3 +313,14 @@ async def test_sync_keeps_a_document_another_ingest_added_while_it_ran(
     entries = await _ingest(db, store, work / "docs", sync=True)
     assert not [e for e in entries if isinstance(e, DeletedDocument)]
     assert _keys(db) == ["docs/a.txt", "docs/new.md"]
+
+
+async def test_a_folder_whose_name_is_no_key_is_reported_not_recorded(
+    db: Database, store: AsyncObjectStore, work: Path
+) -> None:
+    bad = Path(os.fsdecode(os.fsencode(work) + b"/bad\xff"))
+    _write(bad / "a.txt", "alpha")
+    entries = await _ingest(db, store, bad, sync=True)
+    assert [(e.document_key, e.status) for e in entries] == [(None, "error")]
+    with db.connection() as conn:
+        assert conn.execute("SELECT 1 FROM ingest_folders").fetchall() == []

@@ -66,7 +66,7 @@ def ingest(
         bool,
         typer.Option(
             "--sync",
-            help="Also delete the documents under each folder's key prefix whose files are gone.",
+            help="Also delete the documents each folder's ingests found whose files are gone.",
         ),
     ] = False,
     include: Annotated[
@@ -92,11 +92,12 @@ def ingest(
     in place (keys are the object names; nothing is uploaded; unchanged objects are not read).
 
     A document's key is its path relative to the current folder (`ingest a/` → `a/README.md`);
-    a folder outside it is keyed from itself, unless --as gives the prefix. Files of a format
+    a folder outside it is keyed from itself, unless --as gives the prefix. A folder keeps
+    the keys of its first ingest from any folder (until --as gives others). Files of a format
     trioindex does not index (images, archives, programs) are skipped. One line per file that
     changed (--verbose: every file), then counts. A file that cannot be ingested is reported
     and the rest go on; the exit code is 1 when any was. --sync then deletes the
-    documents under each folder's key prefix (`a/`) that have no file any more.
+    documents the folder's ingests found that have no file any more.
     """
     if key_as is not None and not key_as.strip().strip("/"):
         raise typer.BadParameter("--as needs a non-empty key")
@@ -169,15 +170,16 @@ def _wait_summary(report: IngestReport) -> str:
 
 
 def _outside_note(paths: list[Path], key_as: str | None) -> None:
-    """Say when a folder outside the current one was keyed from itself: files of the same
-    names in another such folder would be new versions of these documents."""
+    """Say when a folder outside the current one may be keyed from itself (the first time it
+    is ingested; later runs keep its recorded keys): files of the same names in another such
+    folder would be new versions of these documents."""
     from trioindex.ingest.discover import keyed_by_itself
 
     for folder in [] if key_as is not None else keyed_by_itself(paths):
         typer.echo(
-            f"note: {folder} is outside the current folder, so its keys start below it; "
-            "ingest it from a folder that contains it, or give --as NAME, to keep another "
-            "folder's files of the same names apart",
+            f"note: {folder} is outside the current folder: unless it was ingested before, "
+            "its keys start below it, like another such folder's files of the same names; "
+            "give --as NAME to keep them apart",
             err=True,
         )
 

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import attrs
-import numpy as np
 import psycopg
+from pgvector import Vector
 
 from trioindex.db.models import EmbeddingModel
 from trioindex.db.pool import Connection
@@ -90,7 +90,7 @@ def nearest_chunks(
                 WHERE e.embedding_model_id = %(model)s{where}
                 ORDER BY e.vector::vector({dim}) <=> %(q)s::vector({dim})
                 LIMIT %(limit)s""",
-            {"q": np.asarray(vector, dtype=np.float32), "model": model.id, "limit": limit} | params,
+            {"q": Vector(list(vector)), "model": model.id, "limit": limit} | params,
         ).fetchall()
 
 

@@ -8,10 +8,34 @@ Modules: ``base`` (the contract and the factory), ``transport`` (HTTP and its er
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from trioindex.embedding.base import APIS, Embedder, EmbedderInfo, open_embedder
-from trioindex.embedding.batching import estimate_tokens, plan_batches
-from trioindex.embedding.local import DEFAULT_MODEL, LocalEmbedder, packaged_model_path
-from trioindex.embedding.vectors import validate_vectors, vector_sha256
+
+if TYPE_CHECKING:
+    from trioindex.embedding.batching import estimate_tokens, plan_batches
+    from trioindex.embedding.local import DEFAULT_MODEL, LocalEmbedder, packaged_model_path
+    from trioindex.embedding.vectors import validate_vectors, vector_sha256
+
+# Imported when first used: batching brings numpy and the HTTP client, which a search that
+# borrows a loaded model (or runs text-only) never needs, and every CLI start would pay for.
+_LAZY = {
+    "estimate_tokens": "batching",
+    "plan_batches": "batching",
+    "DEFAULT_MODEL": "local",
+    "LocalEmbedder": "local",
+    "packaged_model_path": "local",
+    "validate_vectors": "vectors",
+    "vector_sha256": "vectors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+
 
 __all__ = [
     "APIS",

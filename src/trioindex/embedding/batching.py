@@ -169,6 +169,8 @@ class _Request:
     todo: collections.deque[tuple[int, int]]
     remaining: int
     arrived: float
+    # told how many of this caller's vectors arrived, each time some do (progress lines)
+    on_arrived: Callable[[int], None] | None = None
     done: trio.Event = attrs.field(factory=trio.Event)
     error: BaseException | None = None
     # after a shared request failed, this caller's texts go alone, so its fate is its own
@@ -215,14 +217,21 @@ class EmbeddingCoalescer:
     _changed: trio.Event = attrs.field(factory=trio.Event)
 
     async def embed(
-        self, texts: Sequence[str], dimension: int, *, release: bool = False
+        self,
+        texts: Sequence[str],
+        dimension: int,
+        *,
+        release: bool = False,
+        on_arrived: Callable[[int], None] | None = None,
     ) -> npt.NDArray[np.float32]:
         """One float32 row per text, in order; raises the :class:`StepFailure` of a request
         that held this caller's texts alone.
 
         ``release``: ``texts`` is a list the caller hands over (and keeps no other reference
         to its strings): each entry is replaced by ``""`` as soon as its vector has arrived,
-        so a long document's text is freed while it is embedded rather than after."""
+        so a long document's text is freed while it is embedded rather than after.
+        ``on_arrived`` is called with the number of vectors each time some of this caller's
+        arrive."""
         released: list[str] | None = None
         if release:
             if not isinstance(texts, list):
@@ -236,6 +245,7 @@ class EmbeddingCoalescer:
             todo=collections.deque([(0, len(texts))] if texts else []),
             remaining=len(texts),
             arrived=trio.current_time(),
+            on_arrived=on_arrived,
         )
         if not texts:
             return request.matrix
@@ -351,6 +361,8 @@ class EmbeddingCoalescer:
                 if request.released is not None:
                     request.released[start:stop] = [""] * (stop - start)
                 request.remaining -= stop - start
+                if request.on_arrived is not None:
+                    request.on_arrived(stop - start)
                 if request.remaining == 0:
                     self._finish(request)
         finally:

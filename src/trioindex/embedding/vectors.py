@@ -17,12 +17,13 @@ import hashlib
 import math
 import struct
 from collections.abc import Sequence
-from typing import Any
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Any, Final
 
 from trioindex.errors import ResultInvalid
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 # The largest finite IEEE-754 binary32 value: pgvector stores float4 and the hash packs binary32,
 # so anything beyond it is as unusable as an infinity.
@@ -31,6 +32,9 @@ FLOAT32_MAX = 3.4028234663852886e38
 #: larger; pgvector computes cosines in float32, where the squared norm of a vector near 1e-19
 #: underflows to zero (and the cosine becomes NaN). 1e-6 is far from both.
 MIN_NORM = 1e-6
+#: Answers of at most this many values (a search's query vectors) are checked in plain Python,
+#: without numpy: importing it costs a searching process more than the whole check.
+SMALL_ANSWER: Final = 4096
 
 
 def vector_sha256(vector: Sequence[float]) -> str:
@@ -61,9 +65,10 @@ def validate_vectors(
         )
     if base64_allowed and vectors and all(type(vector) is str for vector in vectors):
         return _from_base64(vectors, dimension)
-    fast = _fast_path(vectors, dimension)
-    if fast is not None:
-        return fast
+    if len(vectors) * dimension > SMALL_ANSWER:
+        fast = _fast_path(vectors, dimension)
+        if fast is not None:
+            return fast
     # Something is off: the exact, element-by-element pass finds it and names it.
     checked: list[list[float]] = []
     for position, vector in enumerate(vectors):
@@ -92,20 +97,34 @@ def validate_vectors(
                 raise ResultInvalid(f"embedding vector {position} holds a value beyond float32")
             floats.append(number)
         checked.append(floats)
-    _check_norms(np.asarray(checked, dtype=np.float64).reshape(len(checked), dimension))
+    _check_row_norms(checked)
     return checked
+
+
+def _check_row_norms(rows: Sequence[Sequence[float]], *, first: int = 0) -> None:
+    """:func:`_check_norms` for rows of finite Python floats, without numpy (``math.hypot``
+    neither overflows nor underflows on float32-range values)."""
+    for offset, row in enumerate(rows):
+        if math.hypot(*row) < MIN_NORM:
+            raise ResultInvalid(_short_message(first + offset))
+
+
+def _short_message(position: int) -> str:
+    return (
+        f"embedding vector {position} has a zero or near-zero norm "
+        f"(below {MIN_NORM:g}): it has no direction to rank by"
+    )
 
 
 def _check_norms(matrix: npt.NDArray[np.floating[Any]], *, first: int = 0) -> None:
     """:class:`ResultInvalid` naming the first row of ``matrix`` (finite values, row ``i`` being
     vector ``first + i``) whose norm is below :data:`MIN_NORM`."""
+    import numpy as np
+
     # in float64, where the squares of float32-range values neither overflow nor underflow
     short = np.linalg.norm(matrix.astype(np.float64, copy=False), axis=1) < MIN_NORM
     if short.any():
-        raise ResultInvalid(
-            f"embedding vector {first + int(np.argmax(short))} has a zero or near-zero norm "
-            f"(below {MIN_NORM:g}): it has no direction to rank by"
-        )
+        raise ResultInvalid(_short_message(first + int(np.argmax(short))))
 
 
 _NUMBER_TYPES = frozenset({float, int})
@@ -119,6 +138,8 @@ def _fast_path(vectors: list[object], dimension: int) -> list[list[float]] | Non
     a null, a non-list, a wrong length, a bool or string, NaN, ±Infinity, a value beyond float32
     — returns ``None`` so the exact pass raises the precise error.
     """
+    import numpy as np
+
     for vector in vectors:
         if type(vector) is not list or len(vector) != dimension:
             return None
@@ -155,6 +176,15 @@ def _from_base64(vectors: list[object], dimension: int, *, first: int = 0) -> li
                 f"expected {dimension}"
             )
         raw.append(decoded)
+    if len(raw) * dimension <= SMALL_ANSWER:
+        rows = [list(struct.unpack(f"<{dimension}f", decoded)) for decoded in raw]
+        for offset, row in enumerate(rows):
+            if not all(map(math.isfinite, row)):
+                raise ResultInvalid(f"embedding vector {first + offset} holds NaN or Infinity")
+        _check_row_norms(rows, first=first)
+        return rows
+    import numpy as np
+
     matrix = np.frombuffer(b"".join(raw), dtype="<f4").reshape(len(raw), dimension)
     finite = np.isfinite(matrix).all(axis=1)
     if not finite.all():

@@ -1,7 +1,8 @@
 """A loaded local model lent to the other processes of the same home over a unix socket, so
 that ``search`` embeds its query in milliseconds instead of loading torch and the model.
 
-A worker with the local model runs :func:`lend_model`: it listens on ``HOME/warm/PID.sock``
+A worker or a ``trioindex serve`` with the local model runs :func:`lend_model`
+(:func:`lend_if_local`): it listens on ``HOME/warm/PID.sock``
 (the folder mode 0700, the socket 0600, both owned by the worker's user) until it stops, and
 removes the socket then. :func:`open_query_embedder` gives a searching process an
 :class:`~trioindex.embedding.base.Embedder` that sends its query texts to the newest such
@@ -99,6 +100,22 @@ async def lend_model(
             await trio.serve_listeners(handle, [listener], handler_nursery=nursery)
     finally:
         _remove_if_ours(path, identity)
+
+
+async def lend_if_local(
+    api: str,
+    home: Path,
+    embedder: Embedder,
+    *,
+    task_status: trio.TaskStatus[Path | None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """:func:`lend_model` for a process that holds the local model (``api`` ``local``: the
+    worker, ``trioindex serve``); with a server model (every process reaches the server
+    itself) nothing is lent, ``task_status`` gets None and this returns at once."""
+    if api != "local":
+        task_status.started(None)
+        return
+    await lend_model(home, embedder, task_status=task_status)
 
 
 def _listen(folder: Path) -> tuple[trio.SocketListener, Path]:

@@ -15,6 +15,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from trioindex.api import Index
 from trioindex.config import Settings
+from trioindex.embedding.warm import lend_if_local
 from trioindex.http.app import build_app
 from trioindex.http.auth import Guard
 from trioindex.http.context import Service
@@ -54,7 +55,7 @@ async def run_service(settings: Settings, *, host: str, port: int, auth: bool = 
     async with open_services(settings) as services:
         index = Index(settings, services)
         try:
-            await index.open_model()
+            embedder = await index.open_model()
             guard = Guard(services.db, auth, settings.http.webhook_token)
             uploads = upload_enqueuer(
                 services.db,
@@ -75,6 +76,8 @@ async def run_service(settings: Settings, *, host: str, port: int, auth: bool = 
             )
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(uploads.serve)
+                # this home's searches borrow a local model loaded here, as from a worker
+                await nursery.start(lend_if_local, settings.embedding.api, settings.home, embedder)
                 # returns once the requests in flight have ended (their enqueues included)
                 await hypercorn_serve(app, config, shutdown_trigger=_stop_signal)  # type: ignore[arg-type]
                 nursery.cancel_scope.cancel()

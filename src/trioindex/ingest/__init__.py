@@ -11,7 +11,9 @@ One module per stage of a run:
   + one ``NOTIFY``, many files in one transaction;
 * :mod:`.results` — what is reported per file (:class:`IngestResult`, :class:`SkippedFile`,
   :class:`DeletedDocument`);
-* :mod:`.sync` — ``sync``: which documents under the folders' key prefixes lost their files;
+* :mod:`.sync` — ``sync``: which documents the folders hold lost their files;
+* :mod:`trioindex.db.folders` — each folder argument's recorded key root, and the documents
+  its ingests found;
 * here — :func:`ingest_paths`, a whole run: one entry per file, and a file that cannot be
   ingested is reported (:class:`SkippedFile`) instead of ending the run.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
@@ -37,8 +40,16 @@ from trioindex.db.enqueue import (
     latest_versions,
     requeue_failed_job,
 )
+from trioindex.db.folders import claim_folders, folder_roots, hold_documents
 from trioindex.db.pool import Database
-from trioindex.ingest.discover import MAX_KEY_CHARS, Discovery, SourceFile, discover
+from trioindex.ingest.discover import (
+    MAX_KEY_CHARS,
+    Discovery,
+    SourceFile,
+    argument_key,
+    discover,
+    is_text,
+)
 from trioindex.ingest.files import (
     PreparedFile,
     digest,
@@ -58,7 +69,7 @@ from trioindex.ingest.results import (
     SkippedFile,
     printable,
 )
-from trioindex.ingest.sync import SyncRefused, delete_missing, plan_sync
+from trioindex.ingest.sync import delete_missing, plan_sync
 from trioindex.storage import AsyncObjectStore, ObjectStore
 
 __all__ = [
@@ -73,7 +84,6 @@ __all__ = [
     "NewVersion",
     "SkippedFile",
     "SourceFile",
-    "SyncRefused",
     "digest",
     "discover",
     "enqueue_version",
@@ -126,16 +136,21 @@ async def ingest_paths(
     the run (every later file would fail the same way, and a re-run is safe). Document keys:
     :func:`~trioindex.ingest.discover.argument_key` (``key_as`` is ``--as``).
 
-    ``sync``: after every file, the documents under each folder argument's key prefix whose
-    file is missing (and that got no version since the sync began) are deleted, one
-    :class:`DeletedDocument` entry each, at the end (:mod:`trioindex.ingest.sync`;
-    :class:`SyncRefused` before anything is ingested).
+    Each folder argument is recorded with its key root the first time
+    (:mod:`trioindex.db.folders`); later runs key its files under that root from any current
+    folder and by any name of it, unless ``key_as`` names another (then recorded instead).
+    The documents of the files found under a folder are held by it.
+
+    ``sync``: after every file, the documents each folder argument holds whose file is missing
+    (and that got no version since the sync began, and that no unrelated folder holds) are
+    deleted, one :class:`DeletedDocument` entry each, at the end (:mod:`trioindex.ingest.sync`).
 
     ``include`` / ``exclude``: globs that choose the files (:class:`~.discover.Globs`). With
     ``max_document_bytes``, files of a format trioindex does not index are ``skipped`` before
     upload (:mod:`.indexable`).
     """
     started = await db.run(database_now) if sync else None
+    roots = await _folder_roots(db, paths, key_as=key_as)
     walk = functools.partial(
         discover,
         list(paths),
@@ -143,13 +158,17 @@ async def ingest_paths(
         key_as=key_as,
         include=include,
         exclude=exclude,
+        roots={path: root for path, (_, root) in roots.items()},
     )
     found = await trio.to_thread.run_sync(walk)
+    # recorded once the walk did not refuse the run (two files, one key)
+    records = await db.run(claim_folders, list(roots.values())) if roots else []
+    claimed = dict(zip(roots, records, strict=True))
     if max_document_bytes is not None:
         found = await trio.to_thread.run_sync(
             functools.partial(skip_non_documents, found, max_bytes=max_document_bytes)
         )
-    plan = plan_sync(paths, found, key_as=key_as, started=started) if sync else None
+    plan = plan_sync(list(claimed.items()), found, started=started) if sync else None
     entries = await _ingest_files(
         found.entries,
         db=db,
@@ -158,6 +177,15 @@ async def ingest_paths(
         max_attempts=max_attempts,
         priority=priority,
     )
+    held = [
+        (claimed[source.folder].id, entry.document_id)
+        for source, entry in zip(found.entries, entries, strict=True)
+        if isinstance(source, SourceFile)
+        and source.folder is not None
+        and isinstance(entry, IngestResult)
+    ]
+    if held:
+        await db.run(hold_documents, [f for f, _ in held], [d for _, d in held])
     for entry in entries:
         if isinstance(entry, SkippedFile):
             logger.info(
@@ -169,6 +197,29 @@ async def ingest_paths(
             entries.append(plan.blocked)
         entries.extend(await delete_missing(db, store, plan))
     return entries
+
+
+async def _folder_roots(
+    db: Database, paths: Sequence[Path], *, key_as: str | None
+) -> dict[Path, tuple[bytes, str]]:
+    """Each folder argument's resolved path and key root (:func:`folder_roots`: the
+    recorded one, unless ``key_as``; else :func:`argument_key`'s)."""
+
+    def resolve() -> list[tuple[Path, bytes, str]]:
+        return [
+            (p, os.fsencode(os.path.realpath(p)), argument_key(p, key_as=key_as))
+            for p in dict.fromkeys(paths)
+            if p.is_dir()
+        ]
+
+    # a root that is not UTF-8 is no key (each file under it is an error): nothing to record
+    folders = [f for f in await trio.to_thread.run_sync(resolve) if is_text(f[2])]
+    if not folders:
+        return {}
+    roots = await db.run(
+        folder_roots, [(real, root) for _, real, root in folders], override=key_as is not None
+    )
+    return {path: (real, root) for (path, real, _), root in zip(folders, roots, strict=True)}
 
 
 async def _ingest_files(

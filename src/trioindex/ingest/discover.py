@@ -20,7 +20,7 @@ import functools
 import os
 import stat
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -40,13 +40,15 @@ __all__ = [
     "argument_key",
     "check_arguments",
     "discover",
+    "is_text",
     "keyed_by_itself",
 ]
 
 MAX_KEY_CHARS: Final = 1024  # the CHECK on documents.external_key
 
 
-def _is_text(name: str) -> bool:
+def is_text(name: str) -> bool:
+    """Whether ``name`` can be a key (PostgreSQL text)."""
     # Undecodable bytes in a file name arrive as lone surrogates (surrogateescape), which
     # PostgreSQL text cannot hold.
     try:
@@ -64,7 +66,8 @@ class SourceFile:
     folder, each opened without following a link (:func:`nofollow.open_file`; ``below`` None:
     the resolved ``path`` relative to ``inside``). ``inside`` None: a file named directly,
     opened by ``path``. ``identity``: its ``(st_dev, st_ino)`` when the walk saw it; the file
-    opened must be that one (None: not checked).
+    opened must be that one (None: not checked). ``folder``: the folder argument it was
+    found under (None: named directly).
     """
 
     path: Path
@@ -72,6 +75,7 @@ class SourceFile:
     inside: Path | None = None
     below: tuple[str, ...] | None = None
     identity: Identity | None = None
+    folder: Path | None = None
 
 
 @attrs.frozen
@@ -98,6 +102,8 @@ def argument_key(argument: Path, *, cwd: Path | None = None, key_as: str | None 
     ``KEY/path/below/it`` (just ``path/below/it`` when KEY is ``""``). The one key rule:
 
     * ``key_as`` (``--as``) given: that key, slashes at either end removed;
+    * a folder ingested before: the key root recorded for it then, from wherever it is
+      ingested and by whatever name (``ingest_paths`` passes it to :func:`discover`);
     * an argument inside the current directory ``cwd``: its path relative to ``cwd``, made
       absolute lexically (``..`` folded, links kept as named), so ``ingest a/`` keys
       ``a/README.md`` and ``ingest b/`` keys ``b/README.md`` (``ingest .``: ``README.md``);
@@ -134,10 +140,13 @@ def discover(
     key_as: str | None = None,
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
+    roots: Mapping[Path, str] | None = None,
 ) -> Discovery:
     """Files named directly, and every regular file under folders (recursively, sorted by key).
 
-    Keys follow :func:`argument_key` (``cwd``: default the working directory). Hidden files
+    Keys follow :func:`argument_key` (``cwd``: default the working directory), except for a
+    folder argument in ``roots``, whose files are keyed under the root given there (the one
+    recorded for it, :mod:`trioindex.db.folders`). Hidden files
     and folders (``.git``, ``.DS_Store``) are left out. A symbolic link inside a folder is
     followed only when its target is inside that folder, unless ``follow_symlinks``; every
     folder is walked at most once, so links cannot make the walk loop; no folder is read through
@@ -151,12 +160,19 @@ def discover(
     globs = Globs(tuple(include), tuple(exclude))
     entries: list[SourceFile | SkippedFile] = []
     for root in paths:
-        key = argument_key(root, cwd=cwd, key_as=key_as)
         st = _argument_stat(root)
+        if roots is not None and root in roots and st is not None and stat.S_ISDIR(st.st_mode):
+            key = roots[root]
+        else:
+            key = argument_key(root, cwd=cwd, key_as=key_as)
         if st is not None and stat.S_ISDIR(st.st_mode):
             prefix = f"{key}/" if key else ""
             walked = _FolderWalk(root, follow_symlinks, prefix).run()
-            entries.extend(e for e in walked if globs.keeps(e, e.document_key, prefix))
+            entries.extend(
+                attrs.evolve(e, folder=root) if isinstance(e, SourceFile) else e
+                for e in walked
+                if globs.keeps(e, e.document_key, prefix)
+            )
         elif st is not None and stat.S_ISREG(st.st_mode):
             entry = _file_entry(root, key or root.name, st, None, None)
             if globs.keeps(entry, root.name, ""):
@@ -234,7 +250,7 @@ def _one_file_per_key(entries: list[SourceFile | SkippedFile]) -> list[SourceFil
 def _file_entry(
     path: Path, key: str, st: os.stat_result, inside: Path | None, below: tuple[str, ...] | None
 ) -> SourceFile | SkippedFile:
-    if not _is_text(key):
+    if not is_text(key):
         return _error(path, None, "file name is not valid UTF-8; rename it to ingest it")
     if len(key) > MAX_KEY_CHARS:
         return _error(path, None, f"document key longer than {MAX_KEY_CHARS} characters")
@@ -242,11 +258,11 @@ def _file_entry(
 
 
 def _error(path: Path, key: str | None, reason: str) -> SkippedFile:
-    return SkippedFile(printable(path), key if key and _is_text(key) else None, "error", reason)
+    return SkippedFile(printable(path), key if key and is_text(key) else None, "error", reason)
 
 
 def _skipped(path: Path, key: str, reason: str) -> SkippedFile:
-    return SkippedFile(printable(path), key if _is_text(key) else None, "skipped", reason)
+    return SkippedFile(printable(path), key if is_text(key) else None, "skipped", reason)
 
 
 @attrs.frozen
@@ -356,7 +372,7 @@ class _FolderWalk:
             )
 
     def _subfolder(self, folder: _Folder) -> None:
-        if not _is_text(folder.key):
+        if not is_text(folder.key):
             reason = "folder name is not valid UTF-8; none of its files were ingested"
             self._add(folder.key.rstrip("/"), _error(folder.path, None, reason))
             return
@@ -397,7 +413,7 @@ class _FolderWalk:
             )
             self._add(key, _skipped(path, key, reason))
         elif stat.S_ISDIR(st.st_mode):
-            if _is_text(key):
+            if is_text(key):
                 self.linked.append(_Folder(path, key + "/", start, parts, identity(st)))
             else:
                 reason = "folder name is not valid UTF-8; none of its files were ingested"

@@ -34,13 +34,14 @@ from trioindex.db.steps import (
 )
 from trioindex.embedding import Embedder
 from trioindex.embedding.batching import EmbeddingCoalescer
-from trioindex.embedding.warm import lend_model
+from trioindex.embedding.warm import lend_if_local
 from trioindex.errors import StateInconsistent
 from trioindex.pipeline.chunking import Chunker, ChunkingPolicy
 from trioindex.pipeline.embed_step import SLICE_ROWS, drafts_from_matrix
 from trioindex.pipeline.formats import DEFAULT_OCR
 from trioindex.pipeline.parse_process import DEFAULT_TIMEOUT
 from trioindex.pipeline.parse_step import parse_and_store
+from trioindex.pipeline.step_progress import StepProgress
 from trioindex.services import Services, open_services
 from trioindex.storage import AsyncObjectStore
 from trioindex.values import (
@@ -160,7 +161,10 @@ class PipelineSteps:
         # a large document's text is freed while it is embedded, and never held with its drafts
         texts = snapshot.texts()
         snapshot = snapshot.without_texts()
-        matrix = await self.coalescer.embed(texts, snapshot.dimension, release=True)
+        progress = StepProgress(claim.job_id, len(texts))
+        matrix = await self.coalescer.embed(
+            texts, snapshot.dimension, release=True, on_arrived=progress.add
+        )
         del texts
         drafts = drafts_from_matrix(snapshot, matrix)
         self._to_store[claim.job_id] = EmbeddingCommit(claim, snapshot, drafts)
@@ -273,9 +277,11 @@ async def run_worker(settings: Settings, *, drain: bool = False, listen: bool = 
             # beside the worker, not in it: a build under way when a drain ends is finished,
             # not cancelled and started again
             nursery.start_soon(keeper.serve)
-            if settings.embedding.api == "local":  # searches of this home borrow the model
-                assert services.embedder is not None
-                await nursery.start(lend_model, settings.home, services.embedder)
+            # searches of this home borrow a local model
+            assert services.embedder is not None
+            await nursery.start(
+                lend_if_local, settings.embedding.api, settings.home, services.embedder
+            )
             await serve_until_signalled(worker, drain=drain)
             if drain:
                 await keeper.check()  # a bulk load ends with its index, if it is due
