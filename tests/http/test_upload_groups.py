@@ -71,17 +71,27 @@ def transactions_of(conn: Connection, prefix: str) -> list[int]:
     return [row["n"] for row in rows]
 
 
-def test_a_group_is_one_transaction_with_each_upload_its_version_job_and_priority(
-    db: Database, tmp_path: Path
-) -> None:
-    store = FolderStore(tmp_path / "blobs")
-    store.ensure_ready()
+@pytest.fixture
+def store(tmp_path: Path) -> FolderStore:
+    folder = FolderStore(tmp_path / "blobs")
+    folder.ensure_ready()
+    return folder
+
+
+@pytest.fixture
+def model_id(db: Database) -> uuid.UUID:
     with db.connection() as conn:
-        model = helpers.model(conn)
+        found: uuid.UUID = helpers.model(conn).id
+    return found
+
+
+def test_a_group_is_one_transaction_with_each_upload_its_version_job_and_priority(
+    db: Database, store: FolderStore, model_id: uuid.UUID
+) -> None:
     uploads = [stored(store, f"group/{i}.txt", f"body {i}".encode()) for i in range(5)]
     uploads.insert(2, stored(store, "group/urgent.txt", b"urgent", priority=7))
     with db.connection() as conn:
-        results = enqueue_group(conn, uploads, model_id=model.id, max_attempts=3)
+        results = enqueue_group(conn, uploads, model_id=model_id, max_attempts=3)
         keys = [u.stored.version.document_key for u in uploads]
         assert [r.document_key for r in results if isinstance(r, IngestResult)] == keys
         assert {r.status for r in results if isinstance(r, IngestResult)} == {"created"}
@@ -96,30 +106,26 @@ def test_a_group_is_one_transaction_with_each_upload_its_version_job_and_priorit
 
 
 def test_the_same_bytes_again_in_a_group_are_unchanged_and_a_key_twice_is_two_versions(
-    db: Database, tmp_path: Path
+    db: Database, store: FolderStore, model_id: uuid.UUID
 ) -> None:
-    store = FolderStore(tmp_path / "blobs")
-    store.ensure_ready()
     with db.connection() as conn:
-        model = helpers.model(conn)
         first = stored(store, "twice.txt", b"one")
-        enqueue_group(conn, [first], model_id=model.id, max_attempts=3)
+        enqueue_group(conn, [first], model_id=model_id, max_attempts=3)
         again = [stored(store, "twice.txt", b"one"), stored(store, "twice.txt", b"two")]
-        results = enqueue_group(conn, again, model_id=model.id, max_attempts=3)
+        results = enqueue_group(conn, again, model_id=model_id, max_attempts=3)
         assert versions_and_jobs(conn, "twice.txt") == (2, 2)
     assert (first.stored.was_intact, again[0].stored.was_intact) == (False, True)
     statuses = [(r.status, r.version_no) for r in results if isinstance(r, IngestResult)]
     assert statuses == [("unchanged", 1), ("created", 2)]
 
 
-def test_a_group_the_database_refuses_commits_nothing(db: Database, tmp_path: Path) -> None:
-    store = FolderStore(tmp_path / "blobs")
-    store.ensure_ready()
+def test_a_group_the_database_refuses_commits_nothing(
+    db: Database, store: FolderStore, model_id: uuid.UUID
+) -> None:
     with db.connection() as conn:
-        model = helpers.model(conn)
         uploads = [stored(store, "fine.txt", b"fine"), stored(store, hostile_key(), b"x")]
         with pytest.raises(psycopg.errors.ProgramLimitExceeded):
-            enqueue_group(conn, uploads, model_id=model.id, max_attempts=3)
+            enqueue_group(conn, uploads, model_id=model_id, max_attempts=3)
         assert versions_and_jobs(conn, "fine.txt") == (0, 0)
 
 

@@ -103,54 +103,32 @@ def store_body(store: ObjectStore, body: Body) -> StoredBody:
 def enqueue_group(
     conn: Connection, uploads: Sequence[Upload], *, model_id: UUID, max_attempts: int
 ) -> list[IngestResult | Exception]:
-    """``uploads`` in one transaction; one result per upload, in order. Raises (nothing
-    committed) when the database refuses any of them."""
-    versions = [(u.stored.version, u.priority) for u in uploads]
-    return list(_enqueue_retrying(conn, versions, model_id=model_id, max_attempts=max_attempts))
-
-
-def _enqueue_retrying(
-    conn: Connection,
-    versions: Sequence[tuple[NewVersion, int]],
-    *,
-    model_id: UUID,
-    max_attempts: int,
-) -> list[IngestResult]:
+    """``uploads`` in one transaction, one :func:`enqueue_versions` per priority; one result
+    per upload, in order. Raises (nothing committed) when the database refuses any of them."""
+    by_priority: dict[int, list[int]] = {}
+    for i, upload in enumerate(uploads):
+        by_priority.setdefault(upload.priority, []).append(i)
     for attempt in range(1, DEADLOCK_RETRIES + 1):
+        placed: list[tuple[int, IngestResult]] = []
         try:
-            return _enqueue(conn, versions, model_id=model_id, max_attempts=max_attempts)
+            # one priority (the usual case) is enqueue_versions' own transaction; several are
+            # one transaction around its calls (each then a savepoint)
+            with conn.transaction() if len(by_priority) > 1 else contextlib.nullcontext():
+                for priority, places in by_priority.items():
+                    enqueued = enqueue_versions(
+                        conn,
+                        [uploads[i].stored.version for i in places],
+                        model_id=model_id,
+                        max_attempts=max_attempts,
+                        priority=priority,
+                    )
+                    placed += zip(places, enqueued, strict=True)
         except psycopg.errors.DeadlockDetected:
             if attempt == DEADLOCK_RETRIES:
                 raise
+            continue
+        return [result for _, result in sorted(placed, key=lambda pair: pair[0])]
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _enqueue(
-    conn: Connection,
-    versions: Sequence[tuple[NewVersion, int]],
-    *,
-    model_id: UUID,
-    max_attempts: int,
-) -> list[IngestResult]:
-    """One :func:`enqueue_versions` per priority, in one transaction; results in order."""
-    by_priority: dict[int, list[int]] = {}
-    for i, (_, priority) in enumerate(versions):
-        by_priority.setdefault(priority, []).append(i)
-    results: list[IngestResult | None] = [None] * len(versions)
-    # one priority (the usual case) is enqueue_versions' own transaction; several are one
-    # transaction around its calls (each then a savepoint)
-    with conn.transaction() if len(by_priority) > 1 else contextlib.nullcontext():
-        for priority, places in by_priority.items():
-            enqueued = enqueue_versions(
-                conn,
-                [versions[i][0] for i in places],
-                model_id=model_id,
-                max_attempts=max_attempts,
-                priority=priority,
-            )
-            for i, result in zip(places, enqueued, strict=True):
-                results[i] = result
-    return [r for r in results if r is not None]
 
 
 def upload_enqueuer(db: Database, *, model_id: UUID, max_attempts: int) -> UploadEnqueuer:
