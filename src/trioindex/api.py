@@ -378,7 +378,7 @@ class Index:
     ) -> IngestReport:
         """Upload files and folders and enqueue a job per new or changed document, as
         ``trioindex ingest`` does (``key_as`` is ``--as``; ``sync`` is ``--sync``: delete the
-        documents under each folder's key prefix whose files are gone; ``include`` /
+        documents each folder's ingests found whose files are gone; ``include`` /
         ``exclude`` are the globs of ``--include`` / ``--exclude``). Files of a format
         trioindex does not index are ``skipped``. An ``s3://BUCKET/PREFIX`` argument registers
         the objects already in the configured bucket in place, without uploading them

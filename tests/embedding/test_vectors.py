@@ -95,3 +95,18 @@ async def test_an_embedder_answering_zeros_fails_the_call() -> None:
         finally:
             with trio.CancelScope(shield=True):
                 await embedder.aclose()
+
+
+def test_a_large_base64_answer_decodes_as_a_small_one() -> None:
+    many = SMALL_ANSWER // 3 + 1  # past the small size: the numpy pass
+    values = [[0.6, -0.8, 1e-3], [2.5, 0.0, -7.25]]
+    small = validate_vectors([_b64(v) for v in values], expected_count=2, dimension=3,
+                             base64_allowed=True)  # fmt: skip
+    large = validate_vectors(
+        [_b64(v) for v in values] * many,
+        expected_count=2 * many,
+        dimension=3,
+        base64_allowed=True,
+    )
+    assert small == [pytest.approx(v, rel=1e-6) for v in values]
+    assert large == small * many

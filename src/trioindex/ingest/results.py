@@ -93,8 +93,8 @@ class SkippedFile:
 
 @attrs.frozen
 class DeletedDocument:
-    """A document ``ingest --sync`` deleted: it was under a folder's key prefix and the walk of
-    the folder found no file with its key."""
+    """A document ``ingest --sync`` deleted: the folder held it (under its key root) and the
+    walk of the folder found no file with its key."""
 
     document_key: str
     path: None = None
