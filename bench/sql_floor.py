@@ -462,6 +462,30 @@ def summary(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+GOAL = 1.5  # the group functions' CPU per document, at most this many times the data's alone
+
+
+def verdict(rows: Sequence[dict[str, Any]]) -> str:
+    """The group functions against the goal (medians of this run), and against the baseline's
+    functions when measured."""
+    by_way = {r["way"]: r for r in rows}
+    ours = by_way["trioindex's group functions"]
+    same_rows = by_way["the same rows, set-based"]
+    text = (
+        f"The group functions cost {ours['times_data_floor']:.2f}× the document's data alone "
+        f"(goal: at most {GOAL}×) and "
+        f"{ours['median_cpu_ms'] / same_rows['median_cpu_ms']:.2f}× the same rows written "
+        "set-based"
+    )
+    for way, row in by_way.items():
+        if way.startswith(baseline_way("")):
+            text += (
+                f"; {way} cost {row['times_data_floor']:.2f}× the data alone, so the group "
+                f"functions cost {ours['median_cpu_ms'] / row['median_cpu_ms']:.2f}× theirs"
+            )
+    return text + "."
+
+
 def markdown(session: Session, machine: dict[str, Any], rows: list[dict[str, Any]]) -> Any:
     def page(date: str, elapsed: float, png: str) -> str:
         lines = page_head("PostgreSQL CPU per small document, and its floor", date,
@@ -476,10 +500,11 @@ def markdown(session: Session, machine: dict[str, Any], rows: list[dict[str, Any
                                    "median / data only", "xacts/doc", "WAL bytes/doc"], table),
                   "",
                   "Checked in every round: the set-based way (and the baseline's functions, if "
-                  "measured) left exactly the rows the group functions left (rows per table, per status, per event type with its detail's "
-                  "keys, and per job progress; `check_same_rows`). Tables a way needs of its "
-                  "own are made before its measurement.",
-                  ""]  # fmt: skip
+                  "measured) left exactly the rows the group functions left (rows per table, "
+                  "per status, per event type with its detail's keys, and per job progress; "
+                  "`check_same_rows`). Tables a way needs of its own are made before its "
+                  "measurement.",
+                  "", verdict(rows), ""]  # fmt: skip
         return "\n".join(lines)
 
     return page
@@ -517,6 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"{run['xacts_per_doc']:.2f} xacts/doc", flush=True)  # fmt: skip
     check_same_rows(runs)
     rows = summary(runs)
+    print(verdict(rows), flush=True)
 
     def plot(path: Path) -> Path:
         medians: Sequence[float] = [r["median_cpu_ms"] for r in rows]

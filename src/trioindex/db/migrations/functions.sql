@@ -3,8 +3,8 @@
 -- `migrate` applies the versioned migrations (NNNN_*.sql: tables, indexes, data), then this
 -- file whenever its text differs from the one last applied: in one transaction it drops every
 -- function named trioindex_* (and, by CASCADE, the triggers that call them) and runs this
--- file, so the database holds exactly what is written here. A change to the fence is an edit
--- of trioindex_lock_owned_job below, and nowhere else.
+-- file, so the database holds exactly what is written here. A change to the fence's checks is
+-- an edit of trioindex_ownership_refusal below, and nowhere else.
 --
 -- Lock order, everywhere: job rows, then version rows, then model rows (FOR KEY SHARE), then
 -- document rows. Refusals carry their own SQLSTATEs (trioindex.db.fence maps them):
