@@ -381,10 +381,15 @@ async def test_cancelling_a_hanging_request_is_prompt(server: FakeEmbedServer, a
         embedder = await open_http(server, api, request_timeout=60.0)
         try:
             server.set_mode("hang")
-            started = trio.current_time()
-            with trio.move_on_after(0.2) as scope:
-                await embedder.embed(texts(8))
-            elapsed = trio.current_time() - started
+            with trio.CancelScope() as scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(embedder.embed, texts(8))
+                    # cancel once both batches hang in the server, however loaded the machine
+                    while server.stats().embed_requests < 2:
+                        await trio.sleep(0.01)
+                    cancelled_at = trio.current_time()
+                    scope.cancel()
+            elapsed = trio.current_time() - cancelled_at
         finally:
             await embedder.aclose()
     assert scope.cancelled_caught
