@@ -11,15 +11,23 @@ files instead of one each, with every file's outcome the same as if it had been 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Final, TypeVar
 from uuid import UUID
 
 import attrs
+import psycopg
 
 from trioindex.db.operations import retry_failed_job
 from trioindex.db.pool import Connection
 from trioindex.errors import NotFound
 from trioindex.ingest.results import IngestResult
+
+T = TypeVar("T")
+
+#: Times an enqueue transaction runs in all while PostgreSQL keeps choosing it as the victim of
+#: a deadlock.
+DEADLOCK_ATTEMPTS: Final = 3
 
 __all__ = [
     "NOTIFY_CHANNEL",
@@ -65,6 +73,20 @@ def latest_versions(conn: Connection, document_keys: Sequence[str]) -> dict[str,
         (list(document_keys),),
     ).fetchall()
     return {row.pop("external_key"): row for row in rows}
+
+
+def retry_deadlocks(transaction: Callable[[], T]) -> T:
+    """Run ``transaction`` (one whole transaction) and return what it returns; run it again
+    when PostgreSQL broke a deadlock by aborting it, at most :data:`DEADLOCK_ATTEMPTS` times in
+    all. Another transaction locked some of its documents in another order (a delete locks
+    them by id, an enqueue by key); it was rolled back whole, so running it again is safe."""
+    for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
+        try:
+            return transaction()
+        except psycopg.errors.DeadlockDetected:
+            if attempt == DEADLOCK_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def enqueue_version(

@@ -27,9 +27,8 @@ from typing import BinaryIO, Final
 from uuid import UUID
 
 import attrs
-import psycopg
 
-from trioindex.db.enqueue import NewVersion, enqueue_versions
+from trioindex.db.enqueue import NewVersion, enqueue_versions, retry_deadlocks
 from trioindex.db.pool import Connection, Database
 from trioindex.errors import ObjectNotFound
 from trioindex.ingest.files import prepare_bytes, storage_key_for
@@ -40,9 +39,6 @@ from trioindex.worker.committer import GroupCommitter
 #: Uploads enqueued in one transaction at most (the service takes
 #: ``http.max-concurrent-requests`` requests at once, 64 by default).
 MAX_GROUP: Final = 64
-#: Times a group's transaction is run again after PostgreSQL broke a deadlock with it (a delete
-#: locks documents by id, an enqueue by key): rolled back whole, so running it again is safe.
-DEADLOCK_RETRIES: Final = 3
 
 
 @attrs.frozen
@@ -104,31 +100,29 @@ def enqueue_group(
     conn: Connection, uploads: Sequence[Upload], *, model_id: UUID, max_attempts: int
 ) -> list[IngestResult | Exception]:
     """``uploads`` in one transaction, one :func:`enqueue_versions` per priority; one result
-    per upload, in order. Raises (nothing committed) when the database refuses any of them."""
+    per upload, in order, run again after a deadlock (:func:`retry_deadlocks`). Raises
+    (nothing committed) when the database refuses any of them."""
     by_priority: dict[int, list[int]] = {}
     for i, upload in enumerate(uploads):
         by_priority.setdefault(upload.priority, []).append(i)
-    for attempt in range(1, DEADLOCK_RETRIES + 1):
+
+    def enqueue_all() -> list[IngestResult | Exception]:
         placed: list[tuple[int, IngestResult]] = []
-        try:
-            # one priority (the usual case) is enqueue_versions' own transaction; several are
-            # one transaction around its calls (each then a savepoint)
-            with conn.transaction() if len(by_priority) > 1 else contextlib.nullcontext():
-                for priority, places in by_priority.items():
-                    enqueued = enqueue_versions(
-                        conn,
-                        [uploads[i].stored.version for i in places],
-                        model_id=model_id,
-                        max_attempts=max_attempts,
-                        priority=priority,
-                    )
-                    placed += zip(places, enqueued, strict=True)
-        except psycopg.errors.DeadlockDetected:
-            if attempt == DEADLOCK_RETRIES:
-                raise
-            continue
+        # one priority (the usual case) is enqueue_versions' own transaction; several are one
+        # transaction around its calls (each then a savepoint)
+        with conn.transaction() if len(by_priority) > 1 else contextlib.nullcontext():
+            for priority, places in by_priority.items():
+                enqueued = enqueue_versions(
+                    conn,
+                    [uploads[i].stored.version for i in places],
+                    model_id=model_id,
+                    max_attempts=max_attempts,
+                    priority=priority,
+                )
+                placed += zip(places, enqueued, strict=True)
         return [result for _, result in sorted(placed, key=lambda pair: pair[0])]
-    raise AssertionError("unreachable")  # pragma: no cover
+
+    return retry_deadlocks(enqueue_all)
 
 
 def upload_enqueuer(db: Database, *, model_id: UUID, max_attempts: int) -> UploadEnqueuer:

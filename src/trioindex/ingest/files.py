@@ -29,15 +29,15 @@ from typing import BinaryIO, Final
 from uuid import UUID
 
 import attrs
-import psycopg
 
 from trioindex.db.enqueue import (
     NewVersion,
     enqueue_versions,
     latest_version,
     requeue_failed_job,
+    retry_deadlocks,
 )
-from trioindex.db.pool import Database
+from trioindex.db.pool import Connection, Database
 from trioindex.errors import ObjectNotFound
 from trioindex.ingest import nofollow
 from trioindex.ingest.discover import SourceFile
@@ -63,7 +63,6 @@ logger = logging.getLogger(__package__)
 _READ_CHUNK = 1 << 20
 # A file named directly is opened as named, following links (the user named it).
 _NAMED_FLAGS: Final = nofollow.FILE_FLAGS & ~os.O_NOFOLLOW
-_DEADLOCK_RETRIES: Final = 3
 
 
 def storage_key_for(sha256: str) -> str:
@@ -198,18 +197,15 @@ async def enqueue_files(
     """Enqueue prepared files in one transaction (:func:`enqueue_versions`), then requeue the
     FAILED job of each restored version (``repaired``); one result per file, in order."""
     versions = [p.version for p in prepared]
-    enqueue = functools.partial(
-        enqueue_versions, model_id=model_id, max_attempts=max_attempts, priority=priority
-    )
-    for attempt in range(_DEADLOCK_RETRIES):
-        try:
-            results = await db.run(enqueue, versions)
-            break
-        except psycopg.errors.DeadlockDetected:
-            # another transaction locked some of these documents in another order (a delete
-            # locks by id): ours was rolled back whole, so running it again is safe
-            if attempt == _DEADLOCK_RETRIES - 1:
-                raise
+
+    def enqueue(conn: Connection) -> list[IngestResult]:
+        return retry_deadlocks(
+            lambda: enqueue_versions(
+                conn, versions, model_id=model_id, max_attempts=max_attempts, priority=priority
+            )
+        )
+
+    results = await db.run(enqueue)
     finished: list[IngestResult] = []
     for file, enqueued in zip(prepared, results, strict=True):
         result = enqueued
