@@ -270,26 +270,18 @@ def scenario_env(
 # one drain by worker processes
 
 _PHASES_SQL = """
-WITH ev AS (
-    SELECT embedding_job_id AS job,
-           min(created_at) FILTER (WHERE event_type = 'PARSING_STARTED') AS parse_start,
-           min(created_at) FILTER (WHERE event_type = 'CHUNKS_STORED') AS chunks_stored,
-           min(created_at) FILTER (WHERE event_type = 'EMBEDDING_STARTED') AS embed_start,
-           min(created_at) FILTER (WHERE event_type = 'EMBEDDINGS_STORED') AS embeddings_stored
-    FROM indexing_events GROUP BY embedding_job_id
-)
 SELECT v.original_name, v.chunk_count,
        extract(epoch FROM a.started_at)::float8 AS claimed,
-       extract(epoch FROM ev.parse_start)::float8 AS parse_start,
-       extract(epoch FROM ev.chunks_stored)::float8 AS chunks_stored,
-       extract(epoch FROM ev.embed_start)::float8 AS embed_start,
-       extract(epoch FROM ev.embeddings_stored)::float8 AS embeddings_stored,
+       extract(epoch FROM a.parse_started_at)::float8 AS parse_start,
+       extract(epoch FROM a.chunks_stored_at)::float8 AS chunks_stored,
+       extract(epoch FROM a.embedding_started_at)::float8 AS embed_start,
+       extract(epoch FROM a.embeddings_stored_at)::float8 AS embeddings_stored,
        extract(epoch FROM j.finished_at)::float8 AS finished
 FROM embedding_jobs j
 JOIN document_versions v ON v.id = j.document_version_id
 JOIN embedding_job_attempts a ON a.embedding_job_id = j.id AND a.status = 'SUCCEEDED'
-JOIN ev ON ev.job = j.id
-WHERE j.status = 'SUCCEEDED'
+WHERE j.status = 'SUCCEEDED' AND a.parse_started_at IS NOT NULL
+  AND a.embeddings_stored_at IS NOT NULL
 """
 # the transactions that mark a job's steps: (phase, from, to)
 _PHASES = (

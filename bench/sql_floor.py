@@ -14,10 +14,11 @@ database, interleaved over rounds:
    revision REF (say `main`), applied to its own fresh database: the before and after of a
    change to the functions, in one run.
 2. **The same rows, set-based** — the same claim, then exactly the rows (1) writes (job
-   progress and completion with its chunk count, the attempt's end, five events, the chunk
-   with its full-text column, the vector, the model's served version), one statement per
-   table change per group, from arrays: no fence, lookup, loop or subtransaction. No rewrite
-   of the SQL functions can cost less than this while writing these rows.
+   progress and completion with its chunk count, the attempt's steps and end, the completion
+   event, the chunk with its full-text column, the vector, the model's served version and its
+   text statistics), one statement per table change per group, from arrays: no fence, lookup,
+   loop or subtransaction. No rewrite of the SQL functions can cost less than this while
+   writing these rows.
 3. **The document's data only** — a queue row deleted, the chunk row (full-text column
    included) and the vector row: no attempts, events or statuses.
 4. **pgai's shape** — a queue row deleted and one row with the text and the vector (what
@@ -180,21 +181,12 @@ def _claim_arrays(claims: Sequence[Claim]) -> tuple[list[UUID], ...]:
     )
 
 
-# Each event with the detail the functions write for it (the same keys; the check compares them)
-_EVENTS = """INSERT INTO indexing_events
+# The completion event with the detail the functions write for it (the check compares keys)
+_SUCCEEDED = """INSERT INTO indexing_events
     (event_type, embedding_job_id, document_version_id, attempt_id, worker_id, detail)
-SELECT e, j, v, a, w,
-       CASE e
-           WHEN 'PARSING_STARTED' THEN '{}'::jsonb
-           WHEN 'CHUNKS_STORED' THEN jsonb_build_object(
-               'chunks', 1, 'characters', 600, 'chunking', 'characters')
-           WHEN 'EMBEDDING_STARTED' THEN jsonb_build_object('chunks', 1, 'model', 'floor-model')
-           WHEN 'EMBEDDINGS_STORED' THEN jsonb_build_object(
-               'embeddings', 1, 'model', 'floor-model')
-           ELSE jsonb_build_object('attempt_no', 1, 'chunks', 1, 'became_current', true)
-       END
-FROM unnest(%b::uuid[], %b::uuid[], %b::uuid[], %b::uuid[]) AS u(j, v, a, w),
-     unnest(%b::text[]) AS e"""
+SELECT 'JOB_SUCCEEDED', j, v, a, w,
+       jsonb_build_object('attempt_no', 1, 'chunks', 1, 'became_current', true)
+FROM unnest(%b::uuid[], %b::uuid[], %b::uuid[], %b::uuid[]) AS u(j, v, a, w)"""
 
 _CHUNKS = """INSERT INTO document_chunks
     (id, document_id, document_version_id, chunking, chunk_index, content, char_start,
@@ -239,7 +231,10 @@ def same_rows_set_based(conn: Connection, corpus: Corpus, setup: Setup) -> int:
         jobs, versions, attempts, _ = ids = _claim_arrays(claims)
         with conn.transaction():
             conn.execute("UPDATE embedding_jobs SET progress = 10 WHERE id = ANY(%b)", (jobs,))
-            conn.execute(_EVENTS, (*ids, ["PARSING_STARTED"]))
+            conn.execute(
+                "UPDATE embedding_job_attempts SET parse_started_at = now() WHERE id = ANY(%b)",
+                (attempts,),
+            )
             rows = conn.execute(
                 "SELECT id, document_id, original_name FROM document_versions WHERE id = ANY(%b)",
                 (versions,),
@@ -250,7 +245,13 @@ def same_rows_set_based(conn: Connection, corpus: Corpus, setup: Setup) -> int:
         with conn.transaction():
             chunk_ids = _insert_chunks(conn, corpus, index, documents, versions)
             conn.execute("UPDATE embedding_jobs SET progress = 50 WHERE id = ANY(%b)", (jobs,))
-            conn.execute(_EVENTS, (*ids, ["CHUNKS_STORED", "EMBEDDING_STARTED"]))
+            conn.execute(
+                f"""UPDATE embedding_job_attempts
+                    SET chunks_stored_at = now(), chunks = 1, characters = {CHARACTERS},
+                        embedding_started_at = now()
+                    WHERE id = ANY(%b)""",
+                (attempts,),
+            )
         with conn.transaction(), conn.cursor(binary=True) as cursor:
             _insert_vectors(cursor, corpus, setup, index, (chunk_ids, documents, versions))
             cursor.execute(
@@ -262,8 +263,10 @@ def same_rows_set_based(conn: Connection, corpus: Corpus, setup: Setup) -> int:
                 (setup.model_id, documents, versions),
             )
             cursor.execute(
-                "UPDATE embedding_job_attempts SET status = 'SUCCEEDED', finished_at = now()"
-                " WHERE id = ANY(%b)",
+                """UPDATE embedding_job_attempts
+                   SET status = 'SUCCEEDED', finished_at = now(), embeddings_stored_at = now(),
+                       embeddings = 1, embedding_slices = 1
+                   WHERE id = ANY(%b)""",
                 (attempts,),
             )
             cursor.execute(
@@ -275,7 +278,7 @@ def same_rows_set_based(conn: Connection, corpus: Corpus, setup: Setup) -> int:
                    WHERE id = ANY(%b)""",
                 (jobs,),
             )
-            cursor.execute(_EVENTS, (*ids, ["EMBEDDINGS_STORED", "JOB_SUCCEEDED"]))
+            cursor.execute(_SUCCEEDED, ids)
         done += len(claims)
     return done
 
@@ -369,15 +372,53 @@ FROM indexing_events GROUP BY 1
 UNION ALL SELECT 'versions', count(*) FROM document_versions
 UNION ALL SELECT 'jobs ' || status || ' progress ' || progress || ' chunks '
                  || coalesce(chunk_count::text, '-'), count(*) FROM embedding_jobs GROUP BY 1
-UNION ALL SELECT 'attempts ' || status, count(*) FROM embedding_job_attempts GROUP BY 1
+UNION ALL SELECT 'attempts ' || status || ' steps '
+                 || concat_ws(',', CASE WHEN parse_started_at IS NOT NULL THEN 'parse' END,
+                              CASE WHEN chunks_stored_at IS NOT NULL THEN 'chunks' END,
+                              CASE WHEN embedding_started_at IS NOT NULL THEN 'embedding' END,
+                              CASE WHEN embeddings_stored_at IS NOT NULL THEN 'vectors' END)
+                 || ' counts ' || concat_ws(',', chunks, characters, replaced_sequences,
+                                            embeddings, embedding_slices), count(*)
+          FROM embedding_job_attempts GROUP BY 1
 UNION ALL SELECT 'chunks', count(*) FROM document_chunks
 UNION ALL SELECT 'embeddings', count(*) FROM embeddings
 UNION ALL SELECT 'served versions', count(*) FROM served_versions
+UNION ALL SELECT 'text statistics ' || chunks || ' ' || text_length, count(*)
+          FROM served_text_statistics GROUP BY 1
 """
 
 
 def rows_left(conn: Connection) -> dict[str, int]:
     return {row["what"]: int(row["n"]) for row in conn.execute(_ROWS_LEFT).fetchall()}
+
+
+_TABLE_WRITES = """SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del
+FROM pg_stat_user_tables"""
+
+
+def table_writes(url: str) -> dict[str, tuple[int, int, int, int]]:
+    """Rows inserted, updated (all; HOT), deleted so far, per table of the database."""
+    with connect(url) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        return {
+            r["relname"]: (r["n_tup_ins"], r["n_tup_upd"], r["n_tup_hot_upd"], r["n_tup_del"])
+            for r in conn.execute(_TABLE_WRITES).fetchall()
+        }
+
+
+def writes_per_document(
+    before: dict[str, tuple[int, int, int, int]],
+    after: dict[str, tuple[int, int, int, int]],
+    documents: int,
+) -> dict[str, list[float]]:
+    """Per table that changed: rows inserted, updated, of them HOT, deleted — per document."""
+    found = {}
+    for table, counts in after.items():
+        old = before.get(table, (0, 0, 0, 0))
+        delta = [(n - o) / documents for n, o in zip(counts, old, strict=True)]
+        if any(delta):
+            found[table] = delta
+    return found
 
 
 def baseline_way(revision: str) -> str:
@@ -398,6 +439,7 @@ def measure(pg: BenchPostgres, corpus: Corpus, way: str) -> dict[str, Any]:
             if way in PREPARE:
                 PREPARE[way](conn)
         pg.quiesce(url)
+        writes_before = table_writes(url)
         before = pg.counters(url, settle_seconds=5)
         began = time.monotonic()
         with connect(url) as conn:
@@ -406,6 +448,7 @@ def measure(pg: BenchPostgres, corpus: Corpus, way: str) -> dict[str, Any]:
         after = pg.counters(url, settle_seconds=10)
         if documents != len(corpus.texts):
             raise RuntimeError(f"{way}: {documents} of {len(corpus.texts)} documents written")
+        writes = writes_per_document(writes_before, table_writes(url), documents)
         with connect(url) as conn:
             left = rows_left(conn)
         return {
@@ -416,21 +459,32 @@ def measure(pg: BenchPostgres, corpus: Corpus, way: str) -> dict[str, Any]:
             "xacts_per_doc": (after.xact_commit - before.xact_commit) / documents,
             "wal_bytes_per_doc": pg.wal_bytes(before, after) / documents,
             "rows_left": left,
+            "writes_per_doc": writes,
         }
 
 
+# What another revision's functions may record differently: its events and attempt columns.
+_BOOKKEEPING = ("events ", "attempts ")
+
+
 def check_same_rows(runs: Sequence[dict[str, Any]]) -> None:
-    """The set-based way (and the baseline's functions) must leave exactly the rows the group
-    functions leave (by table, status, event type with its detail's keys, and job progress),
-    or its figure is not their floor."""
+    """The set-based way must leave exactly the rows the group functions leave (by table,
+    status, event type with its detail's keys, attempt steps and counts, and job progress), or
+    its figure is not their floor; the baseline's functions the same data, jobs and served
+    versions (their events and attempt records may differ: that is what a change cuts)."""
     product_way, floor_way = list(WAYS)[:2]
-    compared = {product_way, floor_way} | {w for w in WAYS if w.startswith(baseline_way(""))}
     product = next(r["rows_left"] for r in runs if r["way"] == product_way)
-    for floor in (r["rows_left"] for r in runs if r["way"] in compared):
-        if floor != product:
-            keys = product.keys() | floor.keys()
-            differ = sorted(k for k in keys if product.get(k) != floor.get(k))
-            raise RuntimeError(f"the set-based way leaves other rows: {differ}")
+    for run in runs:
+        if run["way"] == floor_way:
+            ignored: tuple[str, ...] = ()
+        elif run["way"].startswith(baseline_way("")):
+            ignored = _BOOKKEEPING
+        else:
+            continue
+        keys = {k for k in product.keys() | run["rows_left"].keys() if not k.startswith(ignored)}
+        differ = sorted(k for k in keys if product.get(k) != run["rows_left"].get(k))
+        if differ:
+            raise RuntimeError(f"{run['way']} leaves other rows: {differ}")
 
 
 def _span(values: Sequence[float], digits: int = 2) -> str:
@@ -462,6 +516,27 @@ def summary(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def writes_table(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Rows written per document, by table, for the group functions (and the baseline's):
+    "inserted / updated (HOT) / deleted", from the last round of each."""
+    ways = [w for w in WAYS if w == "trioindex's group functions" or
+            w.startswith(baseline_way(""))]  # fmt: skip
+    last = {r["way"]: r["writes_per_doc"] for r in runs if r["way"] in ways}
+    tables = sorted({t for writes in last.values() for t in writes})
+
+    def cell(way: str, table: str) -> str:
+        ins, upd, hot, dele = last[way].get(table, [0.0, 0.0, 0.0, 0.0])
+        return f"{ins:.2f} / {upd:.2f} ({hot:.2f}) / {dele:.2f}"
+
+    rows = [[t, *(cell(w, t) for w in ways)] for t in tables]
+    totals = ["**all tables**"]
+    for way in ways:
+        sums = [sum(v[i] for v in last[way].values()) for i in range(4)]
+        totals.append(f"{sums[0]:.2f} / {sums[1]:.2f} ({sums[2]:.2f}) / {sums[3]:.2f}")
+    return markdown_table(["table (inserted / updated (HOT) / deleted per document)", *ways],
+                          [*rows, totals])  # fmt: skip
+
+
 GOAL = 1.5  # the group functions' CPU per document, at most this many times the data's alone
 
 
@@ -486,7 +561,12 @@ def verdict(rows: Sequence[dict[str, Any]]) -> str:
     return text + "."
 
 
-def markdown(session: Session, machine: dict[str, Any], rows: list[dict[str, Any]]) -> Any:
+def markdown(
+    session: Session,
+    machine: dict[str, Any],
+    rows: list[dict[str, Any]],
+    runs: Sequence[dict[str, Any]],
+) -> Any:
     def page(date: str, elapsed: float, png: str) -> str:
         lines = page_head("PostgreSQL CPU per small document, and its floor", date,
                           session.command, elapsed, machine, about=__doc__ or "")  # fmt: skip
@@ -504,7 +584,11 @@ def markdown(session: Session, machine: dict[str, Any], rows: list[dict[str, Any
                   "per status, per event type with its detail's keys, and per job progress; "
                   "`check_same_rows`). Tables a way needs of its own are made before its "
                   "measurement.",
-                  "", verdict(rows), ""]  # fmt: skip
+                  "", verdict(rows), "",
+                  "## Rows written per document", "",
+                  "Every row version each way's measured part wrote (claim and the three group "
+                  "statements; `pg_stat_user_tables`, triggers included), per document:", "",
+                  *writes_table(runs), ""]  # fmt: skip
         return "\n".join(lines)
 
     return page
@@ -543,6 +627,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_same_rows(runs)
     rows = summary(runs)
     print(verdict(rows), flush=True)
+    print("\n".join(writes_table(runs)), flush=True)
 
     def plot(path: Path) -> Path:
         medians: Sequence[float] = [r["median_cpu_ms"] for r in rows]
@@ -553,7 +638,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     figures = {"documents": count, "group": GROUP, "dimension": DIMENSION, "runs": runs,
                "summary": rows}  # fmt: skip
-    return session.publish(machine, figures, plot, markdown(session, machine, rows))
+    return session.publish(machine, figures, plot, markdown(session, machine, rows, runs))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Sequence
+from typing import Any
 from uuid import UUID
 
 import attrs
@@ -274,3 +275,25 @@ def serves(conn: Connection, claim: Claim) -> bool:
     return served(conn, version["document_id"], claim.embedding_model_id) == (
         claim.document_version_id
     )
+
+
+#: The steps an attempt row records, in the order a job runs them.
+ATTEMPT_STEPS = ("parse_started", "chunks_stored", "embedding_started", "embeddings_stored")
+
+
+def attempt_row(conn: Connection, job_id: UUID) -> dict[str, Any]:
+    """The job's newest attempt."""
+    row = conn.execute(
+        """SELECT * FROM embedding_job_attempts WHERE embedding_job_id = %s
+           ORDER BY attempt_no DESC LIMIT 1""",
+        (job_id,),
+    ).fetchone()
+    assert row is not None
+    return dict(row)
+
+
+def steps(conn: Connection, job_id: UUID) -> list[str]:
+    """The steps the job's newest attempt has recorded (:data:`ATTEMPT_STEPS` whose time is
+    set), in the order a job runs them."""
+    row = attempt_row(conn, job_id)
+    return [step for step in ATTEMPT_STEPS if row[f"{step}_at"] is not None]

@@ -145,6 +145,16 @@ class AttemptView:
     failure_message: str | None
     started_at: datetime
     finished_at: datetime | None
+    # the steps this attempt ran, each when it happened (None: not reached), with their counts
+    parse_started_at: datetime | None = None
+    chunks_stored_at: datetime | None = None
+    chunks: int | None = None  # the chunk set this attempt stored
+    characters: int | None = None
+    replaced_sequences: int | None = None  # invalid byte sequences decoding replaced
+    embedding_started_at: datetime | None = None
+    embeddings_stored_at: datetime | None = None  # its last slice of vectors
+    embeddings: int | None = None  # the vectors this attempt stored
+    embedding_slices: int | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> AttemptView:
@@ -157,7 +167,45 @@ class AttemptView:
             failure_message=row["failure_message"],
             started_at=row["started_at"],
             finished_at=row["finished_at"],
+            parse_started_at=row["parse_started_at"],
+            chunks_stored_at=row["chunks_stored_at"],
+            chunks=row["chunks"],
+            characters=row["characters"],
+            replaced_sequences=row["replaced_sequences"],
+            embedding_started_at=row["embedding_started_at"],
+            embeddings_stored_at=row["embeddings_stored_at"],
+            embeddings=row["embeddings"],
+            embedding_slices=row["embedding_slices"],
         )
+
+    def step_lines(self) -> list[str]:
+        """The steps this attempt reached, one line each: seconds after the attempt started,
+        and what the step stored."""
+
+        def after(at: datetime) -> str:
+            return f"+{(at - self.started_at).total_seconds():.2f}s"
+
+        lines = []
+        if self.parse_started_at:
+            lines.append(f"parse started {after(self.parse_started_at)}")
+        if self.chunks_stored_at:
+            replaced = (
+                f", {self.replaced_sequences} byte sequences replaced"
+                if self.replaced_sequences
+                else ""
+            )
+            lines.append(
+                f"chunks stored {after(self.chunks_stored_at)}: {self.chunks} chunks,"
+                f" {self.characters} characters{replaced}"
+            )
+        if self.embedding_started_at:
+            lines.append(f"embedding started {after(self.embedding_started_at)}")
+        if self.embeddings_stored_at:
+            lines.append(
+                f"embeddings stored {after(self.embeddings_stored_at)}: {self.embeddings}"
+                f" vectors in {self.embedding_slices} slice(s)"
+            )
+        return lines
 
 
 @attrs.frozen

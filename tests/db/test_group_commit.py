@@ -98,12 +98,19 @@ def test_each_job_of_a_group_gets_exactly_its_own_vectors(db: Database) -> None:
         for claim, matrix in zip(group, matrices, strict=True):
             assert np.allclose(stored_vectors(conn, claim), matrix)
             assert helpers.job_row(conn, claim.job_id)["status"] == "SUCCEEDED"
-            assert helpers.events(conn, claim.job_id)[-4:] == [
-                "CHUNKS_STORED",
-                "EMBEDDING_STARTED",
-                "EMBEDDINGS_STORED",
-                "JOB_SUCCEEDED",
+            assert helpers.events(conn, claim.job_id)[-1] == "JOB_SUCCEEDED"
+            assert helpers.steps(conn, claim.job_id)[-3:] == [
+                "chunks_stored",
+                "embedding_started",
+                "embeddings_stored",
             ]
+            attempt = helpers.attempt_row(conn, claim.job_id)
+            assert (attempt["status"], attempt["chunks"], attempt["embeddings"]) == (
+                "SUCCEEDED",
+                3,
+                3,
+            )
+            assert attempt["embedding_slices"] == 1
 
 
 AWKWARD_TEXTS = ["NULL", 'a "quoted", {braced} \\ back\\slash', "tab\tnew\nline é 日本"]
@@ -153,7 +160,8 @@ def test_a_job_that_lost_its_lease_is_refused_alone_and_the_others_commit(
         assert results[0] == results[2] == DONE
         assert stored_vectors(conn, group[1]) == []
         assert helpers.job_row(conn, group[1].job_id)["status"] == "PROCESSING"
-        assert "EMBEDDINGS_STORED" not in helpers.events(conn, group[1].job_id)
+        assert "embeddings_stored" not in helpers.steps(conn, group[1].job_id)
+        assert helpers.attempt_row(conn, group[1].job_id)["embeddings"] is None
         for kept in (group[0], group[2]):
             assert len(stored_vectors(conn, kept)) == 2
             assert helpers.job_row(conn, kept.job_id)["status"] == "SUCCEEDED"
@@ -166,7 +174,7 @@ def test_parse_groups_fence_each_job_alone(db: Database) -> None:
         first = begin_parse_many(conn, group)
         assert isinstance(first[0], OwnershipLost)
         assert all(isinstance(s, ParseSnapshot) for s in first[1:])
-        assert helpers.events(conn, group[0].job_id) == ["JOB_ENQUEUED", "JOB_CLAIMED"]
+        assert helpers.steps(conn, group[0].job_id) == []
         # between prepare and commit, job 2's lease is lost: its chunks are not stored
         helpers.expire_lease(conn, group[2].job_id)
         commits = [
@@ -310,7 +318,8 @@ def test_two_jobs_of_one_group_on_one_chunk_set_store_it_once(db: Database) -> N
             )
             == 2
         )
-        assert helpers.events(conn, twins[1].job_id).count("CHUNKS_STORED") == 0
+        assert "chunks_stored" not in helpers.steps(conn, twins[1].job_id)
+        assert helpers.attempt_row(conn, twins[0].job_id)["chunks"] == 2
 
 
 def test_two_versions_of_a_document_completed_in_one_group_serve_the_newer(
@@ -378,7 +387,8 @@ def test_two_slices_of_one_job_in_one_group_are_written_one_after_the_other(
         for claim in group:
             assert len(stored_vectors(conn, claim)) == 2
             assert helpers.job_row(conn, claim.job_id)["status"] == "SUCCEEDED"
-        assert helpers.events(conn, group[0].job_id).count("EMBEDDINGS_STORED") == 2
+        attempt = helpers.attempt_row(conn, group[0].job_id)
+        assert (attempt["embeddings"], attempt["embedding_slices"]) == (2, 2)
 
 
 def test_a_group_claim_naming_another_jobs_attempt_is_refused_alone(db: Database) -> None:
@@ -389,4 +399,4 @@ def test_a_group_claim_naming_another_jobs_attempt_is_refused_alone(db: Database
         assert isinstance(results[0], OwnershipLost)
         assert "attempt" in str(results[0])
         assert isinstance(results[1], ParseSnapshot)
-        assert helpers.events(conn, group[0].job_id) == ["JOB_ENQUEUED", "JOB_CLAIMED"]
+        assert helpers.steps(conn, group[0].job_id) == []

@@ -383,7 +383,8 @@ def test_a_token_aware_job_on_a_version_with_only_the_character_set_is_told_to_p
 ) -> None:
     """The parse prepare's ``chunk_count`` is the size of the job's own chunk set: a version
     the serving model indexed from character chunks has none of a token-aware model's, so the
-    prepare must say "parse" (None, progress 10, PARSING_STARTED) rather than "replay"."""
+    prepare must say "parse" (None, progress 10, the parse's start on the attempt) rather than
+    "replay"."""
     with db.connection() as conn:
         old = helpers.model(conn, OLD, 4)
         helpers.enqueue(conn, old.id, "a.txt", content=b"alpha bravo")
@@ -396,7 +397,7 @@ def test_a_token_aware_job_on_a_version_with_only_the_character_set_is_told_to_p
         assert isinstance(snapshot, ParseSnapshot)
         assert snapshot.chunk_count is None and not snapshot.already_chunked
         assert helpers.job_row(conn, claim.job_id)["progress"] == 10
-        assert helpers.events(conn, claim.job_id)[-1] == "PARSING_STARTED"
+        assert helpers.steps(conn, claim.job_id) == ["parse_started"]
 
 
 # -- workers ------------------------------------------------------------------------------------

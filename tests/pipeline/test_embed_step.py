@@ -206,8 +206,10 @@ async def test_vectors_are_stored_with_relations_and_hashes_by_the_completion(
     assert _served(db, claim)
     with db.connection() as conn:
         events = helpers.events(conn, claim.job_id)
-    assert events.count("EMBEDDING_STARTED") == events.count("EMBEDDINGS_STORED") == 1
+        attempt = helpers.attempt_row(conn, claim.job_id)
     assert events[-1] == "JOB_SUCCEEDED"
+    assert (attempt["embeddings"], attempt["embedding_slices"]) == (len(TEXTS), 1)
+    assert attempt["embedding_started_at"] <= attempt["embeddings_stored_at"]
 
 
 async def test_a_replay_over_a_complete_set_makes_no_request_and_adds_nothing(
@@ -225,6 +227,13 @@ async def test_a_replay_over_a_complete_set_makes_no_request_and_adds_nothing(
     assert len(_stored(db, claim)) == len(TEXTS)
     with db.connection() as conn:
         assert helpers.events(conn, claim.job_id) == [*events_before, "JOB_SUCCEEDED"]
+        attempt = helpers.attempt_row(conn, claim.job_id)
+    # this attempt stored no vector: it records none
+    assert (attempt["status"], attempt["embeddings"], attempt["embeddings_stored_at"]) == (
+        "SUCCEEDED",
+        None,
+        None,
+    )
     assert _served(db, claim)
 
 
@@ -365,15 +374,8 @@ async def test_a_large_document_is_stored_in_slices_and_served_only_after_the_la
     got = np.array([r["vector"].to_list() for r in rows], dtype=np.float32)
     np.testing.assert_allclose(got, expected, rtol=1e-6)
     with db.connection() as conn:
-        details = conn.execute(
-            """SELECT detail FROM indexing_events
-               WHERE embedding_job_id = %s AND event_type = 'EMBEDDINGS_STORED' ORDER BY id""",
-            (claimed.job_id,),
-        ).fetchall()
-    assert [(d["detail"]["offset"], d["detail"]["of"]) for d in details] == [
-        (0, size),
-        (SLICE_ROWS, size),
-    ]
+        attempt = helpers.attempt_row(conn, claimed.job_id)
+    assert (attempt["embeddings"], attempt["embedding_slices"]) == (size, 2)
     assert _job(db, claimed)["chunk_count"] == size
 
 
@@ -400,7 +402,9 @@ def test_two_threads_committing_one_claim_store_one_set_and_complete_once(
     assert len(_stored(db, claim)) == len(TEXTS)
     with db.connection() as conn:
         events = helpers.events(conn, claim.job_id)
-    assert events.count("EMBEDDINGS_STORED") == events.count("JOB_SUCCEEDED") == 1
+        attempt = helpers.attempt_row(conn, claim.job_id)
+    assert events.count("JOB_SUCCEEDED") == 1
+    assert (attempt["embeddings"], attempt["embedding_slices"]) == (len(TEXTS), 1)
 
 
 def test_a_complete_set_stored_again_is_not_written_and_the_job_still_completes(
@@ -413,7 +417,8 @@ def test_a_complete_set_stored_again_is_not_written_and_the_job_still_completes(
     assert {row["id"] for row in _stored(db, claim)} == ids
     with db.connection() as conn:
         events = helpers.events(conn, claim.job_id)
-    assert "EMBEDDINGS_STORED" not in events and events[-1] == "JOB_SUCCEEDED"
+        attempt = helpers.attempt_row(conn, claim.job_id)
+    assert events[-1] == "JOB_SUCCEEDED" and attempt["embeddings"] is None
     assert _served(db, claim)
 
 
@@ -430,7 +435,9 @@ def test_the_last_slice_twice_in_one_group_completes_the_job_once(
     assert len(_stored(db, claim)) == len(TEXTS)
     with db.connection() as conn:
         events = helpers.events(conn, claim.job_id)
-    assert events.count("EMBEDDINGS_STORED") == 2 and events.count("JOB_SUCCEEDED") == 1
+        attempt = helpers.attempt_row(conn, claim.job_id)
+    assert events.count("JOB_SUCCEEDED") == 1
+    assert (attempt["embeddings"], attempt["embedding_slices"]) == (len(TEXTS), 2)
 
 
 @pytest.mark.parametrize("forgery", helpers.FORGERIES)
@@ -511,12 +518,16 @@ def test_begin_embedding_clears_a_partial_set_and_keeps_a_complete_one(
 ) -> None:
     snapshot = _snapshot(db, claim)
     assert not snapshot.complete
+    with db.connection() as conn:
+        began = helpers.attempt_row(conn, claim.job_id)["embedding_started_at"]
+    assert began is not None
     _store(db, _commit(snapshot, claim, 0, 2))
     again = _snapshot(db, claim)  # the partial set belongs to this job alone: it is cleared
     assert not again.complete and _stored(db, claim) == []
     assert [c.id for c in again.chunks] == [c.id for c in snapshot.chunks]
     with db.connection() as conn:
-        assert helpers.events(conn, claim.job_id).count("EMBEDDING_STARTED") == 1
+        # embedding began once in this attempt
+        assert helpers.attempt_row(conn, claim.job_id)["embedding_started_at"] == began
 
 
 def test_embedding_uses_the_jobs_pinned_model_not_the_active_one(

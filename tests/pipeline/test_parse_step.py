@@ -150,12 +150,18 @@ async def test_the_parse_step_stores_contiguous_chunks_and_starts_embedding(
         assert source[chunk["char_start"] : chunk["char_end"]] == chunk["content"]
         assert chunk["content_sha256"] == hashlib.sha256(chunk["content"].encode()).hexdigest()
     with db.connection() as conn:
-        # one job's commit is the group function's: chunks stored and embedding begun at once
-        assert helpers.events(conn, claim.job_id)[-3:] == [
-            "PARSING_STARTED",
-            "CHUNKS_STORED",
-            "EMBEDDING_STARTED",
+        # one job's commit is the group function's: chunks stored and embedding begun at once,
+        # recorded on the attempt (no event row per step)
+        assert helpers.steps(conn, claim.job_id) == [
+            "parse_started",
+            "chunks_stored",
+            "embedding_started",
         ]
+        attempt = helpers.attempt_row(conn, claim.job_id)
+        assert attempt["parse_started_at"] <= attempt["chunks_stored_at"]
+        assert (attempt["chunks"], attempt["characters"]) == (count, len(source))
+        assert attempt["replaced_sequences"] is None
+        assert helpers.events(conn, claim.job_id) == ["JOB_ENQUEUED", "JOB_CLAIMED"]
         job = helpers.job_row(conn, claim.job_id)
         assert (job["status"], job["progress"], job["chunk_count"]) == ("PROCESSING", 50, None)
         assert not helpers.serves(conn, claim)  # served only once the job completes
@@ -181,7 +187,15 @@ async def test_the_worker_steps_index_a_parsed_document_and_serve_it(
             )
             == parsed
         )
-        assert helpers.events(conn, claim.job_id)[-2:] == ["EMBEDDINGS_STORED", "JOB_SUCCEEDED"]
+        assert helpers.events(conn, claim.job_id)[-1] == "JOB_SUCCEEDED"
+        attempt = helpers.attempt_row(conn, claim.job_id)
+        assert helpers.steps(conn, claim.job_id) == list(helpers.ATTEMPT_STEPS)
+        assert (attempt["status"], attempt["chunks"], attempt["embeddings"]) == (
+            "SUCCEEDED",
+            parsed,
+            parsed,
+        )
+        assert attempt["embeddings_stored_at"] <= attempt["finished_at"]
 
 
 async def test_a_replay_after_the_chunks_are_stored_does_no_storage_read(
@@ -193,11 +207,13 @@ async def test_a_replay_after_the_chunks_are_stored_does_no_storage_read(
         reads = CountingStore.reads
         with db.connection() as conn:
             events = helpers.events(conn, claim.job_id)
+            attempt = helpers.attempt_row(conn, claim.job_id)
         # the same claim's parse again, by a fresh set of steps (nothing kept in memory)
         (second,) = await helpers.run_claim(_steps(db, store), claim, "parse")
     assert second == first and CountingStore.reads == reads == 1
     with db.connection() as conn:
         assert helpers.events(conn, claim.job_id) == events
+        assert helpers.attempt_row(conn, claim.job_id) == attempt  # nothing recorded again
         assert helpers.job_row(conn, claim.job_id)["progress"] == 50
 
 
@@ -218,7 +234,13 @@ async def test_a_crash_between_prepare_and_commit_parses_again_on_the_next_attem
         count, _, _ = await helpers.run_claim(_steps(db, store), again)
     assert len(_chunks(db, again)) == count
     with db.connection() as conn:
-        assert helpers.events(conn, claim.job_id).count("PARSING_STARTED") == 1
+        # the first attempt began the parse and stored nothing; the second parsed again
+        first = conn.execute(
+            "SELECT * FROM embedding_job_attempts WHERE id = %s", (claim.attempt_id,)
+        ).fetchone()
+        assert first is not None
+        assert first["parse_started_at"] is not None and first["chunks_stored_at"] is None
+        assert helpers.steps(conn, claim.job_id) == list(helpers.ATTEMPT_STEPS)
         assert helpers.job_row(conn, claim.job_id)["status"] == "SUCCEEDED"
 
 
@@ -267,13 +289,15 @@ def test_two_concurrent_commits_for_one_claim_converge_on_one_chunk_set(
     stored = _chunks(db, claim)
     assert [c["content"] for c in stored] == [c.text for c in chunks]
     with db.connection() as conn:
-        events = helpers.events(conn, claim.job_id)
-        assert events.count("CHUNKS_STORED") == events.count("EMBEDDING_STARTED") == 1
+        attempt = helpers.attempt_row(conn, claim.job_id)
+        assert attempt["chunks"] == len(chunks)
+        stored_at = attempt["chunks_stored_at"]
         # two commits of one set in one group converge the same way
         again = store_chunks_many(
             conn, [ChunkCommit(claim, snapshot, chunks), ChunkCommit(claim, snapshot, chunks)]
         )
         assert again == [len(chunks), len(chunks)]
+        assert helpers.attempt_row(conn, claim.job_id)["chunks_stored_at"] == stored_at
     assert len(_chunks(db, claim)) == len(chunks)
 
 
@@ -346,15 +370,16 @@ async def test_a_missing_object_is_storage_unavailable(
 # -- almost-right text is indexed, and the repair recorded (issue 11 §5) ------------------------
 
 
-def _chunks_stored_detail(db: Database, claim: Claim) -> dict[str, Any]:
+def _chunks_stored(db: Database, claim: Claim) -> dict[str, Any]:
+    """What the claim's attempt recorded of its stored chunk set."""
     with db.connection() as conn:
         row = conn.execute(
-            """SELECT detail FROM indexing_events
-               WHERE embedding_job_id = %s AND event_type = 'CHUNKS_STORED'""",
-            (claim.job_id,),
+            """SELECT chunks, characters, replaced_sequences FROM embedding_job_attempts
+               WHERE id = %s AND chunks_stored_at IS NOT NULL""",
+            (claim.attempt_id,),
         ).fetchone()
     assert row is not None
-    return dict(row["detail"])
+    return dict(row)
 
 
 async def test_truncated_korean_text_is_indexed_with_the_replacement_recorded(
@@ -368,14 +393,13 @@ async def test_truncated_korean_text_is_indexed_with_the_replacement_recorded(
     chunks = _chunks(db, claim)
     assert count == len(chunks) > 1
     assert chunks[-1]["content"].endswith("\ufffd")
-    detail = _chunks_stored_detail(db, claim)
-    assert detail["replaced_sequences"] == 1
-    assert set(detail) == {"chunks", "characters", "chunking", "replaced_sequences"}  # no text
+    recorded = _chunks_stored(db, claim)
+    assert recorded == {"chunks": count, "characters": len(text), "replaced_sequences": 1}
     assert _job(db, claim)["status"] == "SUCCEEDED"
     clean = _claim(db, store, TEXT, "clean.txt")
     with trio.fail_after(30):
         await helpers.run_claim(_steps(db, store), clean, "parse")
-    assert "replaced_sequences" not in _chunks_stored_detail(db, clean)
+    assert _chunks_stored(db, clean)["replaced_sequences"] is None
 
 
 # -- parsing runs in a process that is killed on timeout or cancellation (issue 11 §4) ----------

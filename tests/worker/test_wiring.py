@@ -93,13 +93,14 @@ def served(db: Database, claim: Claim) -> list[dict[str, object]]:
         ).fetchall()
 
 
-def slice_events(db: Database, claim: Claim) -> list[dict[str, object]]:
+def slices_recorded(db: Database, claim: Claim) -> dict[str, object] | None:
+    """The vectors and slices the claim's attempt recorded."""
     with db.connection() as conn:
         return conn.execute(
-            """SELECT detail - 'model' AS detail FROM indexing_events
-               WHERE embedding_job_id = %s AND event_type = 'EMBEDDINGS_STORED' ORDER BY id""",
-            (claim.job_id,),
-        ).fetchall()
+            """SELECT embeddings, embedding_slices FROM embedding_job_attempts
+               WHERE id = %s""",
+            (claim.attempt_id,),
+        ).fetchone()
 
 
 def assert_each_vector_on_its_chunk(db: Database, claim: Claim, texts: list[str]) -> None:
@@ -121,10 +122,7 @@ async def test_a_big_set_is_stored_in_slices_the_last_completing_the_job_each_ve
         nursery.cancel_scope.cancel()
     assert result.became_current
     assert steps.store_embeddings.groups == 2  # one group per slice, in order
-    assert slice_events(db, claim) == [
-        {"detail": {"embeddings": SLICE_ROWS, "offset": 0, "of": BIG}},
-        {"detail": {"embeddings": 3, "offset": SLICE_ROWS, "of": BIG}},
-    ]
+    assert slices_recorded(db, claim) == {"embeddings": SLICE_ROWS + 3, "embedding_slices": 2}
     assert_each_vector_on_its_chunk(db, claim, texts)
     with db.connection() as conn:
         job = helpers.job_row(conn, claim.job_id)

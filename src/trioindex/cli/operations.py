@@ -296,6 +296,8 @@ def jobs_show(
         typer.echo(
             f"  attempt {a.attempt_no}: {a.status:9} {took:>9}  worker {a.worker_id}{failure}"
         )
+        for line in a.step_lines():
+            typer.echo(f"    {line}")
 
 
 @jobs_app.command("retry")

@@ -466,12 +466,13 @@ FROM PUBLIC;
 -- job's own conditions in one statement, and writes the jobs that pass with one statement per
 -- table: a job refused with TI001, TI002 or TI003 changes nothing and is reported in its own
 -- result row (refusal, message) while the other jobs commit; any other error fails the call,
--- and the caller writes each job alone. Callers pass jobs in version-id order. Events carry
--- ids and counts only.
+-- and the caller writes each job alone. Callers pass jobs in version-id order. A step is
+-- recorded on the job's attempt row (its time and counts: one update of the attempt per step),
+-- not as an event; events are written for the transitions an operator must see.
 
 -- The parse step's prepare: a snapshot of what to read, and chunk_count, the size of the job's
 -- chunk set when the version has it (a replay: nothing to parse) or NULL. A job that must parse
--- gets progress 10 and PARSING_STARTED.
+-- gets progress 10 (the first time), and its attempt parse_started_at (once per attempt).
 CREATE FUNCTION trioindex_begin_parse_many(
     p_jobs uuid[], p_workers uuid[], p_tokens uuid[], p_attempts uuid[])
 RETURNS TABLE (
@@ -503,15 +504,14 @@ BEGIN
         JOIN document_versions v ON v.id = j.document_version_id
         WHERE g.code IS NULL
     ), parsing AS (
-        SELECT o.ord, o.job, o.worker, o.attempt, o.version FROM owned o
-        WHERE o.stored = 0 AND o.progress < 10
+        SELECT o.ord, o.job, o.attempt, o.progress FROM owned o WHERE o.stored = 0
     ), progressed AS (
-        UPDATE embedding_jobs j SET progress = 10 FROM parsing p WHERE j.id = p.job
-    ), events AS (
-        INSERT INTO indexing_events
-            (event_type, embedding_job_id, document_version_id, attempt_id, worker_id)
-        SELECT 'PARSING_STARTED', p.job, p.version, p.attempt, p.worker
-        FROM parsing p ORDER BY p.ord
+        UPDATE embedding_jobs j SET progress = 10
+        FROM parsing p WHERE j.id = p.job AND p.progress < 10
+    ), recorded AS (
+        -- once per attempt: a prepare repeated by the same claim records nothing
+        UPDATE embedding_job_attempts a SET parse_started_at = now()
+        FROM parsing p WHERE a.id = p.attempt AND a.parse_started_at IS NULL
     )
     SELECT g.job, g.code, g.msg, o.version, o.doc, o.skey, o.oname, o.ctype, o.size, o.hash,
            nullif(o.stored, 0)
@@ -522,13 +522,15 @@ $$;
 
 -- The parse step's commit and the embed step's start, for many claims: store the job's chunk
 -- set (job i's chunks are elements p_first[i] .. p_first[i] + p_count[i] - 1 of the c_* arrays,
--- in chunk order) with CHUNKS_STORED and EMBEDDING_STARTED (progress 50). The version must
+-- in chunk order), recorded on the attempt (chunks_stored_at with chunks, characters and
+-- replaced_sequences, and embedding_started_at; progress 50). The version must
 -- still match the snapshot the parse was prepared from. When the set is already stored (another
 -- model's job shares it, or a repeated commit), or an earlier job of the same call stores it,
 -- nothing is written for this job and started_embedding is false: the caller prepares the
 -- embed step from the stored set. p_low_confidence[i] is NULL, or the pages OCR read with low
 -- confidence (an integer array literal, '{1,3}'): stored on the version
--- (ocr_low_confidence_pages) with an OCR_LOW_CONFIDENCE event.
+-- (ocr_low_confidence_pages) with an OCR_LOW_CONFIDENCE event (pages for an operator to
+-- review).
 CREATE FUNCTION trioindex_store_chunks_many(
     p_jobs uuid[], p_workers uuid[], p_tokens uuid[], p_attempts uuid[],
     p_versions uuid[], p_storage_keys text[], p_sha256s text[], p_byte_sizes bigint[],
@@ -597,23 +599,18 @@ BEGIN
     ), marked AS (
         UPDATE document_versions v SET ocr_low_confidence_pages = s.low::integer[]
         FROM storing s WHERE v.id = s.version AND s.low IS NOT NULL
+    ), recorded AS (
+        UPDATE embedding_job_attempts a
+        SET chunks_stored_at = now(), chunks = s.n, characters = c_end[s.first + s.n - 1],
+            replaced_sequences = nullif(s.replaced, 0), embedding_started_at = now()
+        FROM storing s WHERE a.id = s.attempt
     ), events AS (
         INSERT INTO indexing_events
             (event_type, embedding_job_id, document_version_id, attempt_id, worker_id, detail)
-        SELECT e.event_type, s.job, s.version, s.attempt, s.worker, e.detail
-        FROM storing s
-        CROSS JOIN LATERAL (VALUES
-            (1, 'CHUNKS_STORED',
-             jsonb_build_object('chunks', s.n, 'characters', c_end[s.first + s.n - 1],
-                                'chunking', s.chunking)
-             || CASE WHEN s.replaced > 0
-                     THEN jsonb_build_object('replaced_sequences', s.replaced)
-                     ELSE '{}' END),
-            (2, 'EMBEDDING_STARTED', jsonb_build_object('chunks', s.n, 'model', s.mname)),
-            (3, 'OCR_LOW_CONFIDENCE', jsonb_build_object('pages', s.low::integer[])))
-            AS e(rank, event_type, detail)
-        WHERE e.rank < 3 OR s.low IS NOT NULL
-        ORDER BY s.ord, e.rank
+        SELECT 'OCR_LOW_CONFIDENCE', s.job, s.version, s.attempt, s.worker,
+               jsonb_build_object('pages', s.low::integer[])
+        FROM storing s WHERE s.low IS NOT NULL
+        ORDER BY s.ord
     )
     SELECT g.job, g.refused, g.why,
            CASE WHEN g.refused IS NULL
@@ -630,8 +627,8 @@ END;
 $$;
 
 -- The embed step's start from a stored chunk set (a claim whose set exists: another model's
--- job stored it, or this job's earlier attempt did): the model, and EMBEDDING_STARTED with
--- progress 50 the first time. existing is the number of this model's vectors already on the
+-- job stored it, or this job's earlier attempt did): the model, progress 50 the first time,
+-- and the attempt's embedding_started_at (once per attempt). existing is the number of this model's vectors already on the
 -- set: 0, or all of them (a replay). A partial set (an earlier attempt stopped between the
 -- slices of a large document) belongs to this job alone, which is fenced here: it is deleted
 -- and embedding starts again. One job; the chunks themselves are read by the caller.
@@ -669,11 +666,9 @@ BEGIN
     END IF;
     IF j.progress < 50 THEN
         UPDATE embedding_jobs SET progress = 50 WHERE id = j.id;
-        INSERT INTO indexing_events
-            (event_type, embedding_job_id, document_version_id, attempt_id, worker_id, detail)
-        VALUES ('EMBEDDING_STARTED', j.id, v.id, p_attempt, p_worker,
-                jsonb_build_object('chunks', chunks, 'model', m.name));
     END IF;
+    UPDATE embedding_job_attempts SET embedding_started_at = now()
+    WHERE id = p_attempt AND embedding_started_at IS NULL;
     version_id := v.id; document_id := v.document_id; model_id := m.id; model_name := m.name;
     dimension := m.dimension; chunking := j.chunking;
     RETURN NEXT;
@@ -690,8 +685,10 @@ $$;
 -- The embed step's commit and the job's completion, for many claims: store a slice of job i's
 -- vectors (elements p_first[i] .. p_first[i] + p_count[i] - 1 of the e_* arrays, for chunks
 -- p_offsets[i] .. p_offsets[i] + p_count[i] - 1 of the job's chunk set, whose ids they must
--- name in order) with EMBEDDINGS_STORED; the slice that ends the set completes the job in the
--- same call (completed), so a set is served only once it is whole. A small document is one
+-- name in order), recorded on the attempt (embeddings_stored_at, and embeddings and
+-- embedding_slices: the vectors and slices this attempt stored); the slice that ends the set
+-- completes the job in the same call (completed), so a set is served only once it is whole,
+-- and the completion records that slice with the attempt's end. A small document is one
 -- slice; a large one is several calls, each after the slice before it (a crash between them
 -- leaves a partial set that trioindex_begin_embedding clears for the next attempt). A complete
 -- set already stored (a repeated commit) is not written again (stored = false) and the job
@@ -811,15 +808,12 @@ BEGIN
         CROSS JOIN LATERAL unnest(
             e_chunk_ids[w.first : w.first + w.n - 1], e_vectors[w.first : w.first + w.n - 1],
             e_sha256s[w.first : w.first + w.n - 1]) AS e(c, vec, h)
-    ), events AS (
-        INSERT INTO indexing_events
-            (event_type, embedding_job_id, document_version_id, attempt_id, worker_id, detail)
-        SELECT 'EMBEDDINGS_STORED', w.job, w.version, w.attempt, w.worker,
-               jsonb_build_object('embeddings', w.n, 'model', w.mname)
-               || CASE WHEN w.off > 0 OR w.off + w.n < w.size
-                       THEN jsonb_build_object('offset', w.off, 'of', w.size)
-                       ELSE '{}' END
-        FROM writing w ORDER BY w.ord
+    ), recorded AS (
+        -- a slice that does not end its set; the completion records the one that does
+        UPDATE embedding_job_attempts a
+        SET embeddings_stored_at = now(), embeddings = coalesce(a.embeddings, 0) + w.n,
+            embedding_slices = coalesce(a.embedding_slices, 0) + 1
+        FROM writing w WHERE a.id = w.attempt AND w.existing + w.n <> w.size
     )
     SELECT array_agg(g.refused ORDER BY g.ord), array_agg(g.why ORDER BY g.ord),
            array_agg(g.refused IS NULL AND g.existing <> g.size ORDER BY g.ord),
@@ -837,7 +831,9 @@ BEGIN
     FROM trioindex_complete_owned(
         ARRAY(SELECT p_jobs[i] FROM generate_subscripts(p_jobs, 1) AS i WHERE ending[i]),
         ARRAY(SELECT p_workers[i] FROM generate_subscripts(p_jobs, 1) AS i WHERE ending[i]),
-        ARRAY(SELECT p_attempts[i] FROM generate_subscripts(p_jobs, 1) AS i WHERE ending[i])
+        ARRAY(SELECT p_attempts[i] FROM generate_subscripts(p_jobs, 1) AS i WHERE ending[i]),
+        ARRAY(SELECT CASE WHEN written[i] THEN p_count[i] ELSE 0 END
+              FROM generate_subscripts(p_jobs, 1) AS i WHERE ending[i])
     ) AS c;
     IF failed_code IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = failed_code, MESSAGE = failed_message;
@@ -864,7 +860,7 @@ BEGIN
     j := trioindex_lock_owned_job(p_job, p_worker, p_token, p_attempt);
     PERFORM trioindex_lock_version(j.document_version_id);
     SELECT * INTO done
-    FROM trioindex_complete_owned(ARRAY[p_job], ARRAY[p_worker], ARRAY[p_attempt]);
+    FROM trioindex_complete_owned(ARRAY[p_job], ARRAY[p_worker], ARRAY[p_attempt], ARRAY[0]);
     IF done.refusal IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = done.refusal, MESSAGE = done.message;
     END IF;
@@ -875,13 +871,15 @@ END;
 $$;
 
 -- The completion of jobs p_jobs (element i: its worker p_workers[i] and attempt
--- p_attempts[i]), fenced and locked with their versions by the caller in this transaction,
--- one row per job in the order given. A job's chunk set must have exactly one of its model's
+-- p_attempts[i]; p_stored[i] vectors of its set stored just before, in this transaction, which
+-- its attempt records with its end), fenced and locked with their versions by the caller in
+-- this transaction, one row per job in the order given. A job's chunk set must have exactly one of its model's
 -- vectors per chunk, else it is refused (TI002) and nothing of it changes; the others'
 -- attempts and jobs become SUCCEEDED (with the job's chunk count), and the model's served
 -- version of each document moves to the newest version completed here unless the model
 -- already serves a newer one (became_current). Nothing of another model changes.
-CREATE FUNCTION trioindex_complete_owned(p_jobs uuid[], p_workers uuid[], p_attempts uuid[])
+CREATE FUNCTION trioindex_complete_owned(
+    p_jobs uuid[], p_workers uuid[], p_attempts uuid[], p_stored integer[])
 RETURNS TABLE (job_id uuid, refusal text, message text, became_current boolean, chunks integer)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -926,11 +924,11 @@ BEGIN
     PERFORM 1 FROM documents WHERE id = ANY(doc_ids) ORDER BY id FOR UPDATE;
     RETURN QUERY
     WITH given AS (
-        SELECT u.ord, u.job, u.worker, u.attempt, u.code, u.msg, u.n_chunks,
+        SELECT u.ord, u.job, u.worker, u.attempt, u.code, u.msg, u.n_chunks, u.stored,
                j.embedding_model_id AS model, v.id AS version, v.document_id AS doc,
                v.version_no
-        FROM unnest(p_jobs, p_workers, p_attempts, codes, messages, counts) WITH ORDINALITY
-             AS u(job, worker, attempt, code, msg, n_chunks, ord)
+        FROM unnest(p_jobs, p_workers, p_attempts, codes, messages, counts, p_stored)
+             WITH ORDINALITY AS u(job, worker, attempt, code, msg, n_chunks, stored, ord)
         JOIN embedding_jobs j ON j.id = u.job
         JOIN document_versions v ON v.id = j.document_version_id
     ), finishing AS (
@@ -951,7 +949,14 @@ BEGIN
         ON CONFLICT (embedding_model_id, document_id)
         DO UPDATE SET document_version_id = EXCLUDED.document_version_id
     ), attempts AS (
-        UPDATE embedding_job_attempts a SET status = 'SUCCEEDED', finished_at = now()
+        UPDATE embedding_job_attempts a
+        SET status = 'SUCCEEDED', finished_at = now(),
+            embeddings_stored_at = CASE WHEN d.stored > 0 THEN now()
+                                        ELSE a.embeddings_stored_at END,
+            embeddings = CASE WHEN d.stored > 0 THEN coalesce(a.embeddings, 0) + d.stored
+                              ELSE a.embeddings END,
+            embedding_slices = CASE WHEN d.stored > 0 THEN coalesce(a.embedding_slices, 0) + 1
+                                    ELSE a.embedding_slices END
         FROM decided d WHERE a.id = d.attempt
         RETURNING a.id, a.attempt_no
     ), jobs AS (
@@ -1064,28 +1069,40 @@ CREATE TRIGGER follow_models AFTER INSERT ON embedding_jobs
 
 -- served_text_statistics follows served_versions: the chunk count and text length of the
 -- chunk set the model now serves for the document (the chunks with the model's vectors on the
--- served version), or no row once the model serves nothing of it. Runs once per served row
--- change, over that version's chunks only.
+-- served version), or no row once the model serves nothing of it. Runs once per statement that
+-- changes served rows (a group's completion is one), over the changed rows' versions' chunks
+-- only: served_rows is the statement's inserted or updated rows, or its deleted ones.
 CREATE FUNCTION trioindex_track_text_statistics() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        DELETE FROM served_text_statistics
-        WHERE embedding_model_id = OLD.embedding_model_id AND document_id = OLD.document_id;
+        DELETE FROM served_text_statistics t USING served_rows o
+        WHERE t.embedding_model_id = o.embedding_model_id AND t.document_id = o.document_id;
         RETURN NULL;
     END IF;
     INSERT INTO served_text_statistics (embedding_model_id, document_id, chunks, text_length)
-    SELECT NEW.embedding_model_id, NEW.document_id, count(*), coalesce(sum(length(c.content)), 0)
-    FROM embeddings e JOIN document_chunks c ON c.id = e.chunk_id
-    WHERE e.document_version_id = NEW.document_version_id
-      AND e.embedding_model_id = NEW.embedding_model_id
+    SELECT n.embedding_model_id, n.document_id, count(c.id), coalesce(sum(length(c.content)), 0)
+    FROM served_rows n
+    LEFT JOIN embeddings e ON e.document_version_id = n.document_version_id
+                          AND e.embedding_model_id = n.embedding_model_id
+    LEFT JOIN document_chunks c ON c.id = e.chunk_id
+    GROUP BY n.embedding_model_id, n.document_id
     ON CONFLICT (embedding_model_id, document_id)
     DO UPDATE SET chunks = EXCLUDED.chunks, text_length = EXCLUDED.text_length;
     RETURN NULL;
 END;
 $$;
 
-CREATE TRIGGER text_statistics AFTER INSERT OR DELETE OR UPDATE OF document_version_id
-    ON served_versions FOR EACH ROW EXECUTE FUNCTION trioindex_track_text_statistics();
+-- One trigger per operation: a trigger with transition tables takes one event. An upsert
+-- fires the insert's for its inserted rows and the update's for its updated ones.
+CREATE TRIGGER text_statistics_insert AFTER INSERT ON served_versions
+    REFERENCING NEW TABLE AS served_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION trioindex_track_text_statistics();
+CREATE TRIGGER text_statistics_update AFTER UPDATE ON served_versions
+    REFERENCING NEW TABLE AS served_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION trioindex_track_text_statistics();
+CREATE TRIGGER text_statistics_delete AFTER DELETE ON served_versions
+    REFERENCING OLD TABLE AS served_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION trioindex_track_text_statistics();
 
 -- A chunk's BM25 score (Robertson & Zaragoza; Lucene's form) for the query terms p_terms
 -- (lexemes; p_prefixes[i]: term i is a prefix, as a Korean word with its particles) weighted
@@ -1132,5 +1149,5 @@ ALTER FUNCTION trioindex_store_embeddings_many(
     vector[], text[])
     SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
 ALTER FUNCTION trioindex_begin_embedding(uuid, uuid, uuid, uuid) SET enable_seqscan = off;
-ALTER FUNCTION trioindex_complete_owned(uuid[], uuid[], uuid[])
+ALTER FUNCTION trioindex_complete_owned(uuid[], uuid[], uuid[], integer[])
     SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
