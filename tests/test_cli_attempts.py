@@ -78,3 +78,31 @@ def test_a_retried_job_counts_its_attempts_against_the_users_budget(
     assert (cell, line) == (f"1/{BUDGET}", f"1/{BUDGET} (2 in all)")
     assert (job["attempts_spent"], job["attempt_budget"], job["attempt_count"]) == (1, BUDGET, 2)
     assert re.search(r"attempt 2: FAILED", cli(env, "jobs", "show", str(job["id"])).stdout)
+
+
+def test_jobs_show_prints_the_steps_a_real_job_ran_with_their_counts(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    text = "Workers claim jobs and index documents. " * 40
+    (tmp_path / "notes.txt").write_text(text)
+    assert cli(env, "ingest", str(tmp_path / "notes.txt")).returncode == 0
+    assert cli(env, "worker", "--drain", timeout=120).returncode == 0
+    _header, row = cli(env, "jobs", "list").stdout.splitlines()
+    job_id = row.split()[0]
+    job = json.loads(cli(env, "jobs", "show", job_id, "--json").stdout)
+    (attempt,) = job["attempts"]
+    chunks = attempt["chunks"]
+    assert job["status"] == "SUCCEEDED" and chunks == job["chunk_count"] >= 1
+    assert (attempt["characters"], attempt["replaced_sequences"]) == (len(text.rstrip()), None)
+    assert (attempt["embeddings"], attempt["embedding_slices"]) == (chunks, 1)
+    shown = cli(env, "jobs", "show", job_id).stdout
+    assert re.search(r"^    parse started \+\d+\.\d\ds$", shown, re.M)
+    assert re.search(
+        rf"^    chunks stored \+\d+\.\d\ds: {chunks} chunks, {attempt['characters']} characters$",
+        shown,
+        re.M,
+    )
+    assert re.search(r"^    embedding started \+\d+\.\d\ds$", shown, re.M)
+    assert re.search(
+        rf"^    embeddings stored \+\d+\.\d\ds: {chunks} vectors in 1 slice\(s\)$", shown, re.M
+    )

@@ -400,3 +400,43 @@ def test_a_group_claim_naming_another_jobs_attempt_is_refused_alone(db: Database
         assert "attempt" in str(results[0])
         assert isinstance(results[1], ParseSnapshot)
         assert helpers.steps(conn, group[0].job_id) == []
+
+
+def _complete(conn: Connection, group: list[Claim], per_job: int) -> list[StoredSlice | Exception]:
+    started = chunk_and_start(conn, group, per_job=per_job)
+    return store_embeddings_many(
+        conn,
+        [
+            EmbeddingCommit(c, s, drafts_from_matrix(s, vectors_for(s, i)))
+            for i, (c, s) in enumerate(zip(group, started, strict=True))
+        ],
+    )
+
+
+def test_one_group_completion_keeps_the_text_statistics_of_new_and_moved_served_rows_exact(
+    db: Database,
+) -> None:
+    """A group's completion serves new documents (inserted served rows) and newer versions
+    (updated ones) in one statement: the statistics follow both, counted from the chunks."""
+    statistics_sql = """SELECT s.document_id, t.chunks, t.text_length
+        FROM served_versions s JOIN served_text_statistics t
+          ON t.embedding_model_id = s.embedding_model_id AND t.document_id = s.document_id
+        ORDER BY 1"""
+    counted_sql = """SELECT s.document_id, count(*)::integer AS chunks,
+               sum(length(c.content))::bigint AS text_length
+        FROM served_versions s
+        JOIN document_chunks c ON c.document_version_id = s.document_version_id
+        GROUP BY s.document_id ORDER BY 1"""
+    with db.connection() as conn:
+        model = helpers.model(conn, "group-model", DIM)
+        helpers.enqueue(conn, model.id, "moved.txt", content=b"first")
+        first = lifecycle.claim_jobs(conn, helpers.worker(conn), 1, 300)
+        assert _complete(conn, first, per_job=1) == [DONE]
+        helpers.enqueue(conn, model.id, "moved.txt", content=b"second")
+        helpers.enqueue(conn, model.id, "new.txt", content=b"new")
+        group = lifecycle.claim_jobs(conn, helpers.worker(conn), 2, 300)
+        assert _complete(conn, group, per_job=3) == [DONE, DONE]
+        statistics = [tuple(r.values()) for r in conn.execute(statistics_sql).fetchall()]
+        counted = [tuple(r.values()) for r in conn.execute(counted_sql).fetchall()]
+        assert len(statistics) == 2 and statistics == counted
+        assert {row[1] for row in statistics} == {3}  # the moved document: its new set's count
