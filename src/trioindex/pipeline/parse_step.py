@@ -17,9 +17,9 @@ costs ~1.7 ms of CPU.
 
 commit (and the embed step's start, in the same transaction): re-validate ownership and that
 the version still matches the snapshot, store the claim's set (recorded on the attempt: its
-chunk count and the embedding's start). A concurrent commit of the same set — another model's job sharing it —
-serialises on the version lock and finds the set stored: it converges without writing. The
-attempt records how many invalid byte sequences decoding replaced by U+FFFD
+chunk count and the embedding's start). A concurrent commit of the same set — another model's
+job sharing it — serialises on the version lock and finds the set stored: it converges without
+writing. The attempt records how many invalid byte sequences decoding replaced by U+FFFD
 (``replaced_sequences``, only when there were any) — a count, never the text. A scan whose
 OCR read pages with low confidence marks the version with those pages
 (``document_versions.ocr_low_confidence_pages``) and an ``OCR_LOW_CONFIDENCE`` event, in the
