@@ -52,3 +52,14 @@ WHERE a.id = s.attempt_id;
 
 DELETE FROM indexing_events
 WHERE event_type IN ('PARSING_STARTED', 'CHUNKS_STORED', 'EMBEDDING_STARTED', 'EMBEDDINGS_STORED');
+
+-- served_versions: the unique (model, version) key becomes (version, model). Its old order led
+-- with the model like the primary key (model, document), so a lookup of one document's served
+-- row could be planned on it, reading every served row of the model (a completion's cost then
+-- grew with the model's documents); and (version, model) also serves the lookups by version
+-- alone, so the separate index on the version goes: one index entry fewer per served row.
+ALTER TABLE served_versions
+    DROP CONSTRAINT served_versions_embedding_model_id_document_version_id_key,
+    ADD CONSTRAINT served_versions_version_model_key
+        UNIQUE (document_version_id, embedding_model_id);
+DROP INDEX served_versions_version;
