@@ -108,3 +108,30 @@ def test_an_error_other_than_a_refusal_fails_the_whole_group(db: Database) -> No
             lifecycle.complete_many(conn, group)
         for claim in group:
             assert helpers.job_row(conn, claim.job_id)["status"] == "PROCESSING"
+
+
+def test_a_claims_commit_skips_the_wait_for_the_disk_in_its_own_transaction_only(
+    db: Database,
+) -> None:
+    """The claim turns synchronous_commit off for its own transaction; the pooled connection's
+    next transaction (a completion) commits as the session says (on, unless the operator chose
+    otherwise)."""
+
+    def setting(conn: Connection) -> str:
+        row = conn.execute("SELECT current_setting('synchronous_commit') AS s").fetchone()
+        assert row is not None
+        return str(row["s"])
+
+    with db.connection() as conn:
+        model = helpers.model(conn, "claim-setting", 4)
+        for _ in range(2):
+            helpers.enqueue(conn, model.id)
+        worker = helpers.worker(conn)
+        conn.execute("SET synchronous_commit = on")  # the test server runs with it off
+        with conn.transaction():  # inside a caller's transaction, seen before the commit
+            assert len(lifecycle.claim_jobs(conn, worker, 1, 300)) == 1
+            assert setting(conn) == "off"
+        assert setting(conn) == "on"
+        assert len(lifecycle.claim_jobs(conn, worker, 1, 300)) == 1  # its own transaction
+        assert setting(conn) == "on"
+        conn.execute("RESET synchronous_commit")

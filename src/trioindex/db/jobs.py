@@ -107,9 +107,17 @@ def set_worker_status(conn: Connection, worker_id: UUID, status: WorkerStatus) -
 # ---------------------------------------------------------------------------------------------
 # claim + attempt start
 
+# The statement is its own transaction (autocommit), and its commit does not wait for the WAL
+# to reach the disk (synchronous_commit off, local to this transaction: set while the statement
+# runs, read when it commits). A claim lost in a crash leaves the job PENDING with no attempt,
+# as if it had never been claimed, and the worker's later writes are refused by the fence; any
+# later synchronous commit (a completion, a failure report) flushes the claim's WAL before its
+# own, so nothing that follows a claim outlives it.
 _CLAIM_SQL = """
 WITH worker AS (
-    SELECT id, chunking FROM indexing_workers WHERE id = %(worker)s AND status = 'RUNNING'
+    SELECT id, chunking FROM indexing_workers
+    WHERE id = %(worker)s AND status = 'RUNNING'
+      AND set_config('synchronous_commit', 'off', true) IS NOT NULL
 ), picked AS (
     SELECT j.id
     FROM embedding_jobs j, worker
@@ -164,7 +172,7 @@ def claim_jobs(
     model_id: UUID | None = None,
 ) -> list[Claim]:
     """Claim up to ``k`` claimable PENDING jobs and start an attempt on each, in one statement
-    (in a transaction whose commit does not wait for the disk; see the comment below).
+    (whose commit does not wait for the disk: see ``_CLAIM_SQL``).
 
     Highest priority first, then oldest ``available_at``; rows locked by another claimer are
     skipped. The claim and the attempt start share the transaction, so every invariant of the
@@ -177,17 +185,9 @@ def claim_jobs(
     """
     if k <= 0:
         return []
-    # One round trip (pipeline mode) for BEGIN, the setting, the claim and COMMIT. The claim's
-    # commit does not wait for its WAL to reach disk: a claim lost in a crash leaves the job
-    # PENDING with no attempt, as if it had never been claimed, and the worker's later writes
-    # are refused by the fence. Any later synchronous commit (a completion, a failure report)
-    # flushes the claim's WAL before its own, so nothing that follows a claim outlives it.
-    with conn.pipeline(), conn.transaction():
-        conn.execute("SET LOCAL synchronous_commit = off")
-        cursor = conn.execute(
-            _CLAIM_SQL, {"worker": worker_id, "k": k, "lease": lease_seconds, "model": model_id}
-        )
-    rows = cursor.fetchall()
+    rows = conn.execute(
+        _CLAIM_SQL, {"worker": worker_id, "k": k, "lease": lease_seconds, "model": model_id}
+    ).fetchall()
     if not rows and model_id is not None:
         found = conn.execute(
             "SELECT name FROM embedding_models WHERE id = %s", (model_id,)
