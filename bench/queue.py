@@ -281,9 +281,9 @@ WITH docs AS (
     RETURNING id, external_key
 ), versions AS (
     INSERT INTO document_versions
-        (document_id, version_no, storage_key, original_name, content_type, byte_size, sha256, status)
+        (document_id, version_no, storage_key, original_name, content_type, byte_size, sha256)
     SELECT id, 1, 'sha256/bench/' || external_key, external_key || '.txt', 'text/plain', 1,
-           repeat('a', 64), 'EMBEDDING'
+           repeat('a', 64)
     FROM docs
     RETURNING id, document_id
 ), chunks AS (
@@ -917,6 +917,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=None, help="jobs per throughput scenario")
     parser.add_argument("--latency-jobs", type=int, default=None, help="jobs per latency mode")
     parser.add_argument("--seed", type=int, default=20240601, help="seed of the enqueue gaps")
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="LABEL",
+        help='run only this scenario ("trioindex 1x8", "raw x8"; repeatable)',
+    )
+    parser.add_argument(
+        "--no-latency", action="store_true", help="skip the idle pickup latency scenarios"
+    )
     add_out(parser, "queue")
     return parser.parse_args(argv)
 
@@ -929,6 +938,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     shown = [Scenario("trioindex", p, c) for p, c in TRIOINDEX_SHAPES]
     shown += [Scenario("raw", 1, c) for c in RAW_CONCURRENCY]
+    if args.only:
+        shown = [s for s in shown if s.label in args.only]
     scenarios = run_order(shown)
     throughput: list[ThroughputResult] = []
     latency: list[LatencyResult] = []
@@ -946,7 +957,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             throughput.append(result)
         throughput.sort(key=lambda r: shown.index(r.scenario))
-        for notify in (True, False):
+        for notify in () if args.no_latency else (True, False):
             result_l = run_idle_latency(pg, latency_jobs, notify=notify, seed=args.seed)
             print(
                 f"idle {result_l.mode:<8} p50 {percentiles(result_l.latencies_ms)['p50']:.1f} ms",
@@ -955,10 +966,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             latency.append(result_l)
 
     raws = [r for r in throughput if r.scenario.kind == "raw"]
-    tri8 = next(r for r in throughput if r.scenario.label == f"trioindex 1x{TARGET_CONCURRENCY}")
-    raw8 = _matching_raw(tri8, raws)
+    tri8 = _by_label(throughput, f"trioindex 1x{TARGET_CONCURRENCY}")
+    raw8 = None if tri8 is None else _matching_raw(tri8, raws)
     target: dict[str, Any] = {}
-    if raw8 is not None:
+    if tri8 is not None and raw8 is not None:
         ratio = tri8.jobs_per_s / raw8.jobs_per_s
         target = {
             "concurrency": TARGET_CONCURRENCY,

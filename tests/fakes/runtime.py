@@ -124,6 +124,9 @@ class FakeQueue:
         outcome = FailOutcome.RETRY_SCHEDULED if failure_type.retryable else FailOutcome.FAILED
         return FailResult(outcome=outcome, available_at=None)
 
+    async def serve(self) -> None:
+        await trio.sleep_forever()
+
     async def recover(self) -> list[RecoveredJob]:
         await trio.lowlevel.checkpoint()
         now = trio.current_time()

@@ -24,7 +24,7 @@ from tests import helpers
 from trioindex.config import WorkerSettings, default_settings
 from trioindex.db import jobs as lifecycle
 from trioindex.db.pool import Database
-from trioindex.errors import ContentInvalid, FailureType, ProviderUnavailable
+from trioindex.errors import ContentInvalid, FailureType, OwnershipLost, ProviderUnavailable
 from trioindex.values import BackoffPolicy, Claim, CompleteResult, WorkerStatus
 from trioindex.worker.job import JobOutcome, OutcomeKind
 from trioindex.worker.queue import JobQueue
@@ -536,3 +536,34 @@ async def test_the_outcome_line_names_the_claimed_documents_key_and_its_failure(
     assert line.endswith("(step embed): embedding server answered HTTP 503")
     assert str(claim.claim_token) not in caplog.text
     assert len([r for r in caplog.records if "ready: waiting for jobs" in r.getMessage()]) == 1
+
+
+async def test_completions_that_arrive_together_commit_as_one_group(db: Database) -> None:
+    with db.connection() as conn:
+        model = helpers.model(conn)
+        for _ in range(5):
+            helpers.enqueue(conn, model.id)
+        group = lifecycle.claim_jobs(conn, helpers.worker(conn), 5, 30)
+        for claim in group:
+            helpers.stage_embedded(conn, claim)
+    stolen = attrs.evolve(group[2], claim_token=uuid.uuid4())
+    queue = JobQueue(db, lease_seconds=30, backoff=FAST)
+    results: dict[int, CompleteResult | Exception] = {}
+
+    async def complete(position: int, claim: Claim) -> None:
+        try:
+            results[position] = await queue.complete(claim)
+        except Exception as exc:
+            results[position] = exc
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(queue.serve)
+            async with trio.open_nursery() as callers:
+                for position, claim in enumerate([*group[:2], stolen, *group[3:]]):
+                    callers.start_soon(complete, position, claim)
+            nursery.cancel_scope.cancel()
+    assert queue.completions.groups == 1
+    assert isinstance(results.pop(2), OwnershipLost)
+    assert set(results.values()) == {CompleteResult(became_current=True)}
+    assert statuses(db) == Counter({"SUCCEEDED": 4, "PROCESSING": 1})

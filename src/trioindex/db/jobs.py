@@ -19,13 +19,14 @@ Every write after the claim — renew included — goes through the fence
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from datetime import datetime
 from uuid import UUID
 
 from trioindex.db.events import record_claim_event, record_event
-from trioindex.db.fence import fenced_errors, lock_owned_job
+from trioindex.db.fence import claim_arrays, fenced_errors, lock_owned_job, refusal_error
 from trioindex.db.pool import Connection
-from trioindex.errors import FailureType, ModelRemoved, NotFound, bounded
+from trioindex.errors import FailureType, ModelRemoved, NotFound, StateInconsistent, bounded
 from trioindex.values import (
     CHARACTER_CHUNKING,
     BackoffPolicy,
@@ -106,9 +107,17 @@ def set_worker_status(conn: Connection, worker_id: UUID, status: WorkerStatus) -
 # ---------------------------------------------------------------------------------------------
 # claim + attempt start
 
+# The statement is its own transaction (autocommit), and its commit does not wait for the WAL
+# to reach the disk (synchronous_commit off, local to this transaction: set while the statement
+# runs, read when it commits). A claim lost in a crash leaves the job PENDING with no attempt,
+# as if it had never been claimed, and the worker's later writes are refused by the fence; any
+# later synchronous commit (a completion, a failure report) flushes the claim's WAL before its
+# own, so nothing that follows a claim outlives it.
 _CLAIM_SQL = """
 WITH worker AS (
-    SELECT id, chunking FROM indexing_workers WHERE id = %(worker)s AND status = 'RUNNING'
+    SELECT id, chunking FROM indexing_workers
+    WHERE id = %(worker)s AND status = 'RUNNING'
+      AND set_config('synchronous_commit', 'off', true) IS NOT NULL
 ), picked AS (
     SELECT j.id
     FROM embedding_jobs j, worker
@@ -162,7 +171,8 @@ def claim_jobs(
     *,
     model_id: UUID | None = None,
 ) -> list[Claim]:
-    """Claim up to ``k`` claimable PENDING jobs and start an attempt on each, in one statement.
+    """Claim up to ``k`` claimable PENDING jobs and start an attempt on each, in one statement
+    (whose commit does not wait for the disk: see ``_CLAIM_SQL``).
 
     Highest priority first, then oldest ``available_at``; rows locked by another claimer are
     skipped. The claim and the attempt start share the transaction, so every invariant of the
@@ -231,6 +241,53 @@ def complete_job(conn: Connection, claim: Claim) -> CompleteResult:
         ).fetchone()
     assert row is not None
     return CompleteResult(became_current=bool(row["became_current"]))
+
+
+def complete_many(conn: Connection, claims: Sequence[Claim]) -> list[CompleteResult | Exception]:
+    """:func:`complete_job` for many claims in one transaction; one result per claim, in order:
+    its :class:`CompleteResult`, or the error that refused this job alone.
+
+    ``trioindex_fence_many`` fences the group in one locking statement (jobs, then versions, in
+    id order) and ``trioindex_complete_owned`` completes the jobs it kept in one more: a refused
+    job (ownership lost, removed, its vector set incomplete) changes nothing and the others
+    commit. Any other error fails the whole call (the group committer then completes each job
+    alone).
+    """
+    results: list[CompleteResult | Exception] = [StateInconsistent("no result")] * len(claims)
+    with conn.transaction(), conn.cursor(binary=True) as cursor:
+        fenced = cursor.execute(
+            "SELECT codes, messages FROM trioindex_fence_many("
+            "%b::uuid[], %b::uuid[], %b::uuid[], %b::uuid[])",
+            claim_arrays(claims),
+        ).fetchone()
+        assert fenced is not None
+        owned: list[int] = []
+        for position, (code, message) in enumerate(
+            zip(fenced["codes"], fenced["messages"], strict=True)
+        ):
+            refused = refusal_error(code, message)
+            if refused is None:
+                owned.append(position)
+            else:
+                results[position] = refused
+        if not owned:
+            return results
+        kept = [claims[i] for i in owned]
+        rows = cursor.execute(
+            "SELECT refusal, message, became_current FROM trioindex_complete_owned("
+            "%b::uuid[], %b::uuid[], %b::uuid[])",
+            (
+                [c.job_id for c in kept],
+                [c.worker_id for c in kept],
+                [c.attempt_id for c in kept],
+            ),
+        ).fetchall()
+    for position, row in zip(owned, rows, strict=True):
+        refused = refusal_error(row["refusal"], row["message"])
+        results[position] = (
+            refused if refused is not None else CompleteResult(bool(row["became_current"]))
+        )
+    return results
 
 
 # ---------------------------------------------------------------------------------------------

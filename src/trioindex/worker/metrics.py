@@ -1,12 +1,14 @@
 """Prometheus metrics of a worker, on its own registry, served by ``--metrics-port``.
 
 Labels are low-cardinality classes only — outcome, failure type, step, provider — never a job
-id, claim token, document key or text. The runtime calls the small ``record_*`` functions; they
-cost a dictionary lookup when no endpoint is served.
+id, claim token, document key or text. The runtime calls the small ``record_*`` functions
+several times per job; each labelled series is looked up once and kept (the label values are a
+small fixed set), so a record costs the update alone.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -55,16 +57,36 @@ RECOVERED = Counter(
 )
 
 
+@functools.cache
+def _jobs(outcome: str, failure_type: str) -> Counter:
+    return JOBS.labels(outcome, failure_type)
+
+
+@functools.cache
+def _step(step: str) -> Histogram:
+    return STEP_SECONDS.labels(step)
+
+
+@functools.cache
+def _embed_requests(outcome: str) -> Counter:
+    return EMBED_REQUESTS.labels(outcome)
+
+
+@functools.cache
+def _renewals(result: str) -> Counter:
+    return LEASE_RENEWALS.labels(result)
+
+
 def record_job(outcome: str, failure_type: str = "") -> None:
-    JOBS.labels(outcome=outcome, failure_type=failure_type).inc()
+    _jobs(outcome, failure_type).inc()
 
 
 def record_step(step: str, seconds: float) -> None:
-    STEP_SECONDS.labels(step=step).observe(seconds)
+    _step(step).observe(seconds)
 
 
 def record_embedding_call(outcome: str, seconds: float) -> None:
-    EMBED_REQUESTS.labels(outcome=outcome).inc()
+    _embed_requests(outcome).inc()
     EMBED_SECONDS.observe(seconds)
 
 
@@ -74,7 +96,7 @@ def record_slots(in_use: int, total: int) -> None:
 
 
 def record_renewal(result: str) -> None:
-    LEASE_RENEWALS.labels(result=result).inc()
+    _renewals(result).inc()
 
 
 def record_lease_lost() -> None:

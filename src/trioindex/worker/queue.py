@@ -4,6 +4,12 @@ Each method runs one synchronous lifecycle function (one transaction) through
 :meth:`Database.run`, the only place database work enters a thread. Policy values that never
 change for a worker — lease duration, retry backoff — are bound here once.
 
+Completions are gathered: :meth:`JobQueue.complete` hands its claim to a
+:class:`~trioindex.worker.committer.GroupCommitter` that completes the claims of many jobs in
+one transaction and one thread call (:func:`trioindex.db.jobs.complete_many`), each job fenced
+and refused on its own. :meth:`JobQueue.serve` runs that committer; the worker runtime starts
+it in its background nursery, which outlives every job.
+
 The writes a worker makes while it stops — its STOPPING/STOPPED status, handing claims back,
 a final failure report — go through :meth:`Database.run_bounded`: they give up after
 ``cleanup_timeout`` seconds even when PostgreSQL is down or hangs (lease recovery then owns
@@ -27,6 +33,7 @@ from trioindex.values import (
     RecoveredJob,
     WorkerStatus,
 )
+from trioindex.worker.committer import GroupCommitter
 from trioindex.worker.job import CLEANUP_TIMEOUT
 
 
@@ -45,6 +52,15 @@ class JobQueue:
         self.lease_seconds = lease_seconds
         self.backoff = backoff
         self.cleanup_timeout = cleanup_timeout
+        # No linger: jobs that finish together submit in the same scheduler pass, before the
+        # committer's task runs, so they form one group anyway; a late one goes with the next.
+        self.completions: GroupCommitter[Claim, CompleteResult] = GroupCommitter(
+            "completion", db, lifecycle.complete_many, linger=0.0
+        )
+
+    async def serve(self) -> None:
+        """Run the completion committer until cancelled (after the worker's last job)."""
+        await self.completions.serve()
 
     async def register_worker(
         self, *, hostname: str, pid: int, version: str, max_concurrency: int, chunking: str
@@ -75,7 +91,7 @@ class JobQueue:
         return await self.db.run(lifecycle.renew_lease, claim, self.lease_seconds)
 
     async def complete(self, claim: Claim) -> CompleteResult:
-        return await self.db.run(lifecycle.complete_job, claim)
+        return await self.completions.submit(claim)
 
     async def fail(self, claim: Claim, failure_type: FailureType, message: str) -> FailResult:
         return await self.db.run_bounded(

@@ -6,6 +6,7 @@
     ├── background nursery
     │   ├── heartbeat loop            absolute deadlines, every heartbeat-interval
     │   ├── lease recovery loop       every recovery-interval
+    │   ├── queue's worker-wide task  the completion committer (worker/queue.py)
     │   ├── steps' worker-wide tasks  embedding coalescer, group committers (worker/wiring.py)
     │   └── NOTIFY listener           (optional) wakes the poller
     └── jobs nursery                  outlives intake; its deadline is set at shutdown
@@ -87,6 +88,7 @@ class Queue(JobWrites, Protocol):
     async def drain_state(
         self, worker_id: UUID, model_id: UUID | None, heartbeat_timeout: float
     ) -> DrainState: ...
+    async def serve(self) -> None: ...
 
 
 @attrs.define(eq=False)
@@ -182,6 +184,7 @@ class Worker:
             async with trio.open_nursery() as background:
                 background.start_soon(self._heartbeat_loop, run)
                 background.start_soon(self._recovery_loop, run)
+                background.start_soon(self.queue.serve)
                 background.start_soon(self.steps.serve)
                 if self.listener is not None:
                     background.start_soon(self.listener, self.wake)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from uuid import UUID
 
@@ -92,6 +93,9 @@ class PipelineSteps:
     # large documents reserve their size from before their bytes are read until the job ends
     large_documents: DocumentBudget = attrs.field(factory=DocumentBudget)
     index_keeper: VectorIndexKeeper | None = None
+    # a completion with no vectors to store (a replayed embed step): the job queue's grouped
+    # completion (JobQueue.complete) when given, else one transaction of its own
+    complete_alone: Callable[[Claim], Awaitable[CompleteResult]] | None = None
     coalescer: EmbeddingCoalescer = attrs.field(init=False)
     begin_parse: GroupCommitter[Claim, ParseSnapshot] = attrs.field(init=False)
     store_chunks: GroupCommitter[ChunkCommit, EmbedSnapshot | int] = attrs.field(init=False)
@@ -173,6 +177,8 @@ class PipelineSteps:
     async def complete(self, claim: Claim) -> CompleteResult:
         commit = self._to_store.pop(claim.job_id, None)
         if commit is None:  # a replayed embed step: only the completion is left
+            if self.complete_alone is not None:
+                return await self.complete_alone(claim)
             return await self.db.run(complete_job, claim)
         drafts = commit.drafts
         for offset in range(0, len(drafts), SLICE_ROWS):
@@ -232,6 +238,11 @@ def build_worker(
     if embedder is None:
         raise ValueError("a worker needs an embedder: open the services with embedder=True")
     chunker = build_chunker(settings, embedder)
+    queue = JobQueue(
+        services.db,
+        lease_seconds=settings.worker.lease_duration,
+        backoff=backoff_policy(settings),
+    )
     steps = PipelineSteps(
         db=services.db,
         store=services.storage,
@@ -243,11 +254,7 @@ def build_worker(
         ocr_low_confidence=settings.parsing.ocr_low_confidence,
         max_in_flight=settings.embedding.max_in_flight,
         index_keeper=index_keeper,
-    )
-    queue = JobQueue(
-        services.db,
-        lease_seconds=settings.worker.lease_duration,
-        backoff=backoff_policy(settings),
+        complete_alone=queue.complete,
     )
     return Worker(
         queue=queue,
@@ -274,9 +281,13 @@ async def run_worker(settings: Settings, *, drain: bool = False, listen: bool = 
         )
         worker = build_worker(settings, services, listen=listen, index_keeper=keeper)
         async with trio.open_nursery() as nursery:
-            # beside the worker, not in it: a build under way when a drain ends is finished,
-            # not cancelled and started again
-            nursery.start_soon(keeper.serve)
+            # Beside the worker, not in it: a build under way when a drain ends is finished,
+            # not cancelled and started again. A draining worker (a bulk load) builds only once
+            # its queue is drained: an index built part-way is then maintained row by row for
+            # the rest of the load, which cost PostgreSQL more than one build over every vector
+            # (docs/test-results/peer.md, 20,000 documents).
+            if not drain:
+                nursery.start_soon(keeper.serve)
             # searches of this home borrow a local model
             assert services.embedder is not None
             await nursery.start(
@@ -284,6 +295,6 @@ async def run_worker(settings: Settings, *, drain: bool = False, listen: bool = 
             )
             await serve_until_signalled(worker, drain=drain)
             if drain:
-                await keeper.check()  # a bulk load ends with its index, if it is due
+                await keeper.check()  # the bulk load ends with its index, if it is due
             nursery.cancel_scope.cancel()
         return worker
