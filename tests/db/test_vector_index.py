@@ -1,10 +1,12 @@
-"""A model's HNSW index on a real PostgreSQL (db/vector_index.py): none at registration, built
-once the model has enough vectors, one builder at a time, an interrupted build built again, and
-vector search answering the same before and after."""
+"""A model's vector index on a real PostgreSQL (db/vector_index.py): none at registration, built
+once the model has enough vectors, one builder at a time, an interrupted build built again, an
+older release's float32 index replaced, and vector search answering the exact top k before and
+after."""
 
 from __future__ import annotations
 
 import threading
+import uuid
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ from trioindex.db.vector_index import (
     build_vector_index,
     has_vectors,
     index_state,
+    quantized_sql,
 )
 from trioindex.errors import TrioindexError
 from trioindex.search import vector_ranking
@@ -33,14 +36,25 @@ def _store(conn: Connection, model: EmbeddingModel, n: int, seed: int = 1) -> np
 
 
 def _plan(conn: Connection, model: EmbeddingModel) -> str:
+    """The plan of the indexed candidate query (sign bits by Hamming distance)."""
+    order = f"{quantized_sql(DIM, 'vector')} <~> {quantized_sql(DIM, '%s')}"
     with conn.transaction():
         conn.execute("SET LOCAL enable_seqscan = off")
         rows = conn.execute(
             f"""EXPLAIN SELECT id FROM embeddings WHERE embedding_model_id = %s
-                ORDER BY vector::vector({DIM}) <=> %s::vector({DIM}) LIMIT 3""",
+                ORDER BY {order} LIMIT 3""",
             (model.id, [0.1] * DIM),
         ).fetchall()
     return "\n".join(next(iter(r.values())) for r in rows)
+
+
+def _float32_index(conn: Connection, model: EmbeddingModel) -> None:
+    """What an older release built: float32 HNSW over the model's vectors."""
+    conn.execute(
+        f"""CREATE INDEX {model.float32_index_name} ON embeddings
+            USING hnsw ((vector::vector({DIM})) vector_cosine_ops)
+            WHERE embedding_model_id = '{model.id}'"""
+    )
 
 
 def test_registration_creates_no_index_and_the_build_waits_for_enough_vectors(
@@ -70,7 +84,68 @@ def test_vector_search_ranks_the_same_exactly_and_through_the_index(db: Database
         assert build_vector_index(conn, model, min_vectors=30)
         indexed = [r.document_key for r in vector_ranking(conn, model, query, 5)]
     assert exact[0] == "doc-007"
-    assert indexed == exact  # 30 vectors: the graph holds them all, HNSW is exact here
+    assert indexed == exact  # 30 vectors, 20 candidates re-ranked: the exact top 5 here
+
+
+def test_search_through_the_index_returns_the_exact_top_k_and_before_it_scans_exactly(
+    db: Database,
+) -> None:
+    # 200 vectors in 20 clusters of 10, 64 dimensions: each query's 10 nearest by cosine
+    # computed here, and the ranking before the index (an exact scan) and through it (40
+    # candidates by their sign bits, re-ranked by cosine) both return exactly those, in order
+    dim, n = 64, 200
+    rng = np.random.default_rng(5)
+    centres = rng.standard_normal((20, dim)).astype(np.float32)
+    vectors = np.repeat(centres, 10, axis=0) + 0.3 * rng.standard_normal((n, dim)).astype(
+        np.float32
+    )
+    with db.connection() as conn:
+        model = ensure_model(conn, "wide", dim)
+        store_indexed(
+            conn,
+            model,
+            [IndexedDocument(f"doc-{i:03}", [f"t {i}"], vectors[i : i + 1]) for i in range(n)],
+        )
+        queries = centres + 0.3 * rng.standard_normal((20, dim)).astype(np.float32)
+        unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+        truth = [
+            [f"doc-{i:03}" for i in np.argsort(-(unit @ (q / np.linalg.norm(q))))[:10]]
+            for q in queries
+        ]
+        before = [[r.document_key for r in vector_ranking(conn, model, q, 10)] for q in queries]
+        assert build_vector_index(conn, model, min_vectors=n)
+        assert index_state(conn, model) is IndexState.VALID
+        after = [[r.document_key for r in vector_ranking(conn, model, q, 10)] for q in queries]
+    assert before == truth
+    assert after == truth
+
+
+def test_an_older_float32_index_is_replaced_by_the_bit_index(db: Database) -> None:
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+        vectors = _store(conn, model, 12)
+        _float32_index(conn, model)
+        assert index_state(conn, model, model.float32_index_name) is IndexState.VALID
+        # replaced whatever the count: the model was indexed before, search keeps an index
+        assert build_vector_index(conn, model, min_vectors=1_000_000) is True
+        assert index_state(conn, model) is IndexState.VALID
+        assert index_state(conn, model, model.float32_index_name) is IndexState.MISSING
+        assert model.index_name in _plan(conn, model)
+        top = [r.document_key for r in vector_ranking(conn, model, vectors[3], 3)]
+        assert top[0] == "doc-003"
+        assert build_vector_index(conn, model, min_vectors=0) is False
+
+
+def test_a_float32_index_left_beside_a_valid_bit_index_is_dropped(db: Database) -> None:
+    # a process stopped between the build and the drop: the next check drops the old index
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+        _store(conn, model, 5)
+        assert build_vector_index(conn, model, min_vectors=1)
+        _float32_index(conn, model)
+        assert build_vector_index(conn, model, min_vectors=1) is False
+        assert index_state(conn, model) is IndexState.VALID
+        assert index_state(conn, model, model.float32_index_name) is IndexState.MISSING
 
 
 def test_a_session_already_building_makes_another_skip(db: Database) -> None:
@@ -109,12 +184,25 @@ def test_an_interrupted_build_is_dropped_and_built_again(db: Database) -> None:
         assert index_state(conn, model) is IndexState.VALID
 
 
-@pytest.mark.parametrize("dimension", [2001])
-def test_a_model_beyond_pgvectors_hnsw_limit_is_always_searched_exactly(
+def test_a_model_past_the_float32_limit_is_indexed_by_its_bits(db: Database) -> None:
+    # pgvector's float32 HNSW stops at 2,000 dimensions, its bit HNSW at 64,000
+    dim = 2001
+    with db.connection() as conn:
+        model = ensure_model(conn, "wide", dim)
+        vectors = np.random.default_rng(2).standard_normal((3, dim)).astype(np.float32)
+        docs = [IndexedDocument(f"doc-{i}", [f"t {i}"], vectors[i : i + 1]) for i in range(3)]
+        store_indexed(conn, model, docs)
+        assert build_vector_index(conn, model, min_vectors=1) is True
+        assert index_state(conn, model) is IndexState.VALID
+        assert vector_ranking(conn, model, vectors[1], 1)[0].document_key == "doc-1"
+
+
+@pytest.mark.parametrize("dimension", [64_001])
+def test_a_model_beyond_pgvectors_bit_hnsw_limit_gets_no_index(
     db: Database, dimension: int
 ) -> None:
     with db.connection() as conn:
-        model = ensure_model(conn, "wide", dimension)
+        model = EmbeddingModel(uuid.uuid4(), "too-wide", dimension, False)
         assert build_vector_index(conn, model, min_vectors=0) is False
         assert index_state(conn, model) is IndexState.MISSING
 

@@ -2,9 +2,9 @@
 model serves search, activating another, removing one).
 
 The ``embeddings.vector`` column has no fixed dimension so that several models can live side by
-side; each model gets a partial HNSW cosine index over ``vector::vector(dim)`` restricted to its
-rows, which is what lets ``ORDER BY vector::vector(dim) <=> query`` use the index — built by a
-worker once the model has enough vectors (:mod:`trioindex.db.vector_index`), not at registration.
+side; each model gets a partial HNSW index over its vectors' sign bits restricted to its rows (the
+candidates of a query, re-ranked exactly) — built by a worker once the model has enough vectors
+(:mod:`trioindex.db.vector_index`), not at registration.
 
 Each model serves its own version of each document (``served_versions``, moved forward by that
 model's completions only). One model *serves search* (``is_active``): :func:`serving_model` is
@@ -46,6 +46,12 @@ class EmbeddingModel:
 
     @property
     def index_name(self) -> str:
+        """The model's vector index (HNSW over its vectors' sign bits, db/vector_index.py)."""
+        return f"embeddings_bits_{self.id.hex[:16]}"
+
+    @property
+    def float32_index_name(self) -> str:
+        """The float32 HNSW index older releases built; replaced by :attr:`index_name`."""
         return f"embeddings_hnsw_{self.id.hex[:16]}"
 
 
@@ -323,7 +329,7 @@ def remove_model(conn: Connection, name: str) -> Removal:
         chunks = conn.execute(
             "DELETE FROM document_chunks WHERE chunking = %s", (token_chunking(name),)
         ).rowcount
-        conn.execute(f"DROP INDEX IF EXISTS {model.index_name}")
+        conn.execute(f"DROP INDEX IF EXISTS {model.index_name}, {model.float32_index_name}")
         conn.execute("DELETE FROM embedding_models WHERE id = %s", (model.id,))
         conn.execute(
             """INSERT INTO indexing_events (event_type, detail)

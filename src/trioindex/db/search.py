@@ -16,6 +16,7 @@ from pgvector import Vector
 
 from trioindex.db.models import EmbeddingModel
 from trioindex.db.pool import Connection
+from trioindex.db.vector_index import RERANK_FACTOR, index_ready, quantized_sql
 
 IterativeScan = Literal["strict_order", "relaxed_order", "off"]
 
@@ -73,14 +74,20 @@ def nearest_chunks(
     filters: Filters,
     hnsw: HnswSettings,
 ) -> list[dict[str, Any]]:
-    """The ``limit`` chunks closest to ``vector`` by cosine, best first, with ``score``."""
+    """The ``limit`` chunks closest to ``vector`` by cosine, best first, with ``score``.
+
+    Exact while the model has no valid index; once it has, the :data:`RERANK_FACTOR` ×
+    ``limit`` nearest by the Hamming distance of their sign bits (through the index) ordered by
+    exact cosine (:mod:`trioindex.db.vector_index` says why)."""
     dim = int(model.dimension)
     where, params = filters.sql()
+    exact = f"e.vector::vector({dim}) <=> %(q)s::vector({dim})"
     with conn.transaction():
-        _set_hnsw(conn, hnsw)
-        return conn.execute(
-            f"""SELECT {_COLUMNS},
-                       1 - (e.vector::vector({dim}) <=> %(q)s::vector({dim})) AS score
+        indexed = index_ready(conn, model)
+        candidates = RERANK_FACTOR * limit if indexed else limit
+        _set_hnsw(conn, hnsw, at_least=candidates if indexed else 0)
+        order = f"{quantized_sql(dim, 'e.vector')} <~> {quantized_sql(dim, '%(q)s')}"
+        query = f"""SELECT {_COLUMNS}, 1 - ({exact}) AS score
                 FROM embeddings e
                 JOIN served_versions s ON s.document_version_id = e.document_version_id
                                       AND s.embedding_model_id = %(model)s
@@ -88,15 +95,24 @@ def nearest_chunks(
                 JOIN document_versions v ON v.id = e.document_version_id
                 JOIN document_chunks c ON c.id = e.chunk_id
                 WHERE e.embedding_model_id = %(model)s{where}
-                ORDER BY e.vector::vector({dim}) <=> %(q)s::vector({dim})
-                LIMIT %(limit)s""",
-            {"q": Vector(list(vector)), "model": model.id, "limit": limit} | params,
+                ORDER BY {order if indexed else exact}
+                LIMIT %(candidates)s"""
+        if indexed:
+            query = f"SELECT * FROM ({query}) AS r ORDER BY score DESC LIMIT %(limit)s"
+        return conn.execute(
+            query,
+            {"q": Vector(list(vector)), "model": model.id, "limit": limit}
+            | {"candidates": candidates}
+            | params,
         ).fetchall()
 
 
-def _set_hnsw(conn: Connection, hnsw: HnswSettings) -> None:
-    if hnsw.ef_search is not None:
-        conn.execute(f"SET LOCAL hnsw.ef_search = {int(hnsw.ef_search)}")
+def _set_hnsw(conn: Connection, hnsw: HnswSettings, *, at_least: int) -> None:
+    # the graph returns at most ef_search rows per scan: never fewer than the candidates
+    # asked for (pgvector's ceiling is 1000; an iterative scan goes on past it)
+    ef = max(hnsw.ef_search or 0, min(at_least, 1000))
+    if ef > 40 or hnsw.ef_search is not None:
+        conn.execute(f"SET LOCAL hnsw.ef_search = {int(ef)}")
     try:
         with conn.transaction():
             conn.execute(f"SET LOCAL hnsw.iterative_scan = {hnsw.iterative_scan}")

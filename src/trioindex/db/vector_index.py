@@ -1,20 +1,33 @@
-"""A model's HNSW index: built once the model has enough vectors, exact search below that.
+"""A model's vector index: HNSW over the vectors' sign bits, built once the model has enough
+vectors, with an exact re-rank at query time; exact search below that.
 
-Maintaining an HNSW index row by row is the largest PostgreSQL cost of indexing small
-documents (about 1 ms of server CPU per 768-dimension vector, docs/test-results/peer.md), and
-below a few thousand vectors an exact scan answers a query as fast and with recall 1. So a
-model is registered without an index (:func:`trioindex.db.models.ensure_model`), and once it
-has ``embedding.index-min-vectors`` vectors a worker builds one (:func:`build_vector_index`,
-called by :class:`trioindex.worker.index_keeper.VectorIndexKeeper`) — as pgai does, and as
-pgvector advises (an index built over loaded rows is faster to build than one grown row by row).
+**What is indexed.** Each vector's ``binary_quantize(vector::vector(dim))::bit(dim)`` (one
+bit per dimension: its sign) in an HNSW graph under Hamming distance (``bit_hamming_ops``,
+m = 16, ef_construction = 64). A query takes the :data:`RERANK_FACTOR` × k nearest by Hamming
+distance through the graph and orders them by the exact cosine distance of the stored float32
+vectors (:func:`trioindex.db.search.nearest_chunks`). Chosen by the at-scale benchmark
+(docs/test-results/index-scale.md: clustered 1024-dimension vectors and the local model's
+vectors of real text): the bit graph is a 32nd of the float32 one's size, costs about a third
+of its PostgreSQL CPU per inserted vector, and with the re-rank its recall@10 is at least the
+float32 graph's at ef_search 40. pgvector indexes bits up to 64,000 dimensions (the float32
+graph stops at 2,000), so every model a ``vector`` column can hold (16,000) gets an index.
 
-Search ranks with ``ORDER BY vector::vector(dim) <=> query`` either way: the planner uses the
-index once it is valid and scans the model's rows exactly until then.
+**When.** Maintaining an HNSW index row by row is the largest PostgreSQL cost of indexing small
+documents, and below a few thousand vectors an exact scan answers a query as fast and with
+recall 1. So a model is registered without an index (:func:`trioindex.db.models.ensure_model`),
+and once it has ``embedding.index-min-vectors`` vectors a worker builds one
+(:func:`build_vector_index`, called by :class:`trioindex.worker.index_keeper.VectorIndexKeeper`)
+— as pgai does, and as pgvector advises (an index built over loaded rows is faster to build
+than one grown row by row). Search ranks exactly (``ORDER BY vector::vector(dim) <=> query``)
+until the index is valid (:func:`index_ready`).
 
 The build is ``CREATE INDEX CONCURRENTLY``: writers (other workers' commits) go on meanwhile.
 One process builds at a time (a session advisory lock per model; the others skip). A build that
 was interrupted leaves an INVALID index, which PostgreSQL still maintains on every insert but
-never uses: the next check drops it and builds again.
+never uses: the next check drops it and builds again. A database indexed by an older release
+has the model's float32 HNSW index (:attr:`EmbeddingModel.float32_index_name`): the next check
+builds the bit index beside it, whatever the vector count, then drops the old one, both
+concurrently, so search never loses its index.
 """
 
 from __future__ import annotations
@@ -27,8 +40,13 @@ from trioindex.db.pool import Connection
 
 logger = logging.getLogger(__name__)
 
-# pgvector's HNSW limit for the vector type: larger models are always searched exactly.
-HNSW_MAX_DIMENSION = 2000
+# pgvector's HNSW limit for the bit type (the vector type itself stops at 16,000).
+BIT_HNSW_MAX_DIMENSION = 64_000
+# HNSW build parameters (pgvector's defaults, measured at 200,000 vectors in the benchmark).
+HNSW_M = 16
+HNSW_EF_CONSTRUCTION = 64
+# A query's candidates from the bit graph, per result, re-ranked by exact cosine.
+RERANK_FACTOR = 4
 
 
 class IndexState(enum.StrEnum):
@@ -37,15 +55,27 @@ class IndexState(enum.StrEnum):
     VALID = "valid"
 
 
-def index_state(conn: Connection, model: EmbeddingModel) -> IndexState:
+def index_state(conn: Connection, model: EmbeddingModel, name: str | None = None) -> IndexState:
+    """The state of the model's index (or of the index called ``name``)."""
     row = conn.execute(
         """SELECT i.indisvalid FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
            WHERE c.relname = %s AND c.relnamespace = current_schema()::regnamespace""",
-        (model.index_name,),
+        (name or model.index_name,),
     ).fetchone()
     if row is None:
         return IndexState.MISSING
     return IndexState.VALID if row["indisvalid"] else IndexState.INVALID
+
+
+def index_ready(conn: Connection, model: EmbeddingModel) -> bool:
+    """Whether search may rank through the model's bit index (it exists and is valid)."""
+    return index_state(conn, model) is IndexState.VALID
+
+
+def quantized_sql(dimension: int, vector: str) -> str:
+    """The indexed expression of ``vector`` (an SQL expression of type vector): its sign bits."""
+    dim = int(dimension)
+    return f"binary_quantize({vector}::vector({dim}))::bit({dim})"
 
 
 def has_vectors(conn: Connection, model: EmbeddingModel, count: int) -> bool:
@@ -58,23 +88,26 @@ def has_vectors(conn: Connection, model: EmbeddingModel, count: int) -> bool:
     return row is not None and row["n"] >= count
 
 
-def create_index_sql(model: EmbeddingModel) -> str:
-    """The model's partial HNSW cosine index over ``vector::vector(dim)``, built concurrently."""
+def create_index_sql(model: EmbeddingModel, *, concurrently: bool = True) -> str:
+    """The model's partial HNSW index over its vectors' sign bits (module docstring)."""
     return (
-        f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {model.index_name} ON embeddings"
-        f" USING hnsw ((vector::vector({int(model.dimension)})) vector_cosine_ops)"
+        f"CREATE INDEX {'CONCURRENTLY ' if concurrently else ''}IF NOT EXISTS"
+        f" {model.index_name} ON embeddings"
+        f" USING hnsw (({quantized_sql(model.dimension, 'vector')}) bit_hamming_ops)"
+        f" WITH (m = {HNSW_M}, ef_construction = {HNSW_EF_CONSTRUCTION})"
         f" WHERE embedding_model_id = '{model.id}'"
     )
 
 
 def build_vector_index(conn: Connection, model: EmbeddingModel, *, min_vectors: int) -> bool:
-    """Build ``model``'s HNSW index if it has ``min_vectors`` vectors and no valid index yet;
-    True when this call built it.
+    """Build ``model``'s index if it has ``min_vectors`` vectors (or an older release's float32
+    index to replace) and no valid index yet, and drop the float32 one; True when this call
+    built it.
 
     ``conn`` must be in autocommit mode and outside a transaction (a concurrent build is not
     allowed in one). Returns False at once when another session is building it.
     """
-    if model.dimension > HNSW_MAX_DIMENSION:
+    if model.dimension > BIT_HNSW_MAX_DIMENSION:
         return False
     lock = conn.execute(
         "SELECT pg_try_advisory_lock(%s::int, hashtext(%s)) AS got",
@@ -86,18 +119,29 @@ def build_vector_index(conn: Connection, model: EmbeddingModel, *, min_vectors: 
         still = conn.execute("SELECT 1 FROM embedding_models WHERE id = %s", (model.id,)).fetchone()
         if still is None:
             return False  # removed (under this lock, so no removal runs now)
-        state = index_state(conn, model)
-        if state is IndexState.VALID or not has_vectors(conn, model, min_vectors):
-            return False
-        if state is IndexState.INVALID:
-            logger.info("dropping the interrupted HNSW index build of model %s", model.name)
-            conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {model.index_name}")
-        logger.info("building the HNSW index of model %s (%s+ vectors)", model.name, min_vectors)
-        conn.execute(create_index_sql(model))
-        return True
+        return _build(conn, model, min_vectors)
     finally:
         if not conn.closed:  # a lost session released its lock with it
             conn.execute(
                 "SELECT pg_advisory_unlock(%s::int, hashtext(%s))",
                 (INDEX_BUILD_LOCK, str(model.id)),
             )
+
+
+def _build(conn: Connection, model: EmbeddingModel, min_vectors: int) -> bool:
+    state = index_state(conn, model)
+    old = index_state(conn, model, model.float32_index_name)
+    built = False
+    if state is not IndexState.VALID and (
+        old is not IndexState.MISSING or has_vectors(conn, model, min_vectors)
+    ):
+        if state is IndexState.INVALID:
+            logger.info("dropping the interrupted index build of model %s", model.name)
+            conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {model.index_name}")
+        logger.info("building the vector index of model %s (%s+ vectors)", model.name, min_vectors)
+        conn.execute(create_index_sql(model))
+        built = True
+    if old is not IndexState.MISSING and (built or state is IndexState.VALID):
+        logger.info("dropping model %s's float32 HNSW index (replaced)", model.name)
+        conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {model.float32_index_name}")
+    return built
