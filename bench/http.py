@@ -23,8 +23,8 @@ runs it, its start included) on the same database and folder store: files/s and 
 from __future__ import annotations
 
 import argparse
-import io
 import http.client
+import io
 import multiprocessing
 import os
 import resource
@@ -469,7 +469,7 @@ def profiling(folder: Path | None, pid: int, name: str) -> Iterator[Path | None]
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / name
     spy = subprocess.Popen(
-        [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid), "--format", "raw", "--rate", "200", "--gil", 
+        [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid), "--format", "raw", "--rate", "200", "--gil",
          "--output", str(out), "--nonblocking"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
