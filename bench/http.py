@@ -23,19 +23,26 @@ runs it, its start included) on the same database and folder store: files/s and 
 from __future__ import annotations
 
 import argparse
+import http.client
 import io
 import multiprocessing
+import os
+import resource
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import attrs
 import httpx
 import numpy as np
+import psutil
 import trio
 
 from bench.common import (
@@ -111,20 +118,82 @@ def small_files(folder: Path, tag: str, count: int) -> list[Path]:
 # -- the service --------------------------------------------------------------------------------
 
 
+@attrs.frozen
+class Served:
+    """A running ``serve``: its URL and its process id (for its CPU time)."""
+
+    url: str
+    pid: int
+
+
 @contextmanager
-def serving(env: dict[str, str], log: Path, src: Path | None = None) -> Iterator[str]:
-    """``trioindex serve`` on a free port (``src``: another checkout's sources); its URL."""
+def serving(
+    env: dict[str, str], log: Path, src: Path | None = None, *extra: str
+) -> Iterator[Served]:
+    """``trioindex serve`` on a free port (``src``: another checkout's sources; ``extra``: more
+    options of ``serve``)."""
     if src is not None:
         env = env | {"PYTHONPATH": str(src)}
     port = free_port()
-    process = spawn(env, "serve", "--port", str(port), log=log)
+    process = spawn(env, "serve", "--port", str(port), *extra, log=log)
     try:
         wait_for_port(port, process, 120, "trioindex serve")
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: _healthy(url), 60, "/healthz to answer 200")
-        yield url
+        yield Served(url, process.pid)
     finally:
         stop_process(process)
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` and every process under it, live or reaped
+    (a backend that exits moves from the live sum to its parent's ``children_*`` times)."""
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return float("nan")
+    total = 0.0
+    for process in processes:
+        with suppress(psutil.Error):
+            times = process.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
+@attrs.frozen
+class CpuMeter:
+    """CPU seconds spent by the bench's parts between :meth:`start` and :meth:`read`:
+    ``serve`` (when given), PostgreSQL (postmaster and backends), this process's children
+    (an ``ingest`` run), and the machine as a whole."""
+
+    serve_pid: int | None
+    postgres_pid: int
+    began: dict[str, float]
+
+    @classmethod
+    def start(cls, postgres_pid: int, serve_pid: int | None = None) -> CpuMeter:
+        meter = cls(serve_pid, postgres_pid, {})
+        meter.began.update(meter._now())
+        return meter
+
+    def _now(self) -> dict[str, float]:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        machine = psutil.cpu_times()
+        now = {
+            "postgres": tree_cpu_seconds(self.postgres_pid),
+            "children": children.ru_utime + children.ru_stime,
+            "machine": machine.user + machine.system + machine.nice + machine.softirq
+            + machine.irq,
+        }  # fmt: skip
+        if self.serve_pid is not None:
+            now["serve"] = tree_cpu_seconds(self.serve_pid)
+            with suppress(psutil.Error):
+                now["serve system"] = psutil.Process(self.serve_pid).cpu_times().system
+        return now
+
+    def read(self) -> dict[str, float]:
+        return {name: value - self.began[name] for name, value in self._now().items()}
 
 
 def _healthy(url: str) -> bool:
@@ -177,19 +246,42 @@ def _search_client(
     return latencies
 
 
-def _upload_client(url: str, token: str, files: Sequence[tuple[str, str]]) -> tuple[float, float]:
-    """The client's start and end (wall clock) of its uploads."""
+def _upload_client(
+    url: str, token: str, files: Sequence[tuple[str, str]], client: str
+) -> tuple[float, float, float]:
+    """The client's start and end (wall clock) of its uploads, and its CPU seconds for them.
+    ``client``: ``httpx`` (the process's ``httpx.Client``) or ``http.client`` (the standard
+    library's, about a tenth of httpx's CPU per request); both keep one connection alive."""
     assert _client is not None
     headers = {"Authorization": f"Bearer {token}"}
     _client.get(f"{url}/v1/status", headers=headers).raise_for_status()
+    post = _httpx_post if client == "httpx" else _stdlib_post(url)
     _barrier.wait()
-    began = time.time()
+    began, cpu = time.time(), time.process_time()
     for key, path in files:
-        data = Path(path).read_bytes()
-        answer = _client.post(f"{url}/v1/documents/{key}", content=data, headers=headers)
-        if answer.status_code != 201:
-            raise RuntimeError(f"upload answered {answer.status_code}: {answer.text[:200]}")
-    return began, time.time()
+        status, text = post(f"{url}/v1/documents/{key}", Path(path).read_bytes(), headers)
+        if status != 201:
+            raise RuntimeError(f"upload answered {status}: {text[:200]}")
+    return began, time.time(), time.process_time() - cpu
+
+
+def _httpx_post(url: str, data: bytes, headers: dict[str, str]) -> tuple[int, str]:
+    assert _client is not None
+    answer = _client.post(url, content=data, headers=headers)
+    return answer.status_code, answer.text
+
+
+def _stdlib_post(base: str) -> Callable[[str, bytes, dict[str, str]], tuple[int, str]]:
+    """A POST over one kept-alive ``http.client`` connection to ``base``."""
+    where = urlsplit(base)
+    connection = http.client.HTTPConnection(where.hostname or "", where.port, timeout=60)
+
+    def post(url: str, data: bytes, headers: dict[str, str]) -> tuple[int, str]:
+        connection.request("POST", urlsplit(url).path, body=data, headers=headers)
+        answer = connection.getresponse()
+        return answer.status, answer.read().decode()
+
+    return post
 
 
 def _ready(_: int) -> None:
@@ -237,13 +329,19 @@ def in_process_searches(env: dict[str, str], queries: Sequence[str], seconds: fl
     return trio.run(_in_process, settings, queries, seconds)
 
 
-def http_uploads(pool: Any, url: str, token: str, root: Path, paths: Sequence[Path]) -> float:
-    """Seconds from the first client's start to the last client's last answer."""
+def http_uploads(  # noqa: PLR0917 (the run's parts)
+    pool: Any, url: str, token: str, root: Path, paths: Sequence[Path], client: str
+) -> tuple[float, float]:
+    """Seconds from the first client's start to the last client's last answer, and the
+    clients' CPU seconds for their uploads."""
     named = [(f"upload/{p.relative_to(root).as_posix()}", str(p)) for p in paths]
     spans = pool.starmap(
-        _upload_client, [(url, token, named[i::CLIENTS]) for i in range(CLIENTS)], chunksize=1
+        _upload_client,
+        [(url, token, named[i::CLIENTS], client) for i in range(CLIENTS)],
+        chunksize=1,
     )
-    return float(max(end for _, end in spans) - min(start for start, _ in spans))
+    took = max(end for _, end, _ in spans) - min(start for start, _, _ in spans)
+    return float(took), float(sum(cpu for _, _, cpu in spans))
 
 
 def ingest_seconds(env: dict[str, str], folder: Path) -> float:
@@ -310,7 +408,7 @@ def searches(  # noqa: PLR0917 (the run's parts)
     for r in range(args.rounds):
         for i, (name, src) in enumerate(servers.items()):
             with serving(env, work / f"serve-search-{r}-{i}.log", src) as service:
-                got = http_searches(pool, service, token, queries, args.seconds)
+                got = http_searches(pool, service.url, token, queries, args.seconds)
             results[name] += got
             print(f"round {r + 1} search over HTTP ({name}): {side(got)}")
         got = in_process_searches(env, queries, args.seconds)
@@ -327,16 +425,59 @@ def uploads(  # noqa: PLR0917 (the run's parts)
     token: str,
     work: Path,
 ) -> dict[str, Any]:
+    """Each server's uploads, then ``ingest``: seconds, and CPU seconds by part."""
     seconds: dict[str, float] = {}
+    cpu: dict[str, dict[str, float]] = {}
+    load: dict[str, float] = {}
     for i, (name, src) in enumerate(servers.items()):
         files = small_files(work / f"files-{i}", f"upload {name}", args.files)
-        with serving(env, work / f"serve-upload-{i}.log", src) as service:
-            seconds[name] = http_uploads(pool, service, token, work, files)
-        print(f"upload: {args.files} files over HTTP ({name}) in {seconds[name]:.1f} s")
+        with serving(env, work / f"serve-upload-{i}.log", src, *args.serve_options) as service:
+            meter = CpuMeter.start(args.postgres_pid, service.pid)
+            with profiling(args.profile, service.pid, f"serve-{i}.txt") as profiled:
+                load[name] = os.getloadavg()[0]
+                seconds[name], clients = http_uploads(
+                    pool, service.url, token, work, files, args.upload_client
+                )
+            cpu[name] = meter.read() | {"clients": clients}
+        print(f"upload: {args.files} files over HTTP ({name}) in {seconds[name]:.1f} s,"
+              f" load {load[name]:.1f}; CPU ms per upload: {per_unit(cpu[name], args.files)}")  # fmt: skip
+        if profiled is not None:
+            print(f"profile of serve ({name}): {profiled}")
     small_files(work / "files-ingest", "ingest", args.files)
+    meter = CpuMeter.start(args.postgres_pid)
+    load["ingest"] = os.getloadavg()[0]
     seconds["ingest"] = ingest_seconds(env, work / "files-ingest")
-    print(f"ingest: {args.files} files in {seconds['ingest']:.1f} s")
-    return {"files": args.files, "seconds": seconds}
+    cpu["ingest"] = meter.read()
+    print(f"ingest: {args.files} files in {seconds['ingest']:.1f} s, load {load['ingest']:.1f};"
+          f" CPU ms per file: {per_unit(cpu['ingest'], args.files)}")  # fmt: skip
+    return {"files": args.files, "seconds": seconds, "cpu": cpu, "load": load}
+
+
+def per_unit(cpu: dict[str, float], units: int) -> dict[str, float]:
+    """CPU milliseconds per unit, by part."""
+    return {part: round(seconds * 1000 / units, 2) for part, seconds in cpu.items()}
+
+
+@contextmanager
+def profiling(folder: Path | None, pid: int, name: str) -> Iterator[Path | None]:
+    """``py-spy record`` of process ``pid`` (collapsed stacks in ``folder/name``) while the
+    block runs, when a folder is given (py-spy must be installed beside this Python: it is not
+    a dependency of the project)."""
+    if folder is None:
+        yield None
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / name
+    spy = subprocess.Popen(
+        [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid), "--format", "raw", "--rate", "200", "--gil",
+         "--output", str(out), "--nonblocking"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        yield out
+    finally:
+        spy.send_signal(2)
+        spy.wait(60)
 
 
 def _count(url: str, pattern: str) -> int:
@@ -421,6 +562,26 @@ def main() -> None:
     parser.add_argument(
         "--only", choices=["search", "upload"], help="run one part (nothing is written)"
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="py-spy each upload server, collapsed stacks in DIR/serve-N.txt",
+    )
+    parser.add_argument(
+        "--upload-client",
+        choices=["http.client", "httpx"],
+        default="http.client",
+        help="the upload clients' HTTP library (default http.client)",
+    )
+    parser.add_argument(
+        "--serve-option",
+        dest="serve_options",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="an option for every upload server, e.g. --serve-option=--workers=2 (repeatable)",
+    )
     args = parser.parse_args()
     args.chunks, args.seconds, args.files = (
         (5_000, 4.0, 200) if args.quick else (100_000, 15.0, 1_000)
@@ -431,6 +592,7 @@ def main() -> None:
         pg.fresh_database("http") as url,
         tempfile.TemporaryDirectory() as tmp,
     ):
+        args.postgres_pid = int((pg.home / "pgdata" / "postmaster.pid").read_text().split()[0])
         figures = run(args, url, Path(tmp))
     body = report(figures)
     command = "just bench-http" + (f" --baseline {args.baseline}" if args.baseline else "")

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import hashlib
 
+import psycopg
 import pytest
 
 from tests import helpers
 from trioindex.db.api_keys import (
+    REVOKED_CHANNEL,
     KeyRefused,
     Role,
     check_token,
@@ -87,3 +89,19 @@ def test_key_names_are_bounded(db: Database) -> None:
         for name in ("", "n" * 101):
             with pytest.raises(TrioindexError, match="1 to 100"):
                 create_key(conn, name, Role.READ)
+
+
+def test_a_revocation_is_announced_with_its_commit_only(db: Database, database_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as listener:
+        listener.execute(f"LISTEN {REVOKED_CHANNEL}")
+        with db.connection() as conn:
+            kept, _ = create_key(conn, "kept", Role.READ)
+            gone, _ = create_key(conn, "gone", Role.READ)
+            with pytest.raises(RuntimeError), conn.transaction():
+                revoke_key(conn, "kept")
+                raise RuntimeError("rolled back")
+            revoke_key(conn, "gone")
+        heard = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+        assert heard == [str(gone.id)]
+        assert list(listener.notifies(timeout=0.2)) == []  # the rolled-back one said nothing
+        assert str(kept.id) not in heard

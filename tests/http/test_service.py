@@ -94,14 +94,34 @@ def test_no_key_is_401_and_each_role_gets_what_it_may(service: Running) -> None:
     assert tokens["admin"] not in service.log_text()
 
 
+def key_checks(client: httpx.Client) -> dict[str, float]:
+    """The service's count of API-key checks by where the key was found (cache, database)."""
+    found = {}
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("trioindex_http_api_key_checks_total{"):
+            labels, value = line.rsplit(" ", 1)
+            found[labels.split('source="')[1].split('"')[0]] = float(value)
+    return found
+
+
 def test_a_revoked_key_stops_working_at_once(service: Running) -> None:
     token = service.key("page", "read")
-    with service.client(token) as client:
+    other = service.key("other", "read")
+    with service.client(token) as client, service.client(other) as bystander:
         assert client.get("/v1/status").status_code == 200
+        assert bystander.get("/v1/status").status_code == 200
+        before = key_checks(client)
+        for _ in range(3):  # verified already: kept, not read again
+            assert client.get("/v1/status").status_code == 200
+        after = key_checks(client)
+        assert after["cache"] >= before.get("cache", 0) + 4, (before, after)
+        assert after["database"] == before["database"], (before, after)
         revoked = cli(service.env, "keys", "revoke", "page")
         assert revoked.returncode == 0, revoked.stderr
         assert error(client.get("/v1/status")) == (401, "unauthenticated")
         assert "revoked" in client.get("/v1/status").json()["error"]["message"]
+        # the revocation dropped its own key only
+        assert bystander.get("/v1/status").status_code == 200
 
 
 def test_keys_commands_create_list_and_never_show_a_hash(service: Running) -> None:

@@ -4,7 +4,9 @@ A token is ``ti_<key id, 32 hex digits>_<secret>``, the secret being 32 random b
 (URL-safe base64). The row keeps only the SHA-256 of the whole token. Checking a token reads
 its row by the id it names, then compares the hashes with :func:`hmac.compare_digest`, so the
 time taken does not depend on how much of a guessed secret is right; the row is read on every
-check, so a revocation takes effect with its commit.
+check, so a revocation takes effect with its commit. A revocation also sends ``NOTIFY``
+:data:`REVOKED_CHANNEL` with the key's id (delivered at its commit), so a service that keeps
+verified keys (``trioindex.http.key_cache``) drops that key the moment it hears it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from trioindex.errors import NotFound, TrioindexError
 #: The longest key name (the CHECK on api_keys.name).
 MAX_NAME_CHARS: Final = 100
 _TOKEN = re.compile(r"ti_([0-9a-f]{32})_([A-Za-z0-9_-]{43})")
+#: The channel a revocation is announced on; the payload is the revoked key's id.
+REVOKED_CHANNEL: Final = "trioindex_api_key_revoked"
 # compared against when a token names no key, so an unknown id costs the same comparison
 _NO_HASH: Final = "0" * 64
 
@@ -99,14 +103,17 @@ def list_keys(conn: Connection) -> list[ApiKey]:
 
 
 def revoke_key(conn: Connection, name: str) -> ApiKey:
-    """Revoke the key named ``name`` (it stops working with this commit); a key revoked
-    already keeps its first revocation time. :class:`NotFound` when there is no such key."""
+    """Revoke the key named ``name`` (it stops working with this commit, which also announces
+    it on :data:`REVOKED_CHANNEL`); a key revoked already keeps its first revocation time.
+    :class:`NotFound` when there is no such key."""
     with conn.transaction():
         row = conn.execute(
             """UPDATE api_keys SET revoked_at = coalesce(revoked_at, now())
                WHERE name = %s RETURNING *""",
             (name,),
         ).fetchone()
+        if row is not None:
+            conn.execute("SELECT pg_notify(%s, %s)", (REVOKED_CHANNEL, str(row["id"])))
     if row is None:
         raise NotFound(f"no API key named {name!r}")
     return ApiKey.from_row(row)

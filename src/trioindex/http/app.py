@@ -14,16 +14,16 @@ from typing import Final
 
 import attrs
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trioindex.db.api_keys import Role
 from trioindex.http import console, documents, hooks, monitor, openapi, operations, search
 from trioindex.http.context import Service, service
-from trioindex.http.errors import ErrorMiddleware, http_exception
+from trioindex.http.errors import ErrorMiddleware
 from trioindex.http.limits import ConcurrencyLimit
 from trioindex.http.metrics import MetricsMiddleware, metrics
 
@@ -221,11 +221,37 @@ def _guarded(endpoint: Endpoint) -> Handler:
     return guarded
 
 
+class _Handled:
+    """A route's handler as a plain ASGI application: the request, the handler's response.
+    (Starlette's own wrapper looks up exception handlers for every request; every error here
+    is answered by :class:`ErrorMiddleware` instead.)"""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = await self.handler(Request(scope, receive, send))
+        await response(scope, receive, send)
+
+
+class _Service(Starlette):
+    """Starlette with only the service's middleware: its default outer layers (the
+    server-error page and the exception-handler lookup) would wrap every request's messages
+    twice more for what :class:`ErrorMiddleware` already answers (Starlette's 404 and 405
+    included, as JSON)."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        app: ASGIApp = self.router
+        for cls, args, kwargs in reversed(self.user_middleware):
+            app = cls(app, *args, **kwargs)
+        return app
+
+
 def build_app(svc: Service) -> Starlette:
     """The ASGI application of ``svc``."""
-    app = Starlette(
+    app = _Service(
         routes=[
-            Route(e.path, _guarded(e), methods=[e.method], name=f"{e.method} {e.path}")
+            Route(e.path, _Handled(_guarded(e)), methods=[e.method], name=f"{e.method} {e.path}")
             for e in ENDPOINTS
         ],
         middleware=[
@@ -233,7 +259,6 @@ def build_app(svc: Service) -> Starlette:
             Middleware(ErrorMiddleware),
             Middleware(ConcurrencyLimit, limit=svc.settings.http.max_concurrent_requests),
         ],
-        exception_handlers={HTTPException: http_exception},
     )
     app.state.service = svc
     return app

@@ -3,8 +3,9 @@
 Every route names the least role it needs (``read``: search, status, documents and jobs;
 ``write``: also upload and delete; ``admin``: also retry jobs) and :meth:`Guard.check` runs
 before its handler: no ``Authorization: Bearer <token>`` is 401, a token that names no live
-key is 401 (the key's row is read on every request, so a revoked key is refused from the
-revocation's commit on: nothing is cached), a role too low is 403. ``serve --no-auth``
+key is 401, a role too low is 403. A key verified once is kept while the service hears
+revocations (:mod:`trioindex.http.key_cache`): a revocation drops it as soon as it is
+announced, and without the LISTEN every request reads its key's row. ``serve --no-auth``
 (loopback only) skips the check. ``/healthz`` needs no key; the bucket-notification webhook
 authenticates with ``http.webhook-token`` instead (MinIO sends ``Bearer <auth_token>``),
 compared in constant time. A console session (:mod:`trioindex.http.session`) stands for
@@ -21,6 +22,8 @@ from starlette.requests import Request
 from trioindex.db.api_keys import ApiKey, Role, check_token
 from trioindex.db.pool import Database
 from trioindex.http.errors import ApiError, unauthenticated
+from trioindex.http.key_cache import KeyCache, token_digest
+from trioindex.http.metrics import KEY_CHECKS
 from trioindex.http.session import SessionStore, session_token
 
 _SCHEME = "bearer"
@@ -45,6 +48,7 @@ class Guard:
     enabled: bool = True
     webhook_token: str | None = attrs.field(default=None, repr=False)
     sessions: SessionStore = attrs.field(factory=SessionStore, repr=False)
+    keys: KeyCache = attrs.field(factory=KeyCache, repr=False)
 
     async def check(self, request: Request, needed: Role) -> ApiKey | None:
         """The caller's key if its role allows ``needed``; 401/403 otherwise."""
@@ -53,11 +57,24 @@ class Guard:
         token = bearer_token(request) or session_token(self.sessions, request)
         if token is None:
             raise unauthenticated("an API key is required: Authorization: Bearer <API key>")
-        key = await self.db.run(check_token, token)
+        key = await self.verified(token)
         if not key.role.allows(needed):
             raise ApiError(
                 403, "forbidden", f"this needs a {needed} key; key {key.name!r} is {key.role}"
             )
+        return key
+
+    async def verified(self, token: str) -> ApiKey:
+        """The live key of ``token``: kept from an earlier request, else read (and kept)."""
+        digest = token_digest(token)
+        key = self.keys.find(digest)
+        if key is not None:
+            KEY_CHECKS.labels("cache").inc()
+            return key
+        epoch = self.keys.epoch
+        key = await self.db.run(check_token, token)
+        KEY_CHECKS.labels("database").inc()
+        self.keys.keep(digest, key, epoch)
         return key
 
     def check_webhook(self, request: Request) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import PoolTimeout
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -123,12 +123,6 @@ def unauthenticated(message: str) -> ApiError:
 
 
 INTERNAL = ApiError(500, "internal", "internal error (the service log has the details)")
-
-
-async def http_exception(request: Request, exc: Exception) -> Response:
-    """Starlette's own refusals (no such route, method not allowed) in the JSON shape."""
-    error = classify(exc)
-    return (error or INTERNAL).response()
 
 
 class ErrorMiddleware:

@@ -38,6 +38,12 @@ SECONDS = Histogram(
 IN_FLIGHT = Gauge(
     "trioindex_http_requests_in_flight", "Requests being handled now.", registry=REGISTRY
 )
+KEY_CHECKS = Counter(
+    "trioindex_http_api_key_checks_total",
+    "API keys checked, by where the key was found: cache (verified earlier) or database.",
+    ["source"],
+    registry=REGISTRY,
+)
 UPLOADED = Counter(
     "trioindex_http_uploaded_bytes_total",
     "Document bytes received by uploads.",

@@ -1,6 +1,7 @@
 """Running the service: open the services, load the embedding model once, start the uploads'
-enqueuer, bind, and serve on hypercorn's Trio worker until SIGTERM or SIGINT, then stop
-gracefully (requests in flight get hypercorn's graceful timeout to end)."""
+enqueuer and the API keys' revocation listener, bind, and serve on hypercorn's Trio worker
+until SIGTERM or SIGINT, then stop gracefully (requests in flight get hypercorn's graceful
+timeout to end)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from trioindex.http.app import build_app
 from trioindex.http.auth import Guard
 from trioindex.http.context import Service
 from trioindex.http.enqueuer import upload_enqueuer
+from trioindex.http.key_cache import hear_revocations
 from trioindex.services import open_services
 
 logger = logging.getLogger(__name__)
@@ -76,6 +78,8 @@ async def run_service(settings: Settings, *, host: str, port: int, auth: bool = 
             )
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(uploads.serve)
+                if auth:
+                    await nursery.start(hear_revocations, services.direct_url, guard.keys)
                 # this home's searches borrow a local model loaded here, as from a worker
                 await nursery.start(lend_if_local, settings.embedding.api, settings.home, embedder)
                 # returns once the requests in flight have ended (their enqueues included)

@@ -54,6 +54,33 @@ async def listen_for_jobs(
 
     ``task_status.started()`` fires once the first LISTEN is in place.
     """
+    await listen(
+        conninfo,
+        NOTIFY_CHANNEL,
+        lambda _payload: on_notify(),
+        meanwhile="polling continues",
+        reconnect_pause=reconnect_pause,
+        task_status=task_status,
+    )
+
+
+async def listen(
+    conninfo: str,
+    channel: str,
+    on_notify: Callable[[str], None],
+    *,
+    on_listening: Callable[[bool], None] = lambda _listening: None,
+    meanwhile: str = "",
+    reconnect_pause: float = 2.0,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Call ``on_notify`` with the payload of every NOTIFY on ``channel``, reconnecting
+    forever; ``on_listening(True)`` once a LISTEN is in place, ``on_listening(False)`` when
+    its connection is lost (notifications may be missed until the next True). ``meanwhile``
+    says in the warning what the process does without them.
+
+    ``task_status.started()`` fires once the first LISTEN is in place (or the first try failed).
+    """
     started = False
     async with trio_asyncio.open_loop():
         while True:
@@ -62,20 +89,24 @@ async def listen_for_jobs(
                     conninfo, autocommit=True
                 )
                 try:
-                    await trio_asyncio.aio_as_trio(conn.execute)(f"LISTEN {NOTIFY_CHANNEL}")
-                    logger.debug("listening for jobs on %s", describe_conninfo(conninfo))
+                    await trio_asyncio.aio_as_trio(conn.execute)(f"LISTEN {channel}")
+                    logger.debug("listening on %s at %s", channel, describe_conninfo(conninfo))
+                    on_listening(True)
                     if not started:
                         started = True
                         task_status.started()
-                    async for _ in trio_asyncio.aio_as_trio(conn.notifies()):
-                        on_notify()
+                    async for notify in trio_asyncio.aio_as_trio(conn.notifies()):
+                        on_notify(notify.payload)
                 finally:
+                    on_listening(False)
                     with trio.move_on_after(2, shield=True):
                         await trio_asyncio.aio_as_trio(conn.close)()
             except Exception as exc:
                 logger.warning(
-                    "job notifications unavailable (%s); polling continues, retrying in %.0fs",
+                    "%s notifications unavailable (%s); %sretrying in %.0fs",
+                    "job" if channel == NOTIFY_CHANNEL else channel,
                     type(exc).__name__,
+                    f"{meanwhile}, " if meanwhile else "",
                     reconnect_pause,
                 )
             if not started:
