@@ -25,10 +25,10 @@ from trioindex.search import (
     fuse,
     hangul_terms,
     hybrid_ranking,
-    match_tiers,
     text_ranking,
     vector_ranking,
 )
+from trioindex.search.statistics import forget
 
 DIM = 4
 
@@ -205,18 +205,6 @@ def test_hangul_terms_strip_one_particle_when_two_syllables_stay() -> None:
     assert hangul_terms("집은") == ["'집은':*"]  # one syllable would match too much
 
 
-def test_match_tiers_go_from_every_term_to_any_term() -> None:
-    assert match_tiers(["a"]) == ["a"]
-    assert match_tiers(["a", "b", "c"]) == [
-        "(a & b & c)",
-        "(a & b) | (a & c) | (b & c)",
-        "a | b | c",
-    ]
-    # 12 terms: C(12, 10) = 66 clauses is past the cap, so "all but one" leads to "any term"
-    tiers = match_tiers([f"t{i}" for i in range(12)])
-    assert len(tiers) == 3 and tiers[1].count("|") == 11 and tiers[2].count("&") == 0
-
-
 def _bm25_reference(
     conn: Connection, query: str, served: list[uuid.UUID], k1: float = 1.2, b: float = 0.75
 ) -> dict[tuple[str, int], float]:
@@ -359,12 +347,13 @@ def test_a_common_terms_df_comes_from_analyze(
         conn.execute("ANALYZE document_chunks")
         # every term past the exact count: ANALYZE's shares of the chunks (here: all of them)
         monkeypatch.setattr("trioindex.db.search.DF_EXACT_UP_TO", 0)
+        forget()  # the collection did not change: its counted dfs are kept otherwise
         estimated = text_ranking(conn, model, "lease renewal deadline", 10)
     assert keys(estimated) == keys(exact)
     assert [r.score for r in estimated] == pytest.approx([r.score for r in exact], rel=1e-4)
 
 
-def test_a_tier_past_chunks_it_may_not_return_still_fills_the_list(
+def test_chunks_it_may_not_return_ranked_first_still_leave_the_list_full(
     db: Database, model: EmbeddingModel
 ) -> None:
     v = unit(1, 0, 0, 0)
@@ -410,6 +399,7 @@ def test_a_term_analyze_lists_as_common_takes_its_estimate_uncounted(
         counted = text_ranking(conn, model, "lease", 1)  # 10 <= 100 chunks: counted
         # ANALYZE's estimate, 20 chunks of 20, is past 12: taken as df without counting
         monkeypatch.setattr("trioindex.db.search.DF_EXACT_UP_TO", 12)
+        forget()
         estimated = text_ranking(conn, model, "lease", 1)
     n = 20
     idf = [math.log(1 + (n - df + 0.5) / (df + 0.5)) for df in (10, 20)]
