@@ -14,6 +14,7 @@ import pytest
 from testkit.search_corpus import IndexedDocument, store_indexed
 from trioindex.db.models import EmbeddingModel, ensure_model
 from trioindex.db.pool import Connection, Database
+from trioindex.db.search import CandidateBranch, TextTerm
 from trioindex.search import (
     HYBRID_K,
     HYBRID_TEXT_WEIGHT,
@@ -28,7 +29,8 @@ from trioindex.search import (
     text_ranking,
     vector_ranking,
 )
-from trioindex.search.statistics import forget
+from trioindex.search.ranking import COMMON_CAP, candidate_branches, query_terms, vector_counts
+from trioindex.search.statistics import forget, term_statistics
 
 DIM = 4
 
@@ -405,3 +407,71 @@ def test_a_term_analyze_lists_as_common_takes_its_estimate_uncounted(
     idf = [math.log(1 + (n - df + 0.5) / (df + 0.5)) for df in (10, 20)]
     assert keys(estimated) == keys(counted)
     assert estimated[0].score / counted[0].score == pytest.approx(idf[1] / idf[0])
+
+
+def test_a_rare_terms_chunk_is_found_past_many_common_term_matches(
+    db: Database, model: EmbeddingModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    v = unit(1, 0, 0, 0)
+    # 60 chunks hold two of the query's three words; one long chunk holds only the rare one
+    common = [IndexedDocument(f"c{i}.txt", [f"lease renewal note {i}"], [v]) for i in range(60)]
+    rare = IndexedDocument("rare.txt", ["deadline " + " ".join(f"w{i}" for i in range(30))], [v])
+    store(db, model, *common, rare)
+    # "lease" and "renewal" are past the budget: common; "deadline" (df 1) is read in full
+    monkeypatch.setattr("trioindex.search.ranking.RARE_POSTINGS", 10)
+    with db.connection() as conn:
+        query = "lease renewal deadline"
+        ranked = text_ranking(conn, model, query, 5)
+        served = [r["id"] for r in conn.execute("SELECT id FROM documents").fetchall()]
+        expected = _bm25_reference(conn, query, served)
+    # BM25 puts it first: a term in 1 of 61 chunks outweighs two in 60 of 61; a ranking that
+    # took its candidates by how many terms they hold would fill the list before reaching it
+    assert keys(ranked)[0] == ("rare.txt", 0)
+    best = sorted(expected, key=lambda k: (-expected[k], k))[:5]
+    assert [expected[k] for k in keys(ranked)] == pytest.approx([expected[k] for k in best])
+
+
+def test_term_statistics_stay_exact_after_deletes(db: Database, model: EmbeddingModel) -> None:
+    v = unit(1, 0, 0, 0)
+    texts = ["lease renewal", "lease", "renewal of a lease, long", "unrelated words"]
+    ids = store(db, model, *(IndexedDocument(f"{i}.txt", [t], [v]) for i, t in enumerate(texts)))
+    with db.connection() as conn:
+        terms = query_terms(conn, "lease renewal")
+        before = term_statistics(conn, model, terms)  # kept for this collection
+        assert (before.chunks, before.document_frequencies) == (4, (3.0, 2.0))
+        conn.execute("DELETE FROM documents WHERE id = %s", (ids["0.txt"],))
+        after = term_statistics(conn, model, terms)
+        assert (after.chunks, after.document_frequencies) == (3, (2.0, 1.0))
+        assert after.average_length == pytest.approx(sum(map(len, texts[1:])) / 3)
+        # the ranking scores with them: as computed from the stored chunks
+        served = [i for key, i in ids.items() if key != "0.txt"]
+        expected = _bm25_reference(conn, "lease renewal", served)
+        ranked = text_ranking(conn, model, "lease renewal", 10)
+    assert {k: r.score for k, r in zip(keys(ranked), ranked, strict=True)} == pytest.approx(
+        expected
+    )
+
+
+def test_vector_counts_read_quoted_lexemes_and_positions() -> None:
+    assert vector_counts("'a':1,4A 'o''neil':2 'back\\\\slash':3 'bare'") == {
+        "a": 2,
+        "o'neil": 1,
+        "back\\slash": 1,
+        "bare": 1,
+    }
+
+
+def test_candidates_come_from_the_rarest_terms_then_pairs_of_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("trioindex.search.ranking.RARE_POSTINGS", 100)
+    terms = [TextTerm(f"'{t}'", t) for t in ("a", "b", "c", "d")]
+    branches, fill = candidate_branches(terms, [500, 40, 50, 900], 10)
+    assert branches == [
+        CandidateBranch("'b' | 'c'"),
+        CandidateBranch("('a' & 'd')", COMMON_CAP),
+    ]
+    assert fill == CandidateBranch("'a' | 'd'", COMMON_CAP)
+    # every term rare: every chunk holding one is a candidate, no fill
+    branches, fill = candidate_branches(terms, [1, 2, 3, 4], 10)
+    assert branches == [CandidateBranch("'a' | 'b' | 'c' | 'd'")] and fill is None
