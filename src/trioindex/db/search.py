@@ -1,5 +1,6 @@
-"""The search queries: the chunks of the versions a model serves, nearest to a vector or
-matching full-text tiers ranked by BM25, the query's English lexemes (what
+"""The search queries: the chunks of the versions a model serves nearest to a vector; for BM25
+the served collection's statistics, each term's document frequency, the candidates matching
+full-text queries and the best of them a model serves; the query's English lexemes (what
 :mod:`trioindex.search.ranking` asks), and the words a query matches in given texts (what
 :mod:`trioindex.search.marking` asks). Rows come back as the result columns
 ``trioindex.search.results`` reads.

@@ -1,6 +1,6 @@
 """Ranking: chunks of the versions the serving model serves, ranked by vector similarity, by
 full-text match, or by both fused with reciprocal rank fusion (RRF). The queries themselves
-are :mod:`trioindex.db.search`'s; here is what they are asked (the query's terms and tiers)
+are :mod:`trioindex.db.search`'s; here is what they are asked (the query's terms, BM25's candidates)
 and how their rankings are fused.
 
 * **vector**: cosine similarity ``1 - (vector <=> query)`` over the model's own partial HNSW
@@ -11,17 +11,15 @@ and how their rankings are fused.
   Hangul words as prefixes (``서울:*`` matches ``서울은``, ``서울입니다``: Korean attaches
   particles to the word) — see :func:`hangul_terms`. A chunk scores
   ``Σ idf · tf·(k1 + 1) / (tf + k1·(1 - b + b·len / avglen))`` over the terms it holds
-  (``trioindex_bm25``, Lucene's form; :class:`Bm25`: k1 = 1.2, b = 0.75 by default): tf is
+  (Lucene's form; :class:`Bm25`: k1 = 1.2, b = 0.75 by default): tf is
   the term's positions in the chunk's vector (a prefix term: of every lexeme it starts), len
   the chunk's length in characters, and N, the average length and each term's document
-  frequency count the chunks the model serves (``served_text_statistics``, the GIN index;
-  ANALYZE's estimate for a term it lists as common).
-  Candidates come by tiers — chunks matching every term, then every term but one, ... down to
-  any term (:func:`match_tiers`) — a tier read only while the list is short, so BM25 scores a
-  few hundred matches, not every chunk sharing one common word with the query (scoring every
-  OR match cost ~10x more at 100k chunks; docs/test-results/search.md); the candidates are
-  then ordered by BM25 alone. The text is prepared and its terms bounded by
-  :mod:`trioindex.search.query`.
+  frequency count the chunks the model serves (:mod:`trioindex.search.statistics`).
+  BM25 picks its own candidates, rarest terms first (:func:`candidate_branches`): every chunk
+  holding a rare term, every chunk holding two common ones, and one common term only to fill a
+  short list; :func:`bm25_scores` scores them all and the best served ones are kept. When every
+  term is rare that is exact BM25 over every matching chunk. The text is prepared and its terms
+  bounded by :mod:`trioindex.search.query`.
 * **hybrid**: both lists (each as deep as the requested candidates), fused by
   ``score = 1 / (HYBRID_K + vector rank) + HYBRID_TEXT_WEIGHT / (HYBRID_K + text rank)``
   (:func:`hybrid_fusion`: k = 10, text weight 1.5, tuned on `just eval`'s two sets).
