@@ -472,6 +472,13 @@ def test_candidates_come_from_the_rarest_terms_then_pairs_of_the_others(
         CandidateBranch("('a' & 'd')", COMMON_CAP),
     ]
     assert fill == CandidateBranch("'a' | 'd'", COMMON_CAP)
+    # three common terms: those holding all three first (the pairs are capped)
+    branches, fill = candidate_branches(terms, [500, 40, 700, 900], 10)
+    assert branches == [
+        CandidateBranch("'b'"),
+        CandidateBranch("'a' & 'c' & 'd'", COMMON_CAP),
+        CandidateBranch("('a' & 'c') | ('a' & 'd') | ('c' & 'd')", COMMON_CAP),
+    ]
     # every term rare: every chunk holding one is a candidate, no fill
     branches, fill = candidate_branches(terms, [1, 2, 3, 4], 10)
     assert branches == [CandidateBranch("'a' | 'b' | 'c' | 'd'")] and fill is None

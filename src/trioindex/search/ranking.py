@@ -138,7 +138,8 @@ def candidate_branches(
     """Where BM25's candidates come from, rarest terms first (as MaxScore/WAND do: a rare
     term's matches are where the high scores are): every chunk holding one of the rarest terms
     whose document frequencies add up to at most :data:`RARE_POSTINGS`, and every chunk holding
-    two of the other, common, terms; and, to fill a list those leave shorter than ``limit``,
+    two of the other, common, terms (and, as the pairs are capped, first every chunk holding
+    all of them); and, to fill a list those leave shorter than ``limit``,
     chunks holding any common term (the second value, None when every term is rare): at most
     :data:`COMMON_CAP` chunks each, any version (the served ones are picked from the best).
     When every term is rare (specific words, or a collection small enough), the candidates are
@@ -151,6 +152,10 @@ def candidate_branches(
         total += dfs[i]
         (rare if total <= RARE_POSTINGS else common).append(terms[i].query)
     branches = [CandidateBranch(" | ".join(rare))] if rare else []
+    if len(common) > 2:
+        # past the cap the pairs read are the first the index gives, not the best: the chunks
+        # holding every common term come first
+        branches.append(CandidateBranch(" & ".join(common), COMMON_CAP))
     if len(common) >= 2:
         pairs = " | ".join(f"({a} & {b})" for a, b in itertools.combinations(common, 2))
         branches.append(CandidateBranch(pairs, COMMON_CAP))
