@@ -182,8 +182,10 @@ bench-sql-floor *ARGS: setup
 
 # Search quality: nDCG@10 and recall@10 per mode (vector, text, hybrid) on a labelled English +
 # Korean set built from this machine's manual pages and Vim tutor, with the local model (about
-# 10 min on 2 cores). Writes its section of docs/test-results/search.md; `--quick` prints only.
+# 10 min on 2 cores), beside a reference BM25 (bm25s, the `bench` dependency group, installed
+# here). Writes its section of docs/test-results/search.md; `--quick` prints only.
 eval *ARGS: setup
+    uv sync --frozen --inexact --python 3.11 --group bench -q
     {{bin}}/python -m bench.search eval "$@"
 
 # Search latency over 100k chunks (local model and a 1024-dimension server model; ef_search,

@@ -63,6 +63,7 @@ from trioindex.search import (
     fuse,
     vector_ranking,
 )
+from trioindex.search.statistics import forget
 from trioindex.services import open_configured_embedder
 from trioindex.worker.wiring import build_chunker
 
@@ -161,6 +162,8 @@ async def evaluate(
             ]
             for mode in ("vector", "text")
         }
+    figures["reference"] = mean_scores(labelled.queries, reference_bm25(labelled))
+    print(f"eval {labelled.name} reference BM25: {figures['reference']}")
     for k, weight in FUSION_GRID:
         fused = [
             fuse([v, t], k=k, weights=(1.0, weight))
@@ -169,6 +172,32 @@ async def evaluate(
         keys = [[h.document_key for h in document_hits(f, 10, 1)] for f in fused]
         figures["fusion"][f"{k}/{weight}"] = mean_scores(labelled.queries, keys)
     return figures
+
+
+def reference_bm25(labelled: LabelledSet) -> list[list[str]]:
+    """The top 10 document keys per query by a reference BM25 (the ``bm25s`` package, Lucene's
+    form, k1 = 1.2, b = 0.75, as Elasticsearch ranks BEIR's published BM25 figures): whole
+    documents, lower-cased words of two or more letters, English stop words dropped, Snowball's
+    English stemmer (PostgreSQL's ``english`` configuration stems with the same algorithm);
+    Hangul words as written. From the bench dependency group (``just eval`` installs it)."""
+    import bm25s
+    import Stemmer
+
+    stemmer = Stemmer.Stemmer("english")
+    keys = [key for key, _ in labelled.documents]
+
+    def tokens(texts: list[str]) -> Any:
+        return bm25s.tokenize(texts, stopwords="en", stemmer=stemmer, show_progress=False)
+
+    retriever = bm25s.BM25(k1=1.2, b=0.75, method="lucene")
+    retriever.index(tokens([text for _, text in labelled.documents]), show_progress=False)
+    ranked = []
+    for query in labelled.queries:
+        found, scores = retriever.retrieve(
+            tokens([query.text]), k=min(10, len(keys)), show_progress=False
+        )
+        ranked.append([keys[i] for i, score in zip(found[0], scores[0], strict=True) if score > 0])
+    return ranked
 
 
 def _hits(answer: Any) -> Any:
@@ -283,6 +312,7 @@ async def speed(
     async with Index.open(settings) as index:
         await index.search_chunks(query_texts[0], top_k=10)  # loads the model
         for mode in SEARCH_MODES:
+            forget()  # each mode counts its terms' dfs afresh: no mode runs on another's
             times = []
             for text in query_texts:
                 began = time.perf_counter()
@@ -310,12 +340,36 @@ def eval_lines(sets: list[dict[str, Any]]) -> list[str]:
             [params.replace("/", " / "), *(f"{v[lang]['ndcg@10']:.3f}" for lang in langs)]
             for params, v in f["fusion"].items()
         ]
+        if "reference" in f:
+            ref = f["reference"]
+            rows.append(
+                [
+                    "reference BM25 (bm25s)",
+                    *(f"{ref[lang][m]:.3f}" for lang in langs for m in ("ndcg@10", "recall@10")),
+                ]
+            )
+        ratio = (
+            [
+                "Text against the reference BM25, nDCG@10: "
+                + ", ".join(
+                    f"{lang} {f['modes']['text'][lang]['ndcg@10'] / r:.3f}×"
+                    if (r := f["reference"][lang]["ndcg@10"])
+                    else f"{lang} n/a"
+                    for lang in langs
+                )
+                + ".",
+                "",
+            ]
+            if "reference" in f
+            else []
+        )
         lines += [
             f"## Ranking quality: {f['set']} ({f['documents']} documents, {f['chunks']} chunks;"
             f" queries: {n})",
             "",
             *markdown_table(header, rows),
             "",
+            *ratio,
             f"Fusion of the {TUNE_DEPTH}-deep vector and text chunk rankings, nDCG@10 by"
             " k / text weight (vector weight 1):",
             "",

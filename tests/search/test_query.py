@@ -22,11 +22,9 @@ from trioindex.search import (
     check_terms,
     hangul_terms,
     json_text,
-    match_tiers,
     prepare_query,
 )
 from trioindex.search.query import filter_text
-from trioindex.search.ranking import MAX_TIER_BYTES
 
 
 def test_a_query_is_normalised_as_documents_are() -> None:
@@ -170,12 +168,6 @@ def test_tsquery_text_stays_within_what_postgresql_takes() -> None:
     # a Hangul word longer than PostgreSQL's longest word matches nothing: left out
     assert hangul_terms("나" * 682) == ["'" + "나" * 682 + "':*"]
     assert hangul_terms("나" * 683) == []
-    # a tier over MAX_TIER_BYTES is skipped: "all terms", then "any term"
-    terms = [f"'{'x' * 100}{i}'" for i in range(64)]
-    tiers = match_tiers(terms)
-    assert len(tiers) == 2
-    assert all(len(t.encode()) <= MAX_TIER_BYTES for t in tiers)
-    assert tiers[-1] == " | ".join(terms)
 
 
 def test_the_readme_states_the_limits_the_code_enforces() -> None:

@@ -21,10 +21,17 @@ from testkit.embed_server import fake_vector
 from testkit.processes import base_env
 from testkit.search_corpus import IndexedDocument, store_indexed
 from tests.search.zero_embedder import ZERO_MARK, ZeroEmbedServer
+from trioindex.api import MIN_CANDIDATES
 from trioindex.config import load_settings
 from trioindex.db.models import ensure_model
 from trioindex.db.pool import Database
-from trioindex.search import MAX_QUERY_CHARS, MAX_QUERY_TERMS, QUERY_INVALID, QueryRefused
+from trioindex.search import (
+    MAX_QUERY_CHARS,
+    MAX_QUERY_TERMS,
+    QUERY_INVALID,
+    QueryRefused,
+    hybrid_ranking,
+)
 
 MODEL, DIM = "test/zero-4", 4
 
@@ -264,3 +271,24 @@ async def test_decomposed_queries_find_composed_documents(
             for text in (query, nfd(query)):
                 hits = await index.search(text, mode="text")
                 assert [h.document_key for h in hits] == [key], text
+
+
+async def test_hybrid_ranks_its_halves_at_once_as_one_connection_ranks_them_in_turn(
+    env: dict[str, str], embedder: ZeroEmbedServer, db: Database, tmp_path: Path
+) -> None:
+    settings = load_settings(environ=env, cwd=tmp_path)
+    queries = ["lease workers", "서울 café", "background task"]
+    async with trioindex.Index.open(settings) as index:
+        # the queries at once: their text rankings, embeddings and vector rankings interleave
+        answers = await index.search_chunks_many(queries, mode="hybrid", top_k=10)
+    with db.connection() as conn:
+        model = ensure_model(conn, MODEL, DIM)
+        for query, answer in zip(queries, answers, strict=True):
+            assert not isinstance(answer, QueryRefused)
+            # each half MIN_CANDIDATES deep, as Index ranks them for a top 10
+            alone = hybrid_ranking(conn, model, query, embedder.vector(query), MIN_CANDIDATES)
+            alone = alone[:10]
+            assert [(h.document_key, h.text, h.score) for h in answer] == [
+                (r.document_key, r.text, pytest.approx(r.score)) for r in alone
+            ], query
+            assert answer, query

@@ -14,6 +14,7 @@ import pytest
 from testkit.search_corpus import IndexedDocument, store_indexed
 from trioindex.db.models import EmbeddingModel, ensure_model
 from trioindex.db.pool import Connection, Database
+from trioindex.db.search import CandidateBranch, TextTerm
 from trioindex.search import (
     HYBRID_K,
     HYBRID_TEXT_WEIGHT,
@@ -25,10 +26,11 @@ from trioindex.search import (
     fuse,
     hangul_terms,
     hybrid_ranking,
-    match_tiers,
     text_ranking,
     vector_ranking,
 )
+from trioindex.search.ranking import COMMON_CAP, candidate_branches, query_terms, vector_counts
+from trioindex.search.statistics import forget, term_statistics
 
 DIM = 4
 
@@ -205,18 +207,6 @@ def test_hangul_terms_strip_one_particle_when_two_syllables_stay() -> None:
     assert hangul_terms("집은") == ["'집은':*"]  # one syllable would match too much
 
 
-def test_match_tiers_go_from_every_term_to_any_term() -> None:
-    assert match_tiers(["a"]) == ["a"]
-    assert match_tiers(["a", "b", "c"]) == [
-        "(a & b & c)",
-        "(a & b) | (a & c) | (b & c)",
-        "a | b | c",
-    ]
-    # 12 terms: C(12, 10) = 66 clauses is past the cap, so "all but one" leads to "any term"
-    tiers = match_tiers([f"t{i}" for i in range(12)])
-    assert len(tiers) == 3 and tiers[1].count("|") == 11 and tiers[2].count("&") == 0
-
-
 def _bm25_reference(
     conn: Connection, query: str, served: list[uuid.UUID], k1: float = 1.2, b: float = 0.75
 ) -> dict[tuple[str, int], float]:
@@ -359,12 +349,13 @@ def test_a_common_terms_df_comes_from_analyze(
         conn.execute("ANALYZE document_chunks")
         # every term past the exact count: ANALYZE's shares of the chunks (here: all of them)
         monkeypatch.setattr("trioindex.db.search.DF_EXACT_UP_TO", 0)
+        forget()  # the collection did not change: its counted dfs are kept otherwise
         estimated = text_ranking(conn, model, "lease renewal deadline", 10)
     assert keys(estimated) == keys(exact)
     assert [r.score for r in estimated] == pytest.approx([r.score for r in exact], rel=1e-4)
 
 
-def test_a_tier_past_chunks_it_may_not_return_still_fills_the_list(
+def test_chunks_it_may_not_return_ranked_first_still_leave_the_list_full(
     db: Database, model: EmbeddingModel
 ) -> None:
     v = unit(1, 0, 0, 0)
@@ -410,8 +401,84 @@ def test_a_term_analyze_lists_as_common_takes_its_estimate_uncounted(
         counted = text_ranking(conn, model, "lease", 1)  # 10 <= 100 chunks: counted
         # ANALYZE's estimate, 20 chunks of 20, is past 12: taken as df without counting
         monkeypatch.setattr("trioindex.db.search.DF_EXACT_UP_TO", 12)
+        forget()
         estimated = text_ranking(conn, model, "lease", 1)
     n = 20
     idf = [math.log(1 + (n - df + 0.5) / (df + 0.5)) for df in (10, 20)]
     assert keys(estimated) == keys(counted)
     assert estimated[0].score / counted[0].score == pytest.approx(idf[1] / idf[0])
+
+
+def test_a_rare_terms_chunk_is_found_past_many_common_term_matches(
+    db: Database, model: EmbeddingModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    v = unit(1, 0, 0, 0)
+    # 60 chunks hold two of the query's three words; one long chunk holds only the rare one
+    common = [IndexedDocument(f"c{i}.txt", [f"lease renewal note {i}"], [v]) for i in range(60)]
+    rare = IndexedDocument("rare.txt", ["deadline " + " ".join(f"w{i}" for i in range(30))], [v])
+    store(db, model, *common, rare)
+    # "lease" and "renewal" are past the budget: common; "deadline" (df 1) is read in full
+    monkeypatch.setattr("trioindex.search.ranking.RARE_POSTINGS", 10)
+    with db.connection() as conn:
+        query = "lease renewal deadline"
+        ranked = text_ranking(conn, model, query, 5)
+        served = [r["id"] for r in conn.execute("SELECT id FROM documents").fetchall()]
+        expected = _bm25_reference(conn, query, served)
+    # BM25 puts it first: a term in 1 of 61 chunks outweighs two in 60 of 61; a ranking that
+    # took its candidates by how many terms they hold would fill the list before reaching it
+    assert keys(ranked)[0] == ("rare.txt", 0)
+    best = sorted(expected, key=lambda k: (-expected[k], k))[:5]
+    assert [expected[k] for k in keys(ranked)] == pytest.approx([expected[k] for k in best])
+
+
+def test_term_statistics_stay_exact_after_deletes(db: Database, model: EmbeddingModel) -> None:
+    v = unit(1, 0, 0, 0)
+    texts = ["lease renewal", "lease", "renewal of a lease, long", "unrelated words"]
+    ids = store(db, model, *(IndexedDocument(f"{i}.txt", [t], [v]) for i, t in enumerate(texts)))
+    with db.connection() as conn:
+        terms = query_terms(conn, "lease renewal")
+        before = term_statistics(conn, model, terms)  # kept for this collection
+        assert (before.chunks, before.document_frequencies) == (4, (3.0, 2.0))
+        conn.execute("DELETE FROM documents WHERE id = %s", (ids["0.txt"],))
+        after = term_statistics(conn, model, terms)
+        assert (after.chunks, after.document_frequencies) == (3, (2.0, 1.0))
+        assert after.average_length == pytest.approx(sum(map(len, texts[1:])) / 3)
+        # the ranking scores with them: as computed from the stored chunks
+        served = [i for key, i in ids.items() if key != "0.txt"]
+        expected = _bm25_reference(conn, "lease renewal", served)
+        ranked = text_ranking(conn, model, "lease renewal", 10)
+    assert {k: r.score for k, r in zip(keys(ranked), ranked, strict=True)} == pytest.approx(
+        expected
+    )
+
+
+def test_vector_counts_read_quoted_lexemes_and_positions() -> None:
+    assert vector_counts("'a':1,4A 'o''neil':2 'back\\\\slash':3 'bare'") == {
+        "a": 2,
+        "o'neil": 1,
+        "back\\slash": 1,
+        "bare": 1,
+    }
+
+
+def test_candidates_come_from_the_rarest_terms_then_pairs_of_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("trioindex.search.ranking.RARE_POSTINGS", 100)
+    terms = [TextTerm(f"'{t}'", t) for t in ("a", "b", "c", "d")]
+    branches, fill = candidate_branches(terms, [500, 40, 50, 900], 10)
+    assert branches == [
+        CandidateBranch("'b' | 'c'"),
+        CandidateBranch("('a' & 'd')", COMMON_CAP),
+    ]
+    assert fill == CandidateBranch("'a' | 'd'", COMMON_CAP)
+    # three common terms: those holding all three first (the pairs are capped)
+    branches, fill = candidate_branches(terms, [500, 40, 700, 900], 10)
+    assert branches == [
+        CandidateBranch("'b'"),
+        CandidateBranch("'a' & 'c' & 'd'", COMMON_CAP),
+        CandidateBranch("('a' & 'c') | ('a' & 'd') | ('c' & 'd')", COMMON_CAP),
+    ]
+    # every term rare: every chunk holding one is a candidate, no fill
+    branches, fill = candidate_branches(terms, [1, 2, 3, 4], 10)
+    assert branches == [CandidateBranch("'a' | 'b' | 'c' | 'd'")] and fill is None

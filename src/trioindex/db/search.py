@@ -1,5 +1,6 @@
-"""The search queries: the chunks of the versions a model serves, nearest to a vector or
-matching full-text tiers ranked by BM25, the query's English lexemes (what
+"""The search queries: the chunks of the versions a model serves nearest to a vector; for BM25
+the served collection's statistics, each term's document frequency, the candidates matching
+full-text queries and the best of them a model serves; the query's English lexemes (what
 :mod:`trioindex.search.ranking` asks), and the words a query matches in given texts (what
 :mod:`trioindex.search.marking` asks). Rows come back as the result columns
 ``trioindex.search.results`` reads.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, Literal
+from uuid import UUID
 
 import attrs
 import psycopg
@@ -152,84 +154,122 @@ class TextTerm:
 DF_EXACT_UP_TO = 100
 
 
-def matching_chunks(
+@attrs.frozen
+class Collection:
+    """What BM25 knows of the chunks a model serves (its served versions' chunk sets): how
+    many there are and their text's length in characters, summed."""
+
+    chunks: int
+    text_length: int
+
+    @property
+    def average_length(self) -> float:
+        return self.text_length / self.chunks if self.chunks else 1.0
+
+
+def served_collection(conn: Connection, model: EmbeddingModel) -> Collection:
+    """The chunk count and summed text length of the chunk sets ``model`` serves
+    (``served_text_statistics``: one row per served document)."""
+    row = conn.execute(
+        """SELECT coalesce(sum(chunks), 0)::bigint AS chunks,
+                  coalesce(sum(text_length), 0)::bigint AS text_length
+           FROM served_text_statistics WHERE embedding_model_id = %s""",
+        (model.id,),
+    ).fetchone()
+    assert row is not None
+    return Collection(row["chunks"], row["text_length"])
+
+
+def document_frequencies(
+    conn: Connection, model: EmbeddingModel, terms: Sequence[TextTerm], chunks: int
+) -> list[float]:
+    """Each term's document frequency in the chunk sets ``model`` serves (``chunks`` of them):
+    ANALYZE's estimate when ANALYZE lists the term in more than :data:`DF_EXACT_UP_TO` chunks,
+    otherwise counted in that set (the GIN index) up to :data:`DF_EXACT_UP_TO`, past it
+    estimated."""
+    row = conn.execute(
+        f"""WITH {_DOCUMENT_FREQUENCIES}
+            SELECT array(SELECT df FROM term_frequencies ORDER BY ord) AS dfs""",
+        {
+            "model": model.id,
+            "n": float(chunks),
+            "queries": [t.query for t in terms],
+            "lexemes": [t.lexeme for t in terms],
+            "prefixes": [t.prefix for t in terms],
+            "exact_up_to": DF_EXACT_UP_TO,
+        },
+    ).fetchone()
+    assert row is not None
+    return list(row["dfs"])
+
+
+@attrs.frozen
+class CandidateBranch:
+    """Chunks matching ``query`` (``tsquery`` text), at most ``cap`` of them (None: all)."""
+
+    query: str
+    cap: int | None = None
+
+
+def candidate_vectors(
+    conn: Connection, branches: Sequence[CandidateBranch], lexemes: Sequence[str] | None
+) -> list[dict[str, Any]]:
+    """The chunks matching each of ``branches`` (one GIN index pass each; a chunk matching two
+    comes twice), any version, as ``id``, ``length`` (characters) and ``vector``: the text of
+    their ``search_vector`` reduced to ``lexemes`` (the whole of it when ``lexemes`` is None).
+    Which of them may be returned is :func:`served_chunks`' to say, for the best only."""
+    # setweight marks the query's lexemes and ts_filter keeps them: a few positions per chunk
+    # come back instead of its whole vector
+    vector = (
+        "c.search_vector::text"
+        if lexemes is None
+        else "ts_filter(setweight(c.search_vector, 'A', %(lexemes)s), '{a}')::text"
+    )
+    union = " UNION ALL ".join(
+        f"""(SELECT c.id, length(c.content) AS length, {vector} AS vector
+             FROM document_chunks c WHERE c.search_vector @@ %(query{i})s::tsquery
+             LIMIT %(cap{i})s)"""
+        for i in range(len(branches))
+    )
+    params: dict[str, Any] = {"lexemes": list(lexemes or [])}
+    for i, b in enumerate(branches):
+        params |= {f"query{i}": b.query, f"cap{i}": b.cap}
+    return conn.execute(union, params).fetchall()
+
+
+def served_chunks(
     conn: Connection,
     model: EmbeddingModel,
-    terms: Sequence[TextTerm],
-    tiers: Sequence[str],
+    scored: Sequence[tuple[UUID, float]],
     limit: int,
     *,
     filters: Filters,
-    bm25: Bm25 = DEFAULT_BM25,
 ) -> list[dict[str, Any]]:
-    """The ``limit`` chunks of the versions ``model`` serves, in its chunk set (the chunks it
-    has vectors for), that match the ``tsquery`` tiers, ranked by BM25 (``trioindex_bm25``).
-    The candidates are each tier's matches (by ``ts_rank`` within a tier) while the tiers before
-    it leave the list short; BM25 then orders them. N and the average length are the model's
-    served chunk set's (``served_text_statistics``); a term's document frequency is ANALYZE's
-    estimate when ANALYZE lists the term in more than :data:`DF_EXACT_UP_TO` chunks, otherwise
-    it is counted in that set (the GIN index) up to :data:`DF_EXACT_UP_TO`, past it estimated."""
+    """The first ``limit`` chunks of ``scored`` (best first) that are of a version ``model``
+    serves, in its chunk set (the chunks it has vectors for), and pass ``filters``: the result
+    columns with their ``score``, in that order. Checked in order until ``limit`` pass: a few
+    index probes per returned chunk, not per candidate."""
     where, params = filters.sql()
-    # Each tier is one branch of a UNION ALL under the LIMIT: PostgreSQL starts a branch only
-    # when the ones before it returned fewer than LIMIT rows, so ts_rank scores the matches of
-    # the tiers read, not every chunk sharing one word with the query, and BM25 scores only
-    # the LIMIT candidates. A branch sorts its tier's chunks by ts_rank first and checks the
-    # served row, the model's vector and the filters on that order until LIMIT pass: a few
-    # index probes per candidate, not per match. The result columns are joined for the LIMIT
-    # candidates alone.
-    filtered = (
-        """
-             JOIN documents d ON d.id = s.document_id
-             JOIN document_versions v ON v.id = c.document_version_id"""
-        if where
-        else ""
-    )
-    branches = [
-        f"""(SELECT c.id, c.tier_rank
-             FROM (SELECT c.id, c.document_version_id,
-                          ts_rank(c.search_vector, %(any)s::tsquery, 1) AS tier_rank
-                   FROM document_chunks c
-                   WHERE c.search_vector @@ %(tier{i})s::tsquery{_not_above(i)}
-                   ORDER BY tier_rank DESC, c.id
-                   OFFSET 0) AS c
-             JOIN served_versions s ON s.document_version_id = c.document_version_id
-                                   AND s.embedding_model_id = %(model)s{filtered}
-             WHERE {_HAS_VECTOR}{where}
-             ORDER BY c.tier_rank DESC, c.id
-             LIMIT %(limit)s)"""
-        for i in range(len(tiers))
-    ]
-    tier_params = {f"tier{i}": tier for i, tier in enumerate(tiers)}
-    term_params = {
-        "queries": [t.query for t in terms],
-        "lexemes": [t.lexeme for t in terms],
-        "prefixes": [t.prefix for t in terms],
-        "k1": bm25.k1,
-        "b": bm25.b,
-        "exact_up_to": DF_EXACT_UP_TO,
-    }
-    with conn.transaction():
-        # a plain Append runs its branches in order; a Parallel Append would not
-        conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
-        return conn.execute(
-            f"""WITH {_WEIGHTS},
-                candidates AS (
-                    SELECT * FROM ({" UNION ALL ".join(branches)}) AS tiers LIMIT %(limit)s)
-                SELECT {_COLUMNS},
-                       trioindex_bm25(c.search_vector, length(c.content), %(lexemes)s,
-                                      %(prefixes)s, w.idf, w.average_length, %(k1)s, %(b)s)
-                           AS score
-                FROM candidates t
-                JOIN document_chunks c ON c.id = t.id
-                JOIN documents d ON d.id = c.document_id
-                JOIN document_versions v ON v.id = c.document_version_id
-                CROSS JOIN weights w
-                ORDER BY score DESC, c.id""",
-            {"any": tiers[-1], "limit": limit, "model": model.id}
-            | term_params
-            | tier_params
-            | params,
-        ).fetchall()
+    return conn.execute(
+        f"""SELECT {_COLUMNS}, t.score
+            FROM unnest(%(ids)s::uuid[], %(scores)s::float8[]) WITH ORDINALITY
+                 AS t (id, score, ord)
+            JOIN document_chunks c ON c.id = t.id
+            JOIN served_versions s ON s.document_version_id = c.document_version_id
+                                  AND s.embedding_model_id = %(model)s
+            JOIN documents d ON d.id = s.document_id
+            JOIN document_versions v ON v.id = c.document_version_id
+            WHERE {_HAS_VECTOR}{where}
+            ORDER BY t.ord
+            LIMIT %(limit)s""",
+        {
+            "ids": [i for i, _ in scored],
+            "scores": [s for _, s in scored],
+            "model": model.id,
+            "limit": limit,
+        }
+        | params,
+    ).fetchall()
 
 
 # A chunk of the model's own chunk set: one it has a vector for (a version may hold a chunk set
@@ -240,29 +280,22 @@ _HAS_VECTOR = (
 )
 
 
-# N and the average chunk length of the model's served chunk sets, and each term's inverse
-# document frequency, Lucene's ln(1 + (N - df + 0.5) / (df + 0.5)). df: a term ANALYZE lists as
-# held by more than exact_up_to chunks (pg_stats.most_common_elems: the share of chunks holding
-# it, or a prefix's lexemes, times N) is that estimate, not counted; any other term is counted
-# in the served set up to exact_up_to, and past it estimated alike (a lexeme ANALYZE did not
-# list: the least share it listed, an upper bound), at least what was counted.
-_WEIGHTS = (
-    """collection AS (
-        SELECT coalesce(sum(t.chunks), 0)::float8 AS n,
-               coalesce(sum(t.text_length)::float8 / nullif(sum(t.chunks), 0), 1) AS average_length
-        FROM served_text_statistics t WHERE t.embedding_model_id = %(model)s),
-    analysed AS MATERIALIZED (
+# Each term's document frequency among the n chunks the model serves. df: a term ANALYZE lists
+# as held by more than exact_up_to chunks (pg_stats.most_common_elems: the share of chunks
+# holding it, or a prefix's lexemes, times n) is that estimate, not counted; any other term is
+# counted in the served set up to exact_up_to, and past it estimated alike (a lexeme ANALYZE
+# did not list: the least share it listed, an upper bound), at least what was counted.
+_DOCUMENT_FREQUENCIES = (
+    """analysed AS MATERIALIZED (
         SELECT most_common_elems::text::text[] AS lexemes, most_common_elem_freqs AS shares
         FROM pg_stats
         WHERE schemaname = current_schema() AND tablename = 'document_chunks'
           AND attname = 'search_vector'),
-    weights AS MATERIALIZED (
-        SELECT array_agg(ln(1 + (greatest(k.n, f.df) - f.df + 0.5) / (f.df + 0.5))
-                         ORDER BY q.ord) AS idf,
-               max(k.average_length) AS average_length
+    term_frequencies AS MATERIALIZED (
+        SELECT q.ord, f.df
         FROM unnest(%(queries)s::text[], %(lexemes)s::text[], %(prefixes)s::boolean[])
              WITH ORDINALITY AS q (query, lexeme, prefix, ord)
-        CROSS JOIN collection k
+        CROSS JOIN (SELECT %(n)s::float8 AS n) AS k
         CROSS JOIN LATERAL (
             SELECT CASE WHEN q.prefix
                         THEN (SELECT sum(a.share) FROM analysed
@@ -271,9 +304,9 @@ _WEIGHTS = (
                               WHERE starts_with(a.lexeme, q.lexeme))
                         ELSE (SELECT shares[array_position(lexemes, q.lexeme)] FROM analysed)
                    END AS share,
-                   (SELECT min(a.share) FROM analysed
-                    CROSS JOIN unnest(analysed.lexemes, analysed.shares) AS a (lexeme, share)
-                    WHERE a.lexeme IS NOT NULL) AS least_share) AS listed
+                   -- most_common_elem_freqs: one share per lexeme, then their least, ...
+                   (SELECT shares[cardinality(lexemes) + 1] FROM analysed) AS least_share)
+            AS listed
         CROSS JOIN LATERAL (
             SELECT listed.share IS NOT NULL
                        AND k.n * least(1, listed.share) > %(exact_up_to)s AS common,
@@ -297,11 +330,6 @@ _WEIGHTS = (
                    END AS df) AS f)
 """
 )
-
-
-def _not_above(tier: int) -> str:
-    # tier i matches at least as many terms as tier i - 1 asks: leave its rows to tier i - 1
-    return f" AND NOT c.search_vector @@ %(tier{tier - 1})s::tsquery" if tier else ""
 
 
 def english_lexemes(conn: Connection, text: str) -> list[str]:

@@ -1,6 +1,6 @@
 """Ranking: chunks of the versions the serving model serves, ranked by vector similarity, by
 full-text match, or by both fused with reciprocal rank fusion (RRF). The queries themselves
-are :mod:`trioindex.db.search`'s; here is what they are asked (the query's terms and tiers)
+are :mod:`trioindex.db.search`'s; here is what they are asked (the query's terms, BM25's candidates)
 and how their rankings are fused.
 
 * **vector**: cosine similarity ``1 - (vector <=> query)`` over the model's own partial HNSW
@@ -11,17 +11,15 @@ and how their rankings are fused.
   Hangul words as prefixes (``서울:*`` matches ``서울은``, ``서울입니다``: Korean attaches
   particles to the word) — see :func:`hangul_terms`. A chunk scores
   ``Σ idf · tf·(k1 + 1) / (tf + k1·(1 - b + b·len / avglen))`` over the terms it holds
-  (``trioindex_bm25``, Lucene's form; :class:`Bm25`: k1 = 1.2, b = 0.75 by default): tf is
+  (Lucene's form; :class:`Bm25`: k1 = 1.2, b = 0.75 by default): tf is
   the term's positions in the chunk's vector (a prefix term: of every lexeme it starts), len
   the chunk's length in characters, and N, the average length and each term's document
-  frequency count the chunks the model serves (``served_text_statistics``, the GIN index;
-  ANALYZE's estimate for a term it lists as common).
-  Candidates come by tiers — chunks matching every term, then every term but one, ... down to
-  any term (:func:`match_tiers`) — a tier read only while the list is short, so BM25 scores a
-  few hundred matches, not every chunk sharing one common word with the query (scoring every
-  OR match cost ~10x more at 100k chunks; docs/test-results/search.md); the candidates are
-  then ordered by BM25 alone. The text is prepared and its terms bounded by
-  :mod:`trioindex.search.query`.
+  frequency count the chunks the model serves (:mod:`trioindex.search.statistics`).
+  BM25 picks its own candidates, rarest terms first (:func:`candidate_branches`): every chunk
+  holding a rare term, every chunk holding two common ones, and one common term only to fill a
+  short list; :func:`bm25_scores` scores them all and the best served ones are kept. When every
+  term is rare that is exact BM25 over every matching chunk. The text is prepared and its terms
+  bounded by :mod:`trioindex.search.query`.
 * **hybrid**: both lists (each as deep as the requested candidates), fused by
   ``score = 1 / (HYBRID_K + vector rank) + HYBRID_TEXT_WEIGHT / (HYBRID_K + text rank)``
   (:func:`hybrid_fusion`: k = 10, text weight 1.5, tuned on `just eval`'s two sets).
@@ -52,12 +50,14 @@ from trioindex.db.search import (
     DEFAULT_HNSW,
     NO_FILTERS,
     Bm25,
+    CandidateBranch,
     Filters,
     HnswSettings,
     TextTerm,
 )
 from trioindex.search.query import check_terms, prepare_query
 from trioindex.search.results import RankedChunk, ranked_chunks
+from trioindex.search.statistics import TermStatistics, term_statistics
 
 SearchMode = Literal["vector", "text", "hybrid"]
 SEARCH_MODES: tuple[SearchMode, ...] = get_args(SearchMode)
@@ -96,19 +96,115 @@ def text_ranking(
     bm25: Bm25 = DEFAULT_BM25,
 ) -> list[RankedChunk]:
     """The ``limit`` chunks of the versions ``model`` serves, in its chunk sets (the chunks it
-    has vectors for: a version may hold one set per chunking), that best match ``text`` by BM25,
-    best first. Candidates come by tiers (chunks matching all the query's terms, then all but
-    one, ...: :func:`match_tiers`), each tier's best by ``ts_rank`` read only while the ones
-    before it leave the list short; the list is then ordered by BM25 alone. ``text`` goes through
-    :func:`prepare_query` and its terms through :func:`check_terms`: either may raise
-    :class:`~trioindex.search.query.QueryRefused`."""
+    has vectors for: a version may hold one set per chunking), that best match ``text`` by BM25
+    (:func:`bm25_scores`), best first, chosen from :func:`candidate_branches`' candidates.
+    ``text`` goes through :func:`prepare_query` and its terms through :func:`check_terms`:
+    either may raise :class:`~trioindex.search.query.QueryRefused`."""
     terms = query_terms(conn, text)
     if not terms:
         return []
-    tiers = match_tiers([t.query for t in terms])
-    return ranked_chunks(
-        db_search.matching_chunks(conn, model, terms, tiers, limit, filters=filters, bm25=bm25)
+    statistics = term_statistics(conn, model, terms)
+    branches, fill = candidate_branches(terms, statistics.document_frequencies, limit)
+    # the whole vector when a prefix term must see every lexeme, else the query's lexemes only
+    lexemes = None if any(t.prefix for t in terms) else [t.lexeme for t in terms]
+    scores = (
+        bm25_scores(terms, statistics, db_search.candidate_vectors(conn, branches, lexemes), bm25)
+        if branches
+        else {}
     )
+    best = db_search.served_chunks(conn, model, _best_first(scores), limit, filters=filters)
+    if len(best) < limit and fill is not None:
+        scores |= bm25_scores(
+            terms, statistics, db_search.candidate_vectors(conn, [fill], lexemes), bm25
+        )
+        best = db_search.served_chunks(conn, model, _best_first(scores), limit, filters=filters)
+    return ranked_chunks(best)
+
+
+def _best_first(scores: dict[Any, float]) -> list[tuple[Any, float]]:
+    return sorted(scores.items(), key=lambda pair: (-pair[1], pair[0]))
+
+
+#: The candidate budget, in chunks: the query's rarest terms (lowest document frequency) are
+#: matched in full while their document frequencies add up to at most this many.
+RARE_POSTINGS = 1000
+#: The most chunks read for the common terms (the terms past that budget), per index pass.
+COMMON_CAP = 1000
+
+
+def candidate_branches(
+    terms: Sequence[TextTerm], dfs: Sequence[float], limit: int
+) -> tuple[list[CandidateBranch], CandidateBranch | None]:
+    """Where BM25's candidates come from, rarest terms first (as MaxScore/WAND do: a rare
+    term's matches are where the high scores are): every chunk holding one of the rarest terms
+    whose document frequencies add up to at most :data:`RARE_POSTINGS`, and every chunk holding
+    two of the other, common, terms (and, as the pairs are capped, first every chunk holding
+    all of them); and, to fill a list those leave shorter than ``limit``,
+    chunks holding any common term (the second value, None when every term is rare): at most
+    :data:`COMMON_CAP` chunks each, any version (the served ones are picked from the best).
+    When every term is rare (specific words, or a collection small enough), the candidates are
+    every matching chunk: exact BM25."""
+    order = sorted(range(len(terms)), key=lambda i: (dfs[i], i))
+    rare: list[str] = []
+    common: list[str] = []
+    total = 0.0
+    for i in order:
+        total += dfs[i]
+        (rare if total <= RARE_POSTINGS else common).append(terms[i].query)
+    branches = [CandidateBranch(" | ".join(rare))] if rare else []
+    if len(common) > 2:
+        # past the cap the pairs read are the first the index gives, not the best: the chunks
+        # holding every common term come first
+        branches.append(CandidateBranch(" & ".join(common), COMMON_CAP))
+    if len(common) >= 2:
+        pairs = " | ".join(f"({a} & {b})" for a, b in itertools.combinations(common, 2))
+        branches.append(CandidateBranch(pairs, COMMON_CAP))
+    fill = CandidateBranch(" | ".join(common), COMMON_CAP) if common else None
+    return branches, fill
+
+
+def bm25_scores(
+    terms: Sequence[TextTerm],
+    statistics: TermStatistics,
+    candidates: Sequence[dict[str, Any]],
+    bm25: Bm25,
+) -> dict[Any, float]:
+    """Candidate id → score, for each candidate holding a term: Lucene's BM25,
+    ``Σ idf · tf·(k1 + 1) / (tf + k1·(1 - b + b·length / average length))`` with
+    ``idf = ln(1 + (N - df + 0.5) / (df + 0.5))``, tf the term's positions in the candidate's
+    vector (a prefix term: of every lexeme it starts) and length its text in characters."""
+    n = statistics.chunks
+    idf = [
+        math.log(1 + (max(n, df) - df + 0.5) / (df + 0.5)) for df in statistics.document_frequencies
+    ]
+    k1, b, average = bm25.k1, bm25.b, statistics.average_length
+    scores = {}
+    for row in candidates:
+        counts = vector_counts(row["vector"])
+        norm = k1 * (1 - b + b * row["length"] / average)
+        score = 0.0
+        for term, weight in zip(terms, idf, strict=True):
+            if term.prefix:
+                tf = sum(c for lexeme, c in counts.items() if lexeme.startswith(term.lexeme))
+            else:
+                tf = counts.get(term.lexeme, 0)
+            if tf:
+                score += weight * tf * (k1 + 1) / (tf + norm)
+        if score > 0:
+            scores[row["id"]] = score
+    return scores
+
+
+# a tsvector's text: 'lexeme':1,5A ... (quotes and backslashes in a lexeme doubled)
+_TSVECTOR_ENTRY = re.compile(r"'((?:[^']|'')*)'(?::([0-9A-D,]+))?")
+
+
+def vector_counts(vector: str) -> dict[str, int]:
+    """A ``tsvector``'s text as lexeme → positions (1 for a lexeme stored without any)."""
+    return {
+        lexeme.replace("''", "'").replace("\\\\", "\\"): positions.count(",") + 1
+        for lexeme, positions in _TSVECTOR_ENTRY.findall(vector)
+    }
 
 
 def query_terms(conn: Connection, text: str) -> list[TextTerm]:
@@ -126,33 +222,6 @@ def query_terms(conn: Connection, text: str) -> list[TextTerm]:
     ]
     check_terms([t.query for t in terms])
     return terms
-
-
-#: The most AND-clauses one tier may OR (``C(terms, k)``); past it the next tier is "any term".
-MAX_TIER_CLAUSES = 64
-#: The longest tier, in bytes of ``tsquery`` text; past it the next tier is "any term".
-#: PostgreSQL refuses a ``tsquery`` whose operands add up to 1 MB ("value is too big").
-MAX_TIER_BYTES = 256 * 1024
-
-
-def match_tiers(terms: Sequence[str]) -> list[str]:
-    """``tsquery`` texts, one per tier: "all ``terms``", "all but one", ... down to "any term",
-    each OR-ing the AND of every ``k``-subset. Tiers whose subsets exceed
-    :data:`MAX_TIER_CLAUSES` or whose text exceeds :data:`MAX_TIER_BYTES` are skipped (a long
-    query goes from its last affordable tier straight to "any term"). A term is a ``tsquery``
-    operand, possibly itself an OR group."""
-    tiers = []
-    for k in range(len(terms), 1, -1):
-        if math.comb(len(terms), k) > MAX_TIER_CLAUSES:
-            break
-        tier = " | ".join(
-            "(" + " & ".join(subset) + ")" for subset in itertools.combinations(terms, k)
-        )
-        if len(tier.encode()) > MAX_TIER_BYTES:
-            break
-        tiers.append(tier)
-    tiers.append(" | ".join(terms))
-    return tiers
 
 
 def _quoted(lexeme: str) -> str:

@@ -1104,26 +1104,6 @@ CREATE TRIGGER text_statistics_delete AFTER DELETE ON served_versions
     REFERENCING OLD TABLE AS served_rows
     FOR EACH STATEMENT EXECUTE FUNCTION trioindex_track_text_statistics();
 
--- A chunk's BM25 score (Robertson & Zaragoza; Lucene's form) for the query terms p_terms
--- (lexemes; p_prefixes[i]: term i is a prefix, as a Korean word with its particles) weighted
--- by p_idf: Σ idf · tf·(k1 + 1) / (tf + k1·(1 - b + b·length / average length)). tf is the
--- term's positions in the chunk's search_vector (its lexemes, or every lexeme the prefix
--- starts); length is the chunk's text in characters.
-CREATE FUNCTION trioindex_bm25(
-    p_vector tsvector, p_length integer, p_terms text[], p_prefixes boolean[], p_idf float8[],
-    p_average_length float8, p_k1 float8, p_b float8)
-RETURNS float8 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT coalesce(sum(t.idf * f.tf * (p_k1 + 1)
-                        / (f.tf + p_k1 * (1 - p_b + p_b * p_length / p_average_length))), 0)
-    FROM unnest(p_terms, p_prefixes, p_idf) AS t (term, prefix, idf)
-    CROSS JOIN LATERAL (
-        SELECT sum(coalesce(cardinality(u.positions), 1))::float8 AS tf
-        FROM unnest(p_vector) AS u
-        WHERE CASE WHEN t.prefix THEN starts_with(u.lexeme, t.term) ELSE u.lexeme = t.term END
-    ) AS f
-    WHERE f.tf > 0
-$$;
-
 -- plans ----------------------------------------------------------------------------------------
 
 -- Key lookups only. plpgsql caches a generic plan per connection after five calls; when that
