@@ -579,11 +579,14 @@ def markdown(
                   *markdown_table(["way", "PostgreSQL CPU ms/doc", "median / group functions",
                                    "median / data only", "xacts/doc", "WAL bytes/doc"], table),
                   "",
-                  "Checked in every round: the set-based way (and the baseline's functions, if "
-                  "measured) left exactly the rows the group functions left (rows per table, "
-                  "per status, per event type with its detail's keys, and per job progress; "
-                  "`check_same_rows`). Tables a way needs of its own are made before its "
-                  "measurement.",
+                  "Checked in every round (`check_same_rows`): the set-based way left exactly "
+                  "the rows the group functions left (rows per table, per status, per event "
+                  "type with its detail's keys, per attempt's steps and counts, per job "
+                  "progress, and the text statistics); the baseline's functions, if measured, "
+                  "the same data, jobs, served versions and text statistics (their events and "
+                  "attempt records may differ). The baseline runs another revision's functions "
+                  "over this revision's schema. Tables a way needs of its own are made before "
+                  "its measurement.",
                   "", verdict(rows), "",
                   "## Rows written per document", "",
                   "Every row version each way's measured part wrote (claim and the three group "

@@ -59,3 +59,33 @@ def test_the_group_fence_finds_its_jobs_by_key_while_the_tables_are_tiny(db: Dat
                 begin_parse_many(conn, claims)
             for table in ("embedding_jobs", "embedding_job_attempts", "document_versions"):
                 assert sequential_scans(conn, table) == 0, table
+
+
+def test_a_completion_reads_one_served_row_per_document_whatever_the_model_serves(
+    db: Database,
+) -> None:
+    """The completion looks up each document's served row by its key: the rows it fetches by
+    index do not grow with the rows the model already serves (plans made while the table was
+    empty, then cached, as in a worker's first minutes)."""
+    group = 3
+    with db.connection() as conn:
+        model = helpers.model(conn, "plans-model", 4)
+        for _ in range(30):
+            helpers.enqueue(conn, model.id)
+        conn.execute("ANALYZE served_versions")  # empty: every plan's cheapest guess
+        worker = helpers.worker(conn)
+        read = []
+        while claims := lifecycle.claim_jobs(conn, worker, group, 300):
+            for claim in claims:
+                helpers.stage_embedded(conn, claim)
+            with conn.transaction():
+                for claim in claims:
+                    lifecycle.complete_job(conn, claim)
+                row = conn.execute(
+                    """SELECT idx_tup_fetch AS n FROM pg_stat_xact_user_tables
+                       WHERE relname = 'served_versions'"""
+                ).fetchone()
+                assert row is not None
+                read.append(int(row["n"]))
+    assert len(read) == 10
+    assert max(read) <= 2 * group, read

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from testkit.postgres import fresh_database
-from trioindex.db.migrations import migrate
+from trioindex.db.migrations import available_migrations, migrate
 
 REPO = Path(__file__).resolve().parents[2]
 # the last commit whose migrations 0001-0008 still defined every function in place
@@ -196,3 +196,73 @@ def test_functions_are_applied_again_only_when_their_text_changes(empty_database
         stray = conn.execute("SELECT to_regproc('trioindex_stray')").fetchone()
     assert row is not None and first is not None and row[0] == first[0]
     assert stray == (None,)
+
+
+def test_version_15_folds_the_step_events_into_their_attempts(pg_server_url: str) -> None:
+    """A database at version 14 with a job's step events: version 15 records them on the
+    attempt (times, counts, slices) and deletes them; the other events stay."""
+    with fresh_database(pg_server_url, "trioindex_v14") as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                """CREATE TABLE trioindex_schema_migrations (
+                       version integer PRIMARY KEY, name text NOT NULL,
+                       applied_at timestamptz NOT NULL DEFAULT now())"""
+            )
+            for migration in available_migrations():
+                if migration.version <= 14:
+                    with conn.transaction():
+                        conn.execute(migration.sql.encode())
+                        conn.execute(
+                            "INSERT INTO trioindex_schema_migrations (version, name)"
+                            " VALUES (%s, %s)",
+                            (migration.version, migration.name),
+                        )
+            ids = conn.execute(
+                """WITH m AS (INSERT INTO embedding_models (name, dimension, is_active)
+                              VALUES ('m', 4, true) RETURNING id),
+                   w AS (INSERT INTO indexing_workers (hostname, pid, version, status,
+                                                       max_concurrency)
+                         VALUES ('h', 1, 'v', 'RUNNING', 1) RETURNING id),
+                   d AS (INSERT INTO documents (external_key) VALUES ('a.txt') RETURNING id),
+                   v AS (INSERT INTO document_versions (document_id, version_no, storage_key,
+                                                        original_name, byte_size, sha256)
+                         SELECT d.id, 1, 'k', 'a.txt', 3, repeat('0', 64) FROM d
+                         RETURNING id),
+                   j AS (INSERT INTO embedding_jobs
+                             (document_version_id, embedding_model_id, max_attempts)
+                         SELECT v.id, m.id, 3 FROM v, m RETURNING id, document_version_id)
+                   INSERT INTO embedding_job_attempts (embedding_job_id, attempt_no, worker_id)
+                   SELECT j.id, 1, w.id FROM j, w RETURNING id, embedding_job_id"""
+            ).fetchone()
+            assert ids is not None
+            attempt, job = ids
+            conn.execute(
+                """INSERT INTO indexing_events
+                       (event_type, embedding_job_id, attempt_id, detail, created_at)
+                   SELECT e, %s, %s, x::jsonb, '2026-01-01 00:00:00+00'::timestamptz + s
+                   FROM (VALUES
+                       ('JOB_CLAIMED', '{"attempt_no": 1}', interval '0 s'),
+                       ('PARSING_STARTED', '{}', interval '1 s'),
+                       ('CHUNKS_STORED', '{"chunks": 5, "characters": 900,
+                                           "replaced_sequences": 2}', interval '2 s'),
+                       ('EMBEDDING_STARTED', '{"chunks": 5}', interval '3 s'),
+                       ('EMBEDDINGS_STORED', '{"embeddings": 3}', interval '4 s'),
+                       ('EMBEDDINGS_STORED', '{"embeddings": 2}', interval '5 s'))
+                       AS u(e, x, s)""",
+                (job, attempt),
+            )
+        assert migrate(url) == [15]
+        with psycopg.connect(url) as conn:
+            row = conn.execute(
+                """SELECT extract(epoch FROM parse_started_at - started_at) IS NOT NULL AS t,
+                          to_char(parse_started_at AT TIME ZONE 'UTC', 'SS') AS parse,
+                          to_char(chunks_stored_at AT TIME ZONE 'UTC', 'SS') AS chunks_at,
+                          to_char(embedding_started_at AT TIME ZONE 'UTC', 'SS') AS embed,
+                          to_char(embeddings_stored_at AT TIME ZONE 'UTC', 'SS') AS stored,
+                          chunks, characters, replaced_sequences, embeddings, embedding_slices
+                   FROM embedding_job_attempts WHERE id = %s""",
+                (attempt,),
+            ).fetchone()
+            events = conn.execute("SELECT event_type FROM indexing_events").fetchall()
+    assert row == (True, "01", "02", "03", "05", 5, 900, 2, 5, 2)
+    assert events == [("JOB_CLAIMED",)]
