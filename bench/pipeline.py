@@ -270,7 +270,7 @@ def scenario_env(
 # one drain by worker processes
 
 _PHASES_SQL = """
-SELECT v.original_name, v.chunk_count,
+SELECT v.original_name, j.chunk_count,
        extract(epoch FROM a.started_at)::float8 AS claimed,
        extract(epoch FROM a.parse_started_at)::float8 AS parse_start,
        extract(epoch FROM a.chunks_stored_at)::float8 AS chunks_stored,
