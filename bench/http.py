@@ -537,17 +537,29 @@ def upload_lines(up: dict[str, Any]) -> list[str]:
             f"{up['seconds'][name]:.1f}",
             f"{r:.0f}",
             f"{r / rate['ingest']:.2f}×",
+            f"{up['load'][name]:.1f}",
         ]
         for name, r in rate.items()
     ]
     ratio = rate["this"] / rate["ingest"]
+    parts = ("serve", "serve system", "clients", "children", "postgres", "machine")
+    cpu_rows = [
+        [name, *(f"{per_unit(cpu, up['files']).get(part, float('nan')):.2f}" for part in parts)]
+        for name, cpu in up["cpu"].items()
+    ]
     return [
         f"## Upload: {up['files']:,} small files (200-400 bytes)",
         "",
-        *markdown_table(["", "seconds", "files/s", "files/s / ingest"], rows),
+        *markdown_table(["", "seconds", "files/s", "files/s / ingest", "load average"], rows),
         "",
         f"Goal: HTTP ≥ {UPLOAD_GOAL}× ingest's files/s: {ratio:.2f}× —"
         f" {verdict(ratio >= UPLOAD_GOAL)}.",
+        "",
+        "CPU ms per file: `serve` (all its threads; `serve system`: its kernel share), the"
+        " client processes, this bench's reaped children (the `ingest` process), PostgreSQL"
+        " (postmaster and backends) and the whole machine (other load included).",
+        "",
+        *markdown_table(["", *parts], cpu_rows),
         "",
     ]
 
