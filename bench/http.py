@@ -14,10 +14,13 @@ runs REF's `src/` (git archive) on the same database and takes turns with the fi
 change is measured before and after in one run.
 
 **upload** — 1,000 small text files (200-400 bytes, distinct), uploaded by 16 client
-processes with `POST /v1/documents/{key}` (each process its share, keep-alive), next to
+processes with `POST /v1/documents/{key}` (each process its share over one kept-alive
+`http.client` connection; `--upload-client httpx` for httpx's), next to
 `trioindex ingest FOLDER` of another 1,000 files of the same shape (a fresh process, as a user
 runs it, its start included) on the same database and folder store: files/s and the ratio
-(goal ≥ 0.8×). No worker runs: both only store the bytes and enqueue.
+(goal ≥ 0.8×). No worker runs: both only store the bytes and enqueue. CPU per file is
+reported by part (`serve`, the clients, the `ingest` process, PostgreSQL, the machine) with
+each run's load average; `--profile DIR` records each `serve` with py-spy.
 """
 
 from __future__ import annotations
