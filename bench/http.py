@@ -14,10 +14,13 @@ runs REF's `src/` (git archive) on the same database and takes turns with the fi
 change is measured before and after in one run.
 
 **upload** — 1,000 small text files (200-400 bytes, distinct), uploaded by 16 client
-processes with `POST /v1/documents/{key}` (each process its share, keep-alive), next to
+processes with `POST /v1/documents/{key}` (each process its share over one kept-alive
+`http.client` connection; `--upload-client httpx` for httpx's), next to
 `trioindex ingest FOLDER` of another 1,000 files of the same shape (a fresh process, as a user
 runs it, its start included) on the same database and folder store: files/s and the ratio
-(goal ≥ 0.8×). No worker runs: both only store the bytes and enqueue.
+(goal ≥ 0.8×). No worker runs: both only store the bytes and enqueue. CPU per file is
+reported by part (`serve`, the clients, the `ingest` process, PostgreSQL, the machine) with
+each run's load average; `--profile DIR` records each `serve` with py-spy.
 """
 
 from __future__ import annotations
@@ -537,17 +540,29 @@ def upload_lines(up: dict[str, Any]) -> list[str]:
             f"{up['seconds'][name]:.1f}",
             f"{r:.0f}",
             f"{r / rate['ingest']:.2f}×",
+            f"{up['load'][name]:.1f}",
         ]
         for name, r in rate.items()
     ]
     ratio = rate["this"] / rate["ingest"]
+    parts = ("serve", "serve system", "clients", "children", "postgres", "machine")
+    cpu_rows = [
+        [name, *(f"{per_unit(cpu, up['files']).get(part, float('nan')):.2f}" for part in parts)]
+        for name, cpu in up["cpu"].items()
+    ]
     return [
         f"## Upload: {up['files']:,} small files (200-400 bytes)",
         "",
-        *markdown_table(["", "seconds", "files/s", "files/s / ingest"], rows),
+        *markdown_table(["", "seconds", "files/s", "files/s / ingest", "load average"], rows),
         "",
         f"Goal: HTTP ≥ {UPLOAD_GOAL}× ingest's files/s: {ratio:.2f}× —"
         f" {verdict(ratio >= UPLOAD_GOAL)}.",
+        "",
+        "CPU ms per file: `serve` (all its threads; `serve system`: its kernel share), the"
+        " client processes, this bench's reaped children (the `ingest` process), PostgreSQL"
+        " (postmaster and backends) and the whole machine (other load included).",
+        "",
+        *markdown_table(["", *parts], cpu_rows),
         "",
     ]
 

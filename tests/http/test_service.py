@@ -4,6 +4,7 @@ searches in every mode and filter over documents a real worker indexed."""
 
 from __future__ import annotations
 
+import http.client
 import json
 from pathlib import Path
 from typing import Any
@@ -385,3 +386,30 @@ def test_no_auth_answers_without_keys_on_loopback_and_refuses_other_hosts(
     finally:
         stop_process(process)
     assert "NO authentication" in (tmp_path / "serve.log").read_text()
+
+
+def test_one_kept_alive_connection_carries_uploads_errors_and_reads(service: Running) -> None:
+    token = service.key("keeper", "write")
+    headers = {"Authorization": f"Bearer {token}"}
+    where = httpx.URL(service.url)
+    connection = http.client.HTTPConnection(where.host, where.port, timeout=60)
+    try:
+        connection.connect()
+        sock = connection.sock
+        answers = []
+        for i in range(5):
+            connection.request("POST", f"/v1/documents/alive/{i}.txt", f"kept {i}", headers)
+            answers.append(connection.getresponse())
+            answers[-1].read()
+        connection.request("GET", "/v1/nowhere", headers=headers)  # an error without a body
+        answers.append(connection.getresponse())
+        answers[-1].read()
+        connection.request("GET", "/v1/documents?prefix=alive/", headers=headers)
+        listed = connection.getresponse()
+        keys = [d["key"] for d in json.loads(listed.read())["documents"]]
+        assert connection.sock is sock  # every request on the first connection
+    finally:
+        connection.close()
+    assert [a.status for a in answers] == [201] * 5 + [404]
+    assert all(a.getheader("connection") != "close" for a in answers)
+    assert keys == [f"alive/{i}.txt" for i in range(5)]

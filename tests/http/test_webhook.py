@@ -2,11 +2,13 @@
 to ``/v1/hooks/s3`` of a running service, objects in a real S3 server, a real worker process
 indexing what they enqueue, and the result searchable through ``/v1/search``; the same event
 twice is one version, a removed object's document goes (the object stays the bucket's), and
-hostile events are one error each while the rest of the request goes on."""
+hostile events are one error each while the rest of the request goes on; concurrent
+notifications are enqueued together (one transaction for several)."""
 
 from __future__ import annotations
 
 import io
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,8 @@ from testkit.processes import query, spawn, stop_process, wait_for
 from tests.fixtures.s3 import S3Server
 from tests.http.conftest import WEBHOOK_TOKEN, Running, service_env, start
 from tests.http.minio_events import minio_event
+from tests.http.test_upload_groups import transactions_of, versions_and_jobs
+from trioindex.db.pool import connect
 
 pytestmark = pytest.mark.slow
 
@@ -150,3 +154,47 @@ def test_the_webhook_needs_its_token_and_an_s3_store(
             stop_process(process)
         assert (answer.status_code, answer.json()["error"]["code"]) == expected, answer.text
         assert query(database_url, "SELECT count(*) AS n FROM documents") == [{"n": 0}]
+
+
+def test_concurrent_notifications_share_transactions_and_one_event_twice_is_one_version(
+    service: Running, s3_server: S3Server
+) -> None:
+    bucket = service.bucket
+    keys = [f"burst/{i:02d}.md" for i in range(16)]
+    events = [
+        minio_event(
+            "s3:ObjectCreated:Put",
+            bucket,
+            key,
+            size=len(TEXT),
+            etag=_put(s3_server, bucket, key, TEXT + key.encode()),
+        )
+        for key in keys
+    ]
+    # each event delivered twice, every delivery from a thread of its own, all released together
+    deliveries = [*events, *events]
+    start = threading.Barrier(len(deliveries))
+    answers: list[list[dict[str, Any]]] = [[] for _ in deliveries]
+
+    def deliver(i: int) -> None:
+        with service.client() as client:
+            client.get("/healthz")
+            start.wait()
+            answers[i] = _notify(client, deliveries[i])
+
+    threads = [threading.Thread(target=deliver, args=(i,)) for i in range(len(deliveries))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    statuses: dict[str, list[str]] = {}
+    for (record,) in answers:
+        statuses.setdefault(record["key"], []).append(record["status"])
+    assert {key: sorted(found) for key, found in statuses.items()} == {
+        key: ["enqueued", "unchanged"] for key in keys
+    }
+    with connect(service.database_url) as conn:
+        assert [versions_and_jobs(conn, key) for key in keys] == [(1, 1)] * len(keys)
+        sizes = transactions_of(conn, "burst/")
+    assert sum(sizes) == len(keys)
+    assert len(sizes) < len(keys), f"no two notifications shared a transaction: {sizes}"

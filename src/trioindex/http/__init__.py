@@ -7,6 +7,7 @@ One module per concern:
   application built from it: every route is guarded by its role in one place;
 * ``server`` — opening the services, loading the model, binding and a graceful stop;
 * ``auth`` — API keys per request (``Authorization: Bearer``), roles, the webhook's token;
+  ``key_cache`` — verified keys kept while the service hears revocations;
 * ``errors`` — the JSON error body, its stable codes, and which error maps to which;
 * ``limits`` — the bounds: body sizes, concurrent requests, query length, ``top_k``, and
   checked reading of parameters;

@@ -8,7 +8,9 @@ of another bucket than ``storage.url``'s are refused, events other than ``Object
 handler looks at the object as it is now, not at what the event says: an object that exists
 is streamed once to hash it (:meth:`~trioindex.storage.AsyncObjectStore.digest`) and enqueued
 as the document keyed by its object key, with the object itself as the version's blob
-(``trioindex_enqueue_documents``: the same bytes twice are one version); an object that is
+(``trioindex_enqueue_documents``: the same bytes twice are one version), through the
+service's upload enqueuer, so concurrent notifications and uploads share one transaction
+(:mod:`trioindex.http.enqueuer`); an object that is
 gone deletes its document, rows only (the object was the application's; trioindex never
 deletes it). So a notification delivered twice, late, or out of order still leaves the index
 as the bucket is.
@@ -29,10 +31,10 @@ from starlette.responses import JSONResponse, Response
 from trioindex.db.documents import delete_documents
 from trioindex.errors import ContentInvalid, ObjectNotFound
 from trioindex.http.context import Service, service
+from trioindex.http.enqueuer import StoredBody, Upload
 from trioindex.http.errors import ApiError, invalid
 from trioindex.http.limits import MAX_KEY_CHARS, read_json
 from trioindex.ingest import NewVersion
-from trioindex.ingest.files import PreparedFile, enqueue_files
 from trioindex.storage import S3Location, check_key, parse_storage_url
 from trioindex.storage.contract import DEFAULT_CONTENT_TYPE, OWN_BLOB_PREFIX
 
@@ -103,12 +105,8 @@ async def _follow(svc: Service, key: str) -> dict[str, Any]:
         byte_size=info.size,
         sha256=info.sha256,
     )
-    (result,) = await enqueue_files(
-        [PreparedFile(version)],
-        db=db,
-        model_id=svc.services.model.id,
-        max_attempts=svc.settings.worker.max_attempts,
-    )
+    # with the uploads and other notifications enqueued meanwhile: one transaction for them all
+    result = await svc.uploads.submit(Upload(StoredBody(version, was_intact=True)))
     status = "enqueued" if result.status == "created" else result.status
     return {
         "key": key,

@@ -7,8 +7,9 @@ CSRF token, setting the cookie ``trioindex_session`` (``HttpOnly; SameSite=Stric
 ``Secure`` over HTTPS) to a random session id. The key stays in this process's memory, in the
 :class:`SessionStore`, and nowhere else: not in the cookie, a page or a URL.
 
-A request with the cookie and no ``Authorization`` header is checked with the session's key,
-read again on every request (so a revoked key stops its sessions at once). Any method other
+A request with the cookie and no ``Authorization`` header is checked with the session's key as
+any request's key is (:meth:`trioindex.http.auth.Guard.check`: a revoked key stops its sessions
+at once). Any method other
 than GET and HEAD must also send the session's CSRF token as ``X-CSRF-Token``; a sign-in must
 come from the service's own origin when the browser says where it comes from (``Origin``).
 ``GET /console/session`` answers who is signed in (401 without a session), ``DELETE`` signs
