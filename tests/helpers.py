@@ -274,3 +274,12 @@ def serves(conn: Connection, claim: Claim) -> bool:
     return served(conn, version["document_id"], claim.embedding_model_id) == (
         claim.document_version_id
     )
+
+
+def delete_document_of(conn: Connection, claim: Claim) -> None:
+    """Delete the document of the claim's version (its jobs go with it), as `delete` does."""
+    conn.execute(
+        """SELECT trioindex_delete_document(d.external_key) FROM documents d
+           JOIN document_versions v ON v.document_id = d.id WHERE v.id = %s""",
+        (claim.document_version_id,),
+    )
