@@ -2,8 +2,8 @@
 idle worker picks up a new job (each scenario on a fresh database of one embedded PostgreSQL, with
 default durability and ``pg_stat_statements``, after ``VACUUM ANALYZE`` and ``CHECKPOINT``).
 
-1. **Throughput.** ``--jobs`` versions pre-staged in ``EMBEDDING`` (one chunk, one embedding)
-   go through the real :class:`~trioindex.worker.runtime.Worker` and
+1. **Throughput.** ``--jobs`` versions pre-staged with their chunk set and vectors (one chunk,
+   one embedding) go through the real :class:`~trioindex.worker.runtime.Worker` and
    :class:`~trioindex.worker.queue.JobQueue` with no-op steps, in N worker processes
    (``drain=True``, ``max-concurrency`` c, pool c + 2, warmed, started together); next to it a
    raw ``SKIP LOCKED`` loop on a minimal table (one claim and one ``UPDATE`` per job, one thread
@@ -18,7 +18,8 @@ default durability and ``pg_stat_statements``, after ``VACUUM ANALYZE`` and ``CH
    moment the enqueuer's COMMIT returned (slightly negative when the NOTIFY arrives first).
 
 Run ``.venv/bin/python -m bench.queue`` (``just bench-queue``); ``--quick`` is a smoke run that
-writes its files to a temporary folder unless ``--out`` says otherwise.
+writes its files to a temporary folder unless ``--out`` says otherwise; ``--only LABEL``
+(repeatable) runs the named scenarios alone and ``--no-latency`` skips the idle latency.
 """
 
 from __future__ import annotations
@@ -304,7 +305,7 @@ SELECT id, %(model)s, 3 FROM versions
 
 
 def stage_trioindex_jobs(url: str, jobs: int) -> UUID:
-    """``jobs`` versions in EMBEDDING with one chunk + one embedding, each with a PENDING job."""
+    """``jobs`` versions with one chunk + one embedding stored, each with a PENDING job."""
     with contextlib.closing(connect(url)) as conn:
         model = ensure_model(conn, MODEL_NAME, DIMENSION)
         with conn.transaction():

@@ -297,3 +297,12 @@ def steps(conn: Connection, job_id: UUID) -> list[str]:
     set), in the order a job runs them."""
     row = attempt_row(conn, job_id)
     return [step for step in ATTEMPT_STEPS if row[f"{step}_at"] is not None]
+
+
+def delete_document_of(conn: Connection, claim: Claim) -> None:
+    """Delete the document of the claim's version (its jobs go with it), as `delete` does."""
+    conn.execute(
+        """SELECT trioindex_delete_document(d.external_key) FROM documents d
+           JOIN document_versions v ON v.document_id = d.id WHERE v.id = %s""",
+        (claim.document_version_id,),
+    )

@@ -47,13 +47,7 @@ def test_refused_jobs_are_refused_alone_and_the_others_commit(db: Database) -> N
         group = embedded_claims(conn, 5)
         # 1: the lease ran out; 2: the document was deleted; 3: a vector is missing
         helpers.expire_lease(conn, group[1].job_id)
-        key = conn.execute(
-            """SELECT d.external_key FROM documents d
-               JOIN document_versions v ON v.document_id = d.id WHERE v.id = %s""",
-            (group[2].document_version_id,),
-        ).fetchone()
-        assert key is not None
-        conn.execute("SELECT trioindex_delete_document(%s)", (key["external_key"],))
+        helpers.delete_document_of(conn, group[2])
         conn.execute(
             """DELETE FROM embeddings WHERE ctid IN (SELECT ctid FROM embeddings
                WHERE document_version_id = %s LIMIT 1)""",

@@ -275,11 +275,12 @@ def complete_many(conn: Connection, claims: Sequence[Claim]) -> list[CompleteRes
         kept = [claims[i] for i in owned]
         rows = cursor.execute(
             "SELECT refusal, message, became_current FROM trioindex_complete_owned("
-            "%b::uuid[], %b::uuid[], %b::uuid[])",
+            "%b::uuid[], %b::uuid[], %b::uuid[], %b::integer[])",
             (
                 [c.job_id for c in kept],
                 [c.worker_id for c in kept],
                 [c.attempt_id for c in kept],
+                [0] * len(kept),  # no vectors stored in this transaction
             ),
         ).fetchall()
     for position, row in zip(owned, rows, strict=True):

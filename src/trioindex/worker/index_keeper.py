@@ -1,12 +1,11 @@
 """The worker's watch over its model's HNSW index: built once the model has enough vectors.
 
 A model is searched exactly until it has ``embedding.index-min-vectors`` vectors
-(:mod:`trioindex.db.vector_index` says why). Served (:meth:`VectorIndexKeeper.serve`), the
-keeper checks at worker start, then again after every ``check_every`` vectors this worker
-stores, and builds the index concurrently (other workers keep committing) when the count is
-reached. Once a valid index exists it stops checking. A draining worker (a bulk load) does not
-serve it: it checks once, when its queue is drained (:meth:`VectorIndexKeeper.check`), so the
-load is not slowed by keeping an index built part-way, and ends with its index built.
+(:mod:`trioindex.db.vector_index` says why). The keeper checks at worker start, then again
+after every ``check_every`` vectors this worker stores, and builds the index concurrently (other
+workers keep committing) when the count is reached. Once a valid index exists it stops checking.
+A draining worker checks once more at the end (:meth:`VectorIndexKeeper.check`, after waiting
+for a build under way), so a bulk load run with ``worker --drain`` ends with its index built.
 
 The build runs on a connection of its own, in a thread; on cancellation the server is asked to
 cancel the statement and the keeper waits (a few seconds at most) for the thread to let its

@@ -281,13 +281,9 @@ async def run_worker(settings: Settings, *, drain: bool = False, listen: bool = 
         )
         worker = build_worker(settings, services, listen=listen, index_keeper=keeper)
         async with trio.open_nursery() as nursery:
-            # Beside the worker, not in it: a build under way when a drain ends is finished,
-            # not cancelled and started again. A draining worker (a bulk load) builds only once
-            # its queue is drained: an index built part-way is then maintained row by row for
-            # the rest of the load, which cost PostgreSQL more than one build over every vector
-            # (docs/test-results/peer.md, 20,000 documents).
-            if not drain:
-                nursery.start_soon(keeper.serve)
+            # beside the worker, not in it: a build under way when a drain ends is finished,
+            # not cancelled and started again
+            nursery.start_soon(keeper.serve)
             # searches of this home borrow a local model
             assert services.embedder is not None
             await nursery.start(
@@ -295,6 +291,6 @@ async def run_worker(settings: Settings, *, drain: bool = False, listen: bool = 
             )
             await serve_until_signalled(worker, drain=drain)
             if drain:
-                await keeper.check()  # the bulk load ends with its index, if it is due
+                await keeper.check()  # a bulk load ends with its index, if it is due
             nursery.cancel_scope.cancel()
         return worker
