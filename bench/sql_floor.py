@@ -165,11 +165,40 @@ def functions_at(revision: str) -> str:
 
 def use_functions(text: str, conn: Connection) -> None:
     """Replace the database's trioindex functions by ``text`` (what ``migrate`` does when
-    ``functions.sql`` changes)."""
+    ``functions.sql`` changes). Functions from before the parse prepare handed out its start
+    time get thin adapters to this revision's calls (one SQL call more per group)."""
     with conn.transaction():
         for row in conn.execute(_OUR_OBJECTS).fetchall():
             conn.execute(f"DROP {row['object']} CASCADE")
         conn.execute(text.encode())
+        if "p_parse_started" not in text:
+            conn.execute(_PARSE_START_ADAPTERS)
+
+
+# Older functions: the prepare without its start time, the chunk commit without it to record
+_PARSE_START_ADAPTERS = """
+ALTER FUNCTION trioindex_begin_parse_many(uuid[], uuid[], uuid[], uuid[])
+    RENAME TO trioindex_begin_parse_many_before;
+CREATE FUNCTION trioindex_begin_parse_many(
+    p_jobs uuid[], p_workers uuid[], p_tokens uuid[], p_attempts uuid[])
+RETURNS TABLE (
+    job_id uuid, refusal text, message text, version_id uuid, document_id uuid,
+    storage_key text, original_name text, content_type text, byte_size bigint, sha256 text,
+    chunk_count integer, parse_started_at timestamptz)
+LANGUAGE sql AS $$
+    SELECT b.*, NULL::timestamptz FROM trioindex_begin_parse_many_before($1, $2, $3, $4) AS b
+$$;
+CREATE FUNCTION trioindex_store_chunks_many(
+    uuid[], uuid[], uuid[], uuid[], uuid[], text[], text[], bigint[], integer[], integer[],
+    integer[], uuid[], text[], integer[], integer[], integer[], text[], text[], timestamptz[])
+RETURNS TABLE (
+    job_id uuid, refusal text, message text, chunks integer, started_embedding boolean,
+    model_id uuid, model_name text, dimension integer)
+LANGUAGE sql AS $$
+    SELECT * FROM trioindex_store_chunks_many(
+        $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
+$$;
+"""
 
 
 def _claim_arrays(claims: Sequence[Claim]) -> tuple[list[UUID], ...]:
@@ -230,11 +259,6 @@ def same_rows_set_based(conn: Connection, corpus: Corpus, setup: Setup) -> int:
     while claims := claim_jobs(conn, setup.worker_id, GROUP, 600):
         jobs, versions, attempts, _ = ids = _claim_arrays(claims)
         with conn.transaction():
-            conn.execute("UPDATE embedding_jobs SET progress = 10 WHERE id = ANY(%b)", (jobs,))
-            conn.execute(
-                "UPDATE embedding_job_attempts SET parse_started_at = now() WHERE id = ANY(%b)",
-                (attempts,),
-            )
             rows = conn.execute(
                 "SELECT id, document_id, original_name FROM document_versions WHERE id = ANY(%b)",
                 (versions,),
@@ -247,7 +271,8 @@ def same_rows_set_based(conn: Connection, corpus: Corpus, setup: Setup) -> int:
             conn.execute("UPDATE embedding_jobs SET progress = 50 WHERE id = ANY(%b)", (jobs,))
             conn.execute(
                 f"""UPDATE embedding_job_attempts
-                    SET chunks_stored_at = now(), chunks = 1, characters = {CHARACTERS},
+                    SET parse_started_at = now(), chunks_stored_at = now(), chunks = 1,
+                        characters = {CHARACTERS},
                         embedding_started_at = now()
                     WHERE id = ANY(%b)""",
                 (attempts,),
