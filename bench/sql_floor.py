@@ -172,33 +172,43 @@ def use_functions(text: str, conn: Connection) -> None:
             conn.execute(f"DROP {row['object']} CASCADE")
         conn.execute(text.encode())
         if "p_parse_started" not in text:
-            conn.execute(_PARSE_START_ADAPTERS)
+            _adapt_parse_start(conn)
 
 
-# Older functions: the prepare without its start time, the chunk commit without it to record
-_PARSE_START_ADAPTERS = """
-ALTER FUNCTION trioindex_begin_parse_many(uuid[], uuid[], uuid[], uuid[])
-    RENAME TO trioindex_begin_parse_many_before;
-CREATE FUNCTION trioindex_begin_parse_many(
-    p_jobs uuid[], p_workers uuid[], p_tokens uuid[], p_attempts uuid[])
-RETURNS TABLE (
-    job_id uuid, refusal text, message text, version_id uuid, document_id uuid,
-    storage_key text, original_name text, content_type text, byte_size bigint, sha256 text,
-    chunk_count integer, parse_started_at timestamptz)
-LANGUAGE sql AS $$
-    SELECT b.*, NULL::timestamptz FROM trioindex_begin_parse_many_before($1, $2, $3, $4) AS b
-$$;
-CREATE FUNCTION trioindex_store_chunks_many(
+_BEGIN_PARSE = "trioindex_begin_parse_many(uuid[], uuid[], uuid[], uuid[])"
+_STORE_CHUNKS = """trioindex_store_chunks_many(
     uuid[], uuid[], uuid[], uuid[], uuid[], text[], text[], bigint[], integer[], integer[],
-    integer[], uuid[], text[], integer[], integer[], integer[], text[], text[], timestamptz[])
-RETURNS TABLE (
-    job_id uuid, refusal text, message text, chunks integer, started_embedding boolean,
-    model_id uuid, model_name text, dimension integer)
-LANGUAGE sql AS $$
-    SELECT * FROM trioindex_store_chunks_many(
-        $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
-$$;
-"""
+    integer[], uuid[], text[], integer[], integer[], integer[], text[], text[]"""
+
+
+def _adapt_parse_start(conn: Connection) -> None:
+    """Adapters for functions from before the parse prepare handed out its start time: the
+    prepare with a NULL start time, the chunk commit taking the time and dropping it (their
+    results as the older functions declare them)."""
+
+    def result(signature: str) -> str:
+        row = conn.execute(
+            "SELECT pg_get_function_result(%s::regprocedure) AS r", (signature,)
+        ).fetchone()
+        assert row is not None
+        return str(row["r"])
+
+    conn.execute(f"ALTER FUNCTION {_BEGIN_PARSE} RENAME TO trioindex_begin_parse_many_before")
+    prepared = result("trioindex_begin_parse_many_before(uuid[], uuid[], uuid[], uuid[])")
+    conn.execute(
+        f"""CREATE FUNCTION {_BEGIN_PARSE}
+            RETURNS {prepared[:-1]}, parse_started_at timestamptz) LANGUAGE sql AS $$
+                SELECT b.*, NULL::timestamptz
+                FROM trioindex_begin_parse_many_before($1, $2, $3, $4) AS b
+            $$"""
+    )
+    conn.execute(
+        f"""CREATE FUNCTION {_STORE_CHUNKS}, timestamptz[])
+            RETURNS {result(_STORE_CHUNKS + ")")} LANGUAGE sql AS $$
+                SELECT * FROM trioindex_store_chunks_many($1, $2, $3, $4, $5, $6, $7, $8, $9,
+                    $10, $11, $12, $13, $14, $15, $16, $17, $18)
+            $$""".encode()
+    )
 
 
 def _claim_arrays(claims: Sequence[Claim]) -> tuple[list[UUID], ...]:
