@@ -165,11 +165,50 @@ def functions_at(revision: str) -> str:
 
 def use_functions(text: str, conn: Connection) -> None:
     """Replace the database's trioindex functions by ``text`` (what ``migrate`` does when
-    ``functions.sql`` changes)."""
+    ``functions.sql`` changes). Functions from before the parse prepare handed out its start
+    time get thin adapters to this revision's calls (one SQL call more per group)."""
     with conn.transaction():
         for row in conn.execute(_OUR_OBJECTS).fetchall():
             conn.execute(f"DROP {row['object']} CASCADE")
         conn.execute(text.encode())
+        if "p_parse_started" not in text:
+            _adapt_parse_start(conn)
+
+
+_BEGIN_PARSE = "trioindex_begin_parse_many(uuid[], uuid[], uuid[], uuid[])"
+_STORE_CHUNKS = """trioindex_store_chunks_many(
+    uuid[], uuid[], uuid[], uuid[], uuid[], text[], text[], bigint[], integer[], integer[],
+    integer[], uuid[], text[], integer[], integer[], integer[], text[], text[]"""
+
+
+def _adapt_parse_start(conn: Connection) -> None:
+    """Adapters for functions from before the parse prepare handed out its start time: the
+    prepare with a NULL start time, the chunk commit taking the time and dropping it (their
+    results as the older functions declare them)."""
+
+    def result(signature: str) -> str:
+        row = conn.execute(
+            "SELECT pg_get_function_result(%s::regprocedure) AS r", (signature,)
+        ).fetchone()
+        assert row is not None
+        return str(row["r"])
+
+    conn.execute(f"ALTER FUNCTION {_BEGIN_PARSE} RENAME TO trioindex_begin_parse_many_before")
+    prepared = result("trioindex_begin_parse_many_before(uuid[], uuid[], uuid[], uuid[])")
+    conn.execute(
+        f"""CREATE FUNCTION {_BEGIN_PARSE}
+            RETURNS {prepared[:-1]}, parse_started_at timestamptz) LANGUAGE sql AS $$
+                SELECT b.*, NULL::timestamptz
+                FROM trioindex_begin_parse_many_before($1, $2, $3, $4) AS b
+            $$"""
+    )
+    conn.execute(
+        f"""CREATE FUNCTION {_STORE_CHUNKS}, timestamptz[])
+            RETURNS {result(_STORE_CHUNKS + ")")} LANGUAGE sql AS $$
+                SELECT * FROM trioindex_store_chunks_many($1, $2, $3, $4, $5, $6, $7, $8, $9,
+                    $10, $11, $12, $13, $14, $15, $16, $17, $18)
+            $$""".encode()
+    )
 
 
 def _claim_arrays(claims: Sequence[Claim]) -> tuple[list[UUID], ...]:
@@ -230,11 +269,6 @@ def same_rows_set_based(conn: Connection, corpus: Corpus, setup: Setup) -> int:
     while claims := claim_jobs(conn, setup.worker_id, GROUP, 600):
         jobs, versions, attempts, _ = ids = _claim_arrays(claims)
         with conn.transaction():
-            conn.execute("UPDATE embedding_jobs SET progress = 10 WHERE id = ANY(%b)", (jobs,))
-            conn.execute(
-                "UPDATE embedding_job_attempts SET parse_started_at = now() WHERE id = ANY(%b)",
-                (attempts,),
-            )
             rows = conn.execute(
                 "SELECT id, document_id, original_name FROM document_versions WHERE id = ANY(%b)",
                 (versions,),
@@ -247,7 +281,8 @@ def same_rows_set_based(conn: Connection, corpus: Corpus, setup: Setup) -> int:
             conn.execute("UPDATE embedding_jobs SET progress = 50 WHERE id = ANY(%b)", (jobs,))
             conn.execute(
                 f"""UPDATE embedding_job_attempts
-                    SET chunks_stored_at = now(), chunks = 1, characters = {CHARACTERS},
+                    SET parse_started_at = now(), chunks_stored_at = now(), chunks = 1,
+                        characters = {CHARACTERS},
                         embedding_started_at = now()
                     WHERE id = ANY(%b)""",
                 (attempts,),

@@ -383,8 +383,8 @@ def test_a_token_aware_job_on_a_version_with_only_the_character_set_is_told_to_p
 ) -> None:
     """The parse prepare's ``chunk_count`` is the size of the job's own chunk set: a version
     the serving model indexed from character chunks has none of a token-aware model's, so the
-    prepare must say "parse" (None, progress 10, the parse's start on the attempt) rather than
-    "replay"."""
+    prepare must say "parse" (None, and the parse's start time for the chunk commit) rather
+    than "replay"."""
     with db.connection() as conn:
         old = helpers.model(conn, OLD, 4)
         helpers.enqueue(conn, old.id, "a.txt", content=b"alpha bravo")
@@ -396,8 +396,7 @@ def test_a_token_aware_job_on_a_version_with_only_the_character_set_is_told_to_p
         (snapshot,) = begin_parse_many(conn, [claim])
         assert isinstance(snapshot, ParseSnapshot)
         assert snapshot.chunk_count is None and not snapshot.already_chunked
-        assert helpers.job_row(conn, claim.job_id)["progress"] == 10
-        assert helpers.steps(conn, claim.job_id) == ["parse_started"]
+        assert snapshot.parse_started_at is not None
 
 
 # -- workers ------------------------------------------------------------------------------------

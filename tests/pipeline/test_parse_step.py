@@ -158,7 +158,8 @@ async def test_the_parse_step_stores_contiguous_chunks_and_starts_embedding(
             "embedding_started",
         ]
         attempt = helpers.attempt_row(conn, claim.job_id)
-        assert attempt["parse_started_at"] <= attempt["chunks_stored_at"]
+        # the prepare's time, carried to the commit (an earlier transaction than the commit's)
+        assert attempt["parse_started_at"] < attempt["chunks_stored_at"]
         assert (attempt["chunks"], attempt["characters"]) == (count, len(source))
         assert attempt["replaced_sequences"] is None
         assert helpers.events(conn, claim.job_id) == ["JOB_ENQUEUED", "JOB_CLAIMED"]
@@ -224,7 +225,9 @@ async def test_a_crash_between_prepare_and_commit_parses_again_on_the_next_attem
     with db.connection() as conn:
         (snapshot,) = begin_parse_many(conn, [claim])  # then the worker died before committing
         assert isinstance(snapshot, ParseSnapshot) and snapshot.chunk_count is None
-        assert helpers.job_row(conn, claim.job_id)["progress"] == 10  # parsing
+        assert snapshot.parse_started_at is not None  # handed to the commit, not written
+        assert helpers.job_row(conn, claim.job_id)["progress"] == 0
+        assert helpers.steps(conn, claim.job_id) == []
         helpers.expire_lease(conn, claim.job_id)
         lifecycle.recover_expired(conn, helpers.BACKOFF)
         helpers.make_available(conn, claim.job_id)
@@ -234,12 +237,13 @@ async def test_a_crash_between_prepare_and_commit_parses_again_on_the_next_attem
         count, _, _ = await helpers.run_claim(_steps(db, store), again)
     assert len(_chunks(db, again)) == count
     with db.connection() as conn:
-        # the first attempt began the parse and stored nothing; the second parsed again
+        # the first attempt's prepare wrote nothing and it committed nothing: no step on it;
+        # the second parsed again
         first = conn.execute(
             "SELECT * FROM embedding_job_attempts WHERE id = %s", (claim.attempt_id,)
         ).fetchone()
         assert first is not None
-        assert first["parse_started_at"] is not None and first["chunks_stored_at"] is None
+        assert first["parse_started_at"] is None and first["chunks_stored_at"] is None
         assert helpers.steps(conn, claim.job_id) == list(helpers.ATTEMPT_STEPS)
         assert helpers.job_row(conn, claim.job_id)["status"] == "SUCCEEDED"
 
@@ -261,7 +265,9 @@ def test_a_lapsed_or_forged_claim_stores_no_chunks(
         (refused,) = begin_parse_many(conn, [forged])
         assert isinstance(refused, OwnershipLost)
     assert _chunks(db, claim) == []
-    assert _job(db, claim)["progress"] == 10
+    assert _job(db, claim)["progress"] == 0
+    with db.connection() as conn:
+        assert helpers.steps(conn, claim.job_id) == []  # a refused commit records no parse
 
 
 def test_two_concurrent_commits_for_one_claim_converge_on_one_chunk_set(
@@ -461,8 +467,9 @@ async def test_a_cancelled_parse_stops_its_process_at_once(
     assert elapsed < 1.5 + 1.5, "the parse was killed, not waited for"
     assert parse_processes() <= before
     job = _job(db, claim)
-    # still parsing (progress 10), nothing stored: the claim is the runner's to hand back
-    assert (job["status"], job["progress"]) == ("PROCESSING", 10)
+    # still parsing (the prepare wrote nothing), nothing stored: the claim is the runner's
+    # to hand back
+    assert (job["status"], job["progress"]) == ("PROCESSING", 0)
     assert _chunks(db, claim) == []
 
 

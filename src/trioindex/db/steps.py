@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -38,7 +39,9 @@ from trioindex.values import Claim, CompleteResult
 @attrs.frozen
 class ParseSnapshot:
     """What the parse reads, as the prepare saw it; ``chunk_count`` is the size of the job's
-    chunk set when the version has it already (a replay: nothing to parse), else None."""
+    chunk set when the version has it already (a replay: nothing to parse), else None.
+    ``parse_started_at`` is when the prepare let the parse begin (None for a replay): the
+    prepare writes nothing, the chunk commit records this time on the attempt."""
 
     version_id: UUID
     document_id: UUID
@@ -48,6 +51,7 @@ class ParseSnapshot:
     byte_size: int
     sha256: str
     chunk_count: int | None
+    parse_started_at: datetime | None = None
 
     @property
     def already_chunked(self) -> bool:
@@ -102,6 +106,7 @@ def _snapshot_from_row(row: dict[str, Any]) -> ParseSnapshot:
         byte_size=row["byte_size"],
         sha256=row["sha256"],
         chunk_count=row["chunk_count"],
+        parse_started_at=row["parse_started_at"],
     )
 
 
@@ -205,7 +210,7 @@ def store_chunks_many(
                %b::uuid[], %b::uuid[], %b::uuid[], %b::uuid[],
                %b::uuid[], %b::text[], %b::text[], %b::bigint[], %b::int[], %b::int[], %b::int[],
                %b::uuid[], %b::text[], %b::int[], %b::int[], %b::int[], %b::text[],
-               %b::text[])""",
+               %b::text[], %b::timestamptz[])""",
         (
             *claim_arrays([c.claim for c in ordered]),
             [c.snapshot.version_id for c in ordered],
@@ -222,6 +227,7 @@ def store_chunks_many(
             tokens,
             hashes,
             [_int_array(c.low_confidence_pages) for c in ordered],
+            [c.snapshot.parse_started_at for c in ordered],
         ),
     ).fetchall()
     for position, commit, row in zip(valid, ordered, rows, strict=True):

@@ -471,14 +471,16 @@ FROM PUBLIC;
 -- not as an event; events are written for the transitions an operator must see.
 
 -- The parse step's prepare: a snapshot of what to read, and chunk_count, the size of the job's
--- chunk set when the version has it (a replay: nothing to parse) or NULL. A job that must parse
--- gets progress 10 (the first time), and its attempt parse_started_at (once per attempt).
+-- chunk set when the version has it (a replay: nothing to parse) or NULL. It writes nothing
+-- (the fence's locks aside): a job that must parse gets parse_started_at, the time to hand back
+-- to trioindex_store_chunks_many, which records it on the attempt with the chunk set (a parse
+-- whose commit is refused leaves no step on its attempt).
 CREATE FUNCTION trioindex_begin_parse_many(
     p_jobs uuid[], p_workers uuid[], p_tokens uuid[], p_attempts uuid[])
 RETURNS TABLE (
     job_id uuid, refusal text, message text, version_id uuid, document_id uuid,
     storage_key text, original_name text, content_type text, byte_size bigint, sha256 text,
-    chunk_count integer)
+    chunk_count integer, parse_started_at timestamptz)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -489,11 +491,10 @@ BEGIN
     FROM trioindex_fence_many(p_jobs, p_workers, p_tokens, p_attempts) AS f;
     RETURN QUERY
     WITH given AS (
-        SELECT u.ord, u.job, u.worker, u.attempt, u.code, u.msg
-        FROM unnest(p_jobs, p_workers, p_attempts, codes, messages) WITH ORDINALITY
-             AS u(job, worker, attempt, code, msg, ord)
+        SELECT u.ord, u.job, u.code, u.msg
+        FROM unnest(p_jobs, codes, messages) WITH ORDINALITY AS u(job, code, msg, ord)
     ), owned AS (
-        SELECT g.ord, g.job, g.worker, g.attempt, j.progress, v.id AS version,
+        SELECT g.ord, v.id AS version,
                v.document_id AS doc, v.storage_key AS skey, v.original_name AS oname,
                v.content_type AS ctype, v.byte_size AS size, v.sha256 AS hash,
                (SELECT count(*) FROM document_chunks c
@@ -503,18 +504,9 @@ BEGIN
         JOIN embedding_jobs j ON j.id = g.job
         JOIN document_versions v ON v.id = j.document_version_id
         WHERE g.code IS NULL
-    ), parsing AS (
-        SELECT o.ord, o.job, o.attempt, o.progress FROM owned o WHERE o.stored = 0
-    ), progressed AS (
-        UPDATE embedding_jobs j SET progress = 10
-        FROM parsing p WHERE j.id = p.job AND p.progress < 10
-    ), recorded AS (
-        -- once per attempt: a prepare repeated by the same claim records nothing
-        UPDATE embedding_job_attempts a SET parse_started_at = now()
-        FROM parsing p WHERE a.id = p.attempt AND a.parse_started_at IS NULL
     )
     SELECT g.job, g.code, g.msg, o.version, o.doc, o.skey, o.oname, o.ctype, o.size, o.hash,
-           nullif(o.stored, 0)
+           nullif(o.stored, 0), CASE WHEN o.stored = 0 THEN now() END
     FROM given g LEFT JOIN owned o ON o.ord = g.ord
     ORDER BY g.ord;
 END;
@@ -522,8 +514,9 @@ $$;
 
 -- The parse step's commit and the embed step's start, for many claims: store the job's chunk
 -- set (job i's chunks are elements p_first[i] .. p_first[i] + p_count[i] - 1 of the c_* arrays,
--- in chunk order), recorded on the attempt (chunks_stored_at with chunks, characters and
--- replaced_sequences, and embedding_started_at; progress 50). The version must
+-- in chunk order), recorded on the attempt (parse_started_at, the time p_parse_started[i] its
+-- prepare handed out; chunks_stored_at with chunks, characters and replaced_sequences, and
+-- embedding_started_at; progress 50). The version must
 -- still match the snapshot the parse was prepared from. When the set is already stored (another
 -- model's job shares it, or a repeated commit), or an earlier job of the same call stores it,
 -- nothing is written for this job and started_embedding is false: the caller prepares the
@@ -536,7 +529,7 @@ CREATE FUNCTION trioindex_store_chunks_many(
     p_versions uuid[], p_storage_keys text[], p_sha256s text[], p_byte_sizes bigint[],
     p_replaced integer[], p_first integer[], p_count integer[],
     c_ids uuid[], c_content text[], c_start integer[], c_end integer[], c_tokens integer[],
-    c_sha256s text[], p_low_confidence text[])
+    c_sha256s text[], p_low_confidence text[], p_parse_started timestamptz[])
 RETURNS TABLE (
     job_id uuid, refusal text, message text, chunks integer, started_embedding boolean,
     model_id uuid, model_name text, dimension integer)
@@ -557,9 +550,11 @@ BEGIN
                    AS stored,
                r.code AS refused, r.message AS why
         FROM unnest(p_jobs, p_workers, p_attempts, codes, messages, p_versions, p_storage_keys,
-                    p_sha256s, p_byte_sizes, p_replaced, p_first, p_count, p_low_confidence)
+                    p_sha256s, p_byte_sizes, p_replaced, p_first, p_count, p_low_confidence,
+                    p_parse_started)
              WITH ORDINALITY AS u(job, worker, attempt, code, msg, given_version, given_key,
-                                  given_sha256, given_size, replaced, first, n, low, ord)
+                                  given_sha256, given_size, replaced, first, n, low,
+                                  parse_started, ord)
         LEFT JOIN embedding_jobs j ON j.id = u.job AND u.code IS NULL
         LEFT JOIN document_versions v ON v.id = j.document_version_id
         LEFT JOIN embedding_models m ON m.id = j.embedding_model_id
@@ -601,7 +596,8 @@ BEGIN
         FROM storing s WHERE v.id = s.version AND s.low IS NOT NULL
     ), recorded AS (
         UPDATE embedding_job_attempts a
-        SET chunks_stored_at = now(), chunks = s.n, characters = c_end[s.first + s.n - 1],
+        SET parse_started_at = s.parse_started, chunks_stored_at = now(), chunks = s.n,
+            characters = c_end[s.first + s.n - 1],
             replaced_sequences = nullif(s.replaced, 0), embedding_started_at = now()
         FROM storing s WHERE a.id = s.attempt
     ), events AS (
@@ -1122,7 +1118,7 @@ ALTER FUNCTION trioindex_begin_parse_many(uuid[], uuid[], uuid[], uuid[])
     SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
 ALTER FUNCTION trioindex_store_chunks_many(
     uuid[], uuid[], uuid[], uuid[], uuid[], text[], text[], bigint[], integer[], integer[],
-    integer[], uuid[], text[], integer[], integer[], integer[], text[], text[])
+    integer[], uuid[], text[], integer[], integer[], integer[], text[], text[], timestamptz[])
     SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
 ALTER FUNCTION trioindex_store_embeddings_many(
     uuid[], uuid[], uuid[], uuid[], uuid[], uuid[], integer[], integer[], integer[], uuid[],
