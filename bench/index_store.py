@@ -30,9 +30,13 @@ _DAY = 86_400.0
 
 def _worker(conn: Connection) -> uuid.UUID:
     return register_worker(
-        conn, hostname="bench", pid=1, version="bench", max_concurrency=GROUP,
+        conn,
+        hostname="bench",
+        pid=1,
+        version="bench",
+        max_concurrency=GROUP,
         chunking="characters",
-    )  # fmt: skip
+    )
 
 
 def load_base(url: str, base: npt.NDArray[np.float32]) -> EmbeddingModel:
