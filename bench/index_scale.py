@@ -68,7 +68,7 @@ BATCH = 100
 K = 10
 M, EF_CONSTRUCTION = 16, 64
 EF_SEARCH = (40, 100)
-RERANK = (4, 10)
+RERANK = (4, 10, 20)
 SEED = 28
 
 
@@ -89,7 +89,8 @@ class DataSet:
 
 
 def _unit(matrix: Matrix) -> Matrix:
-    return (matrix / np.linalg.norm(matrix, axis=1, keepdims=True)).astype(np.float32)
+    unit: Matrix = (matrix / np.linalg.norm(matrix, axis=1, keepdims=True)).astype(np.float32)
+    return unit
 
 
 def clustered(n: int, extra: int = EXTRA, dimension: int = 1024, centres: int = 1000) -> DataSet:
