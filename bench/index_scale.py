@@ -465,6 +465,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         args.n = min(args.n, 20_000)
     session = Session.start("index-scale", args)
+    session.command = session.command.replace("bench.index-scale", "bench.index_scale")
     figures: dict[str, Any] = {"data_sets": {}}
     with BenchPostgres() as pg:
         machine = machine_info(pg.admin_url)
