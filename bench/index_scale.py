@@ -19,8 +19,8 @@ ef_construction = 64, maintenance_work_mem 1 GB): its build time and size are re
 each on its own connection; *insert CPU* is that backend's CPU time (``/proc``, via psutil)
 per row. Queries run afterwards on one connection per variant: float32 and halfvec order by
 their cosine distance through the index at ``hnsw.ef_search`` 40 and 100; binary takes the
-R × 10 nearest by Hamming distance through the index (ef_search = max(40, R × 10), R = 4 and
-10), then re-ranks them by exact cosine on the float32 vectors. recall@10 is against the exact
+R × 10 nearest by Hamming distance through the index (ef_search = max(40, R × 10), R = 4, 10
+and 20), then re-ranks them by exact cosine on the float32 vectors. recall@10 is against the exact
 top 10 (numpy over every stored vector); latency is the client's wall time per query.
 
 **The store path** (``--store``): the clustered set's base vectors are loaded into trioindex's
@@ -271,7 +271,7 @@ def query_settings(variant: Variant) -> Iterator[tuple[str, int | None, int | No
         yield "exact", None, None
     elif variant.rerank:
         for r in variant.rerank:
-            ef = max(40, r * K)
+            ef = min(1000, max(40, r * K))
             yield f"ef {ef}, R {r}", ef, r
     else:
         for ef in EF_SEARCH:

@@ -2,8 +2,8 @@
 
 Owns :func:`load_base` (a model whose ``embeddings`` already hold N vectors — one document
 with N chunks, loaded by COPY — and its default index, built by
-:func:`~trioindex.db.vector_index.build_vector_index`) and :func:`store_documents` (more
-vectors indexed as one-chunk documents through the worker's group statements, as
+:func:`~trioindex.db.vector_index.build_vector_index`), :func:`enqueue_documents` and
+:func:`store_documents` (more vectors indexed as one-chunk documents through the worker's group statements, as
 ``bench.sql_floor`` writes them).
 """
 
