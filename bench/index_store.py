@@ -2,8 +2,8 @@
 
 Owns :func:`load_base` (a model whose ``embeddings`` already hold N vectors — one document
 with N chunks, loaded by COPY — and its default index, built by
-:func:`~trioindex.db.vector_index.build_vector_index`) and :func:`store_documents` (more
-vectors indexed as one-chunk documents through the worker's group statements, as
+:func:`~trioindex.db.vector_index.build_vector_index`), :func:`enqueue_documents` and
+:func:`store_documents` (more vectors indexed as one-chunk documents through the worker's group statements, as
 ``bench.sql_floor`` writes them).
 """
 
@@ -30,9 +30,13 @@ _DAY = 86_400.0
 
 def _worker(conn: Connection) -> uuid.UUID:
     return register_worker(
-        conn, hostname="bench", pid=1, version="bench", max_concurrency=GROUP,
+        conn,
+        hostname="bench",
+        pid=1,
+        version="bench",
+        max_concurrency=GROUP,
         chunking="characters",
-    )  # fmt: skip
+    )
 
 
 def load_base(url: str, base: npt.NDArray[np.float32]) -> EmbeddingModel:

@@ -53,6 +53,7 @@ from trioindex.api import Index
 from trioindex.config import load_settings
 from trioindex.db.models import ensure_model
 from trioindex.db.pool import connect
+from trioindex.db.vector_index import create_index_sql
 from trioindex.search import (
     SEARCH_MODES,
     ChunkHit,
@@ -264,8 +265,7 @@ async def speed(
         conn.execute("SET maintenance_work_mem = '512MB'")
         index_ms, _ = timed(
             conn.execute,
-            f"""CREATE INDEX {registered.index_name} ON embeddings
-            USING hnsw ((vector::vector({dim})) vector_cosine_ops) WHERE embedding_model_id = '{registered.id}'""",
+            create_index_sql(registered, concurrently=False),
         )
         # what migration 0007 costs on a table this size: the column computed for every row
         conn.execute("ALTER TABLE document_chunks DROP COLUMN search_vector")

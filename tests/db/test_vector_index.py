@@ -84,18 +84,18 @@ def test_vector_search_ranks_the_same_exactly_and_through_the_index(db: Database
         assert build_vector_index(conn, model, min_vectors=30)
         indexed = [r.document_key for r in vector_ranking(conn, model, query, 5)]
     assert exact[0] == "doc-007"
-    assert indexed == exact  # 30 vectors, 20 candidates re-ranked: the exact top 5 here
+    assert indexed == exact  # 30 vectors, all of them candidates: the exact top 5
 
 
 def test_search_through_the_index_returns_the_exact_top_k_and_before_it_scans_exactly(
     db: Database,
 ) -> None:
-    # 200 vectors in 20 clusters of 10, 64 dimensions: each query's 10 nearest by cosine
-    # computed here, and the ranking before the index (an exact scan) and through it (40
+    # 600 vectors in 60 clusters of 10, 64 dimensions: each query's 10 nearest by cosine
+    # computed here, and the ranking before the index (an exact scan) and through it (200
     # candidates by their sign bits, re-ranked by cosine) both return exactly those, in order
-    dim, n = 64, 200
+    dim, n = 64, 600
     rng = np.random.default_rng(5)
-    centres = rng.standard_normal((20, dim)).astype(np.float32)
+    centres = rng.standard_normal((60, dim)).astype(np.float32)
     vectors = np.repeat(centres, 10, axis=0) + 0.3 * rng.standard_normal((n, dim)).astype(
         np.float32
     )
@@ -106,7 +106,7 @@ def test_search_through_the_index_returns_the_exact_top_k_and_before_it_scans_ex
             model,
             [IndexedDocument(f"doc-{i:03}", [f"t {i}"], vectors[i : i + 1]) for i in range(n)],
         )
-        queries = centres + 0.3 * rng.standard_normal((20, dim)).astype(np.float32)
+        queries = centres[:20] + 0.3 * rng.standard_normal((20, dim)).astype(np.float32)
         unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
         truth = [
             [f"doc-{i:03}" for i in np.argsort(-(unit @ (q / np.linalg.norm(q))))[:10]]

@@ -1,6 +1,7 @@
 """The worker's index keeper on a real PostgreSQL (worker/index_keeper.py): it builds the model's
-HNSW index when it is due, wakes after enough stored vectors, stops once the index is valid, and
-a worker stopping mid-build does not wait for the build."""
+vector index when it is due, wakes after enough stored vectors, stops once the index is valid,
+replaces an older release's float32 index at its first check, and a worker stopping mid-build
+does not wait for the build."""
 
 from __future__ import annotations
 
@@ -47,6 +48,27 @@ async def test_the_keeper_builds_once_the_stored_vectors_reach_the_threshold(
     assert await keeper.check()
     assert (keeper.built, keeper.indexed) == (1, True)
     assert _state(db, model) is IndexState.VALID
+
+
+async def test_the_keeper_replaces_an_older_float32_index_at_its_first_check(
+    db: Database, database_url: str
+) -> None:
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+    _store(db, model, 0, 4)
+    with db.connection() as conn:
+        conn.execute(
+            f"""CREATE INDEX {model.float32_index_name} ON embeddings
+                USING hnsw ((vector::vector({DIM})) vector_cosine_ops)
+                WHERE embedding_model_id = '{model.id}'"""
+        )
+    # far below the threshold, but the model had an index: it keeps one
+    keeper = VectorIndexKeeper(database_url, model, min_vectors=10_000)
+    assert await keeper.check()
+    assert (keeper.built, keeper.indexed) == (1, True)
+    assert _state(db, model) is IndexState.VALID
+    with db.connection() as conn:
+        assert index_state(conn, model, model.float32_index_name) is IndexState.MISSING
 
 
 class _Observed(VectorIndexKeeper):

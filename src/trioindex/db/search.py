@@ -18,7 +18,7 @@ from pgvector import Vector
 
 from trioindex.db.models import EmbeddingModel
 from trioindex.db.pool import Connection
-from trioindex.db.vector_index import RERANK_FACTOR, index_ready, quantized_sql
+from trioindex.db.vector_index import candidate_count, index_ready, quantized_sql
 
 IterativeScan = Literal["strict_order", "relaxed_order", "off"]
 
@@ -78,15 +78,16 @@ def nearest_chunks(
 ) -> list[dict[str, Any]]:
     """The ``limit`` chunks closest to ``vector`` by cosine, best first, with ``score``.
 
-    Exact while the model has no valid index; once it has, the :data:`RERANK_FACTOR` ×
-    ``limit`` nearest by the Hamming distance of their sign bits (through the index) ordered by
-    exact cosine (:mod:`trioindex.db.vector_index` says why)."""
+    Exact while the model has no valid index; once it has, the
+    :func:`~trioindex.db.vector_index.candidate_count` nearest by the Hamming distance of their
+    sign bits (through the index) ordered by exact cosine (:mod:`trioindex.db.vector_index`
+    says why)."""
     dim = int(model.dimension)
     where, params = filters.sql()
     exact = f"e.vector::vector({dim}) <=> %(q)s::vector({dim})"
     with conn.transaction():
         indexed = index_ready(conn, model)
-        candidates = RERANK_FACTOR * limit if indexed else limit
+        candidates = candidate_count(limit) if indexed else limit
         _set_hnsw(conn, hnsw, at_least=candidates if indexed else 0)
         order = f"{quantized_sql(dim, 'e.vector')} <~> {quantized_sql(dim, '%(q)s')}"
         query = f"""SELECT {_COLUMNS}, 1 - ({exact}) AS score
