@@ -89,3 +89,58 @@ def test_a_completion_reads_one_served_row_per_document_whatever_the_model_serve
                 read.append(int(row["n"]))
     assert len(read) == 10
     assert max(read) <= 2 * group, read
+
+
+def rows_read(conn: Connection, table: str) -> int:
+    """Rows of ``table`` read by sequential scans and through indexes in this session's
+    transaction (the connection's one open transaction: take differences)."""
+    row = conn.execute(
+        """SELECT seq_tup_read + coalesce(idx_tup_fetch, 0) AS n
+           FROM pg_stat_xact_user_tables WHERE relname = %s""",
+        (table,),
+    ).fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
+def test_claims_and_completions_read_no_more_rows_when_one_document_holds_thousands(
+    db: Database,
+) -> None:
+    """The claim's chunk-set check and the completion's text statistics look up each job's
+    own version by key: the chunks and vectors they read do not grow with what is already
+    stored, even when the statistics say one version holds every chunk (one large document
+    indexed, then analysed, before the small ones)."""
+    stored, group = 3000, 3
+    with db.connection() as conn:
+        model = helpers.model(conn, "plans-model", 4)
+        helpers.enqueue(conn, model.id)
+        worker = helpers.worker(conn)
+        [large] = lifecycle.claim_jobs(conn, worker, 1, 300)
+        helpers.stage_embedded(conn, large, chunks=stored)
+        lifecycle.complete_job(conn, large)
+        for _ in range(4 * group):
+            helpers.enqueue(conn, model.id)
+        conn.execute("ANALYZE document_chunks, embeddings")
+        read: list[dict[str, int]] = []
+        while True:
+            chunks_before = rows_read(conn, "document_chunks")
+            claims = lifecycle.claim_jobs(conn, worker, group, 300)
+            if not claims:
+                break
+            claim_chunks = rows_read(conn, "document_chunks") - chunks_before
+            for claim in claims:
+                helpers.stage_embedded(conn, claim)
+            chunks_before = rows_read(conn, "document_chunks")
+            vectors_before = rows_read(conn, "embeddings")
+            for claim in claims:
+                lifecycle.complete_job(conn, claim)
+            read.append(
+                {
+                    "claim chunks": claim_chunks,
+                    "completion chunks": rows_read(conn, "document_chunks") - chunks_before,
+                    "completion vectors": rows_read(conn, "embeddings") - vectors_before,
+                }
+            )
+    assert len(read) == 4
+    # a few rows per job (its own chunks, vectors and key lookups), not the large set's thousands
+    assert all(n <= 20 * group for step in read for n in step.values()), read

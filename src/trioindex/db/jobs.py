@@ -153,9 +153,13 @@ WITH worker AS (
 SELECT c.id AS job_id, c.worker_id, c.claim_token, c.document_version_id, c.embedding_model_id,
        c.lease_expires_at, a.id AS attempt_id, a.attempt_no,
        d.external_key AS document_key, c.chunking,
-       EXISTS (SELECT 1 FROM document_chunks ch
-               WHERE ch.document_version_id = c.document_version_id
-                 AND ch.chunking = c.chunking) AS chunks_ready
+       -- the set's first chunk by its key: an EXISTS is planned as a sequential scan when the
+       -- statistics say a version holds many chunks (one large document), read to the end for
+       -- a version without chunks; the first of an ordered set is an index probe whatever they say
+       (SELECT ch.id FROM document_chunks ch
+        WHERE ch.document_version_id = c.document_version_id
+          AND ch.chunking = c.chunking
+        ORDER BY ch.chunk_index LIMIT 1) IS NOT NULL AS chunks_ready
 FROM claimed c
 JOIN attempt a ON a.embedding_job_id = c.id
 JOIN document_versions v ON v.id = c.document_version_id

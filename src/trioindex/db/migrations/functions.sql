@@ -1075,13 +1075,17 @@ BEGIN
         WHERE t.embedding_model_id = o.embedding_model_id AND t.document_id = o.document_id;
         RETURN NULL;
     END IF;
+    -- each served row's vectors looked up by its own version (a lateral subquery): a join
+    -- of the transition table to embeddings was planned as one read of the whole index when
+    -- the statistics say a version holds many vectors (one large document)
     INSERT INTO served_text_statistics (embedding_model_id, document_id, chunks, text_length)
-    SELECT n.embedding_model_id, n.document_id, count(c.id), coalesce(sum(length(c.content)), 0)
+    SELECT n.embedding_model_id, n.document_id, t.chunks, t.text_length
     FROM served_rows n
-    LEFT JOIN embeddings e ON e.document_version_id = n.document_version_id
-                          AND e.embedding_model_id = n.embedding_model_id
-    LEFT JOIN document_chunks c ON c.id = e.chunk_id
-    GROUP BY n.embedding_model_id, n.document_id
+    CROSS JOIN LATERAL (
+        SELECT count(c.id) AS chunks, coalesce(sum(length(c.content)), 0) AS text_length
+        FROM embeddings e JOIN document_chunks c ON c.id = e.chunk_id
+        WHERE e.document_version_id = n.document_version_id
+          AND e.embedding_model_id = n.embedding_model_id) AS t
     ON CONFLICT (embedding_model_id, document_id)
     DO UPDATE SET chunks = EXCLUDED.chunks, text_length = EXCLUDED.text_length;
     RETURN NULL;
@@ -1126,4 +1130,6 @@ ALTER FUNCTION trioindex_store_embeddings_many(
     SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
 ALTER FUNCTION trioindex_begin_embedding(uuid, uuid, uuid, uuid) SET enable_seqscan = off;
 ALTER FUNCTION trioindex_complete_owned(uuid[], uuid[], uuid[], integer[])
+    SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
+ALTER FUNCTION trioindex_track_text_statistics()
     SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
