@@ -32,7 +32,7 @@ as ``bench.sql_floor`` does). Its PostgreSQL CPU per vector (the server's, enque
 compared with the raw COPY into the table of the same representation above.
 
 Run ``.venv/bin/python -m bench.index_scale`` (``--quick``: 20,000 base vectors, real set
-skipped unless cached).
+skipped unless cached; ``--n 0``: the real set alone, without the store path).
 """
 
 from __future__ import annotations
