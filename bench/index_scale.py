@@ -32,7 +32,7 @@ as ``bench.sql_floor`` does). Its PostgreSQL CPU per vector (the server's, enque
 compared with the raw COPY into the table of the same representation above.
 
 Run ``.venv/bin/python -m bench.index_scale`` (``--quick``: 20,000 base vectors, real set
-skipped unless cached).
+skipped unless cached; ``--n 0``: the real set alone, without the store path).
 """
 
 from __future__ import annotations
@@ -456,7 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = bench_parser(
         "index_scale", __doc__.splitlines()[0] if __doc__ else "", "20,000 base vectors"
     )
-    parser.add_argument("--n", type=int, default=200_000, help="clustered base vectors")
+    parser.add_argument("--n", type=int, default=200_000, help="clustered base vectors (0: skip)")
     parser.add_argument("--real-n", type=int, default=100_000, help="real base chunks (0: skip)")
     parser.add_argument("--extra", type=int, default=EXTRA, help="vectors added to each index")
     parser.add_argument("--no-store", action="store_true", help="skip the store path")
@@ -469,9 +469,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     figures: dict[str, Any] = {"data_sets": {}}
     with BenchPostgres() as pg:
         machine = machine_info(pg.admin_url)
-        data = clustered(args.n, args.extra)
-        figures["data_sets"]["clustered"] = run_data_set(pg, data)
-        if not args.no_store:
+        data = clustered(args.n, args.extra) if args.n else None
+        if data is not None:
+            figures["data_sets"]["clustered"] = run_data_set(pg, data)
+        if data is not None and not args.no_store:
             store = store_path(pg, data)
             raw = figures["data_sets"]["clustered"]["variants"]["binary HNSW + re-rank"]
             ratio = store["postgres_cpu_ms_per_vector"] / raw["insert_cpu_ms_per_row"]
