@@ -244,6 +244,9 @@ class WriterDuringUpload:
     victim: Path
     times: int
     rewrites: int = 0
+    # ingest stores several files at once: two puts that read the same count would write the
+    # same bytes, and a hash taken between them would then match the upload.
+    _rewriting: threading.Lock = attrs.field(factory=threading.Lock, init=False)
 
     @property
     def description(self) -> str:
@@ -252,10 +255,11 @@ class WriterDuringUpload:
     def put(
         self, key: str, data: bytes | BinaryIO, *, size: int, sha256: str, content_type: str | None
     ) -> ObjectInfo:
-        if self.rewrites < self.times:
-            with self.victim.open("r+b") as handle:
-                handle.write(f"rewrite {self.rewrites:04d}".encode())
-            self.rewrites += 1
+        with self._rewriting:
+            if self.rewrites < self.times:
+                with self.victim.open("r+b") as handle:
+                    handle.write(f"rewrite {self.rewrites:04d}".encode())
+                self.rewrites += 1
         return self.inner.put(key, data, size=size, sha256=sha256, content_type=content_type)
 
     def get(self, key: str, *, max_bytes: int) -> bytes:
