@@ -26,7 +26,7 @@ from uuid import UUID
 from trioindex.db.events import record_claim_event, record_event
 from trioindex.db.fence import claim_arrays, fenced_errors, lock_owned_job, refusal_error
 from trioindex.db.pool import Connection
-from trioindex.errors import FailureType, ModelRemoved, NotFound, StateInconsistent, bounded
+from trioindex.errors import FailureType, ModelRemoved, NotFound, bounded
 from trioindex.values import (
     CHARACTER_CHUNKING,
     BackoffPolicy,
@@ -248,48 +248,24 @@ def complete_job(conn: Connection, claim: Claim) -> CompleteResult:
 
 
 def complete_many(conn: Connection, claims: Sequence[Claim]) -> list[CompleteResult | Exception]:
-    """:func:`complete_job` for many claims in one transaction; one result per claim, in order:
+    """:func:`complete_job` for many claims in one statement; one result per claim, in order:
     its :class:`CompleteResult`, or the error that refused this job alone.
 
-    ``trioindex_fence_many`` fences the group in one locking statement (jobs, then versions, in
-    id order) and ``trioindex_complete_owned`` completes the jobs it kept in one more: a refused
-    job (ownership lost, removed, its vector set incomplete) changes nothing and the others
-    commit. Any other error fails the whole call (the group committer then completes each job
-    alone).
+    ``trioindex_complete_many`` fences the group in one locking statement (jobs, then
+    versions, in id order) and completes the jobs it kept: a refused job (ownership lost,
+    removed, its vector set incomplete) changes nothing and the others commit. Any other error
+    fails the whole call (the group committer then completes each job alone).
     """
-    results: list[CompleteResult | Exception] = [StateInconsistent("no result")] * len(claims)
-    with conn.transaction(), conn.cursor(binary=True) as cursor:
-        fenced = cursor.execute(
-            "SELECT codes, messages FROM trioindex_fence_many("
+    with conn.cursor(binary=True) as cursor:
+        rows = cursor.execute(
+            "SELECT refusal, message, became_current FROM trioindex_complete_many("
             "%b::uuid[], %b::uuid[], %b::uuid[], %b::uuid[])",
             claim_arrays(claims),
-        ).fetchone()
-        assert fenced is not None
-        owned: list[int] = []
-        for position, (code, message) in enumerate(
-            zip(fenced["codes"], fenced["messages"], strict=True)
-        ):
-            refused = refusal_error(code, message)
-            if refused is None:
-                owned.append(position)
-            else:
-                results[position] = refused
-        if not owned:
-            return results
-        kept = [claims[i] for i in owned]
-        rows = cursor.execute(
-            "SELECT refusal, message, became_current FROM trioindex_complete_owned("
-            "%b::uuid[], %b::uuid[], %b::uuid[], %b::integer[])",
-            (
-                [c.job_id for c in kept],
-                [c.worker_id for c in kept],
-                [c.attempt_id for c in kept],
-                [0] * len(kept),  # no vectors stored in this transaction
-            ),
         ).fetchall()
-    for position, row in zip(owned, rows, strict=True):
+    results: list[CompleteResult | Exception] = []
+    for row in rows:
         refused = refusal_error(row["refusal"], row["message"])
-        results[position] = (
+        results.append(
             refused if refused is not None else CompleteResult(bool(row["became_current"]))
         )
     return results

@@ -866,6 +866,37 @@ BEGIN
 END;
 $$;
 
+-- Complete a group of claims (element i: job p_jobs[i], claimed by p_workers[i] with
+-- p_tokens[i] and attempt p_attempts[i]), their vectors stored before this transaction: fence
+-- the group (trioindex_fence_many), then trioindex_complete_owned for the jobs it kept, one row
+-- per job in the order given. A job refused by the fence or by the completion (TI001, TI002,
+-- TI003) changes nothing and the others commit.
+CREATE FUNCTION trioindex_complete_many(
+    p_jobs uuid[], p_workers uuid[], p_tokens uuid[], p_attempts uuid[])
+RETURNS TABLE (job_id uuid, refusal text, message text, became_current boolean, chunks integer)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    codes text[];
+    messages text[];
+    owned integer[];
+BEGIN
+    SELECT f.codes, f.messages INTO codes, messages
+    FROM trioindex_fence_many(p_jobs, p_workers, p_tokens, p_attempts) AS f;
+    owned := ARRAY(SELECT i FROM generate_subscripts(p_jobs, 1) AS i
+                   WHERE codes[i] IS NULL ORDER BY i);
+    RETURN QUERY
+    SELECT u.job, coalesce(u.code, c.refusal), coalesce(u.msg, c.message), c.became_current,
+           c.chunks
+    FROM unnest(p_jobs, codes, messages) WITH ORDINALITY AS u(job, code, msg, ord)
+    LEFT JOIN trioindex_complete_owned(
+        trioindex_pick(p_jobs, owned), trioindex_pick(p_workers, owned),
+        trioindex_pick(p_attempts, owned), array_fill(0, ARRAY[cardinality(owned)])
+    ) AS c ON c.job_id = u.job AND u.code IS NULL
+    ORDER BY u.ord;
+END;
+$$;
+
 -- The completion of jobs p_jobs (element i: its worker p_workers[i] and attempt
 -- p_attempts[i]; p_stored[i] vectors of its set stored just before, in this transaction, which
 -- its attempt records with its end), fenced and locked with their versions by the caller in
@@ -1129,6 +1160,8 @@ ALTER FUNCTION trioindex_store_embeddings_many(
     vector[], text[])
     SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
 ALTER FUNCTION trioindex_begin_embedding(uuid, uuid, uuid, uuid) SET enable_seqscan = off;
+ALTER FUNCTION trioindex_complete_many(uuid[], uuid[], uuid[], uuid[])
+    SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
 ALTER FUNCTION trioindex_complete_owned(uuid[], uuid[], uuid[], integer[])
     SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
 ALTER FUNCTION trioindex_track_text_statistics()
