@@ -170,9 +170,30 @@ def use_functions(text: str, conn: Connection) -> None:
     with conn.transaction():
         for row in conn.execute(_OUR_OBJECTS).fetchall():
             conn.execute(f"DROP {row['object']} CASCADE")
+        if "served_text_statistics" in text:
+            _keep_statistics_apart(conn)
         conn.execute(text.encode())
         if "p_parse_started" not in text:
             _adapt_parse_start(conn)
+
+
+def _keep_statistics_apart(conn: Connection) -> None:
+    """For functions from before version 16, which keep BM25's statistics in a table of their
+    own (by a trigger) and write served rows without them: that table (as version 13 made it)
+    and zeros for the served rows' columns."""
+    conn.execute(
+        """CREATE TABLE served_text_statistics (
+               embedding_model_id uuid NOT NULL REFERENCES embedding_models (id)
+                   ON DELETE CASCADE,
+               document_id uuid NOT NULL REFERENCES documents (id) ON DELETE CASCADE,
+               chunks integer NOT NULL CHECK (chunks >= 0),
+               text_length bigint NOT NULL CHECK (text_length >= 0),
+               PRIMARY KEY (embedding_model_id, document_id))"""
+    )
+    conn.execute(
+        """ALTER TABLE served_versions ALTER COLUMN chunks SET DEFAULT 0,
+                                       ALTER COLUMN text_length SET DEFAULT 0"""
+    )
 
 
 _BEGIN_PARSE = "trioindex_begin_parse_many(uuid[], uuid[], uuid[], uuid[])"
@@ -290,11 +311,13 @@ def same_rows_set_based(conn: Connection, corpus: Corpus, setup: Setup) -> int:
         with conn.transaction(), conn.cursor(binary=True) as cursor:
             _insert_vectors(cursor, corpus, setup, index, (chunk_ids, documents, versions))
             cursor.execute(
-                """INSERT INTO served_versions (document_id, embedding_model_id,
-                       document_version_id)
-                   SELECT u.d, %b, u.v FROM unnest(%b::uuid[], %b::uuid[]) AS u(d, v)
-                   ON CONFLICT (embedding_model_id, document_id)
-                   DO UPDATE SET document_version_id = EXCLUDED.document_version_id""",
+                f"""INSERT INTO served_versions (document_id, embedding_model_id,
+                        document_version_id, chunks, text_length)
+                    SELECT u.d, %b, u.v, 1, {CHARACTERS}
+                    FROM unnest(%b::uuid[], %b::uuid[]) AS u(d, v)
+                    ON CONFLICT (embedding_model_id, document_id)
+                    DO UPDATE SET document_version_id = EXCLUDED.document_version_id,
+                                  chunks = EXCLUDED.chunks, text_length = EXCLUDED.text_length""",
                 (setup.model_id, documents, versions),
             )
             cursor.execute(
@@ -418,13 +441,19 @@ UNION ALL SELECT 'attempts ' || status || ' steps '
 UNION ALL SELECT 'chunks', count(*) FROM document_chunks
 UNION ALL SELECT 'embeddings', count(*) FROM embeddings
 UNION ALL SELECT 'served versions', count(*) FROM served_versions
-UNION ALL SELECT 'text statistics ' || chunks || ' ' || text_length, count(*)
-          FROM served_text_statistics GROUP BY 1
 """
+# BM25's statistics: on the served rows, or in the table of their own that functions from
+# before version 16 keep (a baseline's)
+_STATISTICS_LEFT = """SELECT 'text statistics ' || chunks || ' ' || text_length AS what, count(*) AS n
+FROM {table} GROUP BY 1"""
 
 
 def rows_left(conn: Connection) -> dict[str, int]:
-    return {row["what"]: int(row["n"]) for row in conn.execute(_ROWS_LEFT).fetchall()}
+    own = conn.execute("SELECT to_regclass('served_text_statistics') AS t").fetchone()
+    table = "served_text_statistics" if own and own["t"] else "served_versions"
+    rows = [*conn.execute(_ROWS_LEFT).fetchall(),
+            *conn.execute(_STATISTICS_LEFT.format(table=table)).fetchall()]  # fmt: skip
+    return {row["what"]: int(row["n"]) for row in rows}
 
 
 _TABLE_WRITES = """SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del

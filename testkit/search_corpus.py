@@ -105,9 +105,17 @@ def store_indexed(
                     (chunk_id, doc_id, version_id, model.id, vector, model.dimension, sha)
                 )
         conn.execute(
-            """INSERT INTO served_versions (document_id, embedding_model_id, document_version_id)
-               SELECT v.document_id, %s, v.id FROM document_versions v
-               WHERE v.document_id = ANY(%s)""",
-            (model.id, list(ids.values())),
+            """INSERT INTO served_versions
+                   (document_id, embedding_model_id, document_version_id, chunks, text_length)
+               SELECT v.document_id, %(model)s, v.id, t.chunks, t.text_length
+               FROM document_versions v
+               CROSS JOIN LATERAL (
+                   SELECT count(c.id)::integer AS chunks,
+                          coalesce(sum(length(c.content)), 0)::bigint AS text_length
+                   FROM embeddings e JOIN document_chunks c ON c.id = e.chunk_id
+                   WHERE e.document_version_id = v.id
+                     AND e.embedding_model_id = %(model)s) AS t
+               WHERE v.document_id = ANY(%(documents)s)""",
+            {"model": model.id, "documents": list(ids.values())},
         )
     return ids

@@ -14,8 +14,9 @@ import pytest
 
 from tests import helpers
 from trioindex.db import jobs as lifecycle
-from trioindex.db.models import activate_model
+from trioindex.db.models import EmbeddingModel, activate_model, finish_switch, remove_model
 from trioindex.db.pool import Connection, Database
+from trioindex.db.search import served_collection
 from trioindex.db.steps import (
     ChunkCommit,
     EmbeddingCommit,
@@ -418,10 +419,8 @@ def test_one_group_completion_keeps_the_text_statistics_of_new_and_moved_served_
 ) -> None:
     """A group's completion serves new documents (inserted served rows) and newer versions
     (updated ones) in one statement: the statistics follow both, counted from the chunks."""
-    statistics_sql = """SELECT s.document_id, t.chunks, t.text_length
-        FROM served_versions s JOIN served_text_statistics t
-          ON t.embedding_model_id = s.embedding_model_id AND t.document_id = s.document_id
-        ORDER BY 1"""
+    statistics_sql = """SELECT s.document_id, s.chunks, s.text_length
+        FROM served_versions s ORDER BY 1"""
     counted_sql = """SELECT s.document_id, count(*)::integer AS chunks,
                sum(length(c.content))::bigint AS text_length
         FROM served_versions s
@@ -440,3 +439,71 @@ def test_one_group_completion_keeps_the_text_statistics_of_new_and_moved_served_
         counted = [tuple(r.values()) for r in conn.execute(counted_sql).fetchall()]
         assert len(statistics) == 2 and statistics == counted
         assert {row[1] for row in statistics} == {3}  # the moved document: its new set's count
+
+
+def _collections_counted(conn: Connection) -> dict[object, tuple[int, int]]:
+    """Per model: the chunks with its vectors on the versions it serves, and their length,
+    counted from the rows."""
+    rows = conn.execute(
+        """SELECT s.embedding_model_id AS model, count(c.id)::bigint AS chunks,
+                  coalesce(sum(length(c.content)), 0)::bigint AS text_length
+           FROM served_versions s
+           JOIN embeddings e ON e.document_version_id = s.document_version_id
+                            AND e.embedding_model_id = s.embedding_model_id
+           JOIN document_chunks c ON c.id = e.chunk_id
+           GROUP BY 1"""
+    ).fetchall()
+    return {r["model"]: (r["chunks"], r["text_length"]) for r in rows}
+
+
+def _collections_read(conn: Connection, *models: EmbeddingModel) -> dict[object, tuple[int, int]]:
+    """Per model, what BM25 reads (:func:`served_collection`), models serving nothing left out."""
+    read = {m.id: served_collection(conn, m) for m in models}
+    return {k: (c.chunks, c.text_length) for k, c in read.items() if c.chunks}
+
+
+def test_bm25_statistics_stay_exact_through_stores_moves_deletes_and_a_model_switch(
+    db: Database,
+) -> None:
+    with db.connection() as conn:
+        first = helpers.model(conn, "group-model", DIM)
+        worker = helpers.worker(conn)
+
+        def complete_all(model: EmbeddingModel, per_job: int) -> None:
+            group = lifecycle.claim_jobs(conn, worker, 10, 300, model_id=model.id)
+            assert group and _complete(conn, group, per_job) == [DONE] * len(group)
+
+        def embed_stored_sets(model: EmbeddingModel) -> None:
+            group = lifecycle.claim_jobs(conn, worker, 10, 300, model_id=model.id)
+            started = [begin_embedding(conn, c) for c in group]
+            commits = [
+                EmbeddingCommit(c, s, drafts_from_matrix(s, vectors_for(s, i)))
+                for i, (c, s) in enumerate(zip(group, started, strict=True))
+            ]
+            assert group and store_embeddings_many(conn, commits) == [DONE] * len(group)
+
+        def exact(*models: EmbeddingModel) -> None:
+            assert _collections_read(conn, *models) == _collections_counted(conn)
+
+        for key in ("a.txt", "b.txt", "c.txt"):
+            helpers.enqueue(conn, first.id, key, content=key.encode())
+        complete_all(first, per_job=2)  # stores
+        exact(first)
+        assert served_collection(conn, first).chunks == 6
+        helpers.enqueue(conn, first.id, "a.txt", content=b"a, longer now")
+        complete_all(first, per_job=3)  # a move: a.txt serves its second version
+        exact(first)
+        assert served_collection(conn, first).chunks == 7
+        conn.execute("SELECT trioindex_delete_documents(ARRAY['b.txt'])")  # a delete
+        exact(first)
+        assert served_collection(conn, first).chunks == 5
+        second = helpers.model(conn, "second-model", DIM)
+        activate_model(conn, "second-model", DIM, max_attempts=3)
+        embed_stored_sets(second)  # the switched-to model serves the stored sets
+        assert finish_switch(conn)
+        exact(first, second)
+        assert served_collection(conn, second) == served_collection(conn, first)
+        assert served_collection(conn, first).chunks == 5  # the other model's, unchanged
+        remove_model(conn, "group-model")  # its served rows go, and their statistics
+        exact(first, second)
+        assert served_collection(conn, first).chunks == 0

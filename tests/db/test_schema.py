@@ -121,8 +121,9 @@ def test_a_served_version_must_belong_to_the_document(db: Database) -> None:
         _, other_ver = _version(conn, "two")
         with pytest.raises(psycopg.errors.ForeignKeyViolation):
             conn.execute(
-                """INSERT INTO served_versions (document_id, embedding_model_id, document_version_id)
-                   VALUES (%s, %s, %s)""",
+                """INSERT INTO served_versions
+                       (document_id, embedding_model_id, document_version_id, chunks, text_length)
+                   VALUES (%s, %s, %s, 0, 0)""",
                 (doc, model, other_ver),
             )
 

@@ -198,25 +198,29 @@ def test_functions_are_applied_again_only_when_their_text_changes(empty_database
     assert stray == (None,)
 
 
+def _migrate_to(conn: psycopg.Connection[Any], version: int) -> None:
+    """Today's migrations up to ``version``, each recorded as ``migrate`` records it."""
+    conn.execute(
+        """CREATE TABLE trioindex_schema_migrations (
+               version integer PRIMARY KEY, name text NOT NULL,
+               applied_at timestamptz NOT NULL DEFAULT now())"""
+    )
+    for migration in available_migrations():
+        if migration.version <= version:
+            with conn.transaction():
+                conn.execute(migration.sql.encode())
+                conn.execute(
+                    "INSERT INTO trioindex_schema_migrations (version, name) VALUES (%s, %s)",
+                    (migration.version, migration.name),
+                )
+
+
 def test_version_15_folds_the_step_events_into_their_attempts(pg_server_url: str) -> None:
     """A database at version 14 with a job's step events: version 15 records them on the
     attempt (times, counts, slices) and deletes them; the other events stay."""
     with fresh_database(pg_server_url, "trioindex_v14") as url:
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(
-                """CREATE TABLE trioindex_schema_migrations (
-                       version integer PRIMARY KEY, name text NOT NULL,
-                       applied_at timestamptz NOT NULL DEFAULT now())"""
-            )
-            for migration in available_migrations():
-                if migration.version <= 14:
-                    with conn.transaction():
-                        conn.execute(migration.sql.encode())
-                        conn.execute(
-                            "INSERT INTO trioindex_schema_migrations (version, name)"
-                            " VALUES (%s, %s)",
-                            (migration.version, migration.name),
-                        )
+            _migrate_to(conn, 14)
             ids = conn.execute(
                 """WITH m AS (INSERT INTO embedding_models (name, dimension, is_active)
                               VALUES ('m', 4, true) RETURNING id),
@@ -251,7 +255,7 @@ def test_version_15_folds_the_step_events_into_their_attempts(pg_server_url: str
                        AS u(e, x, s)""",
                 (job, attempt),
             )
-        assert migrate(url) == [15]
+        assert migrate(url) == [15, 16]
         with psycopg.connect(url) as conn:
             row = conn.execute(
                 """SELECT extract(epoch FROM parse_started_at - started_at) IS NOT NULL AS t,
@@ -266,3 +270,46 @@ def test_version_15_folds_the_step_events_into_their_attempts(pg_server_url: str
             events = conn.execute("SELECT event_type FROM indexing_events").fetchall()
     assert row == (True, "01", "02", "03", "05", 5, 900, 2, 5, 2)
     assert events == [("JOB_CLAIMED",)]
+
+
+def test_version_16_moves_the_text_statistics_onto_the_served_rows(pg_server_url: str) -> None:
+    """A database at version 15 serving a document of two chunks (and holding a stale
+    statistics row): version 16 counts each served row's chunks with the model's vectors on its
+    version, and their length, onto the row, and drops the table."""
+    with fresh_database(pg_server_url, "trioindex_v15") as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            _migrate_to(conn, 15)
+            conn.execute(
+                """WITH m AS (INSERT INTO embedding_models (name, dimension, is_active)
+                              VALUES ('m', 2, true) RETURNING id),
+                   d AS (INSERT INTO documents (external_key) VALUES ('a.txt') RETURNING id),
+                   v AS (INSERT INTO document_versions (document_id, version_no, storage_key,
+                                                        original_name, byte_size, sha256)
+                         SELECT d.id, 1, 'k', 'a.txt', 3, repeat('0', 64) FROM d
+                         RETURNING id, document_id),
+                   c AS (INSERT INTO document_chunks (document_id, document_version_id,
+                             chunk_index, content, char_start, char_end, token_count,
+                             content_sha256)
+                         SELECT v.document_id, v.id, i, repeat('x', 3 + i), 0, 3 + i, 1,
+                                repeat('0', 64)
+                         FROM v, generate_series(0, 2) AS i RETURNING id, document_id,
+                                                                      document_version_id,
+                                                                      chunk_index),
+                   e AS (INSERT INTO embeddings (chunk_id, document_id, document_version_id,
+                             embedding_model_id, vector, dimension, vector_sha256)
+                         SELECT c.id, c.document_id, c.document_version_id, m.id, '[1,0]', 2,
+                                repeat('0', 64)
+                         FROM c, m WHERE c.chunk_index < 2),
+                   s AS (INSERT INTO served_versions (document_id, embedding_model_id,
+                                                      document_version_id)
+                         SELECT v.document_id, m.id, v.id FROM v, m)
+                   INSERT INTO served_text_statistics (embedding_model_id, document_id, chunks,
+                                                       text_length)
+                   SELECT m.id, d.id, 9, 99 FROM m, d"""
+            )
+        assert migrate(url) == [16]
+        with psycopg.connect(url) as conn:
+            served = conn.execute("SELECT chunks, text_length FROM served_versions").fetchall()
+            table = conn.execute("SELECT to_regclass('served_text_statistics')").fetchone()
+    assert served == [(2, 3 + 4)]  # chunks 0 and 1 have the model's vectors; 2 has none
+    assert table == (None,)

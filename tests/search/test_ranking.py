@@ -291,36 +291,28 @@ def test_bm25_parameters_are_checked() -> None:
             Bm25(k1=k1, b=b)
 
 
-def test_text_statistics_follow_what_the_model_serves(db: Database, model: EmbeddingModel) -> None:
+def test_text_statistics_go_with_the_served_row(db: Database, model: EmbeddingModel) -> None:
+    """The statistics are columns of the served row (the completion writes them:
+    tests/db/test_group_commit.py): a served row deleted, or its document, takes them along."""
     v = unit(1, 0, 0, 0)
     ids = store(db, model, IndexedDocument("a.txt", ["abc", "defgh"], [v, v]))
     other = store(db, model, IndexedDocument("b.txt", ["xy"], [v]))
 
     def statistics(conn: Connection) -> list[tuple[str, int, int]]:
         rows = conn.execute(
-            """SELECT d.external_key, t.chunks, t.text_length FROM served_text_statistics t
-               JOIN documents d ON d.id = t.document_id ORDER BY 1"""
+            """SELECT d.external_key, s.chunks, s.text_length FROM served_versions s
+               JOIN documents d ON d.id = s.document_id ORDER BY 1"""
         ).fetchall()
         return [(r["external_key"], r["chunks"], r["text_length"]) for r in rows]
 
     with db.connection() as conn:
         assert statistics(conn) == [("a.txt", 2, 8), ("b.txt", 1, 2)]
-        # the served row moves (here: to the same version, one vector fewer): re-counted
-        conn.execute(
-            """DELETE FROM embeddings WHERE chunk_id =
-                 (SELECT id FROM document_chunks WHERE document_id = %s AND chunk_index = 1)""",
-            (ids["a.txt"],),
-        )
-        conn.execute(
-            "UPDATE served_versions SET document_version_id = document_version_id"
-            " WHERE document_id = %s",
-            (ids["a.txt"],),
-        )
-        assert statistics(conn) == [("a.txt", 1, 3), ("b.txt", 1, 2)]
+        assert term_statistics(conn, model, []).chunks == 3
         conn.execute("DELETE FROM served_versions WHERE document_id = %s", (ids["a.txt"],))
         assert statistics(conn) == [("b.txt", 1, 2)]
         conn.execute("DELETE FROM documents WHERE id = %s", (other["b.txt"],))
         assert statistics(conn) == []
+        assert term_statistics(conn, model, []).chunks == 0
 
 
 def test_migration_0007_keeps_simple_and_english_lexemes_of_every_chunk(

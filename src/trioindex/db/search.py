@@ -170,11 +170,12 @@ class Collection:
 
 def served_collection(conn: Connection, model: EmbeddingModel) -> Collection:
     """The chunk count and summed text length of the chunk sets ``model`` serves
-    (``served_text_statistics``: one row per served document)."""
+    (each served row's ``chunks`` and ``text_length``, which the completion that moves it
+    writes: one row per served document)."""
     row = conn.execute(
         """SELECT coalesce(sum(chunks), 0)::bigint AS chunks,
                   coalesce(sum(text_length), 0)::bigint AS text_length
-           FROM served_text_statistics WHERE embedding_model_id = %s""",
+           FROM served_versions WHERE embedding_model_id = %s""",
         (model.id,),
     ).fetchone()
     assert row is not None

@@ -971,10 +971,23 @@ BEGIN
                     AND f.version_no = f.newest AS current
         FROM finishing f
     ), served AS (
-        INSERT INTO served_versions (document_id, embedding_model_id, document_version_id)
-        SELECT d.doc, d.model, d.version FROM decided d WHERE d.current
+        -- with BM25's statistics of what it now serves: the chunks with the model's vectors
+        -- on the version, looked up by the version (a lateral subquery: a join was planned as
+        -- one read of the whole index when the statistics say a version holds many vectors)
+        INSERT INTO served_versions
+            (document_id, embedding_model_id, document_version_id, chunks, text_length)
+        SELECT d.doc, d.model, d.version, t.chunks, t.text_length
+        FROM decided d
+        CROSS JOIN LATERAL (
+            SELECT count(c.id)::integer AS chunks,
+                   coalesce(sum(length(c.content)), 0)::bigint AS text_length
+            FROM embeddings e JOIN document_chunks c ON c.id = e.chunk_id
+            WHERE e.document_version_id = d.version
+              AND e.embedding_model_id = d.model) AS t
+        WHERE d.current
         ON CONFLICT (embedding_model_id, document_id)
-        DO UPDATE SET document_version_id = EXCLUDED.document_version_id
+        DO UPDATE SET document_version_id = EXCLUDED.document_version_id,
+                      chunks = EXCLUDED.chunks, text_length = EXCLUDED.text_length
     ), attempts AS (
         UPDATE embedding_job_attempts a
         SET status = 'SUCCEEDED', finished_at = now(),
@@ -1092,49 +1105,6 @@ CREATE TRIGGER follow_models AFTER INSERT ON embedding_jobs
     REFERENCING NEW TABLE AS inserted_jobs
     FOR EACH STATEMENT EXECUTE FUNCTION trioindex_jobs_follow_models();
 
--- text search: BM25 ------------------------------------------------------------------------
-
--- served_text_statistics follows served_versions: the chunk count and text length of the
--- chunk set the model now serves for the document (the chunks with the model's vectors on the
--- served version), or no row once the model serves nothing of it. Runs once per statement that
--- changes served rows (a group's completion is one), over the changed rows' versions' chunks
--- only: served_rows is the statement's inserted or updated rows, or its deleted ones.
-CREATE FUNCTION trioindex_track_text_statistics() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF TG_OP = 'DELETE' THEN
-        DELETE FROM served_text_statistics t USING served_rows o
-        WHERE t.embedding_model_id = o.embedding_model_id AND t.document_id = o.document_id;
-        RETURN NULL;
-    END IF;
-    -- each served row's vectors looked up by its own version (a lateral subquery): a join
-    -- of the transition table to embeddings was planned as one read of the whole index when
-    -- the statistics say a version holds many vectors (one large document)
-    INSERT INTO served_text_statistics (embedding_model_id, document_id, chunks, text_length)
-    SELECT n.embedding_model_id, n.document_id, t.chunks, t.text_length
-    FROM served_rows n
-    CROSS JOIN LATERAL (
-        SELECT count(c.id) AS chunks, coalesce(sum(length(c.content)), 0) AS text_length
-        FROM embeddings e JOIN document_chunks c ON c.id = e.chunk_id
-        WHERE e.document_version_id = n.document_version_id
-          AND e.embedding_model_id = n.embedding_model_id) AS t
-    ON CONFLICT (embedding_model_id, document_id)
-    DO UPDATE SET chunks = EXCLUDED.chunks, text_length = EXCLUDED.text_length;
-    RETURN NULL;
-END;
-$$;
-
--- One trigger per operation: a trigger with transition tables takes one event. An upsert
--- fires the insert's for its inserted rows and the update's for its updated ones.
-CREATE TRIGGER text_statistics_insert AFTER INSERT ON served_versions
-    REFERENCING NEW TABLE AS served_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION trioindex_track_text_statistics();
-CREATE TRIGGER text_statistics_update AFTER UPDATE ON served_versions
-    REFERENCING NEW TABLE AS served_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION trioindex_track_text_statistics();
-CREATE TRIGGER text_statistics_delete AFTER DELETE ON served_versions
-    REFERENCING OLD TABLE AS served_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION trioindex_track_text_statistics();
-
 -- plans ----------------------------------------------------------------------------------------
 
 -- Key lookups only. plpgsql caches a generic plan per connection after five calls; when that
@@ -1163,6 +1133,4 @@ ALTER FUNCTION trioindex_begin_embedding(uuid, uuid, uuid, uuid) SET enable_seqs
 ALTER FUNCTION trioindex_complete_many(uuid[], uuid[], uuid[], uuid[])
     SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
 ALTER FUNCTION trioindex_complete_owned(uuid[], uuid[], uuid[], integer[])
-    SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
-ALTER FUNCTION trioindex_track_text_statistics()
     SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
