@@ -17,6 +17,7 @@ from testkit.jobs import enqueue_text
 from trioindex.config import default_settings
 from trioindex.db import jobs as lifecycle
 from trioindex.db.models import EmbeddingModel, ensure_model
+from trioindex.db.operations import job_events
 from trioindex.db.pool import Connection, Database
 from trioindex.embedding import Embedder, EmbedderInfo
 from trioindex.ingest import IngestResult
@@ -98,10 +99,9 @@ def job_row(conn: Connection, job_id: UUID) -> dict[str, object]:
 
 
 def events(conn: Connection, job_id: UUID) -> list[str]:
-    rows = conn.execute(
-        "SELECT event_type FROM indexing_events WHERE embedding_job_id = %s ORDER BY id", (job_id,)
-    ).fetchall()
-    return [row["event_type"] for row in rows]
+    """The job's timeline as an operator reads it (``jobs show``, the console): its event rows
+    with its claims and success read from its attempts."""
+    return [e.event_type for e in job_events(conn, job_id)]
 
 
 def stage_chunked(conn: Connection, claim: Claim, texts: list[str]) -> None:

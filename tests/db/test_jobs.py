@@ -22,6 +22,7 @@ import pytest
 
 from tests import helpers
 from trioindex.db import jobs as lifecycle
+from trioindex.db.operations import job_events
 from trioindex.db.pool import Database
 from trioindex.errors import FailureType, OwnershipLost, StateInconsistent
 from trioindex.values import BackoffPolicy, Claim, FailOutcome, WorkerStatus
@@ -900,11 +901,9 @@ def test_an_older_version_completing_while_a_newer_one_commits_does_not_replace_
         assert helpers.served(conn, v3.document_id, claims[v3.version_id].embedding_model_id) == (
             v3.version_id
         )
-        (event,) = conn.execute(
-            "SELECT detail FROM indexing_events WHERE embedding_job_id = %s AND event_type = 'JOB_SUCCEEDED'",
-            (v2.job_id,),
-        ).fetchall()
-        assert event["detail"]["became_current"] is False
+        (event,) = [e for e in job_events(conn, v2.job_id) if e.event_type == "JOB_SUCCEEDED"]
+        assert event.detail["became_current"] is False
+        assert helpers.attempt_row(conn, v2.job_id)["became_current"] is False
 
 
 # --- hand back at shutdown ------------------------------------------------------

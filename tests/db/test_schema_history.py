@@ -245,7 +245,7 @@ def test_version_15_folds_the_step_events_into_their_attempts(pg_server_url: str
                        (event_type, embedding_job_id, attempt_id, detail, created_at)
                    SELECT e, %s, %s, x::jsonb, '2026-01-01 00:00:00+00'::timestamptz + s
                    FROM (VALUES
-                       ('JOB_CLAIMED', '{"attempt_no": 1}', interval '0 s'),
+                       ('JOB_RETRY_REQUESTED', '{"extra_attempts": 1}', interval '0 s'),
                        ('PARSING_STARTED', '{}', interval '1 s'),
                        ('CHUNKS_STORED', '{"chunks": 5, "characters": 900,
                                            "replaced_sequences": 2}', interval '2 s'),
@@ -269,13 +269,17 @@ def test_version_15_folds_the_step_events_into_their_attempts(pg_server_url: str
             ).fetchone()
             events = conn.execute("SELECT event_type FROM indexing_events").fetchall()
     assert row == (True, "01", "02", "03", "05", 5, 900, 2, 5, 2)
-    assert events == [("JOB_CLAIMED",)]
+    assert events == [("JOB_RETRY_REQUESTED",)]
 
 
-def test_version_16_moves_the_text_statistics_onto_the_served_rows(pg_server_url: str) -> None:
+def test_version_16_moves_statistics_onto_served_rows_and_claims_onto_attempts(
+    pg_server_url: str,
+) -> None:
     """A database at version 15 serving a document of two chunks (and holding a stale
-    statistics row): version 16 counts each served row's chunks with the model's vectors on its
-    version, and their length, onto the row, and drops the table."""
+    statistics row), with a job's claim and success events: version 16 counts each served
+    row's chunks with the model's vectors on its version, and their length, onto the row, and
+    drops the table; it records the success's became_current on the attempt and deletes the
+    claim and success events (the other events stay)."""
     with fresh_database(pg_server_url, "trioindex_v15") as url:
         with psycopg.connect(url, autocommit=True) as conn:
             _migrate_to(conn, 15)
@@ -307,9 +311,33 @@ def test_version_16_moves_the_text_statistics_onto_the_served_rows(pg_server_url
                                                        text_length)
                    SELECT m.id, d.id, 9, 99 FROM m, d"""
             )
+            conn.execute(
+                """WITH w AS (INSERT INTO indexing_workers (hostname, pid, version, status,
+                                                           max_concurrency)
+                             VALUES ('h', 1, 'v', 'RUNNING', 1) RETURNING id),
+                   j AS (INSERT INTO embedding_jobs
+                             (document_version_id, embedding_model_id, max_attempts)
+                         SELECT v.id, m.id, 3 FROM document_versions v, embedding_models m
+                         RETURNING id),
+                   a AS (INSERT INTO embedding_job_attempts
+                             (embedding_job_id, attempt_no, worker_id, status, finished_at)
+                         SELECT j.id, 1, w.id, 'SUCCEEDED', now() FROM j, w
+                         RETURNING id, embedding_job_id)
+                   INSERT INTO indexing_events (event_type, embedding_job_id, attempt_id, detail)
+                   SELECT e, a.embedding_job_id, a.id, x::jsonb FROM a, (VALUES
+                       ('JOB_ENQUEUED', '{}'),
+                       ('JOB_CLAIMED', '{"attempt_no": 1}'),
+                       ('JOB_SUCCEEDED', '{"attempt_no": 1, "chunks": 2,
+                                           "became_current": false}')) AS u(e, x)"""
+            )
         assert migrate(url) == [16]
         with psycopg.connect(url) as conn:
             served = conn.execute("SELECT chunks, text_length FROM served_versions").fetchall()
             table = conn.execute("SELECT to_regclass('served_text_statistics')").fetchone()
+            folded = conn.execute("SELECT became_current FROM embedding_job_attempts").fetchall()
+            events = conn.execute("SELECT event_type FROM indexing_events").fetchall()
     assert served == [(2, 3 + 4)]  # chunks 0 and 1 have the model's vectors; 2 has none
     assert table == (None,)
+    # the claim and the success are read from the attempt now
+    assert folded == [(False,)]
+    assert events == [("JOB_ENQUEUED",)]

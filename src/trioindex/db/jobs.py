@@ -140,15 +140,10 @@ WITH worker AS (
     RETURNING j.id, j.worker_id, j.claim_token, j.document_version_id, j.embedding_model_id,
               j.attempt_count, j.lease_expires_at, j.chunking
 ), attempt AS (
+    -- the attempt row is the claim's record (its started_at): no event is written for it
     INSERT INTO embedding_job_attempts (embedding_job_id, attempt_no, worker_id)
     SELECT id, attempt_count, worker_id FROM claimed
     RETURNING id, embedding_job_id, attempt_no
-), event AS (
-    INSERT INTO indexing_events
-        (event_type, embedding_job_id, document_version_id, attempt_id, worker_id, detail)
-    SELECT 'JOB_CLAIMED', c.id, c.document_version_id, a.id, c.worker_id,
-           jsonb_build_object('attempt_no', a.attempt_no)
-    FROM claimed c JOIN attempt a ON a.embedding_job_id = c.id
 )
 SELECT c.id AS job_id, c.worker_id, c.claim_token, c.document_version_id, c.embedding_model_id,
        c.lease_expires_at, a.id AS attempt_id, a.attempt_no,

@@ -904,7 +904,9 @@ $$;
 -- vectors per chunk, else it is refused (TI002) and nothing of it changes; the others'
 -- attempts and jobs become SUCCEEDED (with the job's chunk count), and the model's served
 -- version of each document moves to the newest version completed here unless the model
--- already serves a newer one (became_current). Nothing of another model changes.
+-- already serves a newer one (became_current, recorded on the attempt), with BM25's
+-- statistics of the chunk set it now serves (chunks, text_length). Nothing of another model
+-- changes.
 CREATE FUNCTION trioindex_complete_owned(
     p_jobs uuid[], p_workers uuid[], p_attempts uuid[], p_stored integer[])
 RETURNS TABLE (job_id uuid, refusal text, message text, became_current boolean, chunks integer)
@@ -989,8 +991,9 @@ BEGIN
         DO UPDATE SET document_version_id = EXCLUDED.document_version_id,
                       chunks = EXCLUDED.chunks, text_length = EXCLUDED.text_length
     ), attempts AS (
+        -- the attempt row is the success's record (finished_at, became_current): no event
         UPDATE embedding_job_attempts a
-        SET status = 'SUCCEEDED', finished_at = now(),
+        SET status = 'SUCCEEDED', finished_at = now(), became_current = d.current,
             embeddings_stored_at = CASE WHEN d.stored > 0 THEN now()
                                         ELSE a.embeddings_stored_at END,
             embeddings = CASE WHEN d.stored > 0 THEN coalesce(a.embeddings, 0) + d.stored
@@ -998,20 +1001,12 @@ BEGIN
             embedding_slices = CASE WHEN d.stored > 0 THEN coalesce(a.embedding_slices, 0) + 1
                                     ELSE a.embedding_slices END
         FROM decided d WHERE a.id = d.attempt
-        RETURNING a.id, a.attempt_no
     ), jobs AS (
         UPDATE embedding_jobs j
         SET status = 'SUCCEEDED', progress = 100, finished_at = now(), chunk_count = d.n_chunks,
             worker_id = NULL, claim_token = NULL, locked_at = NULL, lease_expires_at = NULL,
             last_failure_type = NULL, last_failure_message = NULL
         FROM decided d WHERE j.id = d.job
-    ), events AS (
-        INSERT INTO indexing_events
-            (event_type, embedding_job_id, document_version_id, attempt_id, worker_id, detail)
-        SELECT 'JOB_SUCCEEDED', d.job, d.version, d.attempt, d.worker,
-               jsonb_build_object('attempt_no', a.attempt_no, 'chunks', d.n_chunks,
-                                  'became_current', d.current)
-        FROM decided d JOIN attempts a ON a.id = d.attempt ORDER BY d.ord
     )
     SELECT g.job, g.code, g.msg, d.current, d.n_chunks
     FROM given g LEFT JOIN decided d ON d.ord = g.ord

@@ -1,3 +1,5 @@
+-- Fewer rows per completed job: two kinds of row it wrote beside its data go.
+--
 -- BM25's collection statistics move onto the served row: served_versions gets the chunk count
 -- and text length (in characters) of the chunk set the model serves for the document (the
 -- chunks with the model's vectors on the served version), written by the completion that
@@ -29,3 +31,16 @@ ALTER TABLE served_versions ALTER COLUMN chunks DROP DEFAULT,
                             ALTER COLUMN text_length DROP DEFAULT;
 
 DROP TABLE served_text_statistics;
+
+-- A job's claim and its success are read from its attempt row (started_at, finished_at with
+-- status SUCCEEDED, and now became_current: whether the completion moved what the model
+-- serves), not written as JOB_CLAIMED / JOB_SUCCEEDED events: two event rows fewer per job.
+-- The events of earlier attempts are folded into their attempts and deleted.
+ALTER TABLE embedding_job_attempts ADD COLUMN became_current boolean;
+
+UPDATE embedding_job_attempts a
+SET became_current = (e.detail ->> 'became_current')::boolean
+FROM indexing_events e
+WHERE e.attempt_id = a.id AND e.event_type = 'JOB_SUCCEEDED' AND a.status = 'SUCCEEDED';
+
+DELETE FROM indexing_events WHERE event_type IN ('JOB_CLAIMED', 'JOB_SUCCEEDED');
