@@ -14,9 +14,9 @@ database, interleaved over rounds:
    revision REF (say `main`), applied to its own fresh database: the before and after of a
    change to the functions, in one run.
 2. **The same rows, set-based** — the same claim, then exactly the rows (1) writes (job
-   progress and completion with its chunk count, the attempt's steps and end, the completion
-   event, the chunk with its full-text column, the vector, the model's served version and its
-   text statistics), one statement per table change per group, from arrays: no fence, lookup,
+   progress and completion with its chunk count, the attempt's steps and end, the chunk with
+   its full-text column, the vector, the model's served version with its text statistics),
+   one statement per table change per group, from arrays: no fence, lookup,
    loop or subtransaction. No rewrite of the SQL functions can cost less than this while
    writing these rows.
 3. **The document's data only** — a queue row deleted, the chunk row (full-text column
@@ -237,16 +237,8 @@ def _claim_arrays(claims: Sequence[Claim]) -> tuple[list[UUID], ...]:
         [c.job_id for c in claims],
         [c.document_version_id for c in claims],
         [c.attempt_id for c in claims],
-        [c.worker_id for c in claims],
     )
 
-
-# The completion event with the detail the functions write for it (the check compares keys)
-_SUCCEEDED = """INSERT INTO indexing_events
-    (event_type, embedding_job_id, document_version_id, attempt_id, worker_id, detail)
-SELECT 'JOB_SUCCEEDED', j, v, a, w,
-       jsonb_build_object('attempt_no', 1, 'chunks', 1, 'became_current', true)
-FROM unnest(%b::uuid[], %b::uuid[], %b::uuid[], %b::uuid[]) AS u(j, v, a, w)"""
 
 _CHUNKS = """INSERT INTO document_chunks
     (id, document_id, document_version_id, chunking, chunk_index, content, char_start,
@@ -288,7 +280,7 @@ def _insert_vectors(
 def same_rows_set_based(conn: Connection, corpus: Corpus, setup: Setup) -> int:
     done = 0
     while claims := claim_jobs(conn, setup.worker_id, GROUP, 600):
-        jobs, versions, attempts, _ = ids = _claim_arrays(claims)
+        jobs, versions, attempts = _claim_arrays(claims)
         with conn.transaction():
             rows = conn.execute(
                 "SELECT id, document_id, original_name FROM document_versions WHERE id = ANY(%b)",
@@ -322,8 +314,8 @@ def same_rows_set_based(conn: Connection, corpus: Corpus, setup: Setup) -> int:
             )
             cursor.execute(
                 """UPDATE embedding_job_attempts
-                   SET status = 'SUCCEEDED', finished_at = now(), embeddings_stored_at = now(),
-                       embeddings = 1, embedding_slices = 1
+                   SET status = 'SUCCEEDED', finished_at = now(), became_current = true,
+                       embeddings_stored_at = now(), embeddings = 1, embedding_slices = 1
                    WHERE id = ANY(%b)""",
                 (attempts,),
             )
@@ -336,7 +328,6 @@ def same_rows_set_based(conn: Connection, corpus: Corpus, setup: Setup) -> int:
                    WHERE id = ANY(%b)""",
                 (jobs,),
             )
-            cursor.execute(_SUCCEEDED, ids)
         done += len(claims)
     return done
 
@@ -436,7 +427,8 @@ UNION ALL SELECT 'attempts ' || status || ' steps '
                               CASE WHEN embedding_started_at IS NOT NULL THEN 'embedding' END,
                               CASE WHEN embeddings_stored_at IS NOT NULL THEN 'vectors' END)
                  || ' counts ' || concat_ws(',', chunks, characters, replaced_sequences,
-                                            embeddings, embedding_slices), count(*)
+                                            embeddings, embedding_slices)
+                 || ' became current ' || coalesce(became_current::text, '-'), count(*)
           FROM embedding_job_attempts GROUP BY 1
 UNION ALL SELECT 'chunks', count(*) FROM document_chunks
 UNION ALL SELECT 'embeddings', count(*) FROM embeddings
