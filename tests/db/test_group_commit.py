@@ -273,11 +273,16 @@ def test_a_refused_job_is_not_locked_while_the_owned_jobs_of_its_group_are(
     lease recovery while the group's transaction is open."""
     with db.connection() as conn, db.connection() as other:
         group = claims(conn, 2)
+        snapshots = begin_parse_many(conn, group)
         helpers.expire_lease(conn, group[0].job_id)
+        commits = [
+            ChunkCommit(c, s, [drafts_for(f"{c.job_id}", 0)])  # type: ignore[arg-type]
+            for c, s in zip(group, snapshots, strict=True)
+        ]
         with conn.transaction():
-            first = begin_parse_many(conn, group)
-            assert isinstance(first[0], OwnershipLost)
-            assert isinstance(first[1], ParseSnapshot)
+            stored = store_chunks_many(conn, commits)
+            assert isinstance(stored[0], OwnershipLost)
+            assert isinstance(stored[1], EmbedSnapshot)
             with other.transaction():
                 free = other.execute(
                     "SELECT id FROM embedding_jobs WHERE id = %s FOR UPDATE NOWAIT",
@@ -289,6 +294,29 @@ def test_a_refused_job_is_not_locked_while_the_owned_jobs_of_its_group_are(
                     "SELECT id FROM embedding_jobs WHERE id = %s FOR UPDATE NOWAIT",
                     (group[1].job_id,),
                 )
+
+
+def test_the_parse_prepare_checks_ownership_and_locks_nothing(db: Database) -> None:
+    """The prepare writes nothing, so it holds no lock in the caller's transaction (the chunk
+    commit fences the group): every job and version row stays free; a job the claim no longer
+    owns is refused all the same."""
+    with db.connection() as conn, db.connection() as other:
+        group = claims(conn, 2)
+        helpers.expire_lease(conn, group[0].job_id)
+        with conn.transaction():
+            first = begin_parse_many(conn, group)
+            assert isinstance(first[0], OwnershipLost) and "lease" in str(first[0])
+            assert isinstance(first[1], ParseSnapshot)
+            with other.transaction():
+                locked = other.execute(
+                    """SELECT count(*) AS n FROM (
+                           SELECT id FROM embedding_jobs WHERE id = ANY(%s) FOR UPDATE NOWAIT
+                       ) AS j, (
+                           SELECT id FROM document_versions WHERE id = ANY(%s)
+                           FOR UPDATE NOWAIT) AS v""",
+                    ([c.job_id for c in group], [c.document_version_id for c in group]),
+                ).fetchone()
+                assert locked == {"n": 4}
 
 
 def test_two_jobs_of_one_group_on_one_chunk_set_store_it_once(db: Database) -> None:

@@ -471,45 +471,45 @@ FROM PUBLIC;
 -- not as an event; events are written for the transitions an operator must see.
 
 -- The parse step's prepare: a snapshot of what to read, and chunk_count, the size of the job's
--- chunk set when the version has it (a replay: nothing to parse) or NULL. It writes nothing
--- (the fence's locks aside): a job that must parse gets parse_started_at, the time to hand back
--- to trioindex_store_chunks_many, which records it on the attempt with the chunk set (a parse
--- whose commit is refused leaves no step on its attempt).
+-- chunk set when the version has it (a replay: nothing to parse) or NULL. It writes nothing,
+-- and so locks nothing: a lock would end with this call's transaction and keep nothing for the
+-- chunk commit, which fences the group itself. Each job is checked as the fence refuses it
+-- (TI003 gone, TI001 not owned, TI002 no version), as last committed. A job that must parse
+-- gets parse_started_at, the time to hand back to trioindex_store_chunks_many, which records
+-- it on the attempt with the chunk set (a parse whose commit is refused leaves no step on its
+-- attempt).
 CREATE FUNCTION trioindex_begin_parse_many(
     p_jobs uuid[], p_workers uuid[], p_tokens uuid[], p_attempts uuid[])
 RETURNS TABLE (
     job_id uuid, refusal text, message text, version_id uuid, document_id uuid,
     storage_key text, original_name text, content_type text, byte_size bigint, sha256 text,
     chunk_count integer, parse_started_at timestamptz)
-LANGUAGE plpgsql AS $$
-#variable_conflict use_column
-DECLARE
-    codes text[];
-    messages text[];
-BEGIN
-    SELECT f.codes, f.messages INTO codes, messages
-    FROM trioindex_fence_many(p_jobs, p_workers, p_tokens, p_attempts) AS f;
-    RETURN QUERY
-    WITH given AS (
-        SELECT u.ord, u.job, u.code, u.msg
-        FROM unnest(p_jobs, codes, messages) WITH ORDINALITY AS u(job, code, msg, ord)
-    ), owned AS (
-        SELECT g.ord, v.id AS version,
-               v.document_id AS doc, v.storage_key AS skey, v.original_name AS oname,
-               v.content_type AS ctype, v.byte_size AS size, v.sha256 AS hash,
+LANGUAGE sql AS $$
+    SELECT u.job, r.code, r.message, o.version, o.doc, o.skey, o.oname, o.ctype, o.size,
+           o.hash, nullif(o.stored, 0), CASE WHEN o.stored = 0 THEN now() END
+    FROM unnest(p_jobs, p_workers, p_tokens, p_attempts) WITH ORDINALITY
+         AS u(job, worker, token, attempt, ord)
+    LEFT JOIN embedding_jobs j ON j.id = u.job
+    LEFT JOIN embedding_job_attempts a ON a.id = u.attempt AND a.embedding_job_id = j.id
+    LEFT JOIN document_versions v ON v.id = j.document_version_id
+    CROSS JOIN LATERAL (
+        SELECT trioindex_ownership_refusal(j, a, u.worker, u.token) AS why) AS w
+    CROSS JOIN LATERAL (
+        SELECT x.code, x.message FROM (VALUES
+            (1, j.id IS NULL, 'TI003',
+             'the job no longer exists: its document or model was removed'),
+            (2, w.why IS NOT NULL, 'TI001', w.why),
+            (3, v.id IS NULL, 'TI002', 'the job''s document version does not exist'),
+            (4, true, NULL, NULL)) AS x(rank, refused, code, message)
+        WHERE x.refused ORDER BY x.rank LIMIT 1) AS r
+    LEFT JOIN LATERAL (
+        SELECT v.id AS version, v.document_id AS doc, v.storage_key AS skey,
+               v.original_name AS oname, v.content_type AS ctype, v.byte_size AS size,
+               v.sha256 AS hash,
                (SELECT count(*) FROM document_chunks c
                 WHERE c.document_version_id = v.id AND c.chunking = j.chunking)::integer
-                   AS stored
-        FROM given g
-        JOIN embedding_jobs j ON j.id = g.job
-        JOIN document_versions v ON v.id = j.document_version_id
-        WHERE g.code IS NULL
-    )
-    SELECT g.job, g.code, g.msg, o.version, o.doc, o.skey, o.oname, o.ctype, o.size, o.hash,
-           nullif(o.stored, 0), CASE WHEN o.stored = 0 THEN now() END
-    FROM given g LEFT JOIN owned o ON o.ord = g.ord
-    ORDER BY g.ord;
-END;
+                   AS stored) AS o ON r.code IS NULL
+    ORDER BY u.ord
 $$;
 
 -- The parse step's commit and the embed step's start, for many claims: store the job's chunk
