@@ -397,6 +397,24 @@ def test_a_job_whose_document_was_deleted_is_refused_as_removed_and_the_others_c
         assert results[2].parse_started_at is not None
 
 
+def test_the_chunk_commit_refuses_a_job_whose_document_was_deleted_after_its_prepare(
+    db: Database,
+) -> None:
+    """The prepare locks nothing, so a delete may come between it and the chunk commit: the
+    commit's fence refuses that job as removed, and the others store their sets."""
+    with db.connection() as conn:
+        group = claims(conn, 3)
+        snapshots = begin_parse_many(conn, group)
+        helpers.delete_document_of(conn, group[1])
+        commits = [
+            ChunkCommit(c, s, [drafts_for(f"{c.job_id}", 0)])  # type: ignore[arg-type]
+            for c, s in zip(group, snapshots, strict=True)
+        ]
+        results = store_chunks_many(conn, commits)
+        assert isinstance(results[1], JobRemoved)
+        assert isinstance(results[0], EmbedSnapshot) and isinstance(results[2], EmbedSnapshot)
+
+
 def test_two_slices_of_one_job_in_one_group_are_written_one_after_the_other(
     db: Database,
 ) -> None:
