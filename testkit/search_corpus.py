@@ -109,12 +109,7 @@ def store_indexed(
                    (document_id, embedding_model_id, document_version_id, chunks, text_length)
                SELECT v.document_id, %(model)s, v.id, t.chunks, t.text_length
                FROM document_versions v
-               CROSS JOIN LATERAL (
-                   SELECT count(c.id)::integer AS chunks,
-                          coalesce(sum(length(c.content)), 0)::bigint AS text_length
-                   FROM embeddings e JOIN document_chunks c ON c.id = e.chunk_id
-                   WHERE e.document_version_id = v.id
-                     AND e.embedding_model_id = %(model)s) AS t
+               CROSS JOIN LATERAL trioindex_served_statistics(v.id, %(model)s) AS t
                WHERE v.document_id = ANY(%(documents)s)""",
             {"model": model.id, "documents": list(ids.values())},
         )

@@ -897,6 +897,19 @@ BEGIN
 END;
 $$;
 
+-- BM25's statistics of what model p_model serves when it serves version p_version: the chunks
+-- with the model's vectors on the version, and their text's length in characters; the
+-- completion writes them on the served row it moves. A table function of one statement, so a
+-- caller's lateral join inlines it: each version's vectors looked up by the version (a join
+-- from many served rows was planned as one read of the whole index when the statistics say a
+-- version holds many vectors).
+CREATE FUNCTION trioindex_served_statistics(p_version uuid, p_model uuid)
+RETURNS TABLE (chunks integer, text_length bigint) LANGUAGE sql STABLE AS $$
+    SELECT count(c.id)::integer, coalesce(sum(length(c.content)), 0)::bigint
+    FROM embeddings e JOIN document_chunks c ON c.id = e.chunk_id
+    WHERE e.document_version_id = p_version AND e.embedding_model_id = p_model
+$$;
+
 -- The completion of jobs p_jobs (element i: its worker p_workers[i] and attempt
 -- p_attempts[i]; p_stored[i] vectors of its set stored just before, in this transaction, which
 -- its attempt records with its end), fenced and locked with their versions by the caller in
@@ -973,19 +986,11 @@ BEGIN
                     AND f.version_no = f.newest AS current
         FROM finishing f
     ), served AS (
-        -- with BM25's statistics of what it now serves: the chunks with the model's vectors
-        -- on the version, looked up by the version (a lateral subquery: a join was planned as
-        -- one read of the whole index when the statistics say a version holds many vectors)
         INSERT INTO served_versions
             (document_id, embedding_model_id, document_version_id, chunks, text_length)
         SELECT d.doc, d.model, d.version, t.chunks, t.text_length
         FROM decided d
-        CROSS JOIN LATERAL (
-            SELECT count(c.id)::integer AS chunks,
-                   coalesce(sum(length(c.content)), 0)::bigint AS text_length
-            FROM embeddings e JOIN document_chunks c ON c.id = e.chunk_id
-            WHERE e.document_version_id = d.version
-              AND e.embedding_model_id = d.model) AS t
+        CROSS JOIN LATERAL trioindex_served_statistics(d.version, d.model) AS t
         WHERE d.current
         ON CONFLICT (embedding_model_id, document_id)
         DO UPDATE SET document_version_id = EXCLUDED.document_version_id,
