@@ -21,9 +21,15 @@ from testkit.embed_server import FakeEmbedServer
 from testkit.processes import cli, stop_process, wait_for
 from tests.fixtures.s3 import S3Server
 from tests.http.conftest import Running, service_env, start
-from tests.http.test_upload import MB, RSS_BUDGET, PeakRss, _pieces
+from tests.http.test_upload import (
+    MB,
+    RSS_BUDGET,
+    PeakRss,
+    _pieces,
+    assert_stored,
+    started_with_limit,
+)
 from tests.http.test_upload_groups import hostile_key, versions_and_jobs
-from trioindex.db.api_keys import Role, create_key
 from trioindex.db.pool import connect
 from trioindex.http.batch import BATCH_DOCUMENTS, MAX_PARTS, STORE_PARTS
 
@@ -260,6 +266,9 @@ def test_the_request_bounds_refuse_the_whole_batch(small_service: Running) -> No
         assert at_limit.status_code == 200 and at_limit.json()["created"] == MAX_PARTS
     with small_service.client(small_service.key("reader", "read")) as reader:
         assert error_code(post(reader, one)) == (403, "forbidden")
+        described = reader.get("/openapi.json").json()["paths"]["/v1/documents"]["post"]
+        assert "multipart/form-data" in described["requestBody"]["content"]
+        assert described["x-trioindex-role"] == "write"
     with small_service.client() as anonymous:
         assert error_code(post(anonymous, one)) == (401, "unauthenticated")
     assert len(documents_under(small_service.database_url, "bound/")) == MAX_PARTS
@@ -301,16 +310,7 @@ def test_a_batch_with_a_50_mb_part_stays_within_the_memory_budget(
     tmp_path: Path,
     embed_server: FakeEmbedServer,
 ) -> None:
-    env = service_env(
-        database_url,
-        s3_url,
-        tmp_path / "home",
-        embed_server,
-        TRIOINDEX_PARSING_MAX_DOCUMENT_SIZE="64MB",
-    )
-    url, process = start(env, tmp_path / "serve.log")
-    with connect(database_url) as conn:
-        token = create_key(conn, "uploader", Role.WRITE)[1]
+    url, process, token = started_with_limit(database_url, s3_url, tmp_path, embed_server, "64MB")
     size = 50 * MB
     small = part("mem/small.txt", b"a small part beside the large one")
     big_head = _head(part("mem/big.bin", b"", "big.bin", b"application/octet-stream"))
@@ -340,8 +340,4 @@ def test_a_batch_with_a_50_mb_part_stays_within_the_memory_budget(
     results = answer.json()["documents"]
     assert [r["status"] for r in results] == ["created", "created"]
     assert (results[1]["byte_size"], results[1]["sha256"]) == (size, digest.hexdigest())
-    bucket = s3_url.rsplit("/", 1)[-1].split("?", maxsplit=1)[0]
-    stored = s3_server.client().stat_object(
-        bucket, f"sha256/{digest.hexdigest()[:2]}/{digest.hexdigest()}"
-    )
-    assert stored.size == size
+    assert_stored(s3_server, s3_url, digest.hexdigest(), size)

@@ -40,16 +40,20 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+# the ingest package first: trioindex.db.enqueue imports it back (a cycle that only resolves
+# in this order)
+from trioindex.ingest.files import PreparedFile
+from trioindex.ingest.results import IngestResult
+
+# isort: split
 from trioindex.db.enqueue import latest_versions, requeue_failed_job
 from trioindex.http.context import Service, service
 from trioindex.http.documents import UNDECLARED_TYPES
-from trioindex.http.enqueuer import Body, StoredBody, Upload
+from trioindex.http.enqueuer import Body, StoredBody, Upload, prepare_body
 from trioindex.http.errors import ApiError, classify, invalid
 from trioindex.http.limits import check_text, declared_length, priority_param, too_large
 from trioindex.http.metrics import UPLOADED
 from trioindex.http.upload import Spool
-from trioindex.ingest.files import PreparedFile, prepare_bytes
-from trioindex.ingest.results import IngestResult
 from trioindex.storage import ObjectStore
 
 #: Parts (documents) in one batch at most.
@@ -139,19 +143,7 @@ def _store_all(
 ) -> list[PreparedFile]:
     """Store ``bodies`` by ``ingest``'s rule in one thread; durable before this returns."""
     with store.deferred_sync():
-        return [
-            prepare_bytes(
-                store,
-                body.handle,
-                document_key=body.document_key,
-                original_name=body.original_name,
-                sha256=body.sha256,
-                size=body.size,
-                latest=latest.get(body.document_key),
-                content_type=body.content_type,
-            )
-            for body in bodies
-        ]
+        return [prepare_body(store, body, latest=latest.get(body.document_key)) for body in bodies]
 
 
 class BatchReader:
