@@ -51,7 +51,13 @@ from trioindex.http.context import Service, service
 from trioindex.http.documents import UNDECLARED_TYPES
 from trioindex.http.enqueuer import Body, StoredBody, Upload, prepare_body
 from trioindex.http.errors import ApiError, classify, invalid
-from trioindex.http.limits import check_text, declared_length, priority_param, too_large
+from trioindex.http.limits import (
+    MAX_KEY_CHARS,
+    check_text,
+    declared_length,
+    priority_param,
+    too_large,
+)
 from trioindex.http.metrics import UPLOADED
 from trioindex.http.upload import Spool
 from trioindex.storage import ObjectStore
@@ -104,7 +110,7 @@ class _Stored:
         return self.prepared.version.document_key
 
 
-def _text(raw: bytes, what: str, code: str, max_chars: int = 1024) -> str:
+def _text(raw: bytes, what: str, code: str, max_chars: int = MAX_KEY_CHARS) -> str:
     try:
         value = raw.decode("utf-8")
     except UnicodeDecodeError:
