@@ -10,10 +10,11 @@ The body is parsed as it arrives (python-multipart's streaming parser) and each 
 and hashed as one upload is (:class:`trioindex.http.upload.Spool`: in memory below 1 MiB, else
 a temporary file). Small parts are stored together: once :data:`STORE_BYTES` or
 :data:`STORE_PARTS` of them are waiting (and at the end), one query reads their documents'
-newest versions and one store thread stores them all in one ``deferred_sync`` block, by
-``ingest``'s rule (:func:`trioindex.ingest.files.prepare_bytes`: the bytes of the newest
-version are not stored again, a lost blob is restored); a part spooled to a file is stored at
-once. Memory holds at most :data:`STORE_BYTES` of small parts and one 1 MiB piece.
+newest versions and up to 8 store threads at once store them, each its slice in one
+``deferred_sync`` block (as ``ingest`` stores a group), by ``ingest``'s rule
+(:func:`trioindex.ingest.files.prepare_bytes`: the bytes of the newest version are not stored
+again, a lost blob is restored); a part spooled to a file is stored at once. Memory holds at
+most :data:`STORE_BYTES` of small parts and one 1 MiB piece.
 
 Once the body has ended, every stored part goes to the service's upload enqueuer (one
 transaction for what gathered, the single upload's path) and the answer lists one result per
@@ -42,6 +43,7 @@ from starlette.responses import JSONResponse, Response
 
 # the ingest package first: trioindex.db.enqueue imports it back (a cycle that only resolves
 # in this order)
+from trioindex.ingest import FILES_AT_ONCE
 from trioindex.ingest.files import PreparedFile
 from trioindex.ingest.results import IngestResult
 
@@ -295,17 +297,40 @@ class BatchReader:
                 part.spool = None
 
     async def _store_waiting(self) -> None:
+        """Store the waiting parts: one query for their documents' newest versions, then
+        :data:`FILES_AT_ONCE` slices in store threads at once (as ``ingest`` stores a group:
+        S3 keeps several uploads in flight, a folder store waits for its fsyncs once per
+        slice); the first outage cancels the other slices and is raised."""
         waiting, self._waiting, self._waiting_bytes = self._waiting, [], 0
         if not waiting:
             return
         bodies = [body for _, body in waiting]
         services = self.svc.services
         latest = await services.db.run(latest_versions, [b.document_key for b in bodies])
-        prepared = await services.storage.run(
-            functools.partial(_store_all, bodies=bodies, latest=latest)
-        )
+        size = -(-len(bodies) // FILES_AT_ONCE)
+        slices = [bodies[start : start + size] for start in range(0, len(bodies), size)]
+        prepared: list[list[PreparedFile]] = [[] for _ in slices]
+        outages: list[Exception] = []
+
+        async def store(n: int) -> None:
+            try:
+                prepared[n] = await services.storage.run(
+                    functools.partial(_store_all, bodies=slices[n], latest=latest)
+                )
+            except Exception as exc:
+                outages.append(exc)
+                nursery.cancel_scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            for n in range(len(slices)):
+                nursery.start_soon(store, n)
+        if outages:
+            raise outages[0]
         self.stored += (
-            _Stored(index, ready) for (index, _), ready in zip(waiting, prepared, strict=True)
+            _Stored(index, ready)
+            for (index, _), ready in zip(
+                waiting, (p for part in prepared for p in part), strict=True
+            )
         )
 
     async def _discard(self) -> None:
