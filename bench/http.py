@@ -18,7 +18,10 @@ processes with `POST /v1/documents/{key}` (each process its share over one kept-
 `http.client` connection; `--upload-client httpx` for httpx's), next to
 `trioindex ingest FOLDER` of another 1,000 files of the same shape (a fresh process, as a user
 runs it, its start included) on the same database and folder store: files/s and the ratio
-(goal ≥ 0.8×). No worker runs: both only store the bytes and enqueue. CPU per file is
+(goal ≥ 0.8×). Beside them, with the same server, another 1,000 such files sent as batch
+uploads (`POST /v1/documents`, multipart/form-data, ``--batch-size`` files per request,
+50 by default) by ``--batch-clients`` client processes (4). No worker runs: all only store
+the bytes and enqueue. CPU per file is
 reported by part (`serve`, the clients, the `ingest` process, PostgreSQL, the machine) with
 each run's load average; `--profile DIR` records each `serve` with py-spy.
 """
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import io
+import json
 import multiprocessing
 import os
 import resource
@@ -73,6 +77,7 @@ from trioindex.db.vector_index import create_index_sql
 REPORT = RESULTS_DIR / "http.md"
 MODEL, DIMENSION = "BAAI/bge-m3", 1024
 CLIENTS = 16
+BOUNDARY = "trioindex-bench-boundary"
 MODES = ("hybrid", "text", "vector", "hybrid")
 SEARCH_GOAL, UPLOAD_GOAL = 1.3, 0.8
 
@@ -265,6 +270,38 @@ def _upload_client(
     return began, time.time(), time.process_time() - cpu
 
 
+def _batch_body(files: Sequence[tuple[str, str]]) -> bytes:
+    """The multipart/form-data body of ``files`` (key, path): one part per file."""
+    parts = [
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{key}"; filename="{Path(path).name}"'
+        f"\r\nContent-Type: text/plain\r\n\r\n".encode()
+        + Path(path).read_bytes()
+        + b"\r\n"
+        for key, path in files
+    ]
+    return b"".join(parts) + f"--{BOUNDARY}--\r\n".encode()
+
+
+def _batch_client(
+    url: str, token: str, batches: Sequence[Sequence[tuple[str, str]]]
+) -> tuple[float, float, float]:
+    """As :func:`_upload_client`, one ``POST /v1/documents`` per batch over one kept-alive
+    ``http.client`` connection; the bodies are built before the clock starts."""
+    assert _client is not None
+    headers = {"Authorization": f"Bearer {token}"}
+    _client.get(f"{url}/v1/status", headers=headers).raise_for_status()
+    post = _stdlib_post(url)
+    headers["Content-Type"] = f"multipart/form-data; boundary={BOUNDARY}"
+    bodies = [(len(batch), _batch_body(batch)) for batch in batches]
+    _barrier.wait()
+    began, cpu = time.time(), time.process_time()
+    for count, body in bodies:
+        status, text = post(f"{url}/v1/documents", body, headers)
+        if status != 200 or json.loads(text)["created"] != count:
+            raise RuntimeError(f"batch upload answered {status}: {text[:300]}")
+    return began, time.time(), time.process_time() - cpu
+
+
 def _httpx_post(url: str, data: bytes, headers: dict[str, str]) -> tuple[int, str]:
     assert _client is not None
     answer = _client.post(url, content=data, headers=headers)
@@ -288,11 +325,11 @@ def _ready(_: int) -> None:
     time.sleep(0.5)  # long enough that every process of the pool takes one
 
 
-def client_pool() -> Any:
-    """``CLIENTS`` processes, each with its HTTP client, meeting at one barrier per run."""
+def client_pool(clients: int = CLIENTS) -> Any:
+    """``clients`` processes, each with its HTTP client, meeting at one barrier per run."""
     context = multiprocessing.get_context("spawn")
-    pool = context.Pool(CLIENTS, initializer=_start_client, initargs=(context.Barrier(CLIENTS),))
-    pool.map(_ready, range(CLIENTS * 2), chunksize=1)
+    pool = context.Pool(clients, initializer=_start_client, initargs=(context.Barrier(clients),))
+    pool.map(_ready, range(clients * 2), chunksize=1)
     return pool
 
 
@@ -340,8 +377,25 @@ def http_uploads(  # noqa: PLR0917 (the run's parts)
         [(url, token, named[i::CLIENTS], client) for i in range(CLIENTS)],
         chunksize=1,
     )
+    return _span(spans)
+
+
+def _span(spans: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
     took = max(end for _, end, _ in spans) - min(start for start, _, _ in spans)
     return float(took), float(sum(cpu for _, _, cpu in spans))
+
+
+def http_batch_uploads(  # noqa: PLR0917 (the run's parts)
+    pool: Any, url: str, token: str, root: Path, paths: Sequence[Path], size: int, clients: int
+) -> tuple[float, float]:
+    """As :func:`http_uploads`, in batches of ``size`` files shared among the ``clients``
+    processes of ``pool`` (batch *i* to client *i* mod ``clients``)."""
+    named = [(f"batch/{p.relative_to(root).as_posix()}", str(p)) for p in paths]
+    batches = [named[i : i + size] for i in range(0, len(named), size)]
+    spans = pool.starmap(
+        _batch_client, [(url, token, batches[i::clients]) for i in range(clients)], chunksize=1
+    )
+    return _span(spans)
 
 
 def ingest_seconds(env: dict[str, str], folder: Path) -> float:
@@ -381,13 +435,13 @@ def run(args: argparse.Namespace, url: str, work: Path) -> dict[str, Any]:
         servers: dict[str, Path | None] = {"this": None}
         if args.baseline:
             servers[args.baseline] = baseline_src(args.baseline, work / "baseline")
-        with client_pool() as pool:
+        with client_pool() as pool, client_pool(args.batch_clients) as batch_pool:
             if args.only != "upload":
                 figures["search"] = searches(args, env, pool, servers, token, queries, work)
             if args.only != "search":
-                figures["upload"] = uploads(args, env, pool, servers, token, work)
+                figures["upload"] = uploads(args, env, (pool, batch_pool), servers, token, work)
     if args.only != "search":
-        expected = {"upload": args.files * len(servers), "ingest": args.files}
+        expected = {"upload": args.files * len(servers), "batch": args.files, "ingest": args.files}
         counts = {name: _count(url, f"{name}/%") for name in expected}
         if counts != expected:
             raise RuntimeError(f"documents stored: {counts}, expected {expected}")
@@ -420,12 +474,14 @@ def searches(  # noqa: PLR0917 (the run's parts)
 def uploads(  # noqa: PLR0917 (the run's parts)
     args: argparse.Namespace,
     env: dict[str, str],
-    pool: Any,
+    pools: tuple[Any, Any],
     servers: dict[str, Path | None],
     token: str,
     work: Path,
 ) -> dict[str, Any]:
-    """Each server's uploads, then ``ingest``: seconds, and CPU seconds by part."""
+    """Each server's uploads (this checkout's also in batches), then ``ingest``: seconds,
+    and CPU seconds by part."""
+    pool, batch_pool = pools
     seconds: dict[str, float] = {}
     cpu: dict[str, dict[str, float]] = {}
     load: dict[str, float] = {}
@@ -439,10 +495,25 @@ def uploads(  # noqa: PLR0917 (the run's parts)
                     pool, service.url, token, work, files, args.upload_client
                 )
             cpu[name] = meter.read() | {"clients": clients}
-        print(f"upload: {args.files} files over HTTP ({name}) in {seconds[name]:.1f} s,"
-              f" load {load[name]:.1f}; CPU ms per upload: {per_unit(cpu[name], args.files)}")  # fmt: skip
-        if profiled is not None:
-            print(f"profile of serve ({name}): {profiled}")
+            _said(name, seconds, load, cpu, args.files, profiled)
+            if src is not None:
+                continue  # another checkout may have no batch uploads
+            batched = f"{name}, batches of {args.batch_size}"
+            files = small_files(work / "files-batch", "batch", args.files)
+            meter = CpuMeter.start(args.postgres_pid, service.pid)
+            with profiling(args.profile, service.pid, f"serve-{i}-batch.txt") as profiled:
+                load[batched] = os.getloadavg()[0]
+                seconds[batched], clients = http_batch_uploads(
+                    batch_pool,
+                    service.url,
+                    token,
+                    work,
+                    files,
+                    args.batch_size,
+                    args.batch_clients,
+                )
+            cpu[batched] = meter.read() | {"clients": clients}
+            _said(batched, seconds, load, cpu, args.files, profiled)
     small_files(work / "files-ingest", "ingest", args.files)
     meter = CpuMeter.start(args.postgres_pid)
     load["ingest"] = os.getloadavg()[0]
@@ -450,7 +521,27 @@ def uploads(  # noqa: PLR0917 (the run's parts)
     cpu["ingest"] = meter.read()
     print(f"ingest: {args.files} files in {seconds['ingest']:.1f} s, load {load['ingest']:.1f};"
           f" CPU ms per file: {per_unit(cpu['ingest'], args.files)}")  # fmt: skip
-    return {"files": args.files, "seconds": seconds, "cpu": cpu, "load": load}
+    return {
+        "files": args.files,
+        "seconds": seconds,
+        "cpu": cpu,
+        "load": load,
+        "batch_clients": args.batch_clients,
+    }
+
+
+def _said(  # noqa: PLR0917 (the run's parts)
+    name: str,
+    seconds: dict[str, float],
+    load: dict[str, float],
+    cpu: dict[str, dict[str, float]],
+    files: int,
+    profiled: Path | None,
+) -> None:
+    print(f"upload: {files} files over HTTP ({name}) in {seconds[name]:.1f} s,"
+          f" load {load[name]:.1f}; CPU ms per file: {per_unit(cpu[name], files)}")  # fmt: skip
+    if profiled is not None:
+        print(f"profile of serve ({name}): {profiled}")
 
 
 def per_unit(cpu: dict[str, float], units: int) -> dict[str, float]:
@@ -531,9 +622,7 @@ def upload_lines(up: dict[str, Any]) -> list[str]:
     rate = {name: up["files"] / s for name, s in up["seconds"].items()}
     rows = [
         [
-            "`trioindex ingest FOLDER` (one process, its start included)"
-            if name == "ingest"
-            else f"HTTP, `serve` at {name}, {CLIENTS} client processes",
+            _upload_row(name, up),
             f"{up['seconds'][name]:.1f}",
             f"{r:.0f}",
             f"{r / rate['ingest']:.2f}×",
@@ -541,7 +630,12 @@ def upload_lines(up: dict[str, Any]) -> list[str]:
         ]
         for name, r in rate.items()
     ]
-    ratio = rate["this"] / rate["ingest"]
+    ratios = {name: r / rate["ingest"] for name, r in rate.items() if name != "ingest"}
+    goals = [
+        f"Goal: HTTP ≥ {UPLOAD_GOAL}× ingest's files/s: {name} {ratio:.2f}× —"
+        f" {verdict(ratio >= UPLOAD_GOAL)}."
+        for name, ratio in ratios.items()
+    ]
     parts = ("serve", "serve system", "clients", "children", "postgres", "machine")
     cpu_rows = [
         [name, *(f"{per_unit(cpu, up['files']).get(part, float('nan')):.2f}" for part in parts)]
@@ -552,9 +646,7 @@ def upload_lines(up: dict[str, Any]) -> list[str]:
         "",
         *markdown_table(["", "seconds", "files/s", "files/s / ingest", "load average"], rows),
         "",
-        f"Goal: HTTP ≥ {UPLOAD_GOAL}× ingest's files/s: {ratio:.2f}× —"
-        f" {verdict(ratio >= UPLOAD_GOAL)}.",
-        "",
+        *(line for goal in goals for line in (goal, "")),
         "CPU ms per file: `serve` (all its threads; `serve system`: its kernel share), the"
         " client processes, this bench's reaped children (the `ingest` process), PostgreSQL"
         " (postmaster and backends) and the whole machine (other load included).",
@@ -562,6 +654,14 @@ def upload_lines(up: dict[str, Any]) -> list[str]:
         *markdown_table(["", *parts], cpu_rows),
         "",
     ]
+
+
+def _upload_row(name: str, up: dict[str, Any]) -> str:
+    if name == "ingest":
+        return "`trioindex ingest FOLDER` (one process, its start included)"
+    if "batches" in name:
+        return f"HTTP, `serve` at {name}, {up['batch_clients']} client processes"
+    return f"HTTP, `serve` at {name}, one file per request, {CLIENTS} client processes"
 
 
 def main() -> None:
@@ -593,6 +693,12 @@ def main() -> None:
         default=[],
         metavar="OPTION",
         help="an option for every upload server, e.g. --serve-option=--workers=2 (repeatable)",
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=50, help="files per batch upload (default 50)"
+    )
+    parser.add_argument(
+        "--batch-clients", type=int, default=4, help="batch upload client processes (default 4)"
     )
     args = parser.parse_args()
     args.chunks, args.seconds, args.files = (

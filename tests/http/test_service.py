@@ -24,6 +24,7 @@ ANY_UUID = "00000000-0000-4000-8000-000000000000"
 # (method, path) of every route, with a path that routes to it
 ROUTES = [
     ("POST", "/v1/documents/a.txt"),
+    ("POST", "/v1/documents"),
     ("DELETE", "/v1/documents/a.txt"),
     ("GET", "/v1/documents"),
     ("GET", "/v1/documents/a.txt"),
@@ -39,7 +40,11 @@ ROUTES = [
     ("GET", "/metrics"),
     ("GET", "/openapi.json"),
 ]
-WRITE = {("POST", "/v1/documents/a.txt"), ("DELETE", "/v1/documents/a.txt")}
+WRITE = {
+    ("POST", "/v1/documents/a.txt"),
+    ("POST", "/v1/documents"),
+    ("DELETE", "/v1/documents/a.txt"),
+}
 ADMIN = {("POST", f"/v1/jobs/{ANY_UUID}/retry"), ("POST", "/v1/jobs/retry-failed")}
 
 

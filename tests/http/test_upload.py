@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,16 +68,7 @@ def test_a_50_mb_upload_is_streamed_within_the_memory_budget(
     tmp_path: Path,
     embed_server: FakeEmbedServer,
 ) -> None:
-    env = service_env(
-        database_url,
-        s3_url,
-        tmp_path / "home",
-        embed_server,
-        TRIOINDEX_PARSING_MAX_DOCUMENT_SIZE="64MB",
-    )
-    url, process = start(env, tmp_path / "serve.log")
-    with connect(database_url) as conn:
-        token = create_key(conn, "uploader", Role.WRITE)[1]
+    url, process, token = started_with_limit(database_url, s3_url, tmp_path, embed_server, "64MB")
     headers = {"Authorization": f"Bearer {token}"}
     try:
         with httpx.Client(base_url=url, headers=headers, timeout=300) as client:
@@ -104,25 +96,39 @@ def test_a_50_mb_upload_is_streamed_within_the_memory_budget(
     assert growth < RSS_BUDGET, f"RSS grew {growth / MB:.0f} MB during a 50 MB upload"
     body = answer.json()
     assert (body["byte_size"], body["sha256"]) == (size, digest.hexdigest())
-    bucket = s3_url.rsplit("/", 1)[-1].split("?", maxsplit=1)[0]
-    stored = s3_server.client().stat_object(bucket, f"sha256/{body['sha256'][:2]}/{body['sha256']}")
-    assert stored.size == size
-    assert (stored.metadata or {}).get("x-amz-meta-sha256") == digest.hexdigest()
+    assert_stored(s3_server, s3_url, digest.hexdigest(), size)
 
 
-def test_a_body_over_the_document_size_is_refused_declared_or_not(
-    database_url: str, s3_url: str, tmp_path: Path, embed_server: FakeEmbedServer
-) -> None:
+def started_with_limit(
+    database_url: str, s3_url: str, tmp_path: Path, embed_server: FakeEmbedServer, limit: str
+) -> tuple[str, subprocess.Popen[bytes], str]:
+    """``serve`` whose documents are at most ``limit``: its URL, its process and a write
+    key."""
     env = service_env(
         database_url,
         s3_url,
         tmp_path / "home",
         embed_server,
-        TRIOINDEX_PARSING_MAX_DOCUMENT_SIZE="1MB",
+        TRIOINDEX_PARSING_MAX_DOCUMENT_SIZE=limit,
     )
     url, process = start(env, tmp_path / "serve.log")
     with connect(database_url) as conn:
         token = create_key(conn, "uploader", Role.WRITE)[1]
+    return url, process, token
+
+
+def assert_stored(s3_server: S3Server, s3_url: str, sha256: str, size: int) -> None:
+    """The object of these bytes is in the bucket, whole, with its hash noted."""
+    bucket = s3_url.rsplit("/", 1)[-1].split("?", maxsplit=1)[0]
+    stored = s3_server.client().stat_object(bucket, f"sha256/{sha256[:2]}/{sha256}")
+    assert stored.size == size
+    assert (stored.metadata or {}).get("x-amz-meta-sha256") == sha256
+
+
+def test_a_body_over_the_document_size_is_refused_declared_or_not(
+    database_url: str, s3_url: str, tmp_path: Path, embed_server: FakeEmbedServer
+) -> None:
+    url, process, token = started_with_limit(database_url, s3_url, tmp_path, embed_server, "1MB")
     headers = {"Authorization": f"Bearer {token}"}
     try:
         with httpx.Client(base_url=url, headers=headers, timeout=60) as client:

@@ -11,7 +11,9 @@ One module per concern:
 * ``errors`` — the JSON error body, its stable codes, and which error maps to which;
 * ``limits`` — the bounds: body sizes, concurrent requests, query length, ``top_k``, and
   checked reading of parameters;
-* ``upload`` — a request body streamed to a private temporary file, hashed as it arrives;
+* ``upload`` — a request body (or one part of a batch) spooled and hashed as it arrives;
+  ``enqueuer`` — uploads stored, then enqueued in groups; ``batch`` — many documents in one
+  multipart/form-data request, one result per part;
 * ``documents``, ``search``, ``operations``, ``monitor``, ``hooks`` — the handlers;
 * ``console`` — the web console's static files and its sign-in; ``session`` — console sessions
   (the cookie, its CSRF token) that stand for an API key;

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from importlib.metadata import version
-from typing import Final
+from typing import Any, Final
 
 import attrs
 from starlette.applications import Starlette
@@ -21,7 +21,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trioindex.db.api_keys import Role
-from trioindex.http import console, documents, hooks, monitor, openapi, operations, search
+from trioindex.http import batch, console, documents, hooks, monitor, openapi, operations, search
 from trioindex.http.context import Service, service
 from trioindex.http.errors import ErrorMiddleware
 from trioindex.http.limits import ConcurrencyLimit
@@ -52,6 +52,7 @@ class Endpoint:
     query: tuple[tuple[str, str], ...] = ()
     body: str | None = None
     body_type: str = "application/json"
+    body_schema: dict[str, Any] | None = None
 
 
 async def _openapi(request: Request) -> Response:
@@ -71,6 +72,27 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
         ),
         body="the document's bytes; Content-Type is kept unless generic",
         body_type="application/octet-stream",
+    ),
+    Endpoint(
+        "POST",
+        "/v1/documents",
+        Role.WRITE,
+        batch.upload_batch,
+        "Upload many documents in one request (one multipart part each) and enqueue them;"
+        " one result per part, in order",
+        (("priority", "job priority of every document of the batch"),),
+        body=f"multipart/form-data, at most {batch.MAX_PARTS} parts: each part's field name is"
+        " its document key, its filename the original name (default: the key's last segment),"
+        " its Content-Type kept unless generic; a part is refused alone (invalid_key,"
+        " invalid_name, invalid_content_type, document_too_large, duplicate_key)",
+        body_type="multipart/form-data",
+        body_schema={
+            "type": "object",
+            "additionalProperties": {
+                "type": "string",
+                "contentMediaType": "application/octet-stream",
+            },
+        },
     ),
     Endpoint(
         "DELETE",

@@ -32,7 +32,7 @@ from trioindex.values import as_json
 
 #: Content types that say nothing about the document (clients send them by default): the
 #: type is then guessed from the key's name, as ingest guesses it from the file's.
-_UNDECLARED: Final = frozenset(
+UNDECLARED_TYPES: Final = frozenset(
     {"", "application/octet-stream", "application/x-www-form-urlencoded"}
 )
 MAX_PAGE: Final = 1000
@@ -44,7 +44,7 @@ def document_key(request: Request) -> str:
 
 def _declared_type(request: Request) -> str | None:
     declared = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    return None if declared in _UNDECLARED else check_text("Content-Type", declared, 255)
+    return None if declared in UNDECLARED_TYPES else check_text("Content-Type", declared, 255)
 
 
 async def upload(request: Request) -> Response:

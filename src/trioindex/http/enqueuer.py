@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import BinaryIO, Final
 from uuid import UUID
 
@@ -31,7 +31,7 @@ import attrs
 from trioindex.db.enqueue import NewVersion, enqueue_versions, retry_deadlocks
 from trioindex.db.pool import Connection, Database
 from trioindex.errors import ObjectNotFound
-from trioindex.ingest.files import prepare_bytes, storage_key_for
+from trioindex.ingest.files import PreparedFile, prepare_bytes, storage_key_for
 from trioindex.ingest.results import IngestResult
 from trioindex.storage import ObjectStore
 from trioindex.worker.committer import GroupCommitter
@@ -83,17 +83,24 @@ def store_body(store: ObjectStore, body: Body) -> StoredBody:
         was_intact = info.size == body.size and info.sha256 in (None, body.sha256)
     except ObjectNotFound:
         was_intact = False
-    prepared = prepare_bytes(
+    return StoredBody(prepare_body(store, body, latest=None).version, was_intact)
+
+
+def prepare_body(
+    store: ObjectStore, body: Body, *, latest: Mapping[str, object] | None
+) -> PreparedFile:
+    """:func:`prepare_bytes` of an upload's body (``latest``: its document's newest version
+    when it was read, None to store the bytes whatever it is). Blocking."""
+    return prepare_bytes(
         store,
         body.handle,
         document_key=body.document_key,
         original_name=body.original_name,
         sha256=body.sha256,
         size=body.size,
-        latest=None,
+        latest=latest,
         content_type=body.content_type,
     )
-    return StoredBody(prepared.version, was_intact)
 
 
 def enqueue_group(

@@ -103,12 +103,13 @@ def classify(raised: BaseException) -> ApiError | None:
         return ApiError(502, "embedding_invalid", str(exc))
     if isinstance(exc, ContentInvalid):
         return ApiError(413, "document_too_large", str(exc))
-    if isinstance(exc, DatabaseUnavailable | psycopg.OperationalError | PoolTimeout):
-        return ApiError(503, "database_unavailable", "the database cannot be reached; retry")
     if isinstance(exc, psycopg.errors.ProgramLimitExceeded):
         # a value the request brought (a key of many 4-byte characters) is over what an index
-        # row can hold: the request's fault, refused alone
+        # row can hold: the request's fault, refused alone (tested before OperationalError,
+        # its base class)
         return invalid("a value of this request is too large for the database to index")
+    if isinstance(exc, DatabaseUnavailable | psycopg.OperationalError | PoolTimeout):
+        return ApiError(503, "database_unavailable", "the database cannot be reached; retry")
     if isinstance(exc, psycopg.Error):
         return ApiError(
             500, "database_error", f"database error {type(exc).__name__} ({exc.sqlstate or '?'})"

@@ -66,7 +66,11 @@ def document(endpoints: Sequence[Endpoint], version: str) -> dict[str, Any]:
             operation["requestBody"] = {
                 "description": endpoint.body,
                 "required": True,
-                "content": {endpoint.body_type: {}},
+                "content": {
+                    endpoint.body_type: {}
+                    if endpoint.body_schema is None
+                    else {"schema": endpoint.body_schema}
+                },
             }
         paths.setdefault(path, {})[endpoint.method.lower()] = operation
     return {

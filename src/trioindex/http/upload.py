@@ -1,5 +1,5 @@
-"""A request body spooled and hashed as it arrives: kept in memory when it is smaller than
-one piece, else streamed to a private temporary file.
+"""A body spooled and hashed as it arrives: kept in memory when it is smaller than one piece,
+else streamed to a private temporary file.
 
 Objects are stored under the hash of their bytes (``sha256/ab/<hash>``), so the hash must be
 known before the object is named. The body is gathered in pieces of :data:`WRITE_PIECE`
@@ -9,6 +9,9 @@ temporary file (deleted when closed, never named on disk), each piece hashed and
 worker thread, and the store then reads the file. Memory holds one piece, however large the
 document; a body over ``limit`` is refused as soon as it passes it (413
 ``document_too_large``), or before a byte is read when its ``Content-Length`` says so.
+
+:class:`Spool` is one body fed piece by piece (a part of a batch upload);
+:func:`spooled_body` spools a whole request body with it.
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ TOO_LARGE: Final = "document_too_large"
 
 @attrs.frozen
 class Spooled:
-    """The body on disk (``file``, at its start), its SHA-256 and its size."""
+    """The body in memory or on disk (``file``, at its start), its SHA-256 and its size;
+    ``in_memory``: ``file`` is a :class:`io.BytesIO` (no file to close)."""
 
     file: BinaryIO
     sha256: str
     size: int
+    in_memory: bool = True
 
 
 def _write(file: BinaryIO, sha: hashlib._Hash, piece: bytearray) -> None:
@@ -44,34 +49,55 @@ def _write(file: BinaryIO, sha: hashlib._Hash, piece: bytearray) -> None:
     file.write(piece)
 
 
+class Spool:
+    """One body fed with :meth:`add`, ended with :meth:`finish`; :meth:`aclose` removes its
+    temporary file, if it made one (call it however the body ended)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.size = 0
+        self._sha = hashlib.sha256()
+        self._piece = bytearray()
+        self._file: BinaryIO | None = None
+
+    async def add(self, chunk: bytes) -> None:
+        """Take the next bytes; 413 ``document_too_large`` once the body passes the limit."""
+        self.size += len(chunk)
+        if self.size > self.limit:
+            raise too_large(TOO_LARGE, self.limit)
+        self._piece += chunk
+        if len(self._piece) >= WRITE_PIECE:
+            if self._file is None:
+                self._file = await trio.to_thread.run_sync(tempfile.TemporaryFile)
+            await trio.to_thread.run_sync(_write, self._file, self._sha, self._piece)
+            self._piece.clear()
+
+    async def finish(self) -> Spooled:
+        """The whole body, at its start."""
+        if self._file is None:
+            self._sha.update(self._piece)
+            return Spooled(io.BytesIO(self._piece), self._sha.hexdigest(), self.size)
+        await trio.to_thread.run_sync(_write, self._file, self._sha, self._piece)
+        await trio.to_thread.run_sync(self._file.flush)
+        self._piece.clear()
+        self._file.seek(0)
+        return Spooled(self._file, self._sha.hexdigest(), self.size, in_memory=False)
+
+    async def aclose(self) -> None:
+        if self._file is not None:
+            file, self._file = self._file, None
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(file.close)
+
+
 @asynccontextmanager
 async def spooled_body(request: Request, *, limit: int) -> AsyncIterator[Spooled]:
     """The body of ``request`` in memory or a temporary file for the block; gone after."""
     declared_length(request, limit, TOO_LARGE)
-    file: BinaryIO | None = None
+    spool = Spool(limit)
     try:
-        sha = hashlib.sha256()
-        size = 0
-        piece = bytearray()
         async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise too_large(TOO_LARGE, limit)
-            piece += chunk
-            if len(piece) >= WRITE_PIECE:
-                if file is None:
-                    file = await trio.to_thread.run_sync(tempfile.TemporaryFile)
-                await trio.to_thread.run_sync(_write, file, sha, piece)
-                piece.clear()
-        if file is None:
-            sha.update(piece)
-            yield Spooled(io.BytesIO(piece), sha.hexdigest(), size)
-            return
-        await trio.to_thread.run_sync(_write, file, sha, piece)
-        await trio.to_thread.run_sync(file.flush)
-        file.seek(0)
-        yield Spooled(file, sha.hexdigest(), size)
+            await spool.add(chunk)
+        yield await spool.finish()
     finally:
-        if file is not None:
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(file.close)
+        await spool.aclose()
