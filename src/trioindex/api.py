@@ -79,6 +79,11 @@ CANDIDATES_PER_DOCUMENT = 4
 #: The least depth of each ranking that hybrid fuses, and of per-document grouping.
 MIN_CANDIDATES = 50
 MAX_CANDIDATES = 1000
+#: How deep hybrid's vector ranking is per chunk asked for when chunks are searched (the text
+#: ranking stays ``MIN_CANDIDATES`` deep): each vector result reads 20 candidates' vectors
+#: (:mod:`trioindex.db.vector_index`), and past twice the results asked for the fused top
+#: chunks no longer changed on `just eval`'s known-item set (docs/test-results/search.md).
+HYBRID_VECTOR_DEPTH_PER_CHUNK = 2
 
 
 @attrs.frozen
@@ -260,8 +265,16 @@ class Index:
         if top_k < 1:
             raise ValueError("top_k must be at least 1")
         depth = top_k if mode == "vector" else max(top_k, MIN_CANDIDATES)
+        vector_depth = top_k if mode == "vector" else HYBRID_VECTOR_DEPTH_PER_CHUNK * top_k
         filters = _filters(key_prefix, content_types, low_confidence)
-        ranked = await self._rank_many(queries, min(depth, MAX_CANDIDATES), mode, filters, hnsw)
+        ranked = await self._rank_many(
+            queries,
+            min(depth, MAX_CANDIDATES),
+            mode,
+            filters,
+            hnsw,
+            vector_depth=min(vector_depth, depth, MAX_CANDIDATES),
+        )
         db = self._services.db
         return [
             r
@@ -277,9 +290,12 @@ class Index:
         mode: SearchMode,
         filters: Filters,
         hnsw: HnswSettings,
+        *,
+        vector_depth: int | None = None,
     ) -> list[Answer[RankedChunk]]:
         """The ``depth`` best chunks per query in ``mode``, or why that query was refused;
-        hybrid fuses both rankings."""
+        hybrid fuses both rankings, the text one ``depth`` deep and the vector one
+        ``vector_depth`` deep (``depth`` when None)."""
         if mode not in SEARCH_MODES:
             raise ValueError(f"unknown search mode {mode!r}")
         db = self._services.db
@@ -300,7 +316,14 @@ class Index:
 
         async def rank_vector(i: int, vector: list[float]) -> None:
             by_vector[i] = await _answer(
-                db.run(vector_ranking, model, vector, depth, filters=filters, hnsw=hnsw)
+                db.run(
+                    vector_ranking,
+                    model,
+                    vector,
+                    depth if vector_depth is None else vector_depth,
+                    filters=filters,
+                    hnsw=hnsw,
+                )
             )
 
         async def embed_then_rank(nursery: trio.Nursery) -> None:
