@@ -79,11 +79,13 @@ CANDIDATES_PER_DOCUMENT = 4
 #: The least depth of each ranking that hybrid fuses, and of per-document grouping.
 MIN_CANDIDATES = 50
 MAX_CANDIDATES = 1000
-#: How deep hybrid's vector ranking is per chunk asked for when chunks are searched (the text
-#: ranking stays ``MIN_CANDIDATES`` deep): each vector result reads 20 candidates' vectors
-#: (:mod:`trioindex.db.vector_index`), and past twice the results asked for the fused top
-#: chunks no longer changed on `just eval`'s known-item set (docs/test-results/search.md).
+#: How deep hybrid's two rankings are per chunk asked for when chunks are searched: each
+#: vector result reads 20 candidates' vectors (:mod:`trioindex.db.vector_index`) and each text
+#: result probes its served row; on `just eval`'s known-item set the fused top 10 was the same
+#: with text lists 30 and 50 deep, and a vector list 20 deep instead of 50 moved one query's
+#: hit (docs/test-results/search.md).
 HYBRID_VECTOR_DEPTH_PER_CHUNK = 2
+HYBRID_TEXT_DEPTH_PER_CHUNK = 3
 
 
 @attrs.frozen
@@ -264,8 +266,13 @@ class Index:
         :meth:`search_many` ranks (or refuses) them."""
         if top_k < 1:
             raise ValueError("top_k must be at least 1")
-        depth = top_k if mode == "vector" else max(top_k, MIN_CANDIDATES)
-        vector_depth = top_k if mode == "vector" else HYBRID_VECTOR_DEPTH_PER_CHUNK * top_k
+        if mode == "hybrid":
+            depth, vector_depth = (
+                HYBRID_TEXT_DEPTH_PER_CHUNK * top_k,
+                HYBRID_VECTOR_DEPTH_PER_CHUNK * top_k,
+            )
+        else:
+            depth = vector_depth = top_k if mode == "vector" else max(top_k, MIN_CANDIDATES)
         filters = _filters(key_prefix, content_types, low_confidence)
         ranked = await self._rank_many(
             queries,

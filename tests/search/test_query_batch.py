@@ -21,7 +21,11 @@ from testkit.embed_server import fake_vector
 from testkit.processes import base_env
 from testkit.search_corpus import IndexedDocument, store_indexed
 from tests.search.zero_embedder import ZERO_MARK, ZeroEmbedServer
-from trioindex.api import HYBRID_VECTOR_DEPTH_PER_CHUNK, MIN_CANDIDATES
+from trioindex.api import (
+    HYBRID_TEXT_DEPTH_PER_CHUNK,
+    HYBRID_VECTOR_DEPTH_PER_CHUNK,
+    MIN_CANDIDATES,
+)
 from trioindex.config import load_settings
 from trioindex.db.models import ensure_model
 from trioindex.db.pool import Database
@@ -287,11 +291,11 @@ async def test_hybrid_ranks_its_halves_at_once_as_one_connection_ranks_them_in_t
         model = ensure_model(conn, MODEL, DIM)
         for query, answer in zip(queries, answers, strict=True):
             assert not isinstance(answer, QueryRefused)
-            # as Index ranks them for a top 10 chunks: text MIN_CANDIDATES deep, vector 20
+            # as Index ranks them for a top 10 chunks: text 30 deep, vector 20
             by_vector = vector_ranking(
                 conn, model, embedder.vector(query), HYBRID_VECTOR_DEPTH_PER_CHUNK * 10
             )
-            by_text = text_ranking(conn, model, query, MIN_CANDIDATES)
+            by_text = text_ranking(conn, model, query, HYBRID_TEXT_DEPTH_PER_CHUNK * 10)
             alone = hybrid_fusion(by_vector, by_text)[:10]
             assert [(h.document_key, h.text, h.score) for h in answer] == [
                 (r.document_key, r.text, pytest.approx(r.score)) for r in alone
@@ -302,8 +306,8 @@ async def test_hybrid_ranks_its_halves_at_once_as_one_connection_ranks_them_in_t
 async def test_hybrid_chunk_search_fuses_a_vector_list_twice_the_chunks_asked_for_deep(
     env: dict[str, str], embedder: ZeroEmbedServer, db: Database, tmp_path: Path
 ) -> None:
-    # 60 chunks that all hold "lease": the text list is MIN_CANDIDATES deep, the vector list
-    # 2 × top_k; a chunk the vector ranking puts past that counts only by its text rank
+    # 60 chunks that all hold "lease": the text list is 3 × top_k deep, the vector list
+    # 2 × top_k; a chunk one ranking puts past its depth counts only by the other's rank
     texts = [f"lease clause {i} " + "term " * (i % 7) for i in range(60)]
     with db.connection() as conn:
         model = ensure_model(conn, MODEL, DIM)
@@ -324,13 +328,16 @@ async def test_hybrid_chunk_search_fuses_a_vector_list_twice_the_chunks_asked_fo
         for query, answer in zip(queries, answers, strict=True):
             assert not isinstance(answer, QueryRefused)
             vector = embedder.vector(query)
-            by_text = text_ranking(conn, model, query, MIN_CANDIDATES)
+            by_text = text_ranking(conn, model, query, HYBRID_TEXT_DEPTH_PER_CHUNK * 3)
             by_vector = vector_ranking(conn, model, vector, HYBRID_VECTOR_DEPTH_PER_CHUNK * 3)
             expected = hybrid_fusion(by_vector, by_text)[:3]
             assert [(h.document_key, h.score) for h in answer] == [
                 (r.document_key, pytest.approx(r.score)) for r in expected
             ], query
-            full = hybrid_fusion(vector_ranking(conn, model, vector, MIN_CANDIDATES), by_text)
+            full = hybrid_fusion(
+                vector_ranking(conn, model, vector, MIN_CANDIDATES),
+                text_ranking(conn, model, query, MIN_CANDIDATES),
+            )
             deeper.append([r.document_key for r in full[:3]])
-    # the depth matters on this corpus: a 50-deep vector list fuses to another top 3
+    # the depths matter on this corpus: 50-deep lists fuse to another top 3
     assert deeper != [[h.document_key for h in a] for a in answers if isinstance(a, list)]
