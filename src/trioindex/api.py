@@ -76,14 +76,15 @@ Answer = list[H] | QueryRefused
 
 #: Ranked chunks fetched per requested document (a document's chunks are grouped from them).
 CANDIDATES_PER_DOCUMENT = 4
-#: The least depth of each ranking that hybrid fuses, and of per-document grouping.
+#: The least depth of each ranking that document search fuses, of a text or re-ranked chunk
+#: search, and of per-document grouping.
 MIN_CANDIDATES = 50
 MAX_CANDIDATES = 1000
-#: How deep hybrid's two rankings are per chunk asked for when chunks are searched: each
-#: vector result reads 20 candidates' vectors (:mod:`trioindex.db.vector_index`) and each text
-#: result probes its served row; on `just eval`'s known-item set the fused top 10 was the same
-#: with text lists 30 and 50 deep, and a vector list 20 deep instead of 50 moved one query's
-#: hit (docs/test-results/search.md).
+#: How deep hybrid's two rankings are per chunk asked for when chunks are searched without a
+#: re-ranker: each vector result reads 20 candidates' vectors (:mod:`trioindex.db.vector_index`)
+#: and each text result probes its served row; on `just eval`'s known-item set the fused top
+#: 10 was the same with text lists 30 and 50 deep, and a vector list 20 deep instead of 50
+#: moved one query's hit (docs/test-results/search.md).
 HYBRID_VECTOR_DEPTH_PER_CHUNK = 2
 HYBRID_TEXT_DEPTH_PER_CHUNK = 3
 
@@ -266,7 +267,8 @@ class Index:
         :meth:`search_many` ranks (or refuses) them."""
         if top_k < 1:
             raise ValueError("top_k must be at least 1")
-        if mode == "hybrid":
+        if mode == "hybrid" and self._reranker is None:
+            # a re-ranker re-orders the fused list's first top_n: it keeps both lists deep
             depth, vector_depth = (
                 HYBRID_TEXT_DEPTH_PER_CHUNK * top_k,
                 HYBRID_VECTOR_DEPTH_PER_CHUNK * top_k,
