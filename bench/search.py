@@ -17,7 +17,9 @@ manual pages' vocabulary, for the local model's 384 dimensions and a server mode
 a stored chunk's vector plus noise, and five of its words. Query embedding excluded: the
 ranking call alone (`vector_ranking`, top 10 chunks) for each `ef_search` and iterative-scan
 setting, with recall@10 against exact (brute-force) search; included: `Index.search_chunks`
-end to end (serving-model check, query embedding, ranking) per mode.
+end to end (serving-model check, query embedding, ranking) per mode, one mode after the other
+(each counting its terms' document frequencies afresh), and hybrid's p50 and p95 against
+vector's. ``--model NAME`` runs only that model (repeatable).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import os
 import re
 import tempfile
 import time
@@ -69,6 +72,8 @@ from trioindex.services import open_configured_embedder
 from trioindex.worker.wiring import build_chunker
 
 REPORT = RESULTS_DIR / "search.md"
+#: The speed run's models: the local one, and a server model's size (served by the fake TEI).
+SPEED_MODELS = [("sentence-transformers/all-MiniLM-L6-v2", 384), ("BAAI/bge-m3", 1024)]
 #: The depth of each chunk ranking the fusion is tuned over (as `Index` ranks for hybrid).
 TUNE_DEPTH = 50
 #: The fusions tried on each set: (k, weight of the text list; the vector list's is 1).
@@ -308,11 +313,12 @@ async def speed(
             print(f"speed {model}: {runs[-1]}")
     figures["ranking"] = runs
     query_texts = [" ".join(words[i][:5]) for i in picks]
-    figures["end_to_end"] = {}
+    figures["end_to_end"], figures["load_by_mode"] = {}, {}
     async with Index.open(settings) as index:
         await index.search_chunks(query_texts[0], top_k=10)  # loads the model
         for mode in SEARCH_MODES:
             forget()  # each mode counts its terms' dfs afresh: no mode runs on another's
+            figures["load_by_mode"][mode] = os.getloadavg()[0]
             times = []
             for text in query_texts:
                 began = time.perf_counter()
@@ -393,6 +399,12 @@ def speed_lines(runs: list[dict[str, Any]]) -> list[str]:
             for r in f["ranking"]
         ]
         e2e = [[mode, f"{v['p50']:.1f}", f"{v['p95']:.1f}"] for mode, v in f["end_to_end"].items()]
+        vector, hybrid = f["end_to_end"]["vector"], f["end_to_end"]["hybrid"]
+        ratio = (
+            f"Hybrid against vector, same run: {hybrid['p50'] / vector['p50']:.2f}× at p50,"
+            f" {hybrid['p95'] / vector['p95']:.2f}× at p95 (1-minute load average when the"
+            f" modes began: {', '.join(f'{m} {v:.1f}' for m, v in f['load_by_mode'].items())})."
+        )
         lines += [
             f"## Latency: {f['model']} ({f['dimension']} dimensions), {f['chunks']:,} chunks",
             "",
@@ -409,6 +421,8 @@ def speed_lines(runs: list[dict[str, Any]]) -> list[str]:
             "End to end (`Index.search_chunks`, top 10: serving-model check, query embedding, ranking), ms:",
             "",
             *markdown_table(["mode", "p50", "p95"], e2e),
+            "",
+            ratio,
             "",
         ]
     return lines
@@ -434,9 +448,15 @@ def main() -> None:
     parser.add_argument("--progit", help="a clone of github.com/progit/progit2 (eval)")
     parser.add_argument("--progit-ko", help="a clone of github.com/progit/progit2-ko (eval)")
     parser.add_argument("--rerank-url", help="a TEI /rerank server: also rank hybrid re-ranked")
+    parser.add_argument(
+        "--model",
+        action="append",
+        choices=[name for name, _ in SPEED_MODELS],
+        help="speed: only this model (repeatable; both when not given)",
+    )
     args = parser.parse_args()
     began, figures = time.monotonic(), []
-    models = [("sentence-transformers/all-MiniLM-L6-v2", 384), ("BAAI/bge-m3", 1024)]
+    models = [(name, dim) for name, dim in SPEED_MODELS if not args.model or name in args.model]
     if args.what == "eval":
         sets = [known_items(40 if args.quick else 120), progit(args.progit, args.progit_ko)]
         if sets[1] is None:
@@ -466,7 +486,11 @@ def main() -> None:
                 figures.append(trio.run(run, url, Path(home), model, dim))
                 machine = machine_info(url)
     body = eval_lines(figures) if args.what == "eval" else speed_lines(figures)
-    command = f".venv/bin/python -m bench.search {args.what}" + (" --quick" if args.quick else "")
+    command = (
+        f".venv/bin/python -m bench.search {args.what}"
+        + (" --quick" if args.quick else "")
+        + "".join(f" --model {name}" for name in args.model or ())
+    )
     head = page_head(f"search {args.what}", utc_now(), command, time.monotonic() - began, machine)
     if args.quick:
         print("\n".join(body))

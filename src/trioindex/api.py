@@ -76,9 +76,17 @@ Answer = list[H] | QueryRefused
 
 #: Ranked chunks fetched per requested document (a document's chunks are grouped from them).
 CANDIDATES_PER_DOCUMENT = 4
-#: The least depth of each ranking that hybrid fuses, and of per-document grouping.
+#: The least depth of each ranking that document search fuses, of a text or re-ranked chunk
+#: search, and of per-document grouping.
 MIN_CANDIDATES = 50
 MAX_CANDIDATES = 1000
+#: How deep hybrid's two rankings are per chunk asked for when chunks are searched without a
+#: re-ranker: each vector result reads 20 candidates' vectors (:mod:`trioindex.db.vector_index`)
+#: and each text result probes its served row; on `just eval`'s known-item set the fused top
+#: 10 was the same with text lists 30 and 50 deep, and a vector list 20 deep instead of 50
+#: moved one query's hit (docs/test-results/search.md).
+HYBRID_VECTOR_DEPTH_PER_CHUNK = 2
+HYBRID_TEXT_DEPTH_PER_CHUNK = 3
 
 
 @attrs.frozen
@@ -259,9 +267,23 @@ class Index:
         :meth:`search_many` ranks (or refuses) them."""
         if top_k < 1:
             raise ValueError("top_k must be at least 1")
-        depth = top_k if mode == "vector" else max(top_k, MIN_CANDIDATES)
+        if mode == "hybrid" and self._reranker is None:
+            # a re-ranker re-orders the fused list's first top_n: it keeps both lists deep
+            depth, vector_depth = (
+                HYBRID_TEXT_DEPTH_PER_CHUNK * top_k,
+                HYBRID_VECTOR_DEPTH_PER_CHUNK * top_k,
+            )
+        else:
+            depth = vector_depth = top_k if mode == "vector" else max(top_k, MIN_CANDIDATES)
         filters = _filters(key_prefix, content_types, low_confidence)
-        ranked = await self._rank_many(queries, min(depth, MAX_CANDIDATES), mode, filters, hnsw)
+        ranked = await self._rank_many(
+            queries,
+            min(depth, MAX_CANDIDATES),
+            mode,
+            filters,
+            hnsw,
+            vector_depth=min(vector_depth, depth, MAX_CANDIDATES),
+        )
         db = self._services.db
         return [
             r
@@ -277,9 +299,12 @@ class Index:
         mode: SearchMode,
         filters: Filters,
         hnsw: HnswSettings,
+        *,
+        vector_depth: int | None = None,
     ) -> list[Answer[RankedChunk]]:
         """The ``depth`` best chunks per query in ``mode``, or why that query was refused;
-        hybrid fuses both rankings."""
+        hybrid fuses both rankings, the text one ``depth`` deep and the vector one
+        ``vector_depth`` deep (``depth`` when None)."""
         if mode not in SEARCH_MODES:
             raise ValueError(f"unknown search mode {mode!r}")
         db = self._services.db
@@ -300,7 +325,14 @@ class Index:
 
         async def rank_vector(i: int, vector: list[float]) -> None:
             by_vector[i] = await _answer(
-                db.run(vector_ranking, model, vector, depth, filters=filters, hnsw=hnsw)
+                db.run(
+                    vector_ranking,
+                    model,
+                    vector,
+                    depth if vector_depth is None else vector_depth,
+                    filters=filters,
+                    hnsw=hnsw,
+                )
             )
 
         async def embed_then_rank(nursery: trio.Nursery) -> None:

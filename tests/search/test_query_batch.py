@@ -21,7 +21,11 @@ from testkit.embed_server import fake_vector
 from testkit.processes import base_env
 from testkit.search_corpus import IndexedDocument, store_indexed
 from tests.search.zero_embedder import ZERO_MARK, ZeroEmbedServer
-from trioindex.api import MIN_CANDIDATES
+from trioindex.api import (
+    HYBRID_TEXT_DEPTH_PER_CHUNK,
+    HYBRID_VECTOR_DEPTH_PER_CHUNK,
+    MIN_CANDIDATES,
+)
 from trioindex.config import load_settings
 from trioindex.db.models import ensure_model
 from trioindex.db.pool import Database
@@ -30,7 +34,9 @@ from trioindex.search import (
     MAX_QUERY_TERMS,
     QUERY_INVALID,
     QueryRefused,
-    hybrid_ranking,
+    hybrid_fusion,
+    text_ranking,
+    vector_ranking,
 )
 
 MODEL, DIM = "test/zero-4", 4
@@ -285,10 +291,53 @@ async def test_hybrid_ranks_its_halves_at_once_as_one_connection_ranks_them_in_t
         model = ensure_model(conn, MODEL, DIM)
         for query, answer in zip(queries, answers, strict=True):
             assert not isinstance(answer, QueryRefused)
-            # each half MIN_CANDIDATES deep, as Index ranks them for a top 10
-            alone = hybrid_ranking(conn, model, query, embedder.vector(query), MIN_CANDIDATES)
-            alone = alone[:10]
+            # as Index ranks them for a top 10 chunks: text 30 deep, vector 20
+            by_vector = vector_ranking(
+                conn, model, embedder.vector(query), HYBRID_VECTOR_DEPTH_PER_CHUNK * 10
+            )
+            by_text = text_ranking(conn, model, query, HYBRID_TEXT_DEPTH_PER_CHUNK * 10)
+            alone = hybrid_fusion(by_vector, by_text)[:10]
             assert [(h.document_key, h.text, h.score) for h in answer] == [
                 (r.document_key, r.text, pytest.approx(r.score)) for r in alone
             ], query
             assert answer, query
+
+
+async def test_hybrid_chunk_search_fuses_a_vector_list_twice_the_chunks_asked_for_deep(
+    env: dict[str, str], embedder: ZeroEmbedServer, db: Database, tmp_path: Path
+) -> None:
+    # 60 chunks that all hold "lease": the text list is 3 × top_k deep, the vector list
+    # 2 × top_k; a chunk one ranking puts past its depth counts only by the other's rank
+    texts = [f"lease clause {i} " + "term " * (i % 7) for i in range(60)]
+    with db.connection() as conn:
+        model = ensure_model(conn, MODEL, DIM)
+        store_indexed(
+            conn,
+            model,
+            [
+                IndexedDocument(f"many/{i:02}", [t], [fake_vector(t, DIM)])
+                for i, t in enumerate(texts)
+            ],
+        )
+    settings = load_settings(environ=env, cwd=tmp_path)
+    queries = ["lease", "lease term", "clause term"]
+    async with trioindex.Index.open(settings) as index:
+        answers = await index.search_chunks_many(queries, mode="hybrid", top_k=3)
+    deeper = []
+    with db.connection() as conn:
+        for query, answer in zip(queries, answers, strict=True):
+            assert not isinstance(answer, QueryRefused)
+            vector = embedder.vector(query)
+            by_text = text_ranking(conn, model, query, HYBRID_TEXT_DEPTH_PER_CHUNK * 3)
+            by_vector = vector_ranking(conn, model, vector, HYBRID_VECTOR_DEPTH_PER_CHUNK * 3)
+            expected = hybrid_fusion(by_vector, by_text)[:3]
+            assert [(h.document_key, h.score) for h in answer] == [
+                (r.document_key, pytest.approx(r.score)) for r in expected
+            ], query
+            full = hybrid_fusion(
+                vector_ranking(conn, model, vector, MIN_CANDIDATES),
+                text_ranking(conn, model, query, MIN_CANDIDATES),
+            )
+            deeper.append([r.document_key for r in full[:3]])
+    # the depths matter on this corpus: 50-deep lists fuse to another top 3
+    assert deeper != [[h.document_key for h in a] for a in answers if isinstance(a, list)]

@@ -15,6 +15,7 @@ from testkit.search_corpus import IndexedDocument, store_indexed
 from trioindex.db.models import EmbeddingModel, ensure_model
 from trioindex.db.pool import Connection, Database
 from trioindex.db.search import CandidateBranch, TextTerm
+from trioindex.db.vector_index import build_vector_index
 from trioindex.search import (
     HYBRID_K,
     HYBRID_TEXT_WEIGHT,
@@ -115,6 +116,63 @@ def test_filters_keep_a_key_prefix_and_content_types(db: Database, model: Embedd
         }
         # LIKE wildcards in a prefix are plain characters
         assert found(Filters(key_prefix="papers_")) == set()
+
+
+def test_vector_ranking_through_the_index_returns_each_chunks_own_rows_under_filters(
+    db: Database,
+) -> None:
+    # the candidates are ranked from the vectors and served rows alone and their rows read for
+    # the kept ones: each hit still carries its own chunk's text, index, document, version and
+    # content type, and a filter still applies to every candidate (both before and through
+    # the index), so the filtered lists are the exact top 5 computed here
+    dim, n = 16, 120
+    rng = np.random.default_rng(11)
+    vectors = rng.standard_normal((n, dim)).astype(np.float32)
+    types = ["text/markdown", "application/pdf", "text/plain"]
+    docs = [
+        IndexedDocument(
+            f"{'papers' if d % 2 else 'notes'}/{d:03}",
+            [f"chunk {d}-{i}" for i in range(3)],
+            vectors[3 * d : 3 * d + 3],
+            types[d % 3],
+        )
+        for d in range(n // 3)
+    ]
+    unit_vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    query = vectors[40] + 0.05
+    similarity = unit_vectors @ (query / np.linalg.norm(query))
+
+    def expected(keep: Filters) -> list[tuple[str, int, str, str, float]]:
+        rows = [
+            (docs[i // 3].key, i % 3, f"chunk {i // 3}-{i % 3}", types[(i // 3) % 3], s)
+            for i, s in enumerate(similarity)
+        ]
+        rows = [
+            r
+            for r in rows
+            if r[0].startswith(keep.key_prefix or "")
+            and (not keep.content_types or r[3] in keep.content_types)
+        ]
+        return sorted(rows, key=lambda r: -r[4])[:5]
+
+    def ranked(conn: Connection, keep: Filters) -> list[tuple[str, int, str, str, float]]:
+        return [
+            (r.document_key, r.chunk_index, r.text, r.content_type or "", r.score)
+            for r in vector_ranking(conn, model, query, 5, filters=keep)
+        ]
+
+    filters = [Filters(), Filters(key_prefix="papers/"), Filters(content_types=("text/plain",))]
+    with db.connection() as conn:
+        model = ensure_model(conn, "filtered", dim)
+        store_indexed(conn, model, docs)
+        before = [ranked(conn, keep) for keep in filters]
+        assert build_vector_index(conn, model, min_vectors=n)
+        after = [ranked(conn, keep) for keep in filters]
+    for keep, exact, indexed in zip(filters, before, after, strict=True):
+        truth = expected(keep)
+        for found in (exact, indexed):
+            assert [r[:4] for r in found] == [r[:4] for r in truth]
+            assert [r[4] for r in found] == pytest.approx([r[4] for r in truth], abs=1e-5)
 
 
 def test_text_ranking_matches_english_stems_and_korean_words_with_particles(

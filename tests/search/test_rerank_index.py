@@ -55,14 +55,21 @@ def settings_for(
     return load_settings(environ=env, cwd=home)
 
 
-async def test_hybrid_is_reranked_and_the_other_modes_are_not(
+@pytest.fixture
+def reranking(
     database_url: str,
     db: Database,
     servers: tuple[FakeEmbedServer, FakeRerankServer],
     tmp_path: Path,
+) -> tuple[trioindex.config.Settings, FakeRerankServer]:
+    """The settings of an index with the documents above and a re-ranker, and the re-ranker."""
+    return settings_for(database_url, db, servers, tmp_path), servers[1]
+
+
+async def test_hybrid_is_reranked_and_the_other_modes_are_not(
+    reranking: tuple[trioindex.config.Settings, FakeRerankServer],
 ) -> None:
-    settings = settings_for(database_url, db, servers, tmp_path)
-    rerank = servers[1]
+    settings, rerank = reranking
     async with trioindex.Index.open(settings) as index:
         # the fake re-ranker scores the share of the query's words a chunk holds
         hits = await index.search("renewal by workers lease", top_k=3)
@@ -76,3 +83,25 @@ async def test_hybrid_is_reranked_and_the_other_modes_are_not(
         fused = await index.search("renewal by workers lease", top_k=3)
         # the fused sum, not a re-ranker score
         assert fused[0].score <= (1 + HYBRID_TEXT_WEIGHT) / (HYBRID_K + 1)
+
+
+async def test_a_reranked_chunk_search_gives_the_reranker_its_top_n_chunks(
+    db: Database, reranking: tuple[trioindex.config.Settings, FakeRerankServer]
+) -> None:
+    # without a re-ranker a chunk search fuses lists a few times top_k deep; with one, the
+    # fused list still holds the re-ranker's top_n (20) chunks when that many match
+    settings, rerank = reranking
+    texts = [f"lease number {i}" for i in range(30)]
+    with db.connection() as conn:
+        store_indexed(
+            conn,
+            ensure_model(conn, MODEL, DIM),
+            [
+                IndexedDocument(f"many/{i:02}", [t], [fake_vector(t, DIM)])
+                for i, t in enumerate(texts)
+            ],
+        )
+    async with trioindex.Index.open(settings) as index:
+        hits = await index.search_chunks("lease", top_k=2)
+    assert len(hits) == 2
+    assert rerank.requests == [20]

@@ -81,29 +81,41 @@ def nearest_chunks(
     Exact while the model has no valid index; once it has, the
     :func:`~trioindex.db.vector_index.candidate_count` nearest by the Hamming distance of their
     sign bits (through the index) ordered by exact cosine (:mod:`trioindex.db.vector_index`
-    says why)."""
+    says why). The candidates are ranked from the vectors and the served rows alone (documents
+    and versions only when a filter needs them); the chunk's text, document and version are
+    read for the ``limit`` kept."""
     dim = int(model.dimension)
     where, params = filters.sql()
     exact = f"e.vector::vector({dim}) <=> %(q)s::vector({dim})"
+    # a filter reads the document and the version of each candidate; without one, none is read
+    filtered = (
+        """JOIN documents d ON d.id = s.document_id
+                JOIN document_versions v ON v.id = e.document_version_id"""
+        if where
+        else ""
+    )
     with conn.transaction():
         indexed = index_ready(conn, model)
         candidates = candidate_count(limit) if indexed else limit
         _set_hnsw(conn, hnsw, at_least=candidates if indexed else 0)
         order = f"{quantized_sql(dim, 'e.vector')} <~> {quantized_sql(dim, '%(q)s')}"
-        query = f"""SELECT {_COLUMNS}, 1 - ({exact}) AS score
+        nearest = f"""SELECT e.chunk_id, 1 - ({exact}) AS score
                 FROM embeddings e
                 JOIN served_versions s ON s.document_version_id = e.document_version_id
                                       AND s.embedding_model_id = %(model)s
-                JOIN documents d ON d.id = s.document_id
-                JOIN document_versions v ON v.id = e.document_version_id
-                JOIN document_chunks c ON c.id = e.chunk_id
+                {filtered}
                 WHERE e.embedding_model_id = %(model)s{where}
                 ORDER BY {order if indexed else exact}
                 LIMIT %(candidates)s"""
         if indexed:
-            query = f"SELECT * FROM ({query}) AS r ORDER BY score DESC LIMIT %(limit)s"
+            nearest = f"SELECT * FROM ({nearest}) AS n ORDER BY score DESC LIMIT %(limit)s"
         return conn.execute(
-            query,
+            f"""SELECT {_COLUMNS}, r.score
+                FROM ({nearest}) AS r
+                JOIN document_chunks c ON c.id = r.chunk_id
+                JOIN documents d ON d.id = c.document_id
+                JOIN document_versions v ON v.id = c.document_version_id
+                ORDER BY r.score DESC""",
             {"q": Vector(list(vector)), "model": model.id, "limit": limit}
             | {"candidates": candidates}
             | params,
