@@ -1,7 +1,7 @@
 """A model's vector index on a real PostgreSQL (db/vector_index.py): none at registration, built
 once the model has enough vectors, one builder at a time, an interrupted build built again, an
-older release's float32 index replaced, and vector search answering the exact top k before and
-after."""
+older release's float32 index replaced, a graph with other build parameters rebuilt beside
+the one search uses, and vector search answering the exact top k before and after."""
 
 from __future__ import annotations
 
@@ -18,7 +18,10 @@ from trioindex.db.pool import Connection, Database
 from trioindex.db.vector_index import (
     IndexState,
     build_vector_index,
+    create_index_sql,
     has_vectors,
+    hnsw_parameters,
+    index_parameters,
     index_state,
     quantized_sql,
 )
@@ -51,7 +54,7 @@ def _plan(conn: Connection, model: EmbeddingModel) -> str:
 def _float32_index(conn: Connection, model: EmbeddingModel) -> None:
     """What an older release built: float32 HNSW over the model's vectors."""
     conn.execute(
-        f"""CREATE INDEX {model.float32_index_name} ON embeddings
+        f"""CREATE INDEX {model.retired_index_name} ON embeddings
             USING hnsw ((vector::vector({DIM})) vector_cosine_ops)
             WHERE embedding_model_id = '{model.id}'"""
     )
@@ -125,11 +128,11 @@ def test_an_older_float32_index_is_replaced_by_the_bit_index(db: Database) -> No
         model = ensure_model(conn, "m", DIM)
         vectors = _store(conn, model, 12)
         _float32_index(conn, model)
-        assert index_state(conn, model, model.float32_index_name) is IndexState.VALID
+        assert index_state(conn, model, model.retired_index_name) is IndexState.VALID
         # replaced whatever the count: the model was indexed before, search keeps an index
         assert build_vector_index(conn, model, min_vectors=1_000_000) is True
         assert index_state(conn, model) is IndexState.VALID
-        assert index_state(conn, model, model.float32_index_name) is IndexState.MISSING
+        assert index_state(conn, model, model.retired_index_name) is IndexState.MISSING
         assert model.index_name in _plan(conn, model)
         top = [r.document_key for r in vector_ranking(conn, model, vectors[3], 3)]
         assert top[0] == "doc-003"
@@ -145,7 +148,125 @@ def test_a_float32_index_left_beside_a_valid_bit_index_is_dropped(db: Database) 
         _float32_index(conn, model)
         assert build_vector_index(conn, model, min_vectors=1) is False
         assert index_state(conn, model) is IndexState.VALID
-        assert index_state(conn, model, model.float32_index_name) is IndexState.MISSING
+        assert index_state(conn, model, model.retired_index_name) is IndexState.MISSING
+
+
+def _index_with(conn: Connection, model: EmbeddingModel, name: str, m: int, efc: int) -> None:
+    """A bit graph of the model built with other parameters than today's."""
+    assert (m, efc) != hnsw_parameters(model.dimension)
+    conn.execute(
+        f"""CREATE INDEX {name} ON embeddings
+            USING hnsw (({quantized_sql(model.dimension, "vector")}) bit_hamming_ops)
+            WITH (m = {m}, ef_construction = {efc}) WHERE embedding_model_id = '{model.id}'"""
+    )
+
+
+def _only_the_index_with_todays_parameters(conn: Connection, model: EmbeddingModel) -> None:
+    assert index_state(conn, model) is IndexState.VALID
+    assert index_parameters(conn, model.index_name) == hnsw_parameters(model.dimension)
+    assert index_state(conn, model, model.retired_index_name) is IndexState.MISSING
+    assert index_state(conn, model, model.next_index_name) is IndexState.MISSING
+    assert model.index_name in _plan(conn, model)
+
+
+def test_an_index_built_with_other_parameters_is_rebuilt_with_todays(db: Database) -> None:
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+        vectors = _store(conn, model, 12)
+        _index_with(conn, model, model.index_name, 4, 10)
+        assert index_parameters(conn, model.index_name) == (4, 10)
+        # rebuilt whatever the count: the model was indexed before
+        assert build_vector_index(conn, model, min_vectors=1_000_000) is True
+        _only_the_index_with_todays_parameters(conn, model)
+        top = [r.document_key for r in vector_ranking(conn, model, vectors[3], 3)]
+        assert top[0] == "doc-003"
+        assert build_vector_index(conn, model, min_vectors=0) is False
+
+
+def test_an_index_without_build_parameters_has_pgvectors_defaults(db: Database) -> None:
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+        _store(conn, model, 3)
+        assert index_parameters(conn, model.index_name) is None
+        conn.execute(
+            f"""CREATE INDEX {model.index_name} ON embeddings
+                USING hnsw (({quantized_sql(DIM, "vector")}) bit_hamming_ops)"""
+        )
+        assert index_parameters(conn, model.index_name) == (16, 64)
+
+
+def test_a_rebuild_stopped_after_its_build_takes_the_name_at_the_next_check(
+    db: Database,
+) -> None:
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+        _store(conn, model, 6)
+        _index_with(conn, model, model.index_name, 4, 10)
+        # the new graph was built, the process stopped before the names were swapped
+        conn.execute(create_index_sql(model, concurrently=False, name=model.next_index_name))
+        next_oid = conn.execute("SELECT %s::regclass::oid AS o", (model.next_index_name,))
+        built_oid = next_oid.fetchone()
+        assert build_vector_index(conn, model, min_vectors=1) is True
+        _only_the_index_with_todays_parameters(conn, model)
+        now = conn.execute("SELECT %s::regclass::oid AS o", (model.index_name,)).fetchone()
+        assert now == built_oid  # taken over, not built a second time
+
+
+def test_a_rebuild_interrupted_during_its_build_is_built_again(db: Database) -> None:
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+        _store(conn, model, 6)
+        _index_with(conn, model, model.index_name, 4, 10)
+        conn.execute(create_index_sql(model, concurrently=False, name=model.next_index_name))
+        conn.execute(
+            "UPDATE pg_index SET indisvalid = false WHERE indexrelid = %s::regclass",
+            (model.next_index_name,),
+        )
+        assert build_vector_index(conn, model, min_vectors=1) is True
+        _only_the_index_with_todays_parameters(conn, model)
+
+
+def test_search_keeps_the_old_index_while_the_rebuild_waits(db: Database) -> None:
+    # A real CREATE INDEX CONCURRENTLY of the new graph kept waiting by an open snapshot:
+    # meanwhile the model's index is the old, valid one and search ranks through it
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+        vectors = _store(conn, model, 8)
+        _index_with(conn, model, model.index_name, 4, 10)
+    built: list[bool] = []
+    with db.connection() as blocker, db.connection() as watcher:
+        blocker.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        blocker.execute("SELECT count(*) FROM embedding_models")
+        pid: list[int] = []
+        builder = threading.Thread(
+            target=lambda: built.append(_build_on_own_connection(db, model, pid)), daemon=True
+        )
+        builder.start()
+        while not (pid and helpers.waits_on_a_lock(watcher, pid[0])):
+            assert builder.is_alive(), "the rebuild did not wait for the open snapshot"
+        assert index_state(watcher, model, model.next_index_name) is IndexState.INVALID
+        assert index_state(watcher, model) is IndexState.VALID
+        assert index_parameters(watcher, model.index_name) == (4, 10)
+        assert model.index_name in _plan(watcher, model)
+        top = [r.document_key for r in vector_ranking(watcher, model, vectors[5], 1)]
+        assert top == ["doc-005"]
+        blocker.execute("COMMIT")
+        builder.join(timeout=60)
+    assert built == [True]
+    with db.connection() as conn:
+        _only_the_index_with_todays_parameters(conn, model)
+
+
+def test_removing_a_model_drops_a_rebuild_left_beside_its_index(db: Database) -> None:
+    with db.connection() as conn:
+        ensure_model(conn, "serving", DIM)
+        model = ensure_model(conn, "m", DIM)
+        _store(conn, model, 4)
+        _index_with(conn, model, model.index_name, 4, 10)
+        conn.execute(create_index_sql(model, concurrently=False, name=model.next_index_name))
+        remove_model(conn, "m")
+        for name in (model.index_name, model.next_index_name):
+            assert index_state(conn, model, name) is IndexState.MISSING
 
 
 def test_a_session_already_building_makes_another_skip(db: Database) -> None:

@@ -54,6 +54,11 @@ RERANK_FACTOR = 20
 MAX_CANDIDATES = 1000
 
 
+def hnsw_parameters(dimension: int) -> tuple[int, int]:
+    """The bit graph's build parameters ``(m, ef_construction)`` for ``dimension``."""
+    return HNSW_M, HNSW_EF_CONSTRUCTION
+
+
 def candidate_count(limit: int) -> int:
     """How many candidates a query for ``limit`` results takes from the bit graph."""
     return max(limit, min(RERANK_FACTOR * limit, MAX_CANDIDATES))
@@ -67,10 +72,14 @@ class IndexState(enum.StrEnum):
 
 def index_state(conn: Connection, model: EmbeddingModel, name: str | None = None) -> IndexState:
     """The state of the model's index (or of the index called ``name``)."""
+    return _named_state(conn, name or model.index_name)
+
+
+def _named_state(conn: Connection, name: str) -> IndexState:
     row = conn.execute(
         """SELECT i.indisvalid FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
            WHERE c.relname = %s AND c.relnamespace = current_schema()::regnamespace""",
-        (name or model.index_name,),
+        (name,),
     ).fetchone()
     if row is None:
         return IndexState.MISSING
@@ -98,21 +107,39 @@ def has_vectors(conn: Connection, model: EmbeddingModel, count: int) -> bool:
     return row is not None and row["n"] >= count
 
 
-def create_index_sql(model: EmbeddingModel, *, concurrently: bool = True) -> str:
-    """The model's partial HNSW index over its vectors' sign bits (module docstring)."""
+def index_parameters(conn: Connection, name: str) -> tuple[int, int] | None:
+    """The HNSW build parameters ``(m, ef_construction)`` of the index called ``name`` (those
+    its ``WITH`` left out are pgvector's defaults, 16 and 64), or None if there is none."""
+    row = conn.execute(
+        """SELECT coalesce(c.reloptions, '{}') AS options FROM pg_class c
+           WHERE c.relname = %s AND c.relnamespace = current_schema()::regnamespace""",
+        (name,),
+    ).fetchone()
+    if row is None:
+        return None
+    options = dict(option.split("=", 1) for option in row["options"])
+    return int(options.get("m", 16)), int(options.get("ef_construction", 64))
+
+
+def create_index_sql(
+    model: EmbeddingModel, *, concurrently: bool = True, name: str | None = None
+) -> str:
+    """The model's partial HNSW index over its vectors' sign bits (module docstring), called
+    ``name`` (default: the model's index)."""
+    m, ef_construction = hnsw_parameters(model.dimension)
     return (
         f"CREATE INDEX {'CONCURRENTLY ' if concurrently else ''}IF NOT EXISTS"
-        f" {model.index_name} ON embeddings"
+        f" {name or model.index_name} ON embeddings"
         f" USING hnsw (({quantized_sql(model.dimension, 'vector')}) bit_hamming_ops)"
-        f" WITH (m = {HNSW_M}, ef_construction = {HNSW_EF_CONSTRUCTION})"
+        f" WITH (m = {m}, ef_construction = {ef_construction})"
         f" WHERE embedding_model_id = '{model.id}'"
     )
 
 
 def build_vector_index(conn: Connection, model: EmbeddingModel, *, min_vectors: int) -> bool:
-    """Build ``model``'s index if it has ``min_vectors`` vectors (or an older release's float32
-    index to replace) and no valid index yet, and drop the float32 one; True when this call
-    built it.
+    """Build ``model``'s index if it has ``min_vectors`` vectors (or a retired index to
+    replace) and no valid index yet, or rebuild it if its build parameters are not
+    :func:`hnsw_parameters`'s, and drop what it replaces; True when this call built one.
 
     ``conn`` must be in autocommit mode and outside a transaction (a concurrent build is not
     allowed in one). Returns False at once when another session is building it.
@@ -140,18 +167,48 @@ def build_vector_index(conn: Connection, model: EmbeddingModel, *, min_vectors: 
 
 def _build(conn: Connection, model: EmbeddingModel, min_vectors: int) -> bool:
     state = index_state(conn, model)
-    old = index_state(conn, model, model.float32_index_name)
     built = False
-    if state is not IndexState.VALID and (
-        old is not IndexState.MISSING or has_vectors(conn, model, min_vectors)
+    if state is IndexState.VALID:
+        if index_parameters(conn, model.index_name) != hnsw_parameters(model.dimension):
+            _rebuild(conn, model)
+            built = True
+    elif index_state(conn, model, model.retired_index_name) is not IndexState.MISSING or (
+        has_vectors(conn, model, min_vectors)
     ):
         if state is IndexState.INVALID:
             logger.info("dropping the interrupted index build of model %s", model.name)
-            conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {model.index_name}")
+            _drop(conn, model.index_name)
         logger.info("building the vector index of model %s (%s+ vectors)", model.name, min_vectors)
         conn.execute(create_index_sql(model))
         built = True
-    if old is not IndexState.MISSING and (built or state is IndexState.VALID):
-        logger.info("dropping model %s's float32 HNSW index (replaced)", model.name)
-        conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {model.float32_index_name}")
+    if built or state is IndexState.VALID:
+        # what the valid index replaced, or a rebuild interrupted before it took the name
+        _drop(conn, model.retired_index_name)
+        _drop(conn, model.next_index_name)
     return built
+
+
+def _rebuild(conn: Connection, model: EmbeddingModel) -> None:
+    """Build the graph with today's parameters beside the valid one, then give it the model's
+    index name in one transaction: search has a valid index throughout."""
+    wanted = hnsw_parameters(model.dimension)
+    if (
+        index_state(conn, model, model.next_index_name) is not IndexState.VALID
+        or index_parameters(conn, model.next_index_name) != wanted
+    ):
+        _drop(conn, model.next_index_name)  # an interrupted rebuild, or older parameters
+        logger.info(
+            "rebuilding the vector index of model %s (m, ef_construction = %s)", model.name, wanted
+        )
+        conn.execute(create_index_sql(model, name=model.next_index_name))
+    _drop(conn, model.retired_index_name)  # frees its name
+    with conn.transaction():
+        # renaming takes a SHARE UPDATE EXCLUSIVE lock: writers and searches go on
+        conn.execute(f"ALTER INDEX {model.index_name} RENAME TO {model.retired_index_name}")
+        conn.execute(f"ALTER INDEX {model.next_index_name} RENAME TO {model.index_name}")
+
+
+def _drop(conn: Connection, name: str) -> None:
+    if _named_state(conn, name) is not IndexState.MISSING:
+        logger.info("dropping index %s (replaced)", name)
+        conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
