@@ -32,9 +32,12 @@ import psycopg
 
 from bench.common import BenchPostgres, machine_info
 from bench.index_store import enqueue_documents, load_base, store_documents
+from bench.peer import print_profile
 from bench.sql_floor import functions_at, use_functions
+from testkit.postgres import admin
 from trioindex.db import jobs
 from trioindex.db.pool import connect
+from trioindex.db.vector_index import hnsw_parameters
 
 
 def claim_sql_at(revision: str) -> str:
@@ -60,12 +63,33 @@ def claim_sql(text: str | None) -> Iterator[None]:
         jobs._CLAIM_SQL = mine
 
 
-def measured(pg: BenchPostgres, url: str, work: Callable[[], int]) -> float:
-    """PostgreSQL CPU ms per unit of ``work`` (which returns its units), after a quiesce."""
+def count_statements(pg: BenchPostgres, url: str) -> None:
+    """From here on, count every statement (nested ones too) and function, from zero."""
+    for sql in (
+        "ALTER SYSTEM SET track_functions = 'all'",
+        "ALTER SYSTEM SET pg_stat_statements.track = 'all'",
+        "SELECT pg_reload_conf()",
+        "SELECT pg_stat_reset_shared('wal')",
+    ):
+        admin(pg.admin_url, sql)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_reset()")
+    pg.reset_statements()
+
+
+def measured(
+    pg: BenchPostgres, url: str, work: Callable[[], int], *, profile: bool = False
+) -> float:
+    """PostgreSQL CPU ms per unit of ``work`` (which returns its units), after a quiesce;
+    with ``profile``, prints where the server's time went per unit (and slows it)."""
     pg.quiesce(url)
+    if profile:
+        count_statements(pg, url)
     before = pg.counters(url, settle_seconds=2)
     units = work()
     after = pg.counters(url, settle_seconds=5)
+    if profile:
+        print_profile(pg, url, units)
     return (after.server_cpu_s - before.server_cpu_s) / units * 1e3
 
 
@@ -74,6 +98,8 @@ def store_path(
     base: npt.NDArray[np.float32],
     extra: npt.NDArray[np.float32],
     revision: str | None,
+    *,
+    profile: bool = False,
 ) -> float:
     with pg.fresh_database("store_growth") as url:
         model = load_base(url, base)
@@ -82,7 +108,8 @@ def store_path(
                 use_functions(functions_at(revision), conn)
         corpus, setup = enqueue_documents(url, model, extra)
         with claim_sql(None if revision is None else claim_sql_at(revision)):
-            return measured(pg, url, lambda: store_documents(url, corpus, setup))
+            work = lambda: store_documents(url, corpus, setup)  # noqa: E731
+            return measured(pg, url, work, profile=profile)
 
 
 def _rows(vectors: npt.NDArray[np.float32]) -> str:
@@ -99,8 +126,10 @@ def raw_copy(
             with conn.cursor().copy("COPY raw (v) FROM STDIN") as copy:
                 copy.write(_rows(base))
             conn.execute("SET maintenance_work_mem = '1GB'")
+            m, ef_construction = hnsw_parameters(dim)
             conn.execute(
                 f"CREATE INDEX ON raw USING hnsw ((binary_quantize(v)::bit({dim})) bit_hamming_ops)"
+                f" WITH (m = {m}, ef_construction = {ef_construction})"
             )
 
         def copy_extra() -> int:
@@ -120,6 +149,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--baseline", default="main", help="git revision to compare with")
     parser.add_argument("--seed", type=int, default=28)
+    parser.add_argument(
+        "--profile", action="store_true", help="print each variant's statements per vector"
+    )
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     began = time.monotonic()
@@ -132,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
             row = {
                 "stored": size,
                 "baseline": store_path(pg, base, extra, args.baseline),
-                "head": store_path(pg, base, extra, None),
+                "head": store_path(pg, base, extra, None, profile=args.profile),
                 "raw": raw_copy(pg, base, extra),
             }
             print(row, flush=True)
