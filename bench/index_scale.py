@@ -13,14 +13,15 @@ Two data sets, each in its own database of one embedded PostgreSQL 18 + pgvector
 For each data set, one table per index representation holds the same base vectors
 (``v vector(D)``): **float32 HNSW** (``vector_cosine_ops``), **halfvec HNSW**
 (``(v::halfvec(D))``, ``halfvec_cosine_ops``), **binary HNSW** (``(binary_quantize(v)::bit(D))``,
-``bit_hamming_ops``) and **no index**. Every index is built after the base load (m = 16,
-ef_construction = 64, maintenance_work_mem 1 GB): its build time and size are recorded. The
+``bit_hamming_ops``, with trioindex's default build parameters and any others ``--bit-params``
+names) and **no index**. Every index is built after the base load (m = 16,
+ef_construction = 64 unless named, maintenance_work_mem 1 GB): its build time and size are recorded. The
 10,000 more rows are then COPYed in batches of 100, the variants interleaved batch by batch,
 each on its own connection; *insert CPU* is that backend's CPU time (``/proc``, via psutil)
 per row. Queries run afterwards on one connection per variant: float32 and halfvec order by
 their cosine distance through the index at ``hnsw.ef_search`` 40 and 100; binary takes the
-R × 10 nearest by Hamming distance through the index (ef_search = max(40, R × 10), R = 4, 10
-and 20), then re-ranks them by exact cosine on the float32 vectors. recall@10 is against the exact
+R × 10 nearest by Hamming distance through the index (ef_search = max(40, R × 10), R = 4, 10,
+20 and 40), then re-ranks them by exact cosine on the float32 vectors. recall@10 is against the exact
 top 10 (numpy over every stored vector); latency is the client's wall time per query.
 
 **The store path** (``--store``): the clustered set's base vectors are loaded into trioindex's
@@ -69,7 +70,7 @@ BATCH = 100
 K = 10
 M, EF_CONSTRUCTION = 16, 64
 EF_SEARCH = (40, 100)
-RERANK = (4, 10, 20)
+RERANK = (4, 10, 20, 40)
 SEED = 28
 
 

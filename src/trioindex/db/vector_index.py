@@ -44,9 +44,11 @@ logger = logging.getLogger(__name__)
 
 # pgvector's HNSW limit for the bit type (the vector type itself stops at 16,000).
 BIT_HNSW_MAX_DIMENSION = 64_000
-# HNSW build parameters (pgvector's defaults, measured at 200,000 vectors in the benchmark).
-HNSW_M = 16
-HNSW_EF_CONSTRUCTION = 64
+# HNSW build parameters of the bit graph: fewer links and a narrower build search than
+# pgvector's defaults (16, 64), which cost 0.52-0.59x float32 HNSW's insert CPU at 384
+# dimensions (docs/test-results/index-scale.md, run 5).
+HNSW_M = 12
+HNSW_EF_CONSTRUCTION = 48
 # A query's candidates from the bit graph, per result, re-ranked by exact cosine: on the local
 # model's vectors of real text recall@10 was 0.84 at 4, 0.95 at 10 and 0.98 at 20.
 RERANK_FACTOR = 20
