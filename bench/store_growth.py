@@ -7,6 +7,8 @@ vectors and completion, groups of 20), each in a fresh database of one embedded 
 
 * **head**: this checkout's claim and ``functions.sql``;
 * **baseline**: the claim statement and ``functions.sql`` of git revision ``--baseline``;
+* **table COPY**: the extra vectors COPYed straight into ``embeddings`` (batches of 100) for
+  chunks written beforehand: the table's own cost, without the store path's bookkeeping;
 * **raw COPY**: the same base vectors in a bare table with the same bit HNSW index, and the
   extra vectors COPYed into it in batches of 100.
 
@@ -31,7 +33,14 @@ import numpy.typing as npt
 import psycopg
 
 from bench.common import BenchPostgres, machine_info
-from bench.index_store import enqueue_documents, load_base, store_documents
+from bench.index_store import (
+    add_chunks,
+    base_document,
+    copy_embeddings,
+    enqueue_documents,
+    load_base,
+    store_documents,
+)
 from bench.peer import print_profile
 from bench.sql_floor import functions_at, use_functions
 from testkit.postgres import admin
@@ -112,6 +121,30 @@ def store_path(
             return measured(pg, url, work, profile=profile)
 
 
+def table_copy(
+    pg: BenchPostgres, base: npt.NDArray[np.float32], extra: npt.NDArray[np.float32]
+) -> float:
+    """The extra vectors COPYed straight into trioindex's ``embeddings`` (batches of 100) for
+    chunks written beforehand: the table's own cost (its btree indexes, constraints, wider
+    rows) without the store path's bookkeeping."""
+    with pg.fresh_database("store_growth_table") as url:
+        model = load_base(url, base)
+        with connect(url) as conn:
+            version = base_document(conn)
+            with conn.transaction():
+                ids = add_chunks(conn, version, len(base), len(extra))
+
+        def copy_extra() -> int:
+            with connect(url) as conn:
+                for start in range(0, len(extra), 100):
+                    with conn.transaction():
+                        batch = slice(start, start + 100)
+                        copy_embeddings(conn, model, version, ids[batch], extra[batch])
+            return len(extra)
+
+        return measured(pg, url, copy_extra)
+
+
 def _rows(vectors: npt.NDArray[np.float32]) -> str:
     return "".join("[" + ",".join(f"{x:.7g}" for x in v) + "]\n" for v in vectors)
 
@@ -147,7 +180,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", default="10000,100000", help="base vectors, comma-separated")
     parser.add_argument("--extra", type=int, default=400, help="documents indexed per variant")
     parser.add_argument("--dim", type=int, default=128)
-    parser.add_argument("--baseline", default="main", help="git revision to compare with")
+    parser.add_argument(
+        "--baseline", default="main", help="git revision to compare with ('': none)"
+    )
     parser.add_argument("--seed", type=int, default=28)
     parser.add_argument(
         "--profile", action="store_true", help="print each variant's statements per vector"
@@ -163,22 +198,27 @@ def main(argv: list[str] | None = None) -> None:
             extra = rng.standard_normal((args.extra, args.dim)).astype(np.float32)
             row = {
                 "stored": size,
-                "baseline": store_path(pg, base, extra, args.baseline),
+                "baseline": (
+                    store_path(pg, base, extra, args.baseline) if args.baseline else float("nan")
+                ),
                 "head": store_path(pg, base, extra, None, profile=args.profile),
+                "table": table_copy(pg, base, extra),
                 "raw": raw_copy(pg, base, extra),
             }
             print(row, flush=True)
             results.append(row)
     print(f"\n{info}\nload average at the end: {os.getloadavg()}; {time.monotonic() - began:.0f} s")
     print(
-        f"\n| stored vectors | {args.baseline} ms/vector | head ms/vector | raw COPY ms/row "
-        f"| {args.baseline} ÷ raw | head ÷ raw |"
+        f"\n| stored vectors | {args.baseline} ms/vector | head ms/vector "
+        f"| table COPY ms/row | raw COPY ms/row | {args.baseline} ÷ raw | head ÷ raw "
+        "| table ÷ raw |"
     )
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(
-            f"| {r['stored']:,} | {r['baseline']:.2f} | {r['head']:.2f} | {r['raw']:.2f} "
-            f"| {r['baseline'] / r['raw']:.2f} | {r['head'] / r['raw']:.2f} |"
+            f"| {r['stored']:,} | {r['baseline']:.2f} | {r['head']:.2f} | {r['table']:.2f} "
+            f"| {r['raw']:.2f} | {r['baseline'] / r['raw']:.2f} | {r['head'] / r['raw']:.2f} "
+            f"| {r['table'] / r['raw']:.2f} |"
         )
 
 

@@ -3,16 +3,18 @@ vectors, with an exact re-rank at query time; exact search below that.
 
 **What is indexed.** Each vector's ``binary_quantize(vector::vector(dim))::bit(dim)`` (one
 bit per dimension: its sign) in an HNSW graph under Hamming distance (``bit_hamming_ops``,
-m = 16, ef_construction = 64). A query takes the :data:`RERANK_FACTOR` × k nearest by Hamming
-distance through the graph and orders them by the exact cosine distance of the stored float32
-vectors (:func:`trioindex.db.search.nearest_chunks`). Chosen by the at-scale benchmark
-(docs/test-results/index-scale.md: clustered 1024-dimension vectors and the local model's
-vectors of real text): the bit graph is a twentieth of the float32 one's size, costs a quarter
-(1024 dimensions) to three fifths (384) of its PostgreSQL CPU per inserted vector, and with 20
-candidates per result re-ranked its recall@10 was 0.98–1.00 on those sets. Sign bits need
-structured vectors: on near-random ones (no neighbourhoods) the candidates miss, which model
-embeddings are not. pgvector indexes bits up to 64,000 dimensions (the float32
-graph stops at 2,000), so every model a ``vector`` column can hold (16,000) gets an index.
+m = 12, ef_construction = 48: :func:`hnsw_parameters`). A query takes the
+:data:`RERANK_FACTOR` × k nearest by Hamming distance through the graph and orders them by the
+exact cosine distance of the stored float32 vectors (:func:`trioindex.db.search.nearest_chunks`).
+Chosen by the at-scale benchmark (docs/test-results/index-scale.md: clustered 1024-dimension
+vectors and the local model's vectors of real text): the bit graph is a twentieth of the
+float32 one's size and, with these parameters, costs about a tenth (1024 dimensions) to a third
+(384) of its PostgreSQL CPU per inserted vector (pgvector's defaults, m = 16 and
+ef_construction = 64, cost half of it at 384 for the same recall); with 20 candidates per
+result re-ranked its recall@10 was 0.96–1.00 on those sets. Sign bits need structured
+vectors: on near-random ones (no neighbourhoods) the candidates miss, which model embeddings
+are not. pgvector indexes bits up to 64,000 dimensions (the float32 graph stops at 2,000), so
+every model a ``vector`` column can hold (16,000) gets an index.
 
 **When.** Maintaining an HNSW index row by row is the largest PostgreSQL cost of indexing small
 documents, and below a few thousand vectors an exact scan answers a query as fast and with
@@ -27,9 +29,13 @@ The build is ``CREATE INDEX CONCURRENTLY``: writers (other workers' commits) go 
 One process builds at a time (a session advisory lock per model; the others skip). A build that
 was interrupted leaves an INVALID index, which PostgreSQL still maintains on every insert but
 never uses: the next check drops it and builds again. A database indexed by an older release
-has the model's float32 HNSW index (:attr:`EmbeddingModel.float32_index_name`): the next check
+has the model's float32 HNSW index (:attr:`EmbeddingModel.retired_index_name`): the next check
 builds the bit index beside it, whatever the vector count, then drops the old one, both
-concurrently, so search never loses its index.
+concurrently, so search never loses its index. A bit graph built with other parameters than
+:func:`hnsw_parameters`'s is rebuilt the same way: the new graph is built beside it
+(:attr:`EmbeddingModel.next_index_name`), the two swap names in one transaction (a rename
+blocks neither writers nor searches), and the old one is dropped; a rebuild interrupted at any
+step is finished by the next check.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ logger = logging.getLogger(__name__)
 BIT_HNSW_MAX_DIMENSION = 64_000
 # HNSW build parameters of the bit graph: fewer links and a narrower build search than
 # pgvector's defaults (16, 64), which cost 0.52-0.59x float32 HNSW's insert CPU at 384
-# dimensions (docs/test-results/index-scale.md, run 5).
+# dimensions for the same recall after re-rank (docs/test-results/index-scale.md, run 5).
 HNSW_M = 12
 HNSW_EF_CONSTRUCTION = 48
 # A query's candidates from the bit graph, per result, re-ranked by exact cosine: on the local
@@ -57,7 +63,8 @@ MAX_CANDIDATES = 1000
 
 
 def hnsw_parameters(dimension: int) -> tuple[int, int]:
-    """The bit graph's build parameters ``(m, ef_construction)`` for ``dimension``."""
+    """The bit graph's build parameters ``(m, ef_construction)`` for ``dimension`` (one set
+    for every width today: it met the goals at 384 and 1024 dimensions)."""
     return HNSW_M, HNSW_EF_CONSTRUCTION
 
 
