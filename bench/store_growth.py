@@ -43,7 +43,6 @@ from bench.index_store import (
 )
 from bench.peer import print_profile
 from bench.sql_floor import functions_at, use_functions
-from testkit.postgres import admin
 from trioindex.db import jobs
 from trioindex.db.pool import connect
 from trioindex.db.vector_index import hnsw_parameters
@@ -72,20 +71,6 @@ def claim_sql(text: str | None) -> Iterator[None]:
         jobs._CLAIM_SQL = mine
 
 
-def count_statements(pg: BenchPostgres, url: str) -> None:
-    """From here on, count every statement (nested ones too) and function, from zero."""
-    for sql in (
-        "ALTER SYSTEM SET track_functions = 'all'",
-        "ALTER SYSTEM SET pg_stat_statements.track = 'all'",
-        "SELECT pg_reload_conf()",
-        "SELECT pg_stat_reset_shared('wal')",
-    ):
-        admin(pg.admin_url, sql)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("SELECT pg_stat_reset()")
-    pg.reset_statements()
-
-
 def measured(
     pg: BenchPostgres, url: str, work: Callable[[], int], *, profile: bool = False
 ) -> float:
@@ -93,7 +78,7 @@ def measured(
     with ``profile``, prints where the server's time went per unit (and slows it)."""
     pg.quiesce(url)
     if profile:
-        count_statements(pg, url)
+        pg.count_every_statement(url)
     before = pg.counters(url, settle_seconds=2)
     units = work()
     after = pg.counters(url, settle_seconds=5)

@@ -5,8 +5,10 @@ the one search uses, and vector search answering the exact top k before and afte
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -123,22 +125,6 @@ def test_search_through_the_index_returns_the_exact_top_k_and_before_it_scans_ex
     assert after == truth
 
 
-def test_an_older_float32_index_is_replaced_by_the_bit_index(db: Database) -> None:
-    with db.connection() as conn:
-        model = ensure_model(conn, "m", DIM)
-        vectors = _store(conn, model, 12)
-        _float32_index(conn, model)
-        assert index_state(conn, model, model.retired_index_name) is IndexState.VALID
-        # replaced whatever the count: the model was indexed before, search keeps an index
-        assert build_vector_index(conn, model, min_vectors=1_000_000) is True
-        assert index_state(conn, model) is IndexState.VALID
-        assert index_state(conn, model, model.retired_index_name) is IndexState.MISSING
-        assert model.index_name in _plan(conn, model)
-        top = [r.document_key for r in vector_ranking(conn, model, vectors[3], 3)]
-        assert top[0] == "doc-003"
-        assert build_vector_index(conn, model, min_vectors=0) is False
-
-
 def test_a_float32_index_left_beside_a_valid_bit_index_is_dropped(db: Database) -> None:
     # a process stopped between the build and the drop: the next check drops the old index
     with db.connection() as conn:
@@ -169,13 +155,20 @@ def _only_the_index_with_todays_parameters(conn: Connection, model: EmbeddingMod
     assert model.index_name in _plan(conn, model)
 
 
-def test_an_index_built_with_other_parameters_is_rebuilt_with_todays(db: Database) -> None:
+def _bit_index_with_other_parameters(conn: Connection, model: EmbeddingModel) -> None:
+    _index_with(conn, model, model.index_name, 4, 10)
+    assert index_parameters(conn, model.index_name) == (4, 10)
+
+
+@pytest.mark.parametrize("older", [_float32_index, _bit_index_with_other_parameters])
+def test_an_older_releases_index_is_replaced_by_the_bit_index_with_todays_parameters(
+    db: Database, older: Callable[[Connection, EmbeddingModel], None]
+) -> None:
     with db.connection() as conn:
         model = ensure_model(conn, "m", DIM)
         vectors = _store(conn, model, 12)
-        _index_with(conn, model, model.index_name, 4, 10)
-        assert index_parameters(conn, model.index_name) == (4, 10)
-        # rebuilt whatever the count: the model was indexed before
+        older(conn, model)
+        # replaced whatever the count: the model was indexed before, search keeps an index
         assert build_vector_index(conn, model, min_vectors=1_000_000) is True
         _only_the_index_with_todays_parameters(conn, model)
         top = [r.document_key for r in vector_ranking(conn, model, vectors[3], 3)]
@@ -234,24 +227,13 @@ def test_search_keeps_the_old_index_while_the_rebuild_waits(db: Database) -> Non
         vectors = _store(conn, model, 8)
         _index_with(conn, model, model.index_name, 4, 10)
     built: list[bool] = []
-    with db.connection() as blocker, db.connection() as watcher:
-        blocker.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        blocker.execute("SELECT count(*) FROM embedding_models")
-        pid: list[int] = []
-        builder = threading.Thread(
-            target=lambda: built.append(_build_on_own_connection(db, model, pid)), daemon=True
-        )
-        builder.start()
-        while not (pid and helpers.waits_on_a_lock(watcher, pid[0])):
-            assert builder.is_alive(), "the rebuild did not wait for the open snapshot"
+    with _build_waiting_on_a_snapshot(db, model, built) as watcher:
         assert index_state(watcher, model, model.next_index_name) is IndexState.INVALID
         assert index_state(watcher, model) is IndexState.VALID
         assert index_parameters(watcher, model.index_name) == (4, 10)
         assert model.index_name in _plan(watcher, model)
         top = [r.document_key for r in vector_ranking(watcher, model, vectors[5], 1)]
         assert top == ["doc-005"]
-        blocker.execute("COMMIT")
-        builder.join(timeout=60)
     assert built == [True]
     with db.connection() as conn:
         _only_the_index_with_todays_parameters(conn, model)
@@ -331,14 +313,39 @@ def test_a_model_beyond_pgvectors_bit_hnsw_limit_gets_no_index(
 def test_removing_a_model_during_its_index_build_is_refused_until_the_build_ends(
     db: Database,
 ) -> None:
-    # A real CREATE INDEX CONCURRENTLY kept waiting by an open transaction (it waits for every
-    # transaction older than its snapshot), and `models remove` of the model meanwhile: before
+    # A real build kept waiting by an open transaction, and `models remove` of the model
+    # meanwhile: before
     # migration 0008's lock this was a deadlock that PostgreSQL broke by cancelling one side.
     with db.connection() as conn:
         ensure_model(conn, "serving", DIM)
         model = ensure_model(conn, "m", DIM)
         _store(conn, model, 5)
     built: list[bool] = []
+    with _build_waiting_on_a_snapshot(db, model, built), db.connection() as remover:
+        # bounded: without the build lock the removal would wait for the build's table
+        # lock while the build waits for this test
+        remover.execute("SET lock_timeout = '10s'")
+        with pytest.raises(TrioindexError, match="building"):
+            remove_model(remover, "m")
+        remover.execute("RESET lock_timeout")
+    assert built == [True]
+    with db.connection() as conn:
+        assert index_state(conn, model) is IndexState.VALID
+        assert remove_model(conn, "m").embeddings == 5
+        assert index_state(conn, model) is IndexState.MISSING
+        # a build after the removal (a keeper holding the old model) builds nothing
+        assert build_vector_index(conn, model, min_vectors=0) is False
+        assert index_state(conn, model) is IndexState.MISSING
+
+
+@contextlib.contextmanager
+def _build_waiting_on_a_snapshot(
+    db: Database, model: EmbeddingModel, built: list[bool]
+) -> Iterator[Connection]:
+    """A real ``build_vector_index`` in a thread, its CREATE INDEX CONCURRENTLY kept waiting
+    by an open transaction (it waits for every transaction older than its snapshot) while the
+    block runs on the connection it yields; then the transaction ends and the build finishes
+    (its result appended to ``built``)."""
     with db.connection() as blocker, db.connection() as watcher:
         blocker.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         blocker.execute("SELECT count(*) FROM embedding_models")  # a snapshot the build waits on
@@ -349,23 +356,11 @@ def test_removing_a_model_during_its_index_build_is_refused_until_the_build_ends
         builder.start()
         while not (pid and helpers.waits_on_a_lock(watcher, pid[0])):
             assert builder.is_alive(), "the build did not wait for the open snapshot"
-        with db.connection() as remover:
-            # bounded: without the build lock the removal would wait for the build's table
-            # lock while the build waits for this test
-            remover.execute("SET lock_timeout = '10s'")
-            with pytest.raises(TrioindexError, match="building"):
-                remove_model(remover, "m")
-            remover.execute("RESET lock_timeout")
-        blocker.execute("COMMIT")
-        builder.join(timeout=60)
-    assert built == [True]
-    with db.connection() as conn:
-        assert index_state(conn, model) is IndexState.VALID
-        assert remove_model(conn, "m").embeddings == 5
-        assert index_state(conn, model) is IndexState.MISSING
-        # a build after the removal (a keeper holding the old model) builds nothing
-        assert build_vector_index(conn, model, min_vectors=0) is False
-        assert index_state(conn, model) is IndexState.MISSING
+        try:
+            yield watcher
+        finally:
+            blocker.execute("COMMIT")
+            builder.join(timeout=60)
 
 
 def _build_on_own_connection(db: Database, model: EmbeddingModel, pid: list[int]) -> bool:

@@ -5,7 +5,10 @@ first check, and a worker stopping mid-build does not wait for the build."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
+import pytest
 import trio
 import trio.testing
 
@@ -56,39 +59,28 @@ async def test_the_keeper_builds_once_the_stored_vectors_reach_the_threshold(
     assert _state(db, model) is IndexState.VALID
 
 
-async def test_the_keeper_replaces_an_older_float32_index_at_its_first_check(
-    db: Database, database_url: str
+def _float32_index(model: EmbeddingModel) -> str:
+    return f"""CREATE INDEX {model.retired_index_name} ON embeddings
+               USING hnsw ((vector::vector({DIM})) vector_cosine_ops)
+               WHERE embedding_model_id = '{model.id}'"""
+
+
+def _bit_index_with_other_parameters(model: EmbeddingModel) -> str:
+    return f"""CREATE INDEX {model.index_name} ON embeddings
+               USING hnsw (({quantized_sql(DIM, "vector")}) bit_hamming_ops)
+               WITH (m = 4, ef_construction = 10) WHERE embedding_model_id = '{model.id}'"""
+
+
+@pytest.mark.parametrize("older", [_float32_index, _bit_index_with_other_parameters])
+async def test_the_keeper_replaces_an_older_releases_index_at_its_first_check(
+    db: Database, database_url: str, older: Callable[[EmbeddingModel], str]
 ) -> None:
     with db.connection() as conn:
         model = ensure_model(conn, "m", DIM)
     _store(db, model, 0, 4)
     with db.connection() as conn:
-        conn.execute(
-            f"""CREATE INDEX {model.retired_index_name} ON embeddings
-                USING hnsw ((vector::vector({DIM})) vector_cosine_ops)
-                WHERE embedding_model_id = '{model.id}'"""
-        )
+        conn.execute(older(model))
     # far below the threshold, but the model had an index: it keeps one
-    keeper = VectorIndexKeeper(database_url, model, min_vectors=10_000)
-    assert await keeper.check()
-    assert (keeper.built, keeper.indexed) == (1, True)
-    assert _state(db, model) is IndexState.VALID
-    with db.connection() as conn:
-        assert index_state(conn, model, model.retired_index_name) is IndexState.MISSING
-
-
-async def test_the_keeper_rebuilds_an_index_with_other_parameters_at_its_first_check(
-    db: Database, database_url: str
-) -> None:
-    with db.connection() as conn:
-        model = ensure_model(conn, "m", DIM)
-    _store(db, model, 0, 4)
-    with db.connection() as conn:
-        conn.execute(
-            f"""CREATE INDEX {model.index_name} ON embeddings
-                USING hnsw (({quantized_sql(DIM, "vector")}) bit_hamming_ops)
-                WITH (m = 4, ef_construction = 10) WHERE embedding_model_id = '{model.id}'"""
-        )
     keeper = VectorIndexKeeper(database_url, model, min_vectors=10_000)
     assert await keeper.check()
     assert (keeper.built, keeper.indexed) == (1, True)
