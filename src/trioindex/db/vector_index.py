@@ -2,19 +2,19 @@
 vectors, with an exact re-rank at query time; exact search below that.
 
 **What is indexed.** Each vector's ``binary_quantize(vector::vector(dim))::bit(dim)`` (one
-bit per dimension: its sign) in an HNSW graph under Hamming distance (``bit_hamming_ops``,
-m = 12, ef_construction = 48: :func:`hnsw_parameters`). A query takes the
-:data:`RERANK_FACTOR` × k nearest by Hamming distance through the graph and orders them by the
-exact cosine distance of the stored float32 vectors (:func:`trioindex.db.search.nearest_chunks`).
-Chosen by the at-scale benchmark (docs/test-results/index-scale.md: clustered 1024-dimension
-vectors and the local model's vectors of real text): the bit graph is a twentieth of the
-float32 one's size and, with these parameters, costs about a tenth (1024 dimensions) to a third
-(384) of its PostgreSQL CPU per inserted vector (pgvector's defaults, m = 16 and
-ef_construction = 64, cost half of it at 384 for the same recall); with 20 candidates per
-result re-ranked its recall@10 was 0.96–1.00 on those sets. Sign bits need structured
-vectors: on near-random ones (no neighbourhoods) the candidates miss, which model embeddings
-are not. pgvector indexes bits up to 64,000 dimensions (the float32 graph stops at 2,000), so
-every model a ``vector`` column can hold (16,000) gets an index.
+bit per dimension: its sign) in an HNSW graph under Hamming distance (``bit_hamming_ops``;
+m = 16, ef_construction = 64, and m = 12, ef_construction = 48 below 768 dimensions:
+:func:`hnsw_parameters`). A query takes the :data:`RERANK_FACTOR` × k nearest by Hamming
+distance through the graph and orders them by the exact cosine distance of the stored float32
+vectors (:func:`trioindex.db.search.nearest_chunks`). Chosen by the at-scale benchmark
+(docs/test-results/index-scale.md: clustered 1024-dimension vectors and the local model's
+vectors of real text): the bit graph is a twentieth of the float32 one's size and costs a fifth
+to a quarter (1024 dimensions) to about a third (384) of its PostgreSQL CPU per inserted
+vector; with 20 candidates per result re-ranked its recall@10 was 0.96–0.99 on those sets.
+Sign bits need structured vectors: on near-random ones (no neighbourhoods) the candidates
+miss, which model embeddings are not. pgvector indexes bits up to 64,000 dimensions (the
+float32 graph stops at 2,000), so every model a ``vector`` column can hold (16,000) gets an
+index.
 
 **When.** Maintaining an HNSW index row by row is the largest PostgreSQL cost of indexing small
 documents, and below a few thousand vectors an exact scan answers a query as fast and with
@@ -50,11 +50,15 @@ logger = logging.getLogger(__name__)
 
 # pgvector's HNSW limit for the bit type (the vector type itself stops at 16,000).
 BIT_HNSW_MAX_DIMENSION = 64_000
-# HNSW build parameters of the bit graph: fewer links and a narrower build search than
-# pgvector's defaults (16, 64), which cost 0.52-0.59x float32 HNSW's insert CPU at 384
-# dimensions for the same recall after re-rank (docs/test-results/index-scale.md, run 5).
-HNSW_M = 12
-HNSW_EF_CONSTRUCTION = 48
+# HNSW build parameters of the bit graph (docs/test-results/index-scale.md, runs 5 and 6).
+# pgvector's defaults (16, 64) from NARROW_DIMENSION up: at 1024 dimensions they cost a fifth
+# to a quarter of float32 HNSW's insert CPU, and thinner graphs lost recall at 200,000
+# clustered vectors (0.92 at (12, 48) against 0.99). Below it a Hamming distance costs next to
+# nothing and the graph's own work is the insert: (16, 64) cost 0.52-0.59x float32 HNSW at 384
+# dimensions, (12, 48) 0.36x with the same recall on the local model's vectors of real text.
+HNSW_M, HNSW_EF_CONSTRUCTION = 16, 64
+NARROW_HNSW_M, NARROW_HNSW_EF_CONSTRUCTION = 12, 48
+NARROW_DIMENSION = 768
 # A query's candidates from the bit graph, per result, re-ranked by exact cosine: on the local
 # model's vectors of real text recall@10 was 0.84 at 4, 0.95 at 10 and 0.98 at 20.
 RERANK_FACTOR = 20
@@ -63,8 +67,10 @@ MAX_CANDIDATES = 1000
 
 
 def hnsw_parameters(dimension: int) -> tuple[int, int]:
-    """The bit graph's build parameters ``(m, ef_construction)`` for ``dimension`` (one set
-    for every width today: it met the goals at 384 and 1024 dimensions)."""
+    """The bit graph's build parameters ``(m, ef_construction)`` for ``dimension``: thinner
+    below :data:`NARROW_DIMENSION` (see the constants)."""
+    if dimension < NARROW_DIMENSION:
+        return NARROW_HNSW_M, NARROW_HNSW_EF_CONSTRUCTION
     return HNSW_M, HNSW_EF_CONSTRUCTION
 
 
