@@ -297,6 +297,9 @@ def test_a_model_past_the_float32_limit_is_indexed_by_its_bits(db: Database) -> 
         store_indexed(conn, model, docs)
         assert build_vector_index(conn, model, min_vectors=1) is True
         assert index_state(conn, model) is IndexState.VALID
+        # a wide model's graph is built with the wide parameters, a narrow one's thinner
+        assert index_parameters(conn, model.index_name) == hnsw_parameters(dim)
+        assert hnsw_parameters(dim) != hnsw_parameters(DIM)
         assert vector_ranking(conn, model, vectors[1], 1)[0].document_key == "doc-1"
 
 
