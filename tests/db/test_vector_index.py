@@ -20,6 +20,7 @@ from trioindex.db.pool import Connection, Database
 from trioindex.db.vector_index import (
     IndexState,
     build_vector_index,
+    candidate_count,
     create_index_sql,
     has_vectors,
     hnsw_parameters,
@@ -123,6 +124,13 @@ def test_search_through_the_index_returns_the_exact_top_k_and_before_it_scans_ex
         after = [[r.document_key for r in vector_ranking(conn, model, q, 10)] for q in queries]
     assert before == truth
     assert after == truth
+
+
+def test_narrow_vectors_take_twice_the_candidates_per_result_up_to_the_ceiling() -> None:
+    # fewer sign bits say less about cosine: 40 per result below 768 dimensions, 20 from there
+    assert (candidate_count(10, 384), candidate_count(10, 768)) == (400, 200)
+    assert candidate_count(50, 384) == candidate_count(50, 1024) == 1000
+    assert candidate_count(2000, 384) == 2000  # never fewer than the results asked for
 
 
 def test_a_float32_index_left_beside_a_valid_bit_index_is_dropped(db: Database) -> None:

@@ -4,13 +4,14 @@ vectors, with an exact re-rank at query time; exact search below that.
 **What is indexed.** Each vector's ``binary_quantize(vector::vector(dim))::bit(dim)`` (one
 bit per dimension: its sign) in an HNSW graph under Hamming distance (``bit_hamming_ops``;
 m = 16, ef_construction = 64, and m = 12, ef_construction = 48 below 768 dimensions:
-:func:`hnsw_parameters`). A query takes the :data:`RERANK_FACTOR` × k nearest by Hamming
-distance through the graph and orders them by the exact cosine distance of the stored float32
-vectors (:func:`trioindex.db.search.nearest_chunks`). Chosen by the at-scale benchmark
+:func:`hnsw_parameters`). A query takes the :data:`RERANK_FACTOR` (20) × k nearest by
+Hamming distance through the graph (:data:`NARROW_RERANK_FACTOR`, 40, below 768 dimensions)
+and orders them by the exact cosine distance of the stored float32 vectors
+(:func:`trioindex.db.search.nearest_chunks`). Chosen by the at-scale benchmark
 (docs/test-results/index-scale.md: clustered 1024-dimension vectors and the local model's
 vectors of real text): the bit graph is a twentieth of the float32 one's size and costs a fifth
 to a quarter (1024 dimensions) to about a third (384) of its PostgreSQL CPU per inserted
-vector; with 20 candidates per result re-ranked its recall@10 was 0.96–0.99 on those sets.
+vector; with those candidates re-ranked its recall@10 was 0.97–0.99 on those sets.
 Sign bits need structured vectors: on near-random ones (no neighbourhoods) the candidates
 miss, which model embeddings are not. pgvector indexes bits up to 64,000 dimensions (the
 float32 graph stops at 2,000), so every model a ``vector`` column can hold (16,000) gets an
@@ -59,10 +60,13 @@ BIT_HNSW_MAX_DIMENSION = 64_000
 HNSW_M, HNSW_EF_CONSTRUCTION = 16, 64
 NARROW_HNSW_M, NARROW_HNSW_EF_CONSTRUCTION = 12, 48
 NARROW_DIMENSION = 768
-# A query's candidates from the bit graph, per result, re-ranked by exact cosine: on the local
-# model's vectors of real text recall@10 was 0.84 at 4, 0.95 at 10 and 0.98 at 20.
+# A query's candidates from the bit graph, per result, re-ranked by exact cosine. From 768
+# dimensions 20: recall@10 0.99 at 200,000 clustered 1024-d vectors (0.84 at 10). Below, the
+# sign bits say less and 40: on 52,000 of the local model's 384-d vectors of real text recall@10
+# was 0.89 at 10, 0.93-0.94 at 20 and 0.97 at 40 (float32 HNSW at ef_search 40: 0.95).
 RERANK_FACTOR = 20
-# At most this many candidates (a deep ranking, 50+ results, still gets 20 per result up to it).
+NARROW_RERANK_FACTOR = 40
+# At most this many candidates (a deep ranking still gets 20 or 40 per result up to it).
 MAX_CANDIDATES = 1000
 
 
@@ -74,9 +78,11 @@ def hnsw_parameters(dimension: int) -> tuple[int, int]:
     return HNSW_M, HNSW_EF_CONSTRUCTION
 
 
-def candidate_count(limit: int) -> int:
-    """How many candidates a query for ``limit`` results takes from the bit graph."""
-    return max(limit, min(RERANK_FACTOR * limit, MAX_CANDIDATES))
+def candidate_count(limit: int, dimension: int) -> int:
+    """How many candidates a query for ``limit`` results takes from the bit graph of vectors
+    of ``dimension``."""
+    factor = NARROW_RERANK_FACTOR if dimension < NARROW_DIMENSION else RERANK_FACTOR
+    return max(limit, min(factor * limit, MAX_CANDIDATES))
 
 
 class IndexState(enum.StrEnum):
