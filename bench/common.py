@@ -299,6 +299,20 @@ class BenchPostgres:
     def reset_statements(self) -> None:
         self._admin("SELECT pg_stat_statements_reset()")
 
+    def count_every_statement(self, url: str) -> None:
+        """From here on, count every statement (nested ones too: slower) and function, and
+        ``url``'s table, WAL and statement statistics from zero."""
+        for sql in (
+            "ALTER SYSTEM SET track_functions = 'all'",
+            "ALTER SYSTEM SET pg_stat_statements.track = 'all'",
+            "SELECT pg_reload_conf()",
+            "SELECT pg_stat_reset_shared('wal')",
+        ):
+            self._admin(sql)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("SELECT pg_stat_reset()")
+        self.reset_statements()
+
     def statements(self, url: str) -> list[StatementStat]:
         """Every statement run in ``url``'s database since :meth:`reset_statements`."""
         dbname = psycopg.conninfo.conninfo_to_dict(url)["dbname"]

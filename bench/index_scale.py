@@ -13,14 +13,15 @@ Two data sets, each in its own database of one embedded PostgreSQL 18 + pgvector
 For each data set, one table per index representation holds the same base vectors
 (``v vector(D)``): **float32 HNSW** (``vector_cosine_ops``), **halfvec HNSW**
 (``(v::halfvec(D))``, ``halfvec_cosine_ops``), **binary HNSW** (``(binary_quantize(v)::bit(D))``,
-``bit_hamming_ops``) and **no index**. Every index is built after the base load (m = 16,
-ef_construction = 64, maintenance_work_mem 1 GB): its build time and size are recorded. The
+``bit_hamming_ops``, with trioindex's default build parameters and any others ``--bit-params``
+names) and **no index**. Every index is built after the base load (m = 16,
+ef_construction = 64 unless named, maintenance_work_mem 1 GB): its build time and size are recorded. The
 10,000 more rows are then COPYed in batches of 100, the variants interleaved batch by batch,
 each on its own connection; *insert CPU* is that backend's CPU time (``/proc``, via psutil)
 per row. Queries run afterwards on one connection per variant: float32 and halfvec order by
 their cosine distance through the index at ``hnsw.ef_search`` 40 and 100; binary takes the
-R × 10 nearest by Hamming distance through the index (ef_search = max(40, R × 10), R = 4, 10
-and 20), then re-ranks them by exact cosine on the float32 vectors. recall@10 is against the exact
+R × 10 nearest by Hamming distance through the index (ef_search = max(40, R × 10), R = 4, 10,
+20 and 40), then re-ranks them by exact cosine on the float32 vectors. recall@10 is against the exact
 top 10 (numpy over every stored vector); latency is the client's wall time per query.
 
 **The store path** (``--store``): the clustered set's base vectors are loaded into trioindex's
@@ -59,6 +60,7 @@ from bench.common import (
     percentiles,
     plot_panels,
 )
+from trioindex.db.vector_index import hnsw_parameters
 
 Matrix = npt.NDArray[np.float32]
 
@@ -68,7 +70,7 @@ BATCH = 100
 K = 10
 M, EF_CONSTRUCTION = 16, 64
 EF_SEARCH = (40, 100)
-RERANK = (4, 10, 20)
+RERANK = (4, 10, 20, 40)
 SEED = 28
 
 
@@ -176,10 +178,35 @@ class Variant:
     index: str | None  # the index expression and operator class, None for no index
     order: str  # the query's ORDER BY, with %(q)s
     rerank: tuple[int, ...] = ()  # candidate factors R (binary: R × k by Hamming, then cosine)
+    m: int = M
+    ef_construction: int = EF_CONSTRUCTION
 
 
-def variants(dim: int) -> list[Variant]:
-    return [
+BIT = "binary HNSW + re-rank"
+
+
+def bit_variant(dim: int, m: int, ef_construction: int) -> Variant:
+    """The bit graph built with ``m`` and ``ef_construction``, named after them."""
+    return Variant(
+        f"{BIT} (m {m}, efc {ef_construction})",
+        f"(binary_quantize(v)::bit({dim})) bit_hamming_ops",
+        f"binary_quantize(v)::bit({dim}) <~> binary_quantize(%(q)s::vector)::bit({dim})",
+        RERANK,
+        m,
+        ef_construction,
+    )
+
+
+def default_bit_variant(dim: int) -> Variant:
+    """The bit graph with trioindex's default build parameters for ``dim`` dimensions."""
+    m, ef_construction = hnsw_parameters(dim)
+    return bit_variant(dim, m, ef_construction)
+
+
+def variants(dim: int, bit_params: Sequence[tuple[int, int]] = ()) -> list[Variant]:
+    """Every representation (the bit graph with trioindex's defaults), then one more bit graph
+    per ``(m, ef_construction)`` in ``bit_params``."""
+    chosen = [
         Variant("no index", None, "v <=> %(q)s::vector"),
         Variant("float32 HNSW", "v vector_cosine_ops", "v <=> %(q)s::vector"),
         Variant(
@@ -187,17 +214,21 @@ def variants(dim: int) -> list[Variant]:
             f"(v::halfvec({dim})) halfvec_cosine_ops",
             f"v::halfvec({dim}) <=> %(q)s::halfvec({dim})",
         ),
-        Variant(
-            "binary HNSW + re-rank",
-            f"(binary_quantize(v)::bit({dim})) bit_hamming_ops",
-            f"binary_quantize(v)::bit({dim}) <~> binary_quantize(%(q)s::vector)::bit({dim})",
-            RERANK,
-        ),
+        default_bit_variant(dim),
     ]
+    for m, ef_construction in bit_params:
+        extra = bit_variant(dim, m, ef_construction)
+        if extra not in chosen:
+            chosen.append(extra)
+    return chosen
 
 
 def _table(variant: Variant) -> str:
-    return "t_" + "".join(c for c in variant.name.split()[0] if c.isalnum())
+    words = variant.name.split()
+    slug = "".join(c for c in words[0] if c.isalnum())
+    if variant.index is not None and variant.rerank:
+        slug += f"_m{variant.m}_efc{variant.ef_construction}"
+    return "t_" + slug
 
 
 def backend_cpu(pid: int) -> float:
@@ -223,7 +254,7 @@ def build(url: str, data: DataSet, variant: Variant) -> dict[str, Any]:
             began = time.monotonic()
             conn.execute(
                 f"CREATE INDEX {table}_idx ON {table} USING hnsw ({variant.index})"
-                f" WITH (m = {M}, ef_construction = {EF_CONSTRUCTION})"
+                f" WITH (m = {variant.m}, ef_construction = {variant.ef_construction})"
             )
             seconds = time.monotonic() - began
             row = conn.execute(f"SELECT pg_relation_size('{table}_idx')").fetchone()
@@ -318,10 +349,12 @@ def _literal(vector: Matrix) -> str:
     return "[" + ",".join(f"{x:.7g}" for x in vector) + "]"
 
 
-def run_data_set(pg: BenchPostgres, data: DataSet) -> dict[str, Any]:
+def run_data_set(
+    pg: BenchPostgres, data: DataSet, bit_params: Sequence[tuple[int, int]] = ()
+) -> dict[str, Any]:
     print(f"{data.name}: {len(data.base)} base vectors of {data.dimension} dimensions")
     truth = exact_top(data)
-    chosen = variants(data.dimension)
+    chosen = variants(data.dimension, bit_params)
     result: dict[str, Any] = {
         "n": len(data.base),
         "extra": len(data.extra),
@@ -452,6 +485,15 @@ def plot(figures: dict[str, Any]) -> Callable[[Any], Any]:
     return draw
 
 
+def parse_bit_params(text: str) -> list[tuple[int, int]]:
+    """``"16:64,12:32"`` as ``[(16, 64), (12, 32)]``."""
+    pairs = []
+    for item in text.split(","):
+        m, ef_construction = item.split(":")
+        pairs.append((int(m), int(ef_construction)))
+    return pairs
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = bench_parser(
         "index_scale", __doc__.splitlines()[0] if __doc__ else "", "20,000 base vectors"
@@ -460,6 +502,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--real-n", type=int, default=100_000, help="real base chunks (0: skip)")
     parser.add_argument("--extra", type=int, default=EXTRA, help="vectors added to each index")
     parser.add_argument("--no-store", action="store_true", help="skip the store path")
+    parser.add_argument(
+        "--bit-params",
+        type=parse_bit_params,
+        default=[],
+        help="more bit graphs beside the default, as m:ef_construction,... (e.g. 16:64,12:32)",
+    )
     add_out(parser, "index-scale")
     args = parser.parse_args(argv)
     if args.quick:
@@ -471,10 +519,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         machine = machine_info(pg.admin_url)
         data = clustered(args.n, args.extra) if args.n else None
         if data is not None:
-            figures["data_sets"]["clustered"] = run_data_set(pg, data)
+            figures["data_sets"]["clustered"] = run_data_set(pg, data, args.bit_params)
         if data is not None and not args.no_store:
             store = store_path(pg, data)
-            raw = figures["data_sets"]["clustered"]["variants"]["binary HNSW + re-rank"]
+            default = default_bit_variant(data.dimension).name
+            raw = figures["data_sets"]["clustered"]["variants"][default]
             ratio = store["postgres_cpu_ms_per_vector"] / raw["insert_cpu_ms_per_row"]
             store["ratio_to_raw_copy"] = ratio
             store["summary"] = (
@@ -491,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except SystemExit as missing:
                 print(f"real set skipped: {missing}")
             else:
-                figures["data_sets"]["real"] = run_data_set(pg, real_data)
+                figures["data_sets"]["real"] = run_data_set(pg, real_data, args.bit_params)
         figures["load_average_end"] = [round(x, 2) for x in __import__("os").getloadavg()]
     return session.publish(machine, figures, plot(figures), markdown(session, machine, figures))
 

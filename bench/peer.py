@@ -382,16 +382,7 @@ PY_SPY = Path(sys.executable).parent / "py-spy"
 def start_profile(pg: BenchPostgres, url: str, root: Path, command: list[str]) -> list[str]:
     """Count nested statements and function times from zero; the worker command, under py-spy
     when it is installed (sampling only the thread holding the GIL: CPU, not waits)."""
-    for sql in (
-        "ALTER SYSTEM SET track_functions = 'all'",
-        "ALTER SYSTEM SET pg_stat_statements.track = 'all'",
-        "SELECT pg_reload_conf()",
-        "SELECT pg_stat_reset_shared('wal')",
-    ):
-        admin(pg.admin_url, sql)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("SELECT pg_stat_reset()")
-    pg.reset_statements()
+    pg.count_every_statement(url)
     if not PY_SPY.exists():
         return command
     print(f"py-spy stacks: {root / 'py-spy.txt'}")

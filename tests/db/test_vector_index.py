@@ -1,12 +1,14 @@
 """A model's vector index on a real PostgreSQL (db/vector_index.py): none at registration, built
 once the model has enough vectors, one builder at a time, an interrupted build built again, an
-older release's float32 index replaced, and vector search answering the exact top k before and
-after."""
+older release's float32 index replaced, a graph with other build parameters rebuilt beside
+the one search uses, and vector search answering the exact top k before and after."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -18,7 +20,11 @@ from trioindex.db.pool import Connection, Database
 from trioindex.db.vector_index import (
     IndexState,
     build_vector_index,
+    candidate_count,
+    create_index_sql,
     has_vectors,
+    hnsw_parameters,
+    index_parameters,
     index_state,
     quantized_sql,
 )
@@ -51,7 +57,7 @@ def _plan(conn: Connection, model: EmbeddingModel) -> str:
 def _float32_index(conn: Connection, model: EmbeddingModel) -> None:
     """What an older release built: float32 HNSW over the model's vectors."""
     conn.execute(
-        f"""CREATE INDEX {model.float32_index_name} ON embeddings
+        f"""CREATE INDEX {model.retired_index_name} ON embeddings
             USING hnsw ((vector::vector({DIM})) vector_cosine_ops)
             WHERE embedding_model_id = '{model.id}'"""
     )
@@ -120,20 +126,11 @@ def test_search_through_the_index_returns_the_exact_top_k_and_before_it_scans_ex
     assert after == truth
 
 
-def test_an_older_float32_index_is_replaced_by_the_bit_index(db: Database) -> None:
-    with db.connection() as conn:
-        model = ensure_model(conn, "m", DIM)
-        vectors = _store(conn, model, 12)
-        _float32_index(conn, model)
-        assert index_state(conn, model, model.float32_index_name) is IndexState.VALID
-        # replaced whatever the count: the model was indexed before, search keeps an index
-        assert build_vector_index(conn, model, min_vectors=1_000_000) is True
-        assert index_state(conn, model) is IndexState.VALID
-        assert index_state(conn, model, model.float32_index_name) is IndexState.MISSING
-        assert model.index_name in _plan(conn, model)
-        top = [r.document_key for r in vector_ranking(conn, model, vectors[3], 3)]
-        assert top[0] == "doc-003"
-        assert build_vector_index(conn, model, min_vectors=0) is False
+def test_narrow_vectors_take_twice_the_candidates_per_result_up_to_the_ceiling() -> None:
+    # fewer sign bits say less about cosine: 40 per result below 768 dimensions, 20 from there
+    assert (candidate_count(10, 384), candidate_count(10, 768)) == (400, 200)
+    assert candidate_count(50, 384) == candidate_count(50, 1024) == 1000
+    assert candidate_count(2000, 384) == 2000  # never fewer than the results asked for
 
 
 def test_a_float32_index_left_beside_a_valid_bit_index_is_dropped(db: Database) -> None:
@@ -145,7 +142,121 @@ def test_a_float32_index_left_beside_a_valid_bit_index_is_dropped(db: Database) 
         _float32_index(conn, model)
         assert build_vector_index(conn, model, min_vectors=1) is False
         assert index_state(conn, model) is IndexState.VALID
-        assert index_state(conn, model, model.float32_index_name) is IndexState.MISSING
+        assert index_state(conn, model, model.retired_index_name) is IndexState.MISSING
+
+
+def _index_with(conn: Connection, model: EmbeddingModel, name: str, m: int, efc: int) -> None:
+    """A bit graph of the model built with other parameters than today's."""
+    assert (m, efc) != hnsw_parameters(model.dimension)
+    conn.execute(
+        f"""CREATE INDEX {name} ON embeddings
+            USING hnsw (({quantized_sql(model.dimension, "vector")}) bit_hamming_ops)
+            WITH (m = {m}, ef_construction = {efc}) WHERE embedding_model_id = '{model.id}'"""
+    )
+
+
+def _only_the_index_with_todays_parameters(conn: Connection, model: EmbeddingModel) -> None:
+    assert index_state(conn, model) is IndexState.VALID
+    assert index_parameters(conn, model.index_name) == hnsw_parameters(model.dimension)
+    assert index_state(conn, model, model.retired_index_name) is IndexState.MISSING
+    assert index_state(conn, model, model.next_index_name) is IndexState.MISSING
+    assert model.index_name in _plan(conn, model)
+
+
+def _bit_index_with_other_parameters(conn: Connection, model: EmbeddingModel) -> None:
+    _index_with(conn, model, model.index_name, 4, 10)
+    assert index_parameters(conn, model.index_name) == (4, 10)
+
+
+@pytest.mark.parametrize("older", [_float32_index, _bit_index_with_other_parameters])
+def test_an_older_releases_index_is_replaced_by_the_bit_index_with_todays_parameters(
+    db: Database, older: Callable[[Connection, EmbeddingModel], None]
+) -> None:
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+        vectors = _store(conn, model, 12)
+        older(conn, model)
+        # replaced whatever the count: the model was indexed before, search keeps an index
+        assert build_vector_index(conn, model, min_vectors=1_000_000) is True
+        _only_the_index_with_todays_parameters(conn, model)
+        top = [r.document_key for r in vector_ranking(conn, model, vectors[3], 3)]
+        assert top[0] == "doc-003"
+        assert build_vector_index(conn, model, min_vectors=0) is False
+
+
+def test_an_index_without_build_parameters_has_pgvectors_defaults(db: Database) -> None:
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+        _store(conn, model, 3)
+        assert index_parameters(conn, model.index_name) is None
+        conn.execute(
+            f"""CREATE INDEX {model.index_name} ON embeddings
+                USING hnsw (({quantized_sql(DIM, "vector")}) bit_hamming_ops)"""
+        )
+        assert index_parameters(conn, model.index_name) == (16, 64)
+
+
+def test_a_rebuild_stopped_after_its_build_takes_the_name_at_the_next_check(
+    db: Database,
+) -> None:
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+        _store(conn, model, 6)
+        _index_with(conn, model, model.index_name, 4, 10)
+        # the new graph was built, the process stopped before the names were swapped
+        conn.execute(create_index_sql(model, concurrently=False, name=model.next_index_name))
+        next_oid = conn.execute("SELECT %s::regclass::oid AS o", (model.next_index_name,))
+        built_oid = next_oid.fetchone()
+        assert build_vector_index(conn, model, min_vectors=1) is True
+        _only_the_index_with_todays_parameters(conn, model)
+        now = conn.execute("SELECT %s::regclass::oid AS o", (model.index_name,)).fetchone()
+        assert now == built_oid  # taken over, not built a second time
+
+
+def test_a_rebuild_interrupted_during_its_build_is_built_again(db: Database) -> None:
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+        _store(conn, model, 6)
+        _index_with(conn, model, model.index_name, 4, 10)
+        conn.execute(create_index_sql(model, concurrently=False, name=model.next_index_name))
+        conn.execute(
+            "UPDATE pg_index SET indisvalid = false WHERE indexrelid = %s::regclass",
+            (model.next_index_name,),
+        )
+        assert build_vector_index(conn, model, min_vectors=1) is True
+        _only_the_index_with_todays_parameters(conn, model)
+
+
+def test_search_keeps_the_old_index_while_the_rebuild_waits(db: Database) -> None:
+    # A real CREATE INDEX CONCURRENTLY of the new graph kept waiting by an open snapshot:
+    # meanwhile the model's index is the old, valid one and search ranks through it
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+        vectors = _store(conn, model, 8)
+        _index_with(conn, model, model.index_name, 4, 10)
+    built: list[bool] = []
+    with _build_waiting_on_a_snapshot(db, model, built) as watcher:
+        assert index_state(watcher, model, model.next_index_name) is IndexState.INVALID
+        assert index_state(watcher, model) is IndexState.VALID
+        assert index_parameters(watcher, model.index_name) == (4, 10)
+        assert model.index_name in _plan(watcher, model)
+        top = [r.document_key for r in vector_ranking(watcher, model, vectors[5], 1)]
+        assert top == ["doc-005"]
+    assert built == [True]
+    with db.connection() as conn:
+        _only_the_index_with_todays_parameters(conn, model)
+
+
+def test_removing_a_model_drops_a_rebuild_left_beside_its_index(db: Database) -> None:
+    with db.connection() as conn:
+        ensure_model(conn, "serving", DIM)
+        model = ensure_model(conn, "m", DIM)
+        _store(conn, model, 4)
+        _index_with(conn, model, model.index_name, 4, 10)
+        conn.execute(create_index_sql(model, concurrently=False, name=model.next_index_name))
+        remove_model(conn, "m")
+        for name in (model.index_name, model.next_index_name):
+            assert index_state(conn, model, name) is IndexState.MISSING
 
 
 def test_a_session_already_building_makes_another_skip(db: Database) -> None:
@@ -194,6 +305,9 @@ def test_a_model_past_the_float32_limit_is_indexed_by_its_bits(db: Database) -> 
         store_indexed(conn, model, docs)
         assert build_vector_index(conn, model, min_vectors=1) is True
         assert index_state(conn, model) is IndexState.VALID
+        # a wide model's graph is built with the wide parameters, a narrow one's thinner
+        assert index_parameters(conn, model.index_name) == hnsw_parameters(dim)
+        assert hnsw_parameters(dim) != hnsw_parameters(DIM)
         assert vector_ranking(conn, model, vectors[1], 1)[0].document_key == "doc-1"
 
 
@@ -210,14 +324,39 @@ def test_a_model_beyond_pgvectors_bit_hnsw_limit_gets_no_index(
 def test_removing_a_model_during_its_index_build_is_refused_until_the_build_ends(
     db: Database,
 ) -> None:
-    # A real CREATE INDEX CONCURRENTLY kept waiting by an open transaction (it waits for every
-    # transaction older than its snapshot), and `models remove` of the model meanwhile: before
+    # A real build kept waiting by an open transaction, and `models remove` of the model
+    # meanwhile: before
     # migration 0008's lock this was a deadlock that PostgreSQL broke by cancelling one side.
     with db.connection() as conn:
         ensure_model(conn, "serving", DIM)
         model = ensure_model(conn, "m", DIM)
         _store(conn, model, 5)
     built: list[bool] = []
+    with _build_waiting_on_a_snapshot(db, model, built), db.connection() as remover:
+        # bounded: without the build lock the removal would wait for the build's table
+        # lock while the build waits for this test
+        remover.execute("SET lock_timeout = '10s'")
+        with pytest.raises(TrioindexError, match="building"):
+            remove_model(remover, "m")
+        remover.execute("RESET lock_timeout")
+    assert built == [True]
+    with db.connection() as conn:
+        assert index_state(conn, model) is IndexState.VALID
+        assert remove_model(conn, "m").embeddings == 5
+        assert index_state(conn, model) is IndexState.MISSING
+        # a build after the removal (a keeper holding the old model) builds nothing
+        assert build_vector_index(conn, model, min_vectors=0) is False
+        assert index_state(conn, model) is IndexState.MISSING
+
+
+@contextlib.contextmanager
+def _build_waiting_on_a_snapshot(
+    db: Database, model: EmbeddingModel, built: list[bool]
+) -> Iterator[Connection]:
+    """A real ``build_vector_index`` in a thread, its CREATE INDEX CONCURRENTLY kept waiting
+    by an open transaction (it waits for every transaction older than its snapshot) while the
+    block runs on the connection it yields; then the transaction ends and the build finishes
+    (its result appended to ``built``)."""
     with db.connection() as blocker, db.connection() as watcher:
         blocker.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         blocker.execute("SELECT count(*) FROM embedding_models")  # a snapshot the build waits on
@@ -228,23 +367,11 @@ def test_removing_a_model_during_its_index_build_is_refused_until_the_build_ends
         builder.start()
         while not (pid and helpers.waits_on_a_lock(watcher, pid[0])):
             assert builder.is_alive(), "the build did not wait for the open snapshot"
-        with db.connection() as remover:
-            # bounded: without the build lock the removal would wait for the build's table
-            # lock while the build waits for this test
-            remover.execute("SET lock_timeout = '10s'")
-            with pytest.raises(TrioindexError, match="building"):
-                remove_model(remover, "m")
-            remover.execute("RESET lock_timeout")
-        blocker.execute("COMMIT")
-        builder.join(timeout=60)
-    assert built == [True]
-    with db.connection() as conn:
-        assert index_state(conn, model) is IndexState.VALID
-        assert remove_model(conn, "m").embeddings == 5
-        assert index_state(conn, model) is IndexState.MISSING
-        # a build after the removal (a keeper holding the old model) builds nothing
-        assert build_vector_index(conn, model, min_vectors=0) is False
-        assert index_state(conn, model) is IndexState.MISSING
+        try:
+            yield watcher
+        finally:
+            blocker.execute("COMMIT")
+            builder.join(timeout=60)
 
 
 def _build_on_own_connection(db: Database, model: EmbeddingModel, pid: list[int]) -> bool:

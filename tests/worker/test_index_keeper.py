@@ -1,18 +1,27 @@
 """The worker's index keeper on a real PostgreSQL (worker/index_keeper.py): it builds the model's
 vector index when it is due, wakes after enough stored vectors, stops once the index is valid,
-replaces an older release's float32 index at its first check, and a worker stopping mid-build
-does not wait for the build."""
+replaces an older release's float32 index and rebuilds a graph with other parameters at its
+first check, and a worker stopping mid-build does not wait for the build."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
+import pytest
 import trio
 import trio.testing
 
 from testkit.search_corpus import IndexedDocument, store_indexed
 from trioindex.db.models import EmbeddingModel, ensure_model
 from trioindex.db.pool import Database
-from trioindex.db.vector_index import IndexState, index_state
+from trioindex.db.vector_index import (
+    IndexState,
+    hnsw_parameters,
+    index_parameters,
+    index_state,
+    quantized_sql,
+)
 from trioindex.worker.index_keeper import VectorIndexKeeper
 
 DIM = 8
@@ -50,25 +59,39 @@ async def test_the_keeper_builds_once_the_stored_vectors_reach_the_threshold(
     assert _state(db, model) is IndexState.VALID
 
 
-async def test_the_keeper_replaces_an_older_float32_index_at_its_first_check(
-    db: Database, database_url: str
+def _float32_index(model: EmbeddingModel) -> str:
+    return f"""CREATE INDEX {model.retired_index_name} ON embeddings
+               USING hnsw ((vector::vector({DIM})) vector_cosine_ops)
+               WHERE embedding_model_id = '{model.id}'"""
+
+
+def _bit_index_with_other_parameters(model: EmbeddingModel) -> str:
+    return f"""CREATE INDEX {model.index_name} ON embeddings
+               USING hnsw (({quantized_sql(DIM, "vector")}) bit_hamming_ops)
+               WITH (m = 4, ef_construction = 10) WHERE embedding_model_id = '{model.id}'"""
+
+
+@pytest.mark.parametrize("older", [_float32_index, _bit_index_with_other_parameters])
+async def test_the_keeper_replaces_an_older_releases_index_at_its_first_check(
+    db: Database, database_url: str, older: Callable[[EmbeddingModel], str]
 ) -> None:
     with db.connection() as conn:
         model = ensure_model(conn, "m", DIM)
     _store(db, model, 0, 4)
     with db.connection() as conn:
-        conn.execute(
-            f"""CREATE INDEX {model.float32_index_name} ON embeddings
-                USING hnsw ((vector::vector({DIM})) vector_cosine_ops)
-                WHERE embedding_model_id = '{model.id}'"""
-        )
+        conn.execute(older(model))
     # far below the threshold, but the model had an index: it keeps one
     keeper = VectorIndexKeeper(database_url, model, min_vectors=10_000)
     assert await keeper.check()
     assert (keeper.built, keeper.indexed) == (1, True)
-    assert _state(db, model) is IndexState.VALID
     with db.connection() as conn:
-        assert index_state(conn, model, model.float32_index_name) is IndexState.MISSING
+        assert index_state(conn, model) is IndexState.VALID
+        assert index_parameters(conn, model.index_name) == hnsw_parameters(DIM)
+        assert index_state(conn, model, model.retired_index_name) is IndexState.MISSING
+    # a second keeper (the next worker start) finds nothing to do
+    again = VectorIndexKeeper(database_url, model, min_vectors=10_000)
+    assert await again.check()
+    assert again.built == 0
 
 
 class _Observed(VectorIndexKeeper):

@@ -50,9 +50,17 @@ class EmbeddingModel:
         return f"embeddings_bits_{self.id.hex[:16]}"
 
     @property
-    def float32_index_name(self) -> str:
-        """The float32 HNSW index older releases built; replaced by :attr:`index_name`."""
+    def retired_index_name(self) -> str:
+        """An index being replaced by :attr:`index_name` and dropped once that is valid: the
+        float32 HNSW index older releases built (under this name), or a bit graph built with
+        other parameters (renamed to it)."""
         return f"embeddings_hnsw_{self.id.hex[:16]}"
+
+    @property
+    def next_index_name(self) -> str:
+        """A bit graph being built with new parameters beside :attr:`index_name`, whose name
+        it takes once valid."""
+        return f"embeddings_bitsnext_{self.id.hex[:16]}"
 
 
 # Serialises registrations so that two processes starting at once do not race on the
@@ -329,7 +337,10 @@ def remove_model(conn: Connection, name: str) -> Removal:
         chunks = conn.execute(
             "DELETE FROM document_chunks WHERE chunking = %s", (token_chunking(name),)
         ).rowcount
-        conn.execute(f"DROP INDEX IF EXISTS {model.index_name}, {model.float32_index_name}")
+        conn.execute(
+            f"DROP INDEX IF EXISTS {model.index_name}, {model.retired_index_name},"
+            f" {model.next_index_name}"
+        )
         conn.execute("DELETE FROM embedding_models WHERE id = %s", (model.id,))
         conn.execute(
             """INSERT INTO indexing_events (event_type, detail)

@@ -96,7 +96,7 @@ def nearest_chunks(
     )
     with conn.transaction():
         indexed = index_ready(conn, model)
-        candidates = candidate_count(limit) if indexed else limit
+        candidates = candidate_count(limit, dim) if indexed else limit
         _set_hnsw(conn, hnsw, at_least=candidates if indexed else 0)
         order = f"{quantized_sql(dim, 'e.vector')} <~> {quantized_sql(dim, '%(q)s')}"
         nearest = f"""SELECT e.chunk_id, 1 - ({exact}) AS score

@@ -2,17 +2,20 @@
 vectors, with an exact re-rank at query time; exact search below that.
 
 **What is indexed.** Each vector's ``binary_quantize(vector::vector(dim))::bit(dim)`` (one
-bit per dimension: its sign) in an HNSW graph under Hamming distance (``bit_hamming_ops``,
-m = 16, ef_construction = 64). A query takes the :data:`RERANK_FACTOR` × k nearest by Hamming
-distance through the graph and orders them by the exact cosine distance of the stored float32
-vectors (:func:`trioindex.db.search.nearest_chunks`). Chosen by the at-scale benchmark
+bit per dimension: its sign) in an HNSW graph under Hamming distance (``bit_hamming_ops``;
+m = 16, ef_construction = 64, and m = 12, ef_construction = 48 below 768 dimensions:
+:func:`hnsw_parameters`). A query takes the :data:`RERANK_FACTOR` (20) × k nearest by
+Hamming distance through the graph (:data:`NARROW_RERANK_FACTOR`, 40, below 768 dimensions)
+and orders them by the exact cosine distance of the stored float32 vectors
+(:func:`trioindex.db.search.nearest_chunks`). Chosen by the at-scale benchmark
 (docs/test-results/index-scale.md: clustered 1024-dimension vectors and the local model's
-vectors of real text): the bit graph is a twentieth of the float32 one's size, costs a quarter
-(1024 dimensions) to three fifths (384) of its PostgreSQL CPU per inserted vector, and with 20
-candidates per result re-ranked its recall@10 was 0.98–1.00 on those sets. Sign bits need
-structured vectors: on near-random ones (no neighbourhoods) the candidates miss, which model
-embeddings are not. pgvector indexes bits up to 64,000 dimensions (the float32
-graph stops at 2,000), so every model a ``vector`` column can hold (16,000) gets an index.
+vectors of real text): the bit graph is a twentieth of the float32 one's size and costs a fifth
+to a quarter (1024 dimensions) to about a third (384) of its PostgreSQL CPU per inserted
+vector; with those candidates re-ranked its recall@10 was 0.97–0.99 on those sets.
+Sign bits need structured vectors: on near-random ones (no neighbourhoods) the candidates
+miss, which model embeddings are not. pgvector indexes bits up to 64,000 dimensions (the
+float32 graph stops at 2,000), so every model a ``vector`` column can hold (16,000) gets an
+index.
 
 **When.** Maintaining an HNSW index row by row is the largest PostgreSQL cost of indexing small
 documents, and below a few thousand vectors an exact scan answers a query as fast and with
@@ -27,9 +30,13 @@ The build is ``CREATE INDEX CONCURRENTLY``: writers (other workers' commits) go 
 One process builds at a time (a session advisory lock per model; the others skip). A build that
 was interrupted leaves an INVALID index, which PostgreSQL still maintains on every insert but
 never uses: the next check drops it and builds again. A database indexed by an older release
-has the model's float32 HNSW index (:attr:`EmbeddingModel.float32_index_name`): the next check
+has the model's float32 HNSW index (:attr:`EmbeddingModel.retired_index_name`): the next check
 builds the bit index beside it, whatever the vector count, then drops the old one, both
-concurrently, so search never loses its index.
+concurrently, so search never loses its index. A bit graph built with other parameters than
+:func:`hnsw_parameters`'s is rebuilt the same way: the new graph is built beside it
+(:attr:`EmbeddingModel.next_index_name`), the two swap names in one transaction (a rename
+blocks neither writers nor searches), and the old one is dropped; a rebuild interrupted at any
+step is finished by the next check.
 """
 
 from __future__ import annotations
@@ -44,19 +51,38 @@ logger = logging.getLogger(__name__)
 
 # pgvector's HNSW limit for the bit type (the vector type itself stops at 16,000).
 BIT_HNSW_MAX_DIMENSION = 64_000
-# HNSW build parameters (pgvector's defaults, measured at 200,000 vectors in the benchmark).
-HNSW_M = 16
-HNSW_EF_CONSTRUCTION = 64
-# A query's candidates from the bit graph, per result, re-ranked by exact cosine: on the local
-# model's vectors of real text recall@10 was 0.84 at 4, 0.95 at 10 and 0.98 at 20.
+# HNSW build parameters of the bit graph (docs/test-results/index-scale.md, runs 5 and 6).
+# pgvector's defaults (16, 64) from NARROW_DIMENSION up: at 1024 dimensions they cost a fifth
+# to a quarter of float32 HNSW's insert CPU, and thinner graphs lost recall at 200,000
+# clustered vectors (0.92 at (12, 48) against 0.99). Below it a Hamming distance costs next to
+# nothing and the graph's own work is the insert: (16, 64) cost 0.52-0.59x float32 HNSW at 384
+# dimensions, (12, 48) 0.36x with the same recall on the local model's vectors of real text.
+HNSW_M, HNSW_EF_CONSTRUCTION = 16, 64
+NARROW_HNSW_M, NARROW_HNSW_EF_CONSTRUCTION = 12, 48
+NARROW_DIMENSION = 768
+# A query's candidates from the bit graph, per result, re-ranked by exact cosine. From 768
+# dimensions 20: recall@10 0.99 at 200,000 clustered 1024-d vectors (0.84 at 10). Below, the
+# sign bits say less and 40: on 52,000 of the local model's 384-d vectors of real text recall@10
+# was 0.89 at 10, 0.93-0.94 at 20 and 0.97 at 40 (float32 HNSW at ef_search 40: 0.95).
 RERANK_FACTOR = 20
-# At most this many candidates (a deep ranking, 50+ results, still gets 20 per result up to it).
+NARROW_RERANK_FACTOR = 40
+# At most this many candidates (a deep ranking still gets 20 or 40 per result up to it).
 MAX_CANDIDATES = 1000
 
 
-def candidate_count(limit: int) -> int:
-    """How many candidates a query for ``limit`` results takes from the bit graph."""
-    return max(limit, min(RERANK_FACTOR * limit, MAX_CANDIDATES))
+def hnsw_parameters(dimension: int) -> tuple[int, int]:
+    """The bit graph's build parameters ``(m, ef_construction)`` for ``dimension``: thinner
+    below :data:`NARROW_DIMENSION` (see the constants)."""
+    if dimension < NARROW_DIMENSION:
+        return NARROW_HNSW_M, NARROW_HNSW_EF_CONSTRUCTION
+    return HNSW_M, HNSW_EF_CONSTRUCTION
+
+
+def candidate_count(limit: int, dimension: int) -> int:
+    """How many candidates a query for ``limit`` results takes from the bit graph of vectors
+    of ``dimension``."""
+    factor = NARROW_RERANK_FACTOR if dimension < NARROW_DIMENSION else RERANK_FACTOR
+    return max(limit, min(factor * limit, MAX_CANDIDATES))
 
 
 class IndexState(enum.StrEnum):
@@ -67,10 +93,14 @@ class IndexState(enum.StrEnum):
 
 def index_state(conn: Connection, model: EmbeddingModel, name: str | None = None) -> IndexState:
     """The state of the model's index (or of the index called ``name``)."""
+    return _named_state(conn, name or model.index_name)
+
+
+def _named_state(conn: Connection, name: str) -> IndexState:
     row = conn.execute(
         """SELECT i.indisvalid FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
            WHERE c.relname = %s AND c.relnamespace = current_schema()::regnamespace""",
-        (name or model.index_name,),
+        (name,),
     ).fetchone()
     if row is None:
         return IndexState.MISSING
@@ -98,21 +128,39 @@ def has_vectors(conn: Connection, model: EmbeddingModel, count: int) -> bool:
     return row is not None and row["n"] >= count
 
 
-def create_index_sql(model: EmbeddingModel, *, concurrently: bool = True) -> str:
-    """The model's partial HNSW index over its vectors' sign bits (module docstring)."""
+def index_parameters(conn: Connection, name: str) -> tuple[int, int] | None:
+    """The HNSW build parameters ``(m, ef_construction)`` of the index called ``name`` (those
+    its ``WITH`` left out are pgvector's defaults, 16 and 64), or None if there is none."""
+    row = conn.execute(
+        """SELECT coalesce(c.reloptions, '{}') AS options FROM pg_class c
+           WHERE c.relname = %s AND c.relnamespace = current_schema()::regnamespace""",
+        (name,),
+    ).fetchone()
+    if row is None:
+        return None
+    options = dict(option.split("=", 1) for option in row["options"])
+    return int(options.get("m", 16)), int(options.get("ef_construction", 64))
+
+
+def create_index_sql(
+    model: EmbeddingModel, *, concurrently: bool = True, name: str | None = None
+) -> str:
+    """The model's partial HNSW index over its vectors' sign bits (module docstring), called
+    ``name`` (default: the model's index)."""
+    m, ef_construction = hnsw_parameters(model.dimension)
     return (
         f"CREATE INDEX {'CONCURRENTLY ' if concurrently else ''}IF NOT EXISTS"
-        f" {model.index_name} ON embeddings"
+        f" {name or model.index_name} ON embeddings"
         f" USING hnsw (({quantized_sql(model.dimension, 'vector')}) bit_hamming_ops)"
-        f" WITH (m = {HNSW_M}, ef_construction = {HNSW_EF_CONSTRUCTION})"
+        f" WITH (m = {m}, ef_construction = {ef_construction})"
         f" WHERE embedding_model_id = '{model.id}'"
     )
 
 
 def build_vector_index(conn: Connection, model: EmbeddingModel, *, min_vectors: int) -> bool:
-    """Build ``model``'s index if it has ``min_vectors`` vectors (or an older release's float32
-    index to replace) and no valid index yet, and drop the float32 one; True when this call
-    built it.
+    """Build ``model``'s index if it has ``min_vectors`` vectors (or a retired index to
+    replace) and no valid index yet, or rebuild it if its build parameters are not
+    :func:`hnsw_parameters`'s, and drop what it replaces; True when this call built one.
 
     ``conn`` must be in autocommit mode and outside a transaction (a concurrent build is not
     allowed in one). Returns False at once when another session is building it.
@@ -140,18 +188,48 @@ def build_vector_index(conn: Connection, model: EmbeddingModel, *, min_vectors: 
 
 def _build(conn: Connection, model: EmbeddingModel, min_vectors: int) -> bool:
     state = index_state(conn, model)
-    old = index_state(conn, model, model.float32_index_name)
     built = False
-    if state is not IndexState.VALID and (
-        old is not IndexState.MISSING or has_vectors(conn, model, min_vectors)
+    if state is IndexState.VALID:
+        if index_parameters(conn, model.index_name) != hnsw_parameters(model.dimension):
+            _rebuild(conn, model)
+            built = True
+    elif index_state(conn, model, model.retired_index_name) is not IndexState.MISSING or (
+        has_vectors(conn, model, min_vectors)
     ):
         if state is IndexState.INVALID:
             logger.info("dropping the interrupted index build of model %s", model.name)
-            conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {model.index_name}")
+            _drop(conn, model.index_name)
         logger.info("building the vector index of model %s (%s+ vectors)", model.name, min_vectors)
         conn.execute(create_index_sql(model))
         built = True
-    if old is not IndexState.MISSING and (built or state is IndexState.VALID):
-        logger.info("dropping model %s's float32 HNSW index (replaced)", model.name)
-        conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {model.float32_index_name}")
+    if built or state is IndexState.VALID:
+        # what the valid index replaced, or a rebuild interrupted before it took the name
+        _drop(conn, model.retired_index_name)
+        _drop(conn, model.next_index_name)
     return built
+
+
+def _rebuild(conn: Connection, model: EmbeddingModel) -> None:
+    """Build the graph with today's parameters beside the valid one, then give it the model's
+    index name in one transaction: search has a valid index throughout."""
+    wanted = hnsw_parameters(model.dimension)
+    if (
+        index_state(conn, model, model.next_index_name) is not IndexState.VALID
+        or index_parameters(conn, model.next_index_name) != wanted
+    ):
+        _drop(conn, model.next_index_name)  # an interrupted rebuild, or older parameters
+        logger.info(
+            "rebuilding the vector index of model %s (m, ef_construction = %s)", model.name, wanted
+        )
+        conn.execute(create_index_sql(model, name=model.next_index_name))
+    _drop(conn, model.retired_index_name)  # frees its name
+    with conn.transaction():
+        # renaming takes a SHARE UPDATE EXCLUSIVE lock: writers and searches go on
+        conn.execute(f"ALTER INDEX {model.index_name} RENAME TO {model.retired_index_name}")
+        conn.execute(f"ALTER INDEX {model.next_index_name} RENAME TO {model.index_name}")
+
+
+def _drop(conn: Connection, name: str) -> None:
+    if _named_state(conn, name) is not IndexState.MISSING:
+        logger.info("dropping index %s (replaced)", name)
+        conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")

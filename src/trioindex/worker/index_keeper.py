@@ -2,10 +2,11 @@
 
 A model is searched exactly until it has ``embedding.index-min-vectors`` vectors
 (:mod:`trioindex.db.vector_index` says why and what is indexed). The check at worker start
-also replaces the float32 HNSW index an older release built (the new index is built beside
-it, then the old one dropped). The keeper checks at worker start, then again
-after every ``check_every`` vectors this worker stores, and builds the index concurrently (other
-workers keep committing) when the count is reached. Once a valid index exists it stops checking.
+also replaces the float32 HNSW index an older release built, and a bit graph built with other
+parameters than today's (the new index is built beside it, then the old one dropped). The
+keeper checks at worker start, then again after every ``check_every`` vectors this worker
+stores, and builds the index concurrently (other workers keep committing) when the count is
+reached. Once a valid index exists it stops checking.
 A draining worker checks once more at the end (:meth:`VectorIndexKeeper.check`, after waiting
 for a build under way), so a bulk load run with ``worker --drain`` ends with its index built.
 
