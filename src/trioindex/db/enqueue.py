@@ -21,7 +21,6 @@ import psycopg
 from trioindex.db.operations import retry_failed_job
 from trioindex.db.pool import Connection
 from trioindex.errors import NotFound
-from trioindex.ingest.results import IngestResult
 
 T = TypeVar("T")
 
@@ -31,6 +30,7 @@ DEADLOCK_ATTEMPTS: Final = 3
 
 __all__ = [
     "NOTIFY_CHANNEL",
+    "IngestResult",
     "NewVersion",
     "enqueue_version",
     "enqueue_versions",
@@ -40,6 +40,45 @@ __all__ = [
 ]
 
 NOTIFY_CHANNEL = "trioindex_jobs"
+
+
+@attrs.frozen
+class IngestResult:
+    """What happened to one file: ``created``, ``unchanged`` or ``repaired``.
+
+    ``repaired``: the bytes were already the latest version, but the store had lost its blob;
+    the blob was uploaded again, and ``requeued`` says whether the version's FAILED job went
+    back to the queue.
+    """
+
+    path: str
+    document_key: str
+    status: str
+    document_id: UUID
+    version_id: UUID
+    version_no: int
+    job_id: UUID | None
+    requeued: bool = False
+
+    @property
+    def change(self) -> str:
+        """``added`` (a new document), ``changed`` (a new version), else the status."""
+        if self.status != "created":
+            return self.status
+        return "added" if self.version_no == 1 else "changed"
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "path": self.path,
+            "document_key": self.document_key,
+            "status": self.status,
+            "change": self.change,
+            "document_id": str(self.document_id),
+            "version_id": str(self.version_id),
+            "version_no": self.version_no,
+            "job_id": str(self.job_id) if self.job_id else None,
+            "requeued": self.requeued,
+        }
 
 
 @attrs.frozen

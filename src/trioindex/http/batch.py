@@ -41,13 +41,6 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-# the ingest package first: trioindex.db.enqueue imports it back (a cycle that only resolves
-# in this order)
-from trioindex.ingest import FILES_AT_ONCE
-from trioindex.ingest.files import PreparedFile
-from trioindex.ingest.results import IngestResult
-
-# isort: split
 from trioindex.db.enqueue import latest_versions, requeue_failed_job
 from trioindex.http.context import Service, service
 from trioindex.http.documents import UNDECLARED_TYPES
@@ -62,6 +55,9 @@ from trioindex.http.limits import (
 )
 from trioindex.http.metrics import UPLOADED
 from trioindex.http.upload import Spool
+from trioindex.ingest import FILES_AT_ONCE
+from trioindex.ingest.files import PreparedFile
+from trioindex.ingest.results import IngestResult
 from trioindex.storage import ObjectStore
 
 #: Parts (documents) in one batch at most.

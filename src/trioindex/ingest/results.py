@@ -1,4 +1,5 @@
-"""What a run reports for each file: an :class:`IngestResult` or a :class:`SkippedFile`; and,
+"""What a run reports for each file: an :class:`IngestResult` (defined with the enqueue that
+makes it, :mod:`trioindex.db.enqueue`) or a :class:`SkippedFile`; and,
 with ``sync``, a :class:`DeletedDocument` for each document whose file is gone.
 
 Also the two reasons one file is not ingested (:class:`FileNotIngested`, :class:`FileChanged`),
@@ -9,10 +10,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from uuid import UUID
 
 import attrs
 
+from trioindex.db.enqueue import IngestResult
 from trioindex.errors import TrioindexError
 
 __all__ = [
@@ -24,45 +25,6 @@ __all__ = [
     "SkippedFile",
     "printable",
 ]
-
-
-@attrs.frozen
-class IngestResult:
-    """What happened to one file: ``created``, ``unchanged`` or ``repaired``.
-
-    ``repaired``: the bytes were already the latest version, but the store had lost its blob;
-    the blob was uploaded again, and ``requeued`` says whether the version's FAILED job went
-    back to the queue.
-    """
-
-    path: str
-    document_key: str
-    status: str
-    document_id: UUID
-    version_id: UUID
-    version_no: int
-    job_id: UUID | None
-    requeued: bool = False
-
-    @property
-    def change(self) -> str:
-        """``added`` (a new document), ``changed`` (a new version), else the status."""
-        if self.status != "created":
-            return self.status
-        return "added" if self.version_no == 1 else "changed"
-
-    def as_json(self) -> dict[str, object]:
-        return {
-            "path": self.path,
-            "document_key": self.document_key,
-            "status": self.status,
-            "change": self.change,
-            "document_id": str(self.document_id),
-            "version_id": str(self.version_id),
-            "version_no": self.version_no,
-            "job_id": str(self.job_id) if self.job_id else None,
-            "requeued": self.requeued,
-        }
 
 
 @attrs.frozen
