@@ -41,9 +41,9 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from trioindex.db.enqueue import latest_versions, requeue_failed_job
+from trioindex.db.enqueue import latest_versions
 from trioindex.http.context import Service, service
-from trioindex.http.documents import UNDECLARED_TYPES
+from trioindex.http.documents import UNDECLARED_TYPES, mark_repaired
 from trioindex.http.enqueuer import Body, StoredBody, Upload, prepare_body
 from trioindex.http.errors import ApiError, classify, invalid
 from trioindex.http.limits import (
@@ -143,7 +143,7 @@ def part_meta(headers: Sequence[tuple[bytes, bytes]]) -> tuple[str, str | None, 
 
 
 def _store_all(
-    store: ObjectStore, bodies: Sequence[Body], latest: dict[str, Any]
+    bodies: Sequence[Body], store: ObjectStore, latest: dict[str, Any]
 ) -> list[PreparedFile]:
     """Store ``bodies`` by ``ingest``'s rule in one thread; durable before this returns."""
     with store.deferred_sync():
@@ -303,25 +303,9 @@ class BatchReader:
         bodies = [body for _, body in waiting]
         services = self.svc.services
         latest = await services.db.run(latest_versions, [b.document_key for b in bodies])
-        size = -(-len(bodies) // FILES_AT_ONCE)
-        slices = [bodies[start : start + size] for start in range(0, len(bodies), size)]
-        prepared: list[list[PreparedFile]] = [[] for _ in slices]
-        outages: list[Exception] = []
-
-        async def store(n: int) -> None:
-            try:
-                prepared[n] = await services.storage.run(
-                    functools.partial(_store_all, bodies=slices[n], latest=latest)
-                )
-            except Exception as exc:
-                outages.append(exc)
-                nursery.cancel_scope.cancel()
-
-        async with trio.open_nursery() as nursery:
-            for n in range(len(slices)):
-                nursery.start_soon(store, n)
-        if outages:
-            raise outages[0]
+        prepared = await services.storage.run_slices(
+            bodies, functools.partial(_store_all, latest=latest), slices=FILES_AT_ONCE
+        )
         self.stored += (
             _Stored(index, ready)
             for (index, _), ready in zip(
@@ -344,7 +328,7 @@ class BatchReader:
             try:
                 result = await self.svc.uploads.submit(Upload(stored, priority))
                 if result.status == "unchanged" and part.prepared.restored:
-                    result = await self._repaired(result)
+                    result = await mark_repaired(self.svc, result)
             except Exception as exc:
                 error = classify(exc)
                 if error is None or error.status >= 500:
@@ -360,12 +344,6 @@ class BatchReader:
         if outages:
             raise outages[0]
         return results
-
-    async def _repaired(self, result: IngestResult) -> IngestResult:
-        requeued = result.job_id is not None and await self.svc.services.db.run(
-            requeue_failed_job, result.job_id, extra_attempts=self.svc.settings.worker.max_attempts
-        )
-        return attrs.evolve(result, status="repaired", requeued=requeued)
 
 
 def _boundary(request: Request) -> bytes:

@@ -97,7 +97,13 @@ async def _repaired(
         lost = prepared.restored
     if not lost:
         return result
-    requeued = result.job_id is not None and await db.run(
+    return await mark_repaired(svc, result)
+
+
+async def mark_repaired(svc: Service, result: IngestResult) -> IngestResult:
+    """``result``, whose version's blob was whole again, as ``repaired``: the version's FAILED
+    job (if any) back in the queue."""
+    requeued = result.job_id is not None and await svc.services.db.run(
         requeue_failed_job, result.job_id, extra_attempts=svc.settings.worker.max_attempts
     )
     return attrs.evolve(result, status="repaired", requeued=requeued)

@@ -264,10 +264,10 @@ async def _prepare_group(
     at once, one store thread hop per slice (the store's limiter bounds them); a file that
     cannot be ingested becomes its ``error`` entry, and the first storage or database error
     cancels the rest and is raised (as itself, not in an exception group)."""
-    done: dict[int, PreparedFile | SkippedFile] = {}
-    outage: list[Exception] = []
 
-    def prepare_slice(files: Sequence[tuple[int, SourceFile]], blocking: ObjectStore) -> None:
+    def prepare_slice(
+        files: Sequence[tuple[int, SourceFile]], blocking: ObjectStore
+    ) -> dict[int, PreparedFile | SkippedFile]:
         slice_done: dict[int, PreparedFile | SkippedFile] = {}
         # the slice's uploads are durable before any of them is reported (and enqueued)
         with blocking.deferred_sync():
@@ -281,19 +281,9 @@ async def _prepare_group(
                     slice_done[i] = SkippedFile(
                         printable(source.path), source.document_key, "error", exc.reason
                     )
+        return slice_done
+
+    done: dict[int, PreparedFile | SkippedFile] = {}
+    for slice_done in await store.run_slices(group, prepare_slice, slices=FILES_AT_ONCE):
         done.update(slice_done)
-
-    async def one(files: Sequence[tuple[int, SourceFile]]) -> None:
-        try:
-            await store.run(functools.partial(prepare_slice, files))
-        except Exception as exc:  # not about one file (an outage): ends the run below
-            outage.append(exc)
-            nursery.cancel_scope.cancel()
-
-    size = max(1, -(-len(group) // FILES_AT_ONCE))
-    async with trio.open_nursery() as nursery:
-        for start in range(0, len(group), size):
-            nursery.start_soon(one, group[start : start + size])
-    if outage:
-        raise outage[0]
     return done

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO, TypeVar, Unpack
 
@@ -19,6 +19,7 @@ from trioindex.storage.folder import FolderStore
 from trioindex.storage.urls import FolderLocation, StorageUrlError, parse_storage_url, redact_url
 
 T = TypeVar("T")
+Item = TypeVar("Item")
 
 
 def open_store(url: str) -> ObjectStore:
@@ -93,6 +94,38 @@ class AsyncObjectStore:
         """``work(store)`` in one worker thread: several blocking calls for one hop, as ingest
         does for a slice of files (a hop costs more CPU than a small file's upload)."""
         return await trio.to_thread.run_sync(work, self.store, limiter=self.limiter)
+
+    async def run_slices(
+        self,
+        items: Sequence[Item],
+        work: Callable[[Sequence[Item], ObjectStore], T],
+        *,
+        slices: int,
+    ) -> list[T]:
+        """``work(slice, store)`` for ``items`` cut into at most ``slices`` slices, each in a
+        worker thread of its own (:meth:`run`), all at once; their results in slice order. The
+        first error cancels the other slices and is raised as itself (not in an exception
+        group)."""
+        size = max(1, -(-len(items) // slices))
+        parts = [items[start : start + size] for start in range(0, len(items), size)]
+        results: list[T] = []
+        done: dict[int, T] = {}
+        errors: list[Exception] = []
+
+        async def one(n: int) -> None:
+            try:
+                done[n] = await self.run(functools.partial(work, parts[n]))
+            except Exception as exc:
+                errors.append(exc)
+                nursery.cancel_scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            for n in range(len(parts)):
+                nursery.start_soon(one, n)
+        if errors:
+            raise errors[0]
+        results.extend(done[n] for n in range(len(parts)))
+        return results
 
     async def ensure_ready(self) -> None:
         await trio.to_thread.run_sync(self.store.ensure_ready, limiter=self.limiter)
