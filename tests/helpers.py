@@ -17,7 +17,7 @@ from testkit.jobs import enqueue_text
 from trioindex.config import default_settings
 from trioindex.db import jobs as lifecycle
 from trioindex.db.models import EmbeddingModel, ensure_model
-from trioindex.db.operations import job_events
+from trioindex.db.operations.job_timeline import job_events
 from trioindex.db.pool import Connection, Database
 from trioindex.embedding import Embedder, EmbedderInfo
 from trioindex.ingest import IngestResult

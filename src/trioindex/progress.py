@@ -16,7 +16,8 @@ from uuid import UUID
 import attrs
 import trio
 
-from trioindex.db.operations import abandoned_leases, jobs_progress, live_worker_count
+from trioindex.db.operations.wait_progress import abandoned_leases, jobs_progress
+from trioindex.db.operations.workers import live_worker_count
 from trioindex.db.pool import Database
 
 POLL_SECONDS = 0.5

@@ -8,7 +8,7 @@ import pytest
 
 from tests import helpers
 from trioindex.db import jobs as lifecycle
-from trioindex.db.operations import list_documents, show_document
+from trioindex.db.operations.document_views import list_documents, show_document
 from trioindex.db.pool import Database
 from trioindex.errors import NotFound
 from trioindex.values import JobStatus

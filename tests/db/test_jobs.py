@@ -22,7 +22,7 @@ import pytest
 
 from tests import helpers
 from trioindex.db import jobs as lifecycle
-from trioindex.db.operations import job_events
+from trioindex.db.operations.job_timeline import job_events
 from trioindex.db.pool import Database
 from trioindex.errors import FailureType, OwnershipLost, StateInconsistent
 from trioindex.values import BackoffPolicy, Claim, FailOutcome, WorkerStatus

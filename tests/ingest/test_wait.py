@@ -17,7 +17,8 @@ import trio
 from tests import helpers
 from trioindex.db import jobs as lifecycle
 from trioindex.db.documents import delete_documents
-from trioindex.db.operations import abandoned_leases, jobs_progress, live_worker_count
+from trioindex.db.operations.wait_progress import abandoned_leases, jobs_progress
+from trioindex.db.operations.workers import live_worker_count
 from trioindex.db.pool import Database
 from trioindex.progress import LINE_SECONDS, POLL_SECONDS, WORKER_CHECK_POLLS, wait_for_jobs
 

@@ -20,7 +20,7 @@ from tests import helpers
 from tests.pipeline.test_formats_ocr import needs_tesseract, scanned_pages
 from tests.pipeline.test_parse_step import TEXT, _claim, _parsed, _steps, store  # noqa: F401
 from trioindex.config import default_settings, load_settings
-from trioindex.db.operations import list_documents, show_document
+from trioindex.db.operations.document_views import list_documents, show_document
 from trioindex.db.pool import Database
 from trioindex.db.search import DEFAULT_HNSW, Filters, nearest_chunks
 from trioindex.db.steps import ChunkCommit, ParseSnapshot, begin_parse_many, store_chunks_many

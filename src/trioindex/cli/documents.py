@@ -29,7 +29,7 @@ from trioindex.config import Settings
 
 if TYPE_CHECKING:  # the database layer loads psycopg: imported by the commands that use it
     from trioindex.api import IngestReport
-    from trioindex.db.operations import ModelState
+    from trioindex.db.operations.document_views import ModelState
 
 # --- ingest --------------------------------------------------------------------------------------
 
@@ -447,7 +447,7 @@ def documents_list(
     """Documents by key: the newest version and, per model, its job's state for that version
     and the version the model serves."""
     settings = command_settings(quiet=True)
-    from trioindex.db.operations import count_documents, list_documents
+    from trioindex.db.operations.document_views import count_documents, list_documents
 
     page = database_call(settings, list_documents, prefix=prefix or "", limit=limit)
     if as_json:

@@ -76,11 +76,11 @@ def migrate() -> None:
 def status(as_json: JsonFlag = False) -> None:
     """Jobs by status, oldest pending age, retries, failures by type, and workers."""
     settings = command_settings(quiet=True)
-    from trioindex.db import operations as admin
+    from trioindex.db.operations.queue_status import queue_status
 
     embedded = _embedded_state(settings)
     result = database_call(
-        settings, admin.queue_status, heartbeat_timeout=settings.worker.heartbeat_timeout
+        settings, queue_status, heartbeat_timeout=settings.worker.heartbeat_timeout
     )
     if as_json:
         payload = values.as_json(result)
@@ -173,11 +173,11 @@ def db_stop() -> None:
 def healthcheck() -> None:
     """Exit 0 when the database answers and this host's worker heartbeat is fresh."""
     settings = command_settings(quiet=True)
-    from trioindex.db import operations as admin
+    from trioindex.db.operations.workers import fresh_worker_on_host
 
     fresh = database_call(
         settings,
-        admin.fresh_worker_on_host,
+        fresh_worker_on_host,
         socket.gethostname(),
         settings.worker.heartbeat_timeout,
     )
@@ -202,9 +202,9 @@ def jobs_list(
 ) -> None:
     """List jobs, newest first."""
     settings = command_settings(quiet=True)
-    from trioindex.db import operations as admin
+    from trioindex.db.operations.job_listings import job_page
 
-    page = database_call(settings, admin.job_page, status=status, limit=limit)
+    page = database_call(settings, job_page, status=status, limit=limit)
     if as_json:
         print_json(list(page.jobs))
         return
@@ -248,13 +248,13 @@ def _job_ref(given: str | None) -> str | None:
 
 def _job_id(conn: Any, ref: str) -> UUID:
     """The job a full id or a unique start of one names (logs print short ids)."""
-    from trioindex.db import operations as admin
+    from trioindex.db.operations.job_listings import job_ids_with_prefix
     from trioindex.errors import NotFound
 
     if len(ref.replace("-", "")) == 32:
         with contextlib.suppress(ValueError):  # hyphens in odd places: a prefix, then
             return UUID(ref)
-    found = admin.job_ids_with_prefix(conn, ref, limit=2)
+    found = job_ids_with_prefix(conn, ref, limit=2)
     if not found:
         raise NotFound(f"no job with an id that starts with {ref}")
     if len(found) > 1:
@@ -272,9 +272,9 @@ def jobs_show(
 ) -> None:
     """One job with its attempts, failure types and timings."""
     settings = command_settings(quiet=True)
-    from trioindex.db import operations as admin
+    from trioindex.db.operations.job_listings import show_job
 
-    job = database_call(settings, lambda conn: admin.show_job(conn, _job_id(conn, job_id)))
+    job = database_call(settings, lambda conn: show_job(conn, _job_id(conn, job_id)))
     if as_json:
         print_json(job)
         return
@@ -317,14 +317,11 @@ def jobs_retry(
         typer.echo("trioindex: give a job id or --all-failed (not both)", err=True)
         raise typer.Exit(2)
     settings = command_settings(quiet=True)
-    from trioindex.db import operations as admin
+    from trioindex.db.operations.job_listings import failed_job_ids, retry_failed_job
 
     def retry(conn: Any) -> list[Any]:
-        ids = admin.failed_job_ids(conn) if job_id is None else [_job_id(conn, job_id)]
-        return [
-            admin.retry_failed_job(conn, i, extra_attempts=settings.worker.max_attempts)
-            for i in ids
-        ]
+        ids = failed_job_ids(conn) if job_id is None else [_job_id(conn, job_id)]
+        return [retry_failed_job(conn, i, extra_attempts=settings.worker.max_attempts) for i in ids]
 
     retried = database_call(settings, retry)
     if as_json:

@@ -18,7 +18,7 @@ from uuid import UUID
 import attrs
 import psycopg
 
-from trioindex.db.operations import retry_failed_job
+from trioindex.db.operations.job_listings import retry_failed_job
 from trioindex.db.pool import Connection
 from trioindex.errors import NotFound
 

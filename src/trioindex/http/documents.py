@@ -19,7 +19,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from trioindex.db.enqueue import latest_version, requeue_failed_job
-from trioindex.db.operations import DocumentView, VersionView, list_documents, show_document
+from trioindex.db.operations.document_views import (
+    DocumentView,
+    VersionView,
+    list_documents,
+    show_document,
+)
 from trioindex.http.context import Service, service
 from trioindex.http.enqueuer import Body, StoredBody, Upload, store_body
 from trioindex.http.errors import ApiError

@@ -11,7 +11,9 @@ from typing import Any, Final
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from trioindex.db import operations as admin
+from trioindex.db.operations.activity import activity as read_activity
+from trioindex.db.operations.job_listings import failed_job_ids, retry_failed_job
+from trioindex.db.operations.workers import running_jobs, worker_views
 from trioindex.errors import NotFound
 from trioindex.http.context import service
 from trioindex.http.errors import invalid
@@ -26,11 +28,9 @@ WINDOWS: Final = {"hour": (3600, 60), "day": (86_400, 1800)}
 async def workers(request: Request) -> Response:
     svc = service(request)
     db = svc.services.db
-    found = await db.run(
-        admin.worker_views, heartbeat_timeout=svc.settings.worker.heartbeat_timeout
-    )
+    found = await db.run(worker_views, heartbeat_timeout=svc.settings.worker.heartbeat_timeout)
     running: dict[str, list[Any]] = {}
-    for job in await db.run(admin.running_jobs):
+    for job in await db.run(running_jobs):
         running.setdefault(str(job.worker_id), []).append(as_json(job))
     shown = []
     for worker in found:
@@ -47,7 +47,7 @@ async def activity(request: Request) -> Response:
         raise invalid(f"window must be one of {', '.join(WINDOWS)}")
     seconds, bucket = WINDOWS[window]
     found = await service(request).services.db.run(
-        admin.activity, window_seconds=seconds, bucket_seconds=bucket
+        read_activity, window_seconds=seconds, bucket_seconds=bucket
     )
     return JSONResponse(as_json(found))
 
@@ -65,9 +65,9 @@ async def retry_failed(request: Request) -> Response:
 
     def retry(conn: Any) -> list[str]:
         retried = []
-        for job_id in admin.failed_job_ids(conn, failure_type):
+        for job_id in failed_job_ids(conn, failure_type):
             try:
-                admin.retry_failed_job(conn, job_id, extra_attempts=extra)
+                retry_failed_job(conn, job_id, extra_attempts=extra)
             except NotFound:  # retried (or gone) since it was listed
                 continue
             retried.append(str(job_id))

@@ -14,9 +14,17 @@ from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from trioindex.db import operations as admin
 from trioindex.db.documents import database_now
 from trioindex.db.models import model_list
+from trioindex.db.operations.job_listings import (
+    JobFilter,
+    count_jobs,
+    list_jobs,
+    retry_failed_job,
+    show_job,
+)
+from trioindex.db.operations.job_timeline import job_events
+from trioindex.db.operations.queue_status import queue_status
 from trioindex.errors import FailureType, NotFound
 from trioindex.http.context import service
 from trioindex.http.errors import ApiError, invalid
@@ -42,7 +50,7 @@ def failure_type_param(raw: str | None) -> FailureType | None:
     return FailureType(raw)
 
 
-def _job_filter(params: QueryParams) -> admin.JobFilter:
+def _job_filter(params: QueryParams) -> JobFilter:
     status = params.get("status") or None
     if status is not None and status not in JobStatus.__members__:
         raise invalid(f"status must be one of {', '.join(JobStatus)}")
@@ -55,7 +63,7 @@ def _job_filter(params: QueryParams) -> admin.JobFilter:
         raise invalid("since must be an ISO 8601 time, e.g. 2026-01-31T14:00:00Z") from None
     if when is not None and when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    return admin.JobFilter(
+    return JobFilter(
         status=JobStatus(status) if status else None,
         failure_type=failure_type_param(params.get("failure_type")),
         model=check_text("model", model) if model else None,
@@ -70,26 +78,26 @@ async def jobs_list(request: Request) -> Response:
     limit = int_param(params.get("limit"), "limit", default=50, low=1, high=MAX_JOBS)
     offset = int_param(params.get("offset"), "offset", default=0, low=0, high=MAX_OFFSET)
     db = service(request).services.db
-    jobs = await db.run(admin.list_jobs, where=where, limit=limit, offset=offset)
-    total = await db.run(admin.count_jobs, where)
+    jobs = await db.run(list_jobs, where=where, limit=limit, offset=offset)
+    total = await db.run(count_jobs, where)
     return JSONResponse({"jobs": as_json(jobs), "total": total, "offset": offset})
 
 
 async def jobs_show(request: Request) -> Response:
     db = service(request).services.db
     job_id = _job_id(request)
-    payload: Any = as_json(await db.run(admin.show_job, job_id))
-    payload["events"] = as_json(await db.run(admin.job_events, job_id))
+    payload: Any = as_json(await db.run(show_job, job_id))
+    payload["events"] = as_json(await db.run(job_events, job_id))
     return JSONResponse(payload)
 
 
 async def jobs_retry(request: Request) -> Response:
     svc = service(request)
     job_id = _job_id(request)
-    job = await svc.services.db.run(admin.show_job, job_id)  # 404 for no such job
+    job = await svc.services.db.run(show_job, job_id)  # 404 for no such job
     try:
         job = await svc.services.db.run(
-            admin.retry_failed_job, job_id, extra_attempts=svc.settings.worker.max_attempts
+            retry_failed_job, job_id, extra_attempts=svc.settings.worker.max_attempts
         )
     except NotFound:
         raise ApiError(
@@ -101,9 +109,7 @@ async def jobs_retry(request: Request) -> Response:
 async def status(request: Request) -> Response:
     svc = service(request)
     db = svc.services.db
-    queue = await db.run(
-        admin.queue_status, heartbeat_timeout=svc.settings.worker.heartbeat_timeout
-    )
+    queue = await db.run(queue_status, heartbeat_timeout=svc.settings.worker.heartbeat_timeout)
     payload: Any = as_json(queue)
     payload["workers"] = [{**as_json(w), "state": w.state} for w in queue.workers]  # type: ignore[dict-item]
     payload["models"] = as_json(await db.run(model_list))
