@@ -110,7 +110,8 @@ def _model_dir() -> Path:
 
 def chunk_stream() -> Iterator[str]:
     """The corpus's chunks in order, by trioindex's token-aware chunker."""
-    from trioindex.pipeline.chunking import Chunker, ChunkingPolicy
+    from trioindex.pipeline.chunk_values import ChunkingPolicy
+    from trioindex.pipeline.chunking import Chunker
 
     policy = ChunkingPolicy(max_size=CHUNK_TOKENS, overlap=int(CHUNK_TOKENS * OVERLAP))
     chunker = Chunker.for_model_dir(policy, _model_dir())

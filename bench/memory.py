@@ -265,7 +265,8 @@ def child_parse(mode: str, path: Path) -> dict[str, Any]:
     """In a fresh process: build the chunker, reset the peak, then run the step's CPU part."""
     from trioindex.config import parse_size
     from trioindex.embedding.local import DEFAULT_MODEL, packaged_model_path
-    from trioindex.pipeline.chunking import Chunker, ChunkingPolicy
+    from trioindex.pipeline.chunk_values import ChunkingPolicy
+    from trioindex.pipeline.chunking import Chunker
     from trioindex.pipeline.formats import extract_text
     from trioindex.pipeline.parse_process import ParseRequest, parse_document
 

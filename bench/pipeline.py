@@ -74,7 +74,8 @@ from testkit.processes import query, spawn
 from trioindex.config import default_settings, load_settings
 from trioindex.embedding.local import DEFAULT_MODEL
 from trioindex.ingest import SourceFile, ingest_file
-from trioindex.pipeline.chunking import Chunker, ChunkingPolicy
+from trioindex.pipeline.chunk_values import ChunkingPolicy
+from trioindex.pipeline.chunking import Chunker
 from trioindex.pipeline.parse_process import ParseRequest, parse_document
 from trioindex.services import open_services
 

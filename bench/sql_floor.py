@@ -74,7 +74,7 @@ from trioindex.db.steps import (
     store_chunks_many,
     store_embeddings_many,
 )
-from trioindex.pipeline.chunking import ChunkDraft
+from trioindex.pipeline.chunk_values import ChunkDraft
 from trioindex.pipeline.embed_step import drafts_from_matrix
 from trioindex.values import Claim
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 
-from trioindex.pipeline.chunking import ChunkDraft, ChunkingPolicy, estimate_tokens
+from trioindex.pipeline.chunk_values import ChunkDraft, ChunkingPolicy, estimate_tokens
 
 # Unicode White_Space, what the splitter trims (Python's isspace adds \x1c-\x1f).
 WHITE_SPACE = (

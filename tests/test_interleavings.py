@@ -86,7 +86,7 @@ from trioindex.errors import (
     TrioindexError,
 )
 from trioindex.ingest import ingest_paths
-from trioindex.pipeline.chunking import ChunkDraft
+from trioindex.pipeline.chunk_values import ChunkDraft
 from trioindex.pipeline.embed_step import drafts_from_matrix
 from trioindex.removal import delete_documents
 from trioindex.search.ranking import fuse, text_ranking, vector_ranking

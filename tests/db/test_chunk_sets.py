@@ -26,7 +26,7 @@ from trioindex.db.steps import (
     store_embeddings_many,
 )
 from trioindex.errors import StateInconsistent
-from trioindex.pipeline.chunking import ChunkDraft
+from trioindex.pipeline.chunk_values import ChunkDraft
 from trioindex.pipeline.embed_step import drafts_from_matrix
 from trioindex.search.ranking import text_ranking
 from trioindex.values import Claim, token_chunking

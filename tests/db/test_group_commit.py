@@ -29,7 +29,7 @@ from trioindex.db.steps import (
     store_embeddings_many,
 )
 from trioindex.errors import JobRemoved, OwnershipLost, StateInconsistent
-from trioindex.pipeline.chunking import ChunkDraft
+from trioindex.pipeline.chunk_values import ChunkDraft
 from trioindex.pipeline.embed_step import drafts_from_matrix
 from trioindex.values import Claim, CompleteResult
 

@@ -30,7 +30,7 @@ from trioindex.db.models import EmbeddingModel, activate_model, finish_switch, s
 from trioindex.db.pool import Connection, Database
 from trioindex.db.steps import ChunkCommit, ParseSnapshot, begin_parse_many, store_chunks_many
 from trioindex.errors import FailureType
-from trioindex.pipeline.chunking import ChunkDraft
+from trioindex.pipeline.chunk_values import ChunkDraft
 from trioindex.values import Claim, WorkerStatus, token_chunking
 
 OLD, NEW = "old-model", "new-model"

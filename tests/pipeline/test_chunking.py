@@ -30,15 +30,9 @@ from tests.cjk_texts import minilm_tokenizer as counting_minilm
 from trioindex.config import load_settings
 from trioindex.embedding import open_embedder
 from trioindex.errors import ConfigError
-from trioindex.pipeline.chunking import (
-    CHARS_PER_TOKEN,
-    ChunkDraft,
-    Chunker,
-    ChunkingPolicy,
-    estimate_tokens,
-    glue_headings,
-    segments,
-)
+from trioindex.pipeline.chunk_values import ChunkDraft, ChunkingPolicy, estimate_tokens
+from trioindex.pipeline.chunking import CHARS_PER_TOKEN, Chunker
+from trioindex.pipeline.text_cuts import glue_headings, segments
 from trioindex.pipeline.token_counts import token_bound
 from trioindex.worker.wiring import build_chunker
 

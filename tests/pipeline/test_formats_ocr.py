@@ -178,7 +178,8 @@ def test_indexing_parsing_ocr_off_reaches_the_parse() -> None:
 
     from trioindex.config import load_settings
     from trioindex.errors import ContentInvalid
-    from trioindex.pipeline.chunking import Chunker, ChunkingPolicy
+    from trioindex.pipeline.chunk_values import ChunkingPolicy
+    from trioindex.pipeline.chunking import Chunker
     from trioindex.pipeline.parse_process import ParseRequest, parse_document
 
     settings = load_settings(environ={"TRIOINDEX_PARSING_OCR": "off"})

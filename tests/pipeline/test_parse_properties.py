@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from testkit.documents import DATA, make_docx, make_image_pdf, make_pdf
 from tests.chunk_checks import assert_character_limits, assert_chunk_invariants
 from trioindex.errors import MAX_MESSAGE_LENGTH, ContentInvalid
-from trioindex.pipeline.chunking import Chunker, ChunkingPolicy
+from trioindex.pipeline.chunk_values import ChunkingPolicy
+from trioindex.pipeline.chunking import Chunker
 from trioindex.pipeline.formats import extract_text
 
 MAX_BYTES = 256 * 1024

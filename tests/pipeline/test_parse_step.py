@@ -40,7 +40,8 @@ from trioindex.db.steps import (
 )
 from trioindex.errors import ContentInvalid, ObjectNotFound, OwnershipLost, StorageUnavailable
 from trioindex.ingest import storage_key_for
-from trioindex.pipeline.chunking import ChunkDraft, Chunker, ChunkingPolicy
+from trioindex.pipeline.chunk_values import ChunkDraft, ChunkingPolicy
+from trioindex.pipeline.chunking import Chunker
 from trioindex.pipeline.parse_process import ParseRequest, parse_document
 from trioindex.storage import AsyncObjectStore, FolderStore
 from trioindex.values import BackoffPolicy, Claim, CompleteResult

@@ -21,7 +21,8 @@ from trioindex.db.pool import Connection, Database
 from trioindex.db.steps import EmbeddingCommit, StoredSlice, store_embeddings_many
 from trioindex.embedding import Embedder, open_embedder
 from trioindex.errors import OwnershipLost
-from trioindex.pipeline.chunking import Chunker, ChunkingPolicy
+from trioindex.pipeline.chunk_values import ChunkingPolicy
+from trioindex.pipeline.chunking import Chunker
 from trioindex.pipeline.embed_step import SLICE_ROWS
 from trioindex.storage import AsyncObjectStore, open_store
 from trioindex.values import BackoffPolicy, Claim

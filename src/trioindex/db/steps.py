@@ -59,7 +59,7 @@ class ParseSnapshot:
 
 
 class StoredChunk(Protocol):
-    """One chunk as the parse made it (:class:`trioindex.pipeline.chunking.ChunkDraft`)."""
+    """One chunk as the parse made it (:class:`trioindex.pipeline.chunk_values.ChunkDraft`)."""
 
     @property
     def index(self) -> int: ...

@@ -1,10 +1,15 @@
 """Chunking: extracted text in, ordered chunk drafts with offsets, token counts and hashes out.
 
-Owns the pure second half of the parse step. Splitting is delegated to
-``semantic-text-splitter`` (Rust, Unicode-aware): it cuts at the largest semantic unit that
-fits — runs of newlines (paragraphs) first, then sentences, words, grapheme clusters and only
-then single characters — so Korean syllables stay whole and ``다.`` / ``?`` / ``!`` end
-sentences. Two measures:
+Owns the pure second half of the parse step: :class:`Chunker`, which cuts the text and runs
+the passes below. Beside it, each with one owner: :mod:`~trioindex.pipeline.chunk_values` (the
+policy it takes, the drafts it gives), :mod:`~trioindex.pipeline.text_cuts` (where text may be
+cut), :mod:`~trioindex.pipeline.token_counts` (a model's token counts, and bounds without one)
+and :mod:`~trioindex.pipeline.chunk_passes` (the fragment and overlap passes).
+
+Splitting is delegated to ``semantic-text-splitter`` (Rust, Unicode-aware): it cuts at the
+largest semantic unit that fits — runs of newlines (paragraphs) first, then sentences, words,
+grapheme clusters and only then single characters — so Korean syllables stay whole and ``다.`` /
+``?`` / ``!`` end sentences. Two measures:
 
 * **tokens**, when the embedding model's ``tokenizers.Tokenizer`` is given: no chunk, counted
   as the model counts it (special tokens such as ``[CLS]``/``[SEP]`` included), exceeds
@@ -12,12 +17,13 @@ sentences. Two measures:
   ``max_size - special`` and every chunk is re-counted exactly afterwards; a chunk that still
   does not fit is split again with a smaller budget.
 * **characters** (Python ``str`` code points) otherwise; ``token_count`` is then the documented
-  estimate :func:`estimate_tokens` (UTF-8 bytes / 4, rounded up). When the embedding server's
-  input limit is known (``policy.max_input_tokens``), a piece also weighs its cautious token
-  count :func:`~trioindex.pipeline.token_counts.token_bound` in characters (``max_size /
-  max_input_tokens`` characters per token), and its size is the larger of the two: Latin text
-  is cut by characters as before, while a Hangul or CJK piece, whose characters are 1-3 tokens
-  each, is cut again (by characters, at its own density) until its bound fits the limit.
+  estimate :func:`~trioindex.pipeline.chunk_values.estimate_tokens` (UTF-8 bytes / 4, rounded
+  up). When the embedding server's input limit is known (``policy.max_input_tokens``), a piece
+  also weighs its cautious token count :func:`~trioindex.pipeline.token_counts.token_bound` in
+  characters (``max_size / max_input_tokens`` characters per token), and its size is the larger
+  of the two: Latin text is cut by characters as before, while a Hangul or CJK piece, whose
+  characters are 1-3 tokens each, is cut again (by characters, at its own density) until its
+  bound fits the limit.
 
 Two bounds keep any text cheap and every chunk meaningful:
 
@@ -31,15 +37,16 @@ Two bounds keep any text cheap and every chunk meaningful:
 Three passes keep every chunk useful for retrieval (tiny chunks rank badly, and a title cut
 off from its text takes its words out of the text's vector):
 
-* **headings stay with their text**: a block of at most :data:`HEADING_LINES` short lines
-  (at most :data:`HEADING_CHARS` characters, a quarter of the chunk size for small ones, and
-  not ending a sentence) that starts the text or follows a blank line, and is followed by a
-  line of body text, is given to the splitter joined to that text by spaces (a same-length
-  copy of the text, so offsets hold): the title becomes the start of the first sentence of
-  its section, and the first chunk of the section starts with it;
-* **no fragments**: a chunk under :data:`FRAGMENT_FRACTION` of the size limit is merged with
-  its smaller neighbour when the two fit in one chunk, else the two are cut again at the
-  sentence (else word) boundary that balances them best;
+* **headings stay with their text**: a block of at most
+  :data:`~trioindex.pipeline.text_cuts.HEADING_LINES` short lines (at most :data:`HEADING_CHARS`
+  characters, a quarter of the chunk size for small ones, and not ending a sentence) that starts
+  the text or follows a blank line, and is followed by a line of body text, is given to the
+  splitter joined to that text by spaces (a same-length copy of the text, so offsets hold): the
+  title becomes the start of the first sentence of its section, and the first chunk of the
+  section starts with it;
+* **no fragments**: a chunk under :data:`~trioindex.pipeline.chunk_passes.FRAGMENT_FRACTION` of
+  the size limit is merged with its smaller neighbour when the two fit in one chunk, else the
+  two are cut again at the sentence (else word) boundary that balances them best;
 * **overlap at word boundaries**: chunks are first cut without overlap (at the size limit
   minus the overlap), then each one after the first is extended backwards into its
   predecessor by at most ``policy.overlap`` units, starting at a sentence start when one
@@ -57,50 +64,32 @@ offsets. Chunks are trimmed of surrounding whitespace; neighbours may share up t
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
 from semantic_text_splitter import TextSplitter
 from tokenizers import Tokenizer
 
 from trioindex.errors import ConfigError, ContentInvalid
-from trioindex.pipeline.text_cuts import (
-    HEADING_LINES,
-    SENTENCE_CUT,
-    WORD_CUT,
-    glue_headings,
-    overlap_start,
-    segments,
-    trimmed,
+from trioindex.pipeline.chunk_passes import ChunkMeasure, merge_fragments, with_overlap
+from trioindex.pipeline.chunk_values import (
+    ChunkDraft,
+    ChunkingPolicy,
+    content_sha256,
+    estimate_tokens,
 )
+from trioindex.pipeline.text_cuts import glue_headings, segments
 from trioindex.pipeline.token_counts import (
     character_size,
     count_tokens,
-    in_batches,
     largest_token_bound,
-    overlap_reach,
     special_token_count,
 )
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "CHARS_PER_TOKEN",
-    "FRAGMENT_FRACTION",
-    "HEADING_CHARS",
-    "HEADING_LINES",
-    "SEGMENT_CHUNKS",
-    "ChunkDraft",
-    "Chunker",
-    "ChunkingPolicy",
-    "estimate_tokens",
-    "glue_headings",
-    "segments",
-]
 
 # A segment holds at most this many chunks' worth of characters (and at least
 # _MIN_SEGMENT): small enough that the splitter's quadratic cost per segment stays a few ms,
@@ -113,69 +102,6 @@ CHARS_PER_TOKEN = 8
 # A heading: at most HEADING_LINES lines (text_cuts) of at most this many characters (and a
 # quarter of the chunk's character size), none ending a sentence.
 HEADING_CHARS = 150
-# A chunk under this fraction of the size limit is a fragment (merged or rebalanced).
-FRAGMENT_FRACTION = 0.25
-# Rebalancing measures at most this many candidate cuts (the nearest to the middle).
-_MAX_CUT_CANDIDATES = 48
-
-
-@attrs.frozen
-class ChunkDraft:
-    """One chunk before it is stored: ``text == source[start:end]``."""
-
-    index: int
-    text: str = attrs.field(repr=False)
-    start: int
-    end: int
-    token_count: int
-    content_sha256: str
-
-
-def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if value <= 0:
-        raise ValueError(f"{attribute.name} must be > 0, got {value}")
-
-
-def _overlap_below_max(
-    instance: ChunkingPolicy, attribute: attrs.Attribute[int], value: int
-) -> None:
-    if not 0 <= value < instance.max_size:
-        raise ValueError(f"overlap must be >= 0 and < max_size ({instance.max_size}), got {value}")
-
-
-def _positive_or_none(
-    instance: object, attribute: attrs.Attribute[int | None], value: int | None
-) -> None:
-    if value is not None and value <= 0:
-        raise ValueError(f"{attribute.name} must be > 0 or None, got {value}")
-
-
-@attrs.frozen
-class ChunkingPolicy:
-    """Chunk size and overlap, in tokens when a tokenizer is used, else in characters.
-
-    ``max_input_tokens`` is the embedding model's input limit (special tokens included) when
-    an embedding server reports one: character chunks are kept under it by their token bound
-    (module docstring). A token-aware chunker counts exactly, and its ``max_size`` is already
-    clamped to the model's limit, so it does not use it.
-    """
-
-    max_size: int = attrs.field(validator=_positive)
-    overlap: int = attrs.field(default=0, validator=_overlap_below_max)
-    max_input_tokens: int | None = attrs.field(default=None, validator=_positive_or_none)
-
-
-def estimate_tokens(text: str) -> int:
-    """Token estimate used without a tokenizer: ceil(UTF-8 bytes / 4).
-
-    About right for English with BPE/WordPiece vocabularies (~4 bytes per token) and for
-    Korean with multilingual ones (3 bytes per syllable, ~1 token per 1-2 syllables).
-    """
-    return -(-len(text.encode("utf-8")) // 4)
-
-
-def _content_sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 class Chunker:
@@ -278,8 +204,11 @@ class Chunker:
             spans = self._cap_characters(text, spans)
             counted = self._fit_tokens(self._tokenizer, text, spans)
         del spans
-        counted = self._merge_fragments(text, counted)
-        counted = self._with_overlap(text, counted)
+        measure = ChunkMeasure(
+            self.policy.max_size, self._max_chars, self._tokenizer, self._chars_per_token
+        )
+        counted = merge_fragments(text, counted, measure)
+        counted = with_overlap(text, counted, measure, self._overlap)
         if self._tokenizer is None:
             counted = [(start, piece, estimate_tokens(piece)) for start, piece, _ in counted]
         drafts: list[ChunkDraft] = []
@@ -295,7 +224,7 @@ class Chunker:
                     start=start,
                     end=start + len(piece),
                     token_count=count,
-                    content_sha256=_content_sha256(piece),
+                    content_sha256=content_sha256(piece),
                 )
             )
         return drafts
@@ -400,123 +329,6 @@ class Chunker:
                     "text cannot be split to fit the embedding model's input limit"
                 )
 
-    # -- fragments and overlap -------------------------------------------------------------------
-
-    @property
-    def _limit(self) -> int:
-        """The size no chunk may exceed: model tokens (special included), else characters."""
-        return self.policy.max_size
-
-    def _fits(self, piece: str, size: int) -> bool:
-        """Within the size limit and the character cap (module docstring)."""
-        return size <= self._limit and len(piece) <= self._max_chars
-
-    def _measure(self, pieces: list[str]) -> list[int]:
-        """Sizes as :attr:`_limit` counts them."""
-        if self._tokenizer is None:
-            return [character_size(p, self._chars_per_token) for p in pieces]
-        return count_tokens(self._tokenizer, pieces)
-
-    def _merge_fragments(
-        self, text: str, counted: list[tuple[int, str, int]]
-    ) -> list[tuple[int, str, int]]:
-        """Merge each fragment into its smaller neighbour when both fit in one chunk, else
-        rebalance it with a neighbour (module docstring). ``counted`` holds disjoint spans."""
-        fragment = max(1, int(self._limit * FRAGMENT_FRACTION))
-        out = list(counted)
-        i = 0
-        while len(out) > 1 and i < len(out):
-            if out[i][2] >= fragment:
-                i += 1
-                continue
-            neighbours = sorted(
-                (j for j in (i - 1, i + 1) if 0 <= j < len(out)), key=lambda j: out[j][2]
-            )
-            for j in neighbours:
-                a, b = min(i, j), max(i, j)
-                start, piece = trimmed(text, out[a][0], out[b][0] + len(out[b][1]))
-                [size] = self._measure([piece])
-                if self._fits(piece, size):
-                    out[a : b + 1] = [(start, piece, size)]
-                    i = a
-                    break
-            else:
-                j = i - 1 if i > 0 else i + 1
-                a, b = min(i, j), max(i, j)
-                halves = self._rebalance(text, out[a][0], out[b][0] + len(out[b][1]))
-                if halves is not None and min(h[2] for h in halves) > out[i][2]:
-                    out[a : b + 1] = halves
-                i = b + 1
-        return out
-
-    def _rebalance(self, text: str, lo: int, hi: int) -> list[tuple[int, str, int]] | None:
-        """``text[lo:hi]`` cut in two that fit, at the sentence end or line break (else the
-        whitespace) that makes the larger half smallest; None if there is no such cut."""
-        for boundary in (SENTENCE_CUT, WORD_CUT):
-            cuts = [
-                m.end() for m in boundary.finditer(text, lo, hi) if lo < m.start() and m.end() < hi
-            ]
-            if cuts:
-                break
-        else:
-            return None
-        middle = (lo + hi) / 2
-        cuts = sorted(sorted(cuts, key=lambda c: abs(c - middle))[:_MAX_CUT_CANDIDATES])
-        halves = [(trimmed(text, lo, c), trimmed(text, c, hi)) for c in cuts]
-        sizes = self._measure([piece for pair in halves for _, piece in pair])
-        best: list[tuple[int, str, int]] | None = None
-        for n, (left, right) in enumerate(halves):
-            pair = [(*left, sizes[2 * n]), (*right, sizes[2 * n + 1])]
-            if not (left[1] and right[1] and all(self._fits(half, size) for _, half, size in pair)):
-                continue
-            if best is None or max(p[2] for p in pair) < max(p[2] for p in best):
-                best = pair
-        return best
-
-    def _with_overlap(
-        self, text: str, counted: list[tuple[int, str, int]]
-    ) -> list[tuple[int, str, int]]:
-        """Extend each chunk after the first backwards into its predecessor by at most the
-        overlap, from a sentence start in reach, else a word start (module docstring).
-        ``counted`` is changed in place and returned."""
-        if self._overlap == 0 or len(counted) < 2:
-            return counted
-        reach = self._overlap_reach(text, counted[:-1])
-        starts: list[int | None] = [None]
-        for (prev_start, prev, _), earliest, (start, _piece, _size) in zip(
-            counted, reach, counted[1:], strict=False
-        ):
-            within = max(earliest, prev_start + 1)  # never the whole predecessor
-            starts.append(overlap_start(text, within, min(start, prev_start + len(prev))))
-        # A batch at a time, each chunk replaced in place: the extended copies of a whole
-        # document never sit beside all of the pieces they replace.
-        todo = [(n, s) for n, s in enumerate(starts) if s is not None]
-        for batch in in_batches(todo):
-            extended = [text[s : counted[n][0] + len(counted[n][1])] for n, s in batch]
-            sizes = self._measure(extended)
-            for (n, s), piece, size in zip(batch, extended, sizes, strict=True):
-                if self._fits(piece, size):
-                    counted[n] = (s, piece, size)
-        return counted
-
-    def _overlap_reach(self, text: str, counted: list[tuple[int, str, int]]) -> list[int]:
-        """For each chunk, the earliest offset an overlap taken from its end may start at."""
-        if self._tokenizer is None:
-            return [
-                overlap_reach(text, start, start + len(piece), self._overlap, self._chars_per_token)
-                for start, piece, _ in counted
-            ]
-        reach: list[int] = []
-        for batch in in_batches(counted):
-            encodings = self._tokenizer.encode_batch(
-                [piece for _, piece, _ in batch], add_special_tokens=False
-            )
-            for (start, _piece, _), encoding in zip(batch, encodings, strict=True):
-                offsets = encoding.offsets
-                first = len(offsets) - self._overlap
-                reach.append(start + (offsets[first][0] if first > 0 else 0))
-        return reach
-
 
 # -- pickling -----------------------------------------------------------------------------------
 
@@ -527,7 +339,7 @@ _REBUILT_MAX = 4
 
 
 def _rebuild_chunker(policy: ChunkingPolicy, kind: str, source: str) -> Chunker:
-    key = (policy, kind, source if kind != "json" else _content_sha256(source))
+    key = (policy, kind, source if kind != "json" else content_sha256(source))
     chunker = _REBUILT.get(key)
     if chunker is not None:
         return chunker

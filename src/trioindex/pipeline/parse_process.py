@@ -44,7 +44,8 @@ import trio_parallel  # type: ignore[import-untyped]
 
 from trioindex.errors import ContentInvalid, StepFailure, StorageUnavailable
 from trioindex.logs import JsonFormatter, configure_logging
-from trioindex.pipeline.chunking import ChunkDraft, Chunker
+from trioindex.pipeline.chunk_values import ChunkDraft
+from trioindex.pipeline.chunking import Chunker
 from trioindex.pipeline.formats import DEFAULT_OCR, DocumentFormat, OcrPolicy, extract_text
 
 __all__ = [

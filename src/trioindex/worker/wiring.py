@@ -37,7 +37,8 @@ from trioindex.embedding import Embedder
 from trioindex.embedding.batching import EmbeddingCoalescer
 from trioindex.embedding.warm import lend_if_local
 from trioindex.errors import StateInconsistent
-from trioindex.pipeline.chunking import Chunker, ChunkingPolicy
+from trioindex.pipeline.chunk_values import ChunkingPolicy
+from trioindex.pipeline.chunking import Chunker
 from trioindex.pipeline.embed_step import SLICE_ROWS, drafts_from_matrix
 from trioindex.pipeline.formats import DEFAULT_OCR
 from trioindex.pipeline.parse_process import DEFAULT_TIMEOUT
