@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-from trioindex.config.keys import BY_KEY, URL_APIS, KeySpec, Kind
+from trioindex.config.key_spec import KeySpec, Kind
+from trioindex.config.keys import BY_KEY, URL_APIS
 from trioindex.config.messages import Origin, line, where
 from trioindex.config.settings import KNOWN_DIMENSIONS
 

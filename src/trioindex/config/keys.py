@@ -2,18 +2,17 @@
 
 One tuple, :data:`KEYS`, names every setting: its key, environment variable, default, kind,
 rule and meaning. Loading, validation and the reference table (:mod:`trioindex.config.reference`)
-are all driven by it, so a key cannot exist in one place and be missing from another.
+are all driven by it, so a key cannot exist in one place and be missing from another. What a
+key is (:class:`~trioindex.config.key_spec.KeySpec`, its kinds and bounds) is in
+:mod:`trioindex.config.key_spec`; the URL keys' grammars in :mod:`trioindex.config.url_grammars`.
 """
 
 from __future__ import annotations
 
-import enum
-import re
 from collections.abc import Callable, Mapping
 from typing import Final
 
-import attrs
-
+from trioindex.config.key_spec import Bound, Default, Derived, KeySpec, Kind, env_name
 from trioindex.config.settings import (
     LOCAL_CONCURRENCY,
     LOCAL_MODEL,
@@ -21,99 +20,15 @@ from trioindex.config.settings import (
     REMOTE_CONCURRENCY,
     SERVER_MODEL,
 )
-from trioindex.config.units import format_number
-
-ENV_PREFIX: Final = "TRIOINDEX_"
+from trioindex.config.url_grammars import (
+    database_url_problem,
+    redact_database_url,
+    storage_url_problem,
+)
 
 #: The embedding protocols; the HTTP ones need ``embedding.url``, ``local`` takes none.
 EMBEDDING_APIS: Final = ("tei", "openai", "local")
 URL_APIS: Final = ("tei", "openai")
-
-
-class Kind(enum.StrEnum):
-    """How a key's text is parsed."""
-
-    PATH = "path"
-    URL = "URL"
-    CHOICE = "choice"
-    TEXT = "text"
-    SECRET = "secret"
-    INT = "integer"
-    DURATION = "duration"
-    SIZE = "size"
-    FRACTION = "number"
-
-
-@attrs.frozen
-class Derived:
-    """A default computed from other keys; ``text`` is how the reference table describes it."""
-
-    text: str
-
-
-@attrs.frozen
-class Bound:
-    """A numeric range; ``None`` leaves that side open."""
-
-    low: float | None = None
-    low_inclusive: bool = True
-    high: float | None = None
-    high_inclusive: bool = True
-
-    def violation(self, value: float) -> str | None:
-        """The rule ``value`` breaks, phrased for an error message, or None."""
-        too_low = self.low is not None and (
-            value < self.low if self.low_inclusive else value <= self.low
-        )
-        too_high = self.high is not None and (
-            value > self.high if self.high_inclusive else value >= self.high
-        )
-        if not (too_low or too_high):
-            return None
-        parts = []
-        if self.low is not None:
-            parts.append(f"{'>=' if self.low_inclusive else '>'} {format_number(self.low)}")
-        if self.high is not None:
-            parts.append(f"{'<=' if self.high_inclusive else '<'} {format_number(self.high)}")
-        return "must be " + " and ".join(parts)
-
-
-Default = str | int | float | Derived | None
-
-
-@attrs.frozen
-class KeySpec:
-    """One configuration key.
-
-    ``default`` is written as it would be in the TOML file (``"5m"``, ``4``), None for "unset",
-    or :class:`Derived` when it follows from other keys. ``field`` is the dotted attribute path
-    in :class:`Settings`. ``bound``/``choices``/``schemes``/``max_chars`` are the single-key
-    rules that ``rule`` describes; ``grammar``, when set, is a URL key's whole rule, owned by
-    the module that reads such URLs (it returns the problem, or None), and ``redact`` how such
-    a value is shown (:func:`~trioindex.storage.urls.redact_url` when unset). Rules between
-    keys live in :func:`trioindex.config.checks.cross_checks`.
-    """
-
-    key: str
-    env: str
-    default: Default
-    kind: Kind
-    rule: str
-    doc: str
-    field: str
-    bound: Bound | None = None
-    choices: tuple[str, ...] = ()
-    schemes: tuple[str, ...] = ()
-    grammar: Callable[[str], str | None] | None = None
-    redact: Callable[[str], str] | None = None
-    max_chars: int | None = None
-    secret: bool = False
-
-
-def env_name(key: str) -> str:
-    """``indexing.worker.polling-interval`` → ``TRIOINDEX_WORKER_POLLING_INTERVAL``."""
-    bare = key.removeprefix("indexing.")
-    return ENV_PREFIX + re.sub(r"[.-]", "_", bare).upper()
 
 
 def _key(
@@ -132,6 +47,7 @@ def _key(
     max_chars: int | None = None,
     secret: bool = False,
 ) -> KeySpec:
+    """A :class:`KeySpec` whose environment variable follows from its key."""
     return KeySpec(
         key=key,
         env=env_name(key),
@@ -148,27 +64,6 @@ def _key(
         max_chars=max_chars,
         secret=secret,
     )
-
-
-# database.url's grammar and redaction are libpq's, in the database layer: imported when used,
-# so that reading the configuration does not load psycopg.
-def _database_url_problem(url: str) -> str | None:
-    from trioindex.db.pool import database_url_problem
-
-    return database_url_problem(url)
-
-
-def _storage_url_problem(url: str) -> str | None:
-    # imported when used: the storage package loads Trio, which reading settings does not need
-    from trioindex.storage.urls import storage_url_problem
-
-    return storage_url_problem(url)
-
-
-def _redact_database_url(url: str) -> str:
-    from trioindex.db.pool import redact_conninfo
-
-    return redact_conninfo(url)
 
 
 _POSITIVE = Bound(low=0, low_inclusive=False)
@@ -197,8 +92,8 @@ KEYS: Final[tuple[KeySpec, ...]] = (
         " (none) = embedded PostgreSQL under home",
         "PostgreSQL to use (password is a secret)",
         field="database.url",
-        grammar=_database_url_problem,
-        redact=_redact_database_url,
+        grammar=database_url_problem,
+        redact=redact_database_url,
         secret=True,
     ),
     _key(
@@ -236,8 +131,8 @@ KEYS: Final[tuple[KeySpec, ...]] = (
         "like database.url; (none) = database.url, or polling for jobs under a transaction pooler",
         "PostgreSQL itself, behind the pooler: LISTEN wake-ups, migrations, index builds",
         field="database.direct_url",
-        grammar=_database_url_problem,
-        redact=_redact_database_url,
+        grammar=database_url_problem,
+        redact=redact_database_url,
         secret=True,
     ),
     _key(
@@ -248,7 +143,7 @@ KEYS: Final[tuple[KeySpec, ...]] = (
         "(none) = folder under home/blobs",
         "object storage for uploaded documents (SECRET is a secret)",
         field="storage.url",
-        grammar=_storage_url_problem,
+        grammar=storage_url_problem,
         secret=True,
     ),
     _key(

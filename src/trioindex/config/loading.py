@@ -30,7 +30,8 @@ import attrs
 
 from trioindex.config.checks import check
 from trioindex.config.home import CONFIG_FILENAME, default_home, find_project
-from trioindex.config.keys import BY_KEY, ENV_PREFIX, KEYS, Derived, KeySpec, Kind
+from trioindex.config.key_spec import ENV_PREFIX, Derived, KeySpec, Kind
+from trioindex.config.keys import BY_KEY, KEYS
 from trioindex.config.messages import Origin, join, line, where
 from trioindex.config.settings import (
     KNOWN_DIMENSIONS,

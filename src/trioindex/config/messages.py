@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import attrs
 
-from trioindex.config.keys import KeySpec, Kind
+from trioindex.config.key_spec import KeySpec, Kind
 from trioindex.config.units import show
 
 

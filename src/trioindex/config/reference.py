@@ -6,7 +6,8 @@ they and the code differ. ``python -m trioindex.config`` prints it.
 
 from __future__ import annotations
 
-from trioindex.config.keys import KEYS, Derived
+from trioindex.config.key_spec import Derived
+from trioindex.config.keys import KEYS
 
 
 def reference_markdown() -> str:
