@@ -26,6 +26,7 @@ FRAGMENT_FRACTION = 0.25
 # Rebalancing measures at most this many candidate cuts (the nearest to the middle).
 _MAX_CUT_CANDIDATES = 48
 
+#: Chunks as ``(start, piece, size)``, in text order.
 Counted = list[tuple[int, str, int]]
 
 
