@@ -115,6 +115,13 @@ def _int_array(values: Sequence[int]) -> str | None:
     return "{" + ",".join(str(int(v)) for v in values) + "}" if values else None
 
 
+def _screen(problems: Sequence[Exception | None], versions: Sequence[UUID]) -> list[int]:
+    """The positions of the commits without a problem found before the database, in version-id
+    order (the order group functions take)."""
+    valid = [i for i, problem in enumerate(problems) if problem is None]
+    return sorted(valid, key=lambda i: versions[i])
+
+
 def _chunk_problem(commit: ChunkCommit) -> StateInconsistent | None:
     """What would be refused of a chunk set before touching the database."""
     if not commit.chunks:
@@ -171,17 +178,11 @@ def store_chunks_many(
     One result per commit, in order: the :class:`EmbedSnapshot` the embed step continues from;
     the stored chunk count when the set was stored already (nothing written: the embed step
     prepares itself with :func:`begin_embedding`); or the error that refused this job alone."""
-    results: list[EmbedSnapshot | int | Exception] = [StateInconsistent("no result")] * len(commits)
-    valid: list[int] = []
-    for position, commit in enumerate(commits):
-        problem = _chunk_problem(commit)
-        if problem is not None:
-            results[position] = problem
-        else:
-            valid.append(position)
+    problems = [_chunk_problem(c) for c in commits]
+    results: list[EmbedSnapshot | int | Exception] = [p or StateInconsistent("") for p in problems]
+    valid = _screen(problems, [c.claim.document_version_id for c in commits])
     if not valid:
         return results
-    valid.sort(key=lambda i: commits[i].claim.document_version_id)
     ordered = [commits[i] for i in valid]
     rows = conn.execute(
         """SELECT * FROM trioindex_store_chunks_many(
@@ -308,17 +309,11 @@ def store_embeddings_many(
     """Store slices of vectors and complete each job whose set they end, for many jobs in one
     statement. One result per commit, in order: what it did, or the error that refused this
     job alone (its slice is then not stored either)."""
-    results: list[StoredSlice | Exception] = [StateInconsistent("no result")] * len(commits)
-    valid: list[int] = []
-    for position, commit in enumerate(commits):
-        problem = commit.problem()
-        if problem is not None:
-            results[position] = problem
-        else:
-            valid.append(position)
+    problems = [c.problem() for c in commits]
+    results: list[StoredSlice | Exception] = [p or StateInconsistent("") for p in problems]
+    valid = _screen(problems, [c.claim.document_version_id for c in commits])
     if not valid:
         return results
-    valid.sort(key=lambda i: commits[i].claim.document_version_id)
     ordered = [commits[i] for i in valid]
     firsts: list[int] = []
     counts: list[int] = []
@@ -414,17 +409,11 @@ def store_documents_many(
     vectors and its completion (``trioindex_store_documents_many``). One result per commit, in
     order: the completion's :class:`StoredSlice`, or the error that refused this job alone
     (nothing of it is then stored)."""
-    results: list[StoredSlice | Exception] = [StateInconsistent("no result")] * len(commits)
-    valid: list[int] = []
-    for position, commit in enumerate(commits):
-        problem = commit.problem()
-        if problem is not None:
-            results[position] = problem
-        else:
-            valid.append(position)
+    problems = [c.problem() for c in commits]
+    results: list[StoredSlice | Exception] = [p or StateInconsistent("") for p in problems]
+    valid = _screen(problems, [c.chunks.claim.document_version_id for c in commits])
     if not valid:
         return results
-    valid.sort(key=lambda i: commits[i].chunks.claim.document_version_id)
     ordered = [commits[i] for i in valid]
     drafts = [d for c in ordered for d in c.vectors.drafts]
     with conn.cursor(binary=True) as cursor:
