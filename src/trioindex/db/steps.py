@@ -392,7 +392,7 @@ def whole_snapshot(commit: ChunkCommit, model_id: UUID, dimension: int) -> Embed
         version_id=commit.snapshot.version_id,
         document_id=commit.snapshot.document_id,
         model_id=model_id,
-        model_name="",
+        model_name="",  # not read by the embed step; the store checks the model by id
         dimension=dimension,
         chunks=tuple(
             ChunkRef(chunk_id, chunk.index, chunk.text)
