@@ -31,7 +31,7 @@ latency is the client's wall time per query.
 own ``embeddings`` table (one model, one document with N chunks: the rows any deployment has
 after indexing), the model's default index is built by :func:`build_vector_index`, and the
 10,000 more vectors are indexed as 10,000 one-chunk documents by the worker's group statements
-(claim, ``begin_parse_many``, ``store_chunks_many``, ``store_embeddings_many``, groups of 20,
+(the claim, then ``store_documents_many``: a small document stored whole, groups of 20,
 as ``bench.sql_floor`` does). Its PostgreSQL CPU per vector (the server's, enqueue excluded) is
 compared with the raw COPY into the table of the same representation above.
 

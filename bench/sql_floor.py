@@ -3,20 +3,24 @@
 pgai's workload (issue 13: documents of 600 characters, one chunk each, 768 dimensions) is
 written straight to an embedded PostgreSQL from one connection in this process, in groups of
 20 jobs (the worker's usual group commit), with no worker, embedder or parser: what is left is
-the database's own CPU per document. Four ways of writing the same documents, each in a fresh
+the database's own CPU per document. Five ways of writing the same documents, each in a fresh
 database, interleaved over rounds:
 
-1. **trioindex's group functions** — the claim (`claim_jobs`), then the worker's three group
-   statements in their own transactions: `trioindex_begin_parse_many`,
-   `trioindex_store_chunks_many` and `trioindex_store_embeddings_many` (the group fenced in
-   one locking statement, every job's own checks in one statement, then one statement per
-   table). With `--baseline REF` the same calls also run over the `functions.sql` of git
+1. **trioindex's group functions** — the claim (`claim_jobs`, which also reads what the parse
+   needs), then the worker's group statement for a small document in a transaction of its
+   own: `trioindex_store_documents_many`, chunks, vectors and completion at once (the group
+   fenced in one locking statement, every job's own checks in one statement, then one
+   statement per table). **The group functions, chunks stored first** is the same claim, then
+   the worker's path for a larger document, in two transactions:
+   `trioindex_store_chunks_many`, then `trioindex_store_embeddings_many`. With `--baseline REF` the same calls also run over the `functions.sql` of git
    revision REF (say `main`), applied to its own fresh database: the before and after of a
-   change to the functions, in one run.
-2. **The same rows, set-based** — the same claim, then exactly the rows (1) writes (job
-   progress and completion with its chunk count, the attempt's steps and end, the chunk with
-   its full-text column, the vector, the model's served version with its text statistics),
-   one statement per table change per group, from arrays: no fence, lookup,
+   change to the functions, in one run (functions that still have a parse prepare,
+   `trioindex_begin_parse_many`, get it called in a transaction of its own, as their worker
+   did; functions without `trioindex_store_documents_many` store the chunks first).
+2. **The same rows, set-based** — the same claim, then exactly the rows (1) writes (the job's
+   completion with its chunk count, the attempt's steps and end, the chunk with its full-text
+   column, the vector, the model's served version with its text statistics), in one
+   transaction per group, one statement per table change, from arrays: no fence, lookup,
    loop or subtransaction. No rewrite of the SQL functions can cost less than this while
    writing these rows.
 3. **The document's data only** — a queue row deleted, the chunk row (full-text column
@@ -61,18 +65,21 @@ from bench.common import (
 )
 from bench.harness import chunk_texts
 from testkit.jobs import enqueue_text
+from trioindex.db.fence import claim_arrays
 from trioindex.db.jobs import claim_jobs, register_worker
 from trioindex.db.migrations import _OUR_OBJECTS
 from trioindex.db.models import ensure_model
 from trioindex.db.pool import Connection, connect
 from trioindex.db.steps import (
     ChunkCommit,
+    DocumentCommit,
     EmbeddingCommit,
     EmbedSnapshot,
     StoredSlice,
-    begin_parse_many,
     store_chunks_many,
+    store_documents_many,
     store_embeddings_many,
+    whole_snapshot,
 )
 from trioindex.pipeline.chunk_values import ChunkDraft
 from trioindex.pipeline.embed_step import drafts_from_matrix
@@ -124,19 +131,41 @@ def enqueue_all(conn: Connection, corpus: Corpus) -> Setup:
 # the four ways
 
 
-def group_functions(conn: Connection, corpus: Corpus, setup: Setup) -> int:
+_PARSE_PREPARE = """SELECT * FROM trioindex_begin_parse_many(
+    %b::uuid[], %b::uuid[], %b::uuid[], %b::uuid[])"""
+
+
+def group_functions(
+    conn: Connection,
+    corpus: Corpus,
+    setup: Setup,
+    *,
+    whole: bool = True,
+    parse_prepare: bool = False,
+) -> int:
+    """The worker's group statements. ``whole``: each document stored whole once embedded
+    (`trioindex_store_documents_many`, as the worker stores a small one), else its chunks first
+    and then its vectors with the completion; ``parse_prepare``: functions from before the
+    claim began the parse, whose worker ran their prepare in a transaction of its own first."""
     done = 0
     while claims := claim_jobs(conn, setup.worker_id, GROUP, 600):
-        with conn.transaction():
-            snapshots = begin_parse_many(conn, claims)
+        if parse_prepare:
+            ordered = sorted(claims, key=lambda c: c.document_version_id)
+            with conn.transaction():
+                conn.execute(_PARSE_PREPARE, claim_arrays(ordered)).fetchall()
         commits = []
-        for claim, snapshot in zip(claims, snapshots, strict=True):
-            if isinstance(snapshot, Exception):
-                raise snapshot
+        for claim in claims:
+            snapshot = claim.parse
+            if snapshot is None:
+                raise RuntimeError(f"claim {claim.job_id} carries nothing to parse")
             i = corpus.index_of(snapshot.original_name)
             text = corpus.texts[i]
             chunk = ChunkDraft(0, text, 0, len(text), TOKENS, corpus.text_hash(i))
             commits.append(ChunkCommit(claim, snapshot, [chunk]))
+        if whole:
+            _store_whole(conn, corpus, setup, commits)
+            done += len(claims)
+            continue
         with conn.transaction():
             stored = store_chunks_many(conn, commits)
         embedded = []
@@ -153,6 +182,23 @@ def group_functions(conn: Connection, corpus: Corpus, setup: Setup) -> int:
                 raise RuntimeError(f"not completed: {outcome!r}")
         done += len(claims)
     return done
+
+
+def _store_whole(
+    conn: Connection, corpus: Corpus, setup: Setup, commits: Sequence[ChunkCommit]
+) -> None:
+    """The group's documents stored whole: chunks, vectors and completion in one call."""
+    documents = []
+    for commit in commits:
+        snapshot = whole_snapshot(commit, setup.model_id, DIMENSION)
+        i = corpus.index_of(commit.snapshot.original_name)
+        drafts = drafts_from_matrix(snapshot, corpus.vectors[i : i + 1].copy())
+        documents.append(DocumentCommit(commit, EmbeddingCommit(commit.claim, snapshot, drafts)))
+    with conn.transaction():
+        completed = store_documents_many(conn, documents)
+    for outcome in completed:
+        if not isinstance(outcome, StoredSlice) or outcome.result is None:
+            raise RuntimeError(f"not completed: {outcome!r}")
 
 
 def functions_at(revision: str) -> str:
@@ -281,18 +327,12 @@ def same_rows_set_based(conn: Connection, corpus: Corpus, setup: Setup) -> int:
     done = 0
     while claims := claim_jobs(conn, setup.worker_id, GROUP, 600):
         jobs, versions, attempts = _claim_arrays(claims)
-        with conn.transaction():
-            rows = conn.execute(
-                "SELECT id, document_id, original_name FROM document_versions WHERE id = ANY(%b)",
-                (versions,),
-            ).fetchall()
-        by_version = {row["id"]: row for row in rows}
-        documents = [by_version[v]["document_id"] for v in versions]
-        index = [corpus.index_of(by_version[v]["original_name"]) for v in versions]
-        with conn.transaction():
-            chunk_ids = _insert_chunks(conn, corpus, index, documents, versions)
-            conn.execute("UPDATE embedding_jobs SET progress = 50 WHERE id = ANY(%b)", (jobs,))
-            conn.execute(
+        parses = [c.parse for c in claims if c.parse is not None]
+        documents = [p.document_id for p in parses]
+        index = [corpus.index_of(p.original_name) for p in parses]
+        with conn.transaction(), conn.cursor(binary=True) as cursor:
+            chunk_ids = _insert_chunks(cursor, corpus, index, documents, versions)
+            cursor.execute(
                 f"""UPDATE embedding_job_attempts
                     SET parse_started_at = now(), chunks_stored_at = now(), chunks = 1,
                         characters = {CHARACTERS},
@@ -300,7 +340,6 @@ def same_rows_set_based(conn: Connection, corpus: Corpus, setup: Setup) -> int:
                     WHERE id = ANY(%b)""",
                 (attempts,),
             )
-        with conn.transaction(), conn.cursor(binary=True) as cursor:
             _insert_vectors(cursor, corpus, setup, index, (chunk_ids, documents, versions))
             cursor.execute(
                 f"""INSERT INTO served_versions (document_id, embedding_model_id,
@@ -397,6 +436,7 @@ def pgai_shape(conn: Connection, corpus: Corpus, setup: Setup) -> int:
 
 WAYS: dict[str, Callable[[Connection, Corpus, Setup], int]] = {
     "trioindex's group functions": group_functions,
+    "the group functions, chunks stored first": functools.partial(group_functions, whole=False),
     "the same rows, set-based": same_rows_set_based,
     "the document's data only": data_rows_only,
     "pgai's shape": pgai_shape,
@@ -484,8 +524,13 @@ def baseline_way(revision: str) -> str:
 def add_baseline(revision: str) -> None:
     """Measure the group functions over ``functions.sql`` at git ``revision`` too."""
     way = baseline_way(revision)
-    WAYS[way] = group_functions
-    PREPARE[way] = functools.partial(use_functions, functions_at(revision))
+    text = functions_at(revision)
+    WAYS[way] = functools.partial(
+        group_functions,
+        whole="trioindex_store_documents_many" in text,
+        parse_prepare="trioindex_begin_parse_many" in text,
+    )
+    PREPARE[way] = functools.partial(use_functions, text)
 
 
 def measure(pg: BenchPostgres, corpus: Corpus, way: str) -> dict[str, Any]:
@@ -524,14 +569,13 @@ _BOOKKEEPING = ("events ", "attempts ")
 
 
 def check_same_rows(runs: Sequence[dict[str, Any]]) -> None:
-    """The set-based way must leave exactly the rows the group functions leave (by table,
-    status, event type with its detail's keys, attempt steps and counts, and job progress), or
-    its figure is not their floor; the baseline's functions the same data, jobs and served
+    """The set-based way and the two-step path must leave exactly the rows the group functions
+    leave (by table, status, event type with its detail's keys, attempt steps and counts, and
+    job progress), or the set-based figure is not their floor; the baseline's functions the same data, jobs and served
     versions (their events and attempt records may differ: that is what a change cuts)."""
-    product_way, floor_way = list(WAYS)[:2]
-    product = next(r["rows_left"] for r in runs if r["way"] == product_way)
+    product = next(r["rows_left"] for r in runs if r["way"] == "trioindex's group functions")
     for run in runs:
-        if run["way"] == floor_way:
+        if run["way"] in ("the same rows, set-based", "the group functions, chunks stored first"):
             ignored: tuple[str, ...] = ()
         elif run["way"].startswith(baseline_way("")):
             ignored = _BOOKKEEPING
@@ -575,8 +619,8 @@ def summary(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def writes_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     """Rows written per document, by table, for the group functions (and the baseline's):
     "inserted / updated (HOT) / deleted", from the last round of each."""
-    ways = [w for w in WAYS if w == "trioindex's group functions" or
-            w.startswith(baseline_way(""))]  # fmt: skip
+    ways = [w for w in WAYS if w.startswith(("trioindex's group functions",
+                                             "the group functions"))]  # fmt: skip
     last = {r["way"]: r["writes_per_doc"] for r in runs if r["way"] in ways}
     tables = sorted({t for writes in last.values() for t in writes})
 

@@ -25,7 +25,7 @@ from trioindex.pipeline.chunking import Chunker
 from trioindex.storage import AsyncObjectStore
 from trioindex.values import CHARACTER_CHUNKING, BackoffPolicy, Claim, CompleteResult
 from trioindex.worker.job import steps_for
-from trioindex.worker.wiring import PipelineSteps, build_chunker
+from trioindex.worker.wiring import WHOLE_DOCUMENT_BYTES, PipelineSteps, build_chunker
 
 BACKOFF = BackoffPolicy(initial=10.0, maximum=600.0, jitter=0.0)
 
@@ -218,9 +218,11 @@ def pipeline_steps(
     chunker: Chunker | None = None,
     max_document_bytes: int | None = None,
     parse_timeout: float | None = None,
+    whole_document_bytes: int = WHOLE_DOCUMENT_BYTES,
 ) -> PipelineSteps:
     """The worker's steps bound as ``build_worker`` binds them, from the default settings
-    (the chunker, the size limit and the parse time limit may be given instead)."""
+    (the chunker, the size limit and the parse time limit may be given instead);
+    ``whole_document_bytes=0`` stores every document's chunks first, as a large one's."""
     settings = default_settings()
     parsing = settings.parsing
     return PipelineSteps(
@@ -233,6 +235,7 @@ def pipeline_steps(
         ),
         parse_timeout=parsing.timeout if parse_timeout is None else parse_timeout,
         max_in_flight=settings.embedding.max_in_flight,
+        whole_document_bytes=whole_document_bytes,
     )
 
 

@@ -72,9 +72,7 @@ from trioindex.db.steps import (
     ChunkCommit,
     EmbeddingCommit,
     EmbedSnapshot,
-    ParseSnapshot,
     begin_embedding,
-    begin_parse_many,
     store_chunks_many,
     store_embeddings_many,
 )
@@ -92,7 +90,7 @@ from trioindex.removal import delete_documents
 from trioindex.search.ranking import fuse, text_ranking, vector_ranking
 from trioindex.search.results import RankedChunk
 from trioindex.storage import AsyncObjectStore, FolderStore
-from trioindex.values import CHARACTER_CHUNKING, BackoffPolicy, Claim, token_chunking
+from trioindex.values import CHARACTER_CHUNKING, BackoffPolicy, Claim, ParseSnapshot, token_chunking
 
 # -- the world ----------------------------------------------------------------------------------
 
@@ -677,15 +675,9 @@ class Interleavings(RuleBasedStateMachine):
         refused it."""
         claim = held.claim
         if held.stage == "parse":
-            with conn.transaction():
-                (begun,) = begin_parse_many(conn, [claim])
-            if isinstance(begun, Exception):
-                raise begun
-            assert isinstance(begun, ParseSnapshot)
-            if begun.already_chunked:  # another model's job stored the set meanwhile
-                self._note("parse found the set stored")
-                held.stage = "embed"
-                return
+            # the claim carries what the parse reads: no transaction before the chunk commit
+            begun = claim.parse
+            assert begun is not None
             held.parse = begun
             held.text = self.store.get(begun.storage_key, max_bytes=1 << 20).decode()
             held.stage = "commit"

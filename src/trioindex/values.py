@@ -40,6 +40,23 @@ class WorkerStatus(enum.StrEnum):
 
 
 @attrs.frozen
+class ParseSnapshot:
+    """What the parse step reads, as the claim saw the job's version: where its bytes are, their
+    size and sha256. ``parse_started_at`` is the claim's time, when the parse may begin: the
+    chunk commit records it on the attempt, and refuses the commit if the version no longer
+    matches this snapshot."""
+
+    version_id: UUID
+    document_id: UUID
+    storage_key: str
+    original_name: str
+    content_type: str | None
+    byte_size: int
+    sha256: str
+    parse_started_at: datetime | None = None
+
+
+@attrs.frozen
 class Claim:
     """The execution context of one claimed job, fixed at claim time.
 
@@ -60,9 +77,24 @@ class Claim:
     # it: without it the job parses the file first, with it the job only embeds
     chunking: str = CHARACTER_CHUNKING
     chunks_ready: bool = True
+    # what the parse reads, when the job parses (its chunk set is not stored yet): the claim
+    # statement reads it with the claim, so the parse needs no transaction of its own first
+    parse: ParseSnapshot | None = attrs.field(default=None, repr=False)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Claim:
+        parse = None
+        if not row["chunks_ready"]:
+            parse = ParseSnapshot(
+                version_id=row["document_version_id"],
+                document_id=row["document_id"],
+                storage_key=row["storage_key"],
+                original_name=row["original_name"],
+                content_type=row["content_type"],
+                byte_size=row["byte_size"],
+                sha256=row["sha256"],
+                parse_started_at=row["parse_started_at"],
+            )
         return cls(
             job_id=row["job_id"],
             worker_id=row["worker_id"],
@@ -75,6 +107,7 @@ class Claim:
             document_key=row["document_key"],
             chunking=row["chunking"],
             chunks_ready=row["chunks_ready"],
+            parse=parse,
         )
 
 

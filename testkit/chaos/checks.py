@@ -3,6 +3,7 @@ asserts), and :func:`run_checks`, which runs them all and counts what happened."
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from typing import Any
@@ -78,11 +79,18 @@ def check_drained(seen: Observed, db: Stored) -> Check:
 
 def faulted_documents(seen: Observed, db: Stored) -> tuple[dict[str, set[str]], int]:
     """Document key -> the invalid-vector kinds its texts were answered with; and how many
-    such answers matched no stored chunk (that would make the attribution wrong)."""
+    such answers matched no document (that would make the attribution wrong). A text is a
+    stored chunk's, or names its document by the corpus's markers: a small document's chunks
+    are stored only with its vectors, so one whose embedding failed has none stored."""
     faulted: dict[str, set[str]] = defaultdict(set)
     unattributed = 0
+    document_numbers = re.compile(rf"cxm{re.escape(seen.tag)}d(\d{{4}})s\d{{3}}")
+    key_of_number = {f.key.split("-", 1)[0]: f.key for f in seen.corpus}
     for fault in seen.vector_faults:
         keys = set().union(*(db.keys_of_text.get(text, set()) for text in fault.texts))
+        for text in fault.texts:
+            numbers = {m.group(1) for m in document_numbers.finditer(text)}
+            keys.update(key_of_number[n] for n in numbers if n in key_of_number)
         if not keys:
             unattributed += 1
         for key in keys:

@@ -19,9 +19,7 @@ from trioindex.db.steps import (
     ChunkCommit,
     EmbeddingCommit,
     EmbedSnapshot,
-    ParseSnapshot,
     begin_embedding,
-    begin_parse_many,
     store_chunks_many,
     store_embeddings_many,
 )
@@ -55,12 +53,10 @@ def _drafts(texts: list[str]) -> list[ChunkDraft]:
 
 
 def _parse(conn: Connection, claim: Claim, texts: list[str]) -> EmbedSnapshot | int | Exception:
-    """The parse step's two transactions for ``claim``, the file's text given as ``texts``."""
+    """The parse step's transaction for ``claim``, the file's text given as ``texts``."""
+    assert claim.parse is not None  # the claim carries what the parse reads
     with conn.transaction():
-        (snapshot,) = begin_parse_many(conn, [claim])
-    assert isinstance(snapshot, ParseSnapshot)
-    with conn.transaction():
-        (result,) = store_chunks_many(conn, [ChunkCommit(claim, snapshot, _drafts(texts))])
+        (result,) = store_chunks_many(conn, [ChunkCommit(claim, claim.parse, _drafts(texts))])
     return result
 
 
@@ -184,9 +180,7 @@ def test_twin_jobs_of_a_switch_each_store_their_own_set_in_either_order(
             for label in ("characters", TOKENS)
         }
         for claim in claims.values():
-            with conn.transaction():
-                (snapshot,) = begin_parse_many(conn, [claim])
-            assert isinstance(snapshot, ParseSnapshot) and not snapshot.already_chunked
+            assert not claim.chunks_ready and claim.parse is not None
         texts = {"characters": ["golf hotel", "india"], TOKENS: ["golf hotel india"]}
         second = TOKENS if first == "characters" else "characters"
         for label in (first, second):

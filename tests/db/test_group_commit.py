@@ -21,17 +21,15 @@ from trioindex.db.steps import (
     ChunkCommit,
     EmbeddingCommit,
     EmbedSnapshot,
-    ParseSnapshot,
     StoredSlice,
     begin_embedding,
-    begin_parse_many,
     store_chunks_many,
     store_embeddings_many,
 )
 from trioindex.errors import JobRemoved, OwnershipLost, StateInconsistent
 from trioindex.pipeline.chunk_values import ChunkDraft
 from trioindex.pipeline.embed_step import drafts_from_matrix
-from trioindex.values import Claim, CompleteResult
+from trioindex.values import Claim, CompleteResult, ParseSnapshot
 
 DONE = StoredSlice(CompleteResult(became_current=True))
 
@@ -61,13 +59,17 @@ def vectors_for(snapshot: EmbedSnapshot, seed: int) -> np.ndarray:
     return rows.astype(np.float32)
 
 
+def parsing(claim: Claim) -> ParseSnapshot:
+    """What the claim of a job that parses carries for its parse."""
+    assert claim.parse is not None
+    return claim.parse
+
+
 def chunk_and_start(conn: Connection, group: list[Claim], per_job: int = 2) -> list[EmbedSnapshot]:
-    """Both parse transactions, grouped, for every claim of ``group``."""
-    snapshots = begin_parse_many(conn, group)
-    assert all(isinstance(s, ParseSnapshot) for s in snapshots)
+    """The chunk commit, grouped, for every claim of ``group``."""
     commits = [
-        ChunkCommit(c, s, [drafts_for(f"{c.job_id} {i}", i) for i in range(per_job)])  # type: ignore[arg-type]
-        for c, s in zip(group, snapshots, strict=True)
+        ChunkCommit(c, parsing(c), [drafts_for(f"{c.job_id} {i}", i) for i in range(per_job)])
+        for c in group
     ]
     started = store_chunks_many(conn, commits)
     assert all(isinstance(s, EmbedSnapshot) for s in started)
@@ -123,10 +125,8 @@ def test_group_parameters_round_trip_bit_exact(db: Database) -> None:
     back exactly as handed in, whatever characters or values they hold."""
     with db.connection() as conn:
         (claim,) = claims(conn, 1)
-        (snapshot,) = begin_parse_many(conn, [claim])
-        assert isinstance(snapshot, ParseSnapshot)
         drafts = [drafts_for(text, i) for i, text in enumerate(AWKWARD_TEXTS)]
-        (started,) = store_chunks_many(conn, [ChunkCommit(claim, snapshot, drafts)])
+        (started,) = store_chunks_many(conn, [ChunkCommit(claim, parsing(claim), drafts)])
         assert isinstance(started, EmbedSnapshot)
         assert [c.text for c in started.chunks] == AWKWARD_TEXTS
         stored_texts = conn.execute(
@@ -171,19 +171,12 @@ def test_a_job_that_lost_its_lease_is_refused_alone_and_the_others_commit(
 def test_parse_groups_fence_each_job_alone(db: Database) -> None:
     with db.connection() as conn:
         group = claims(conn, 3)
-        helpers.expire_lease(conn, group[0].job_id)
-        first = begin_parse_many(conn, group)
-        assert isinstance(first[0], OwnershipLost)
-        assert all(isinstance(s, ParseSnapshot) for s in first[1:])
-        assert helpers.steps(conn, group[0].job_id) == []
-        # between prepare and commit, job 2's lease is lost: its chunks are not stored
+        # between claim and commit, job 2's lease is lost: its chunks are not stored
         helpers.expire_lease(conn, group[2].job_id)
-        commits = [
-            ChunkCommit(c, s, [drafts_for("text", 0)])  # type: ignore[arg-type]
-            for c, s in zip(group[1:], first[1:], strict=True)
-        ]
+        commits = [ChunkCommit(c, parsing(c), [drafts_for("text", 0)]) for c in group[1:]]
         stored = store_chunks_many(conn, commits)
         assert isinstance(stored[0], EmbedSnapshot) and isinstance(stored[1], OwnershipLost)
+        assert helpers.steps(conn, group[2].job_id) == []
         assert (
             helpers.count(
                 conn,
@@ -195,12 +188,10 @@ def test_parse_groups_fence_each_job_alone(db: Database) -> None:
         assert helpers.job_row(conn, group[1].job_id)["progress"] == 50  # embedding began
 
 
-def test_a_version_changed_since_prepare_is_refused_as_inconsistent(db: Database) -> None:
+def test_a_version_changed_since_the_claim_is_refused_as_inconsistent(db: Database) -> None:
     with db.connection() as conn:
         (claim,) = claims(conn, 1)
-        (snapshot,) = begin_parse_many(conn, [claim])
-        assert isinstance(snapshot, ParseSnapshot)
-        changed = attrs.evolve(snapshot, sha256="0" * 64)
+        changed = attrs.evolve(parsing(claim), sha256="0" * 64)
         (result,) = store_chunks_many(conn, [ChunkCommit(claim, changed, [drafts_for("a", 0)])])
         assert isinstance(result, StateInconsistent)
 
@@ -273,12 +264,8 @@ def test_a_refused_job_is_not_locked_while_the_owned_jobs_of_its_group_are(
     lease recovery while the group's transaction is open."""
     with db.connection() as conn, db.connection() as other:
         group = claims(conn, 2)
-        snapshots = begin_parse_many(conn, group)
         helpers.expire_lease(conn, group[0].job_id)
-        commits = [
-            ChunkCommit(c, s, [drafts_for(f"{c.job_id}", 0)])  # type: ignore[arg-type]
-            for c, s in zip(group, snapshots, strict=True)
-        ]
+        commits = [ChunkCommit(c, parsing(c), [drafts_for(f"{c.job_id}", 0)]) for c in group]
         with conn.transaction():
             stored = store_chunks_many(conn, commits)
             assert isinstance(stored[0], OwnershipLost)
@@ -296,27 +283,30 @@ def test_a_refused_job_is_not_locked_while_the_owned_jobs_of_its_group_are(
                 )
 
 
-def test_the_parse_prepare_checks_ownership_and_locks_nothing(db: Database) -> None:
-    """The prepare writes nothing, so it holds no lock in the caller's transaction (the chunk
-    commit fences the group): every job and version row stays free; a job the claim no longer
-    owns is refused all the same."""
-    with db.connection() as conn, db.connection() as other:
-        group = claims(conn, 2)
-        helpers.expire_lease(conn, group[0].job_id)
-        with conn.transaction():
-            first = begin_parse_many(conn, group)
-            assert isinstance(first[0], OwnershipLost) and "lease" in str(first[0])
-            assert isinstance(first[1], ParseSnapshot)
-            with other.transaction():
-                locked = other.execute(
-                    """SELECT count(*) AS n FROM (
-                           SELECT id FROM embedding_jobs WHERE id = ANY(%s) FOR UPDATE NOWAIT
-                       ) AS j, (
-                           SELECT id FROM document_versions WHERE id = ANY(%s)
-                           FOR UPDATE NOWAIT) AS v""",
-                    ([c.job_id for c in group], [c.document_version_id for c in group]),
-                ).fetchone()
-                assert locked == {"n": 4}
+def test_the_claim_carries_what_the_parse_reads(db: Database) -> None:
+    """A job whose chunk set is not stored is claimed with its version's snapshot (the parse
+    needs no transaction before its commit) and the claim's time as the parse's start; a job
+    whose set is stored is claimed without one (it only embeds)."""
+    with db.connection() as conn:
+        (claim,) = claims(conn, 1)
+        version = conn.execute(
+            """SELECT document_id, storage_key, original_name, content_type, byte_size, sha256
+               FROM document_versions WHERE id = %s""",
+            (claim.document_version_id,),
+        ).fetchone()
+        assert version is not None
+        started = helpers.attempt_row(conn, claim.job_id)["started_at"]
+        assert claim.parse == ParseSnapshot(
+            version_id=claim.document_version_id, parse_started_at=started, **version
+        )
+        (stored,) = store_chunks_many(
+            conn, [ChunkCommit(claim, parsing(claim), [drafts_for("a", 0)])]
+        )
+        assert isinstance(stored, EmbedSnapshot)
+        assert helpers.attempt_row(conn, claim.job_id)["parse_started_at"] == started
+        lifecycle.release_job(conn, claim)
+        (again,) = lifecycle.claim_jobs(conn, claim.worker_id, 1, 300)
+        assert again.chunks_ready and again.parse is None
 
 
 def test_two_jobs_of_one_group_on_one_chunk_set_store_it_once(db: Database) -> None:
@@ -331,10 +321,8 @@ def test_two_jobs_of_one_group_on_one_chunk_set_store_it_once(db: Database) -> N
             lifecycle.claim_jobs(conn, worker, 1, 300, model_id=model.id)[0] for model in (old, new)
         ]
         assert twins[0].document_version_id == twins[1].document_version_id
-        snapshots = begin_parse_many(conn, twins)
         commits = [
-            ChunkCommit(c, s, [drafts_for("one", 0), drafts_for("two", 1)])  # type: ignore[arg-type]
-            for c, s in zip(twins, snapshots, strict=True)
+            ChunkCommit(c, parsing(c), [drafts_for("one", 0), drafts_for("two", 1)]) for c in twins
         ]
         stored = store_chunks_many(conn, commits)
         assert isinstance(stored[0], EmbedSnapshot) and stored[1] == 2
@@ -378,38 +366,15 @@ def test_two_versions_of_a_document_completed_in_one_group_serve_the_newer(
         assert [row["document_version_id"] for row in served] == [group[newer].document_version_id]
 
 
-def test_a_job_whose_document_was_deleted_is_refused_as_removed_and_the_others_commit(
+def test_the_chunk_commit_refuses_a_job_whose_document_was_deleted_after_its_claim(
     db: Database,
 ) -> None:
+    """The parse locks nothing, so a delete may come between the claim and the chunk commit:
+    the commit's fence refuses that job as removed, and the others store their sets."""
     with db.connection() as conn:
         group = claims(conn, 3)
-        key = conn.execute(
-            """SELECT d.external_key FROM documents d
-               JOIN document_versions v ON v.document_id = d.id WHERE v.id = %s""",
-            (group[1].document_version_id,),
-        ).fetchone()
-        assert key is not None
-        conn.execute("SELECT trioindex_delete_document(%s)", (key["external_key"],))
-        results = begin_parse_many(conn, group)
-        assert isinstance(results[1], JobRemoved)
-        assert isinstance(results[0], ParseSnapshot) and isinstance(results[2], ParseSnapshot)
-        assert results[0].parse_started_at is not None
-        assert results[2].parse_started_at is not None
-
-
-def test_the_chunk_commit_refuses_a_job_whose_document_was_deleted_after_its_prepare(
-    db: Database,
-) -> None:
-    """The prepare locks nothing, so a delete may come between it and the chunk commit: the
-    commit's fence refuses that job as removed, and the others store their sets."""
-    with db.connection() as conn:
-        group = claims(conn, 3)
-        snapshots = begin_parse_many(conn, group)
         helpers.delete_document_of(conn, group[1])
-        commits = [
-            ChunkCommit(c, s, [drafts_for(f"{c.job_id}", 0)])  # type: ignore[arg-type]
-            for c, s in zip(group, snapshots, strict=True)
-        ]
+        commits = [ChunkCommit(c, parsing(c), [drafts_for(f"{c.job_id}", 0)]) for c in group]
         results = store_chunks_many(conn, commits)
         assert isinstance(results[1], JobRemoved)
         assert isinstance(results[0], EmbedSnapshot) and isinstance(results[2], EmbedSnapshot)
@@ -442,10 +407,12 @@ def test_a_group_claim_naming_another_jobs_attempt_is_refused_alone(db: Database
     with db.connection() as conn:
         group = claims(conn, 2)
         borrowed = attrs.evolve(group[0], attempt_id=group[1].attempt_id)
-        results = begin_parse_many(conn, [borrowed, group[1]])
+        results = store_chunks_many(
+            conn, [ChunkCommit(c, parsing(c), [drafts_for("a", 0)]) for c in (borrowed, group[1])]
+        )
         assert isinstance(results[0], OwnershipLost)
         assert "attempt" in str(results[0])
-        assert isinstance(results[1], ParseSnapshot)
+        assert isinstance(results[1], EmbedSnapshot)
         assert helpers.steps(conn, group[0].job_id) == []
 
 

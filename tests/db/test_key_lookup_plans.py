@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from tests import helpers
 from trioindex.db import jobs as lifecycle
+from trioindex.db.fence import claim_arrays
 from trioindex.db.pool import Connection, Database
-from trioindex.db.steps import begin_parse_many
 from trioindex.values import Claim
 
 
@@ -56,7 +56,9 @@ def test_the_group_fence_finds_its_jobs_by_key_while_the_tables_are_tiny(db: Dat
         with conn.transaction():
             # past the five custom plans, onto the cached generic one
             for _ in range(7):
-                begin_parse_many(conn, claims)
+                conn.execute(
+                    "SELECT * FROM trioindex_fence_many(%s, %s, %s, %s)", claim_arrays(claims)
+                )
             for table in ("embedding_jobs", "embedding_job_attempts", "document_versions"):
                 assert sequential_scans(conn, table) == 0, table
 

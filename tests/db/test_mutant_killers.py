@@ -28,7 +28,7 @@ from tests import helpers
 from trioindex.db import jobs as lifecycle
 from trioindex.db.models import EmbeddingModel, activate_model, finish_switch, serving_model
 from trioindex.db.pool import Connection, Database
-from trioindex.db.steps import ChunkCommit, ParseSnapshot, begin_parse_many, store_chunks_many
+from trioindex.db.steps import ChunkCommit, store_chunks_many
 from trioindex.errors import FailureType
 from trioindex.pipeline.chunk_values import ChunkDraft
 from trioindex.values import Claim, WorkerStatus, token_chunking
@@ -309,9 +309,8 @@ def _twin_parses(conn: Connection, worker: UUID) -> list[ChunkCommit]:
     assert not any(c.chunks_ready for c in claims)
     commits = []
     for claim in claims:
-        (snapshot,) = begin_parse_many(conn, [claim])
-        assert isinstance(snapshot, ParseSnapshot)
-        commits.append(ChunkCommit(claim, snapshot, _drafts(claim, 3)))
+        assert claim.parse is not None
+        commits.append(ChunkCommit(claim, claim.parse, _drafts(claim, 3)))
     return commits
 
 
@@ -381,10 +380,10 @@ def test_twins_storing_the_set_at_once_wait_on_the_version_and_converge(
 def test_a_token_aware_job_on_a_version_with_only_the_character_set_is_told_to_parse(
     db: Database, worker: UUID
 ) -> None:
-    """The parse prepare's ``chunk_count`` is the size of the job's own chunk set: a version
-    the serving model indexed from character chunks has none of a token-aware model's, so the
-    prepare must say "parse" (None, and the parse's start time for the chunk commit) rather
-    than "replay"."""
+    """The claim's ``chunks_ready`` looks for the job's own chunk set: a version the serving
+    model indexed from character chunks has none of a token-aware model's, so the claim must
+    say "parse" (with what the parse reads and its start time for the chunk commit) rather
+    than "embed"."""
     with db.connection() as conn:
         old = helpers.model(conn, OLD, 4)
         helpers.enqueue(conn, old.id, "a.txt", content=b"alpha bravo")
@@ -393,10 +392,7 @@ def test_a_token_aware_job_on_a_version_with_only_the_character_set_is_told_to_p
         tokens_worker = helpers.worker(conn, chunking=token_chunking(NEW))
         (claim,) = lifecycle.claim_jobs(conn, tokens_worker, 1, 300, model_id=new.id)
         assert not claim.chunks_ready
-        (snapshot,) = begin_parse_many(conn, [claim])
-        assert isinstance(snapshot, ParseSnapshot)
-        assert snapshot.chunk_count is None and not snapshot.already_chunked
-        assert snapshot.parse_started_at is not None
+        assert claim.parse is not None and claim.parse.parse_started_at is not None
 
 
 # -- workers ------------------------------------------------------------------------------------

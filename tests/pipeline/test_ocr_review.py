@@ -23,7 +23,7 @@ from trioindex.config import default_settings, load_settings
 from trioindex.db.operations.document_views import list_documents, show_document
 from trioindex.db.pool import Database
 from trioindex.db.search import DEFAULT_HNSW, Filters, nearest_chunks
-from trioindex.db.steps import ChunkCommit, ParseSnapshot, begin_parse_many, store_chunks_many
+from trioindex.db.steps import ChunkCommit, store_chunks_many
 from trioindex.errors import ConfigError
 from trioindex.pipeline.formats.ocr import DEFAULT_OCR
 from trioindex.search.results import document_hits, ranked_chunks
@@ -116,9 +116,8 @@ def test_the_chunk_commit_marks_the_version_once_with_its_pages(
     store: AsyncObjectStore,  # noqa: F811
 ) -> None:
     claim = _claim(db, store, TEXT)
-    with db.connection() as conn:
-        (snapshot,) = begin_parse_many(conn, [claim])
-    assert isinstance(snapshot, ParseSnapshot)
+    snapshot = claim.parse
+    assert snapshot is not None
     commit = ChunkCommit(claim, snapshot, _parsed(snapshot), low_confidence_pages=(2, 5))
     with db.connection() as conn:
         store_chunks_many(conn, [commit])

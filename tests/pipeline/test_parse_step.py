@@ -24,6 +24,7 @@ import attrs
 import psutil
 import pytest
 import trio
+from psycopg import sql
 
 from testkit.documents import docx_bytes
 from tests import helpers
@@ -34,8 +35,6 @@ from trioindex.db.pool import Database
 from trioindex.db.steps import (
     ChunkCommit,
     EmbedSnapshot,
-    ParseSnapshot,
-    begin_parse_many,
     store_chunks_many,
 )
 from trioindex.errors import ContentInvalid, ObjectNotFound, OwnershipLost, StorageUnavailable
@@ -44,10 +43,10 @@ from trioindex.pipeline.chunk_values import ChunkDraft, ChunkingPolicy
 from trioindex.pipeline.chunking import Chunker
 from trioindex.pipeline.parse_process import ParseRequest, parse_document
 from trioindex.storage import AsyncObjectStore, FolderStore
-from trioindex.values import BackoffPolicy, Claim, CompleteResult
+from trioindex.values import BackoffPolicy, Claim, CompleteResult, ParseSnapshot
 from trioindex.worker.queue import JobQueue
 from trioindex.worker.runtime import Worker
-from trioindex.worker.wiring import PipelineSteps
+from trioindex.worker.wiring import WHOLE_DOCUMENT_BYTES, PipelineSteps
 
 CHUNKER = Chunker(ChunkingPolicy(max_size=200, overlap=20))
 MAX_BYTES = 1_000_000
@@ -80,9 +79,12 @@ def _steps(
     *,
     max_bytes: int = MAX_BYTES,
     parse_timeout: float | None = None,
+    chunks_first: bool = False,
 ) -> PipelineSteps:
     """The worker's steps with the test chunker; the model's vectors come from a fake embedder
-    of the test model's dimension (helpers.model: 4)."""
+    of the test model's dimension (helpers.model: 4). ``chunks_first``: every document's
+    chunks are stored after its parse, as a large document's are (else a small one is stored
+    whole after its embed step)."""
     return helpers.pipeline_steps(
         db,
         store,
@@ -90,10 +92,19 @@ def _steps(
         chunker=CHUNKER,
         max_document_bytes=max_bytes,
         parse_timeout=parse_timeout,
+        whole_document_bytes=0 if chunks_first else WHOLE_DOCUMENT_BYTES,
     )
 
 
-def _claim(db: Database, store: AsyncObjectStore, data: bytes, name: str = "doc.txt") -> Claim:
+def _claim(
+    db: Database,
+    store: AsyncObjectStore,
+    data: bytes,
+    name: str = "doc.txt",
+    version: dict[str, str] | None = None,
+) -> Claim:
+    """``data`` stored and enqueued as ``name``, and claimed; ``version``: columns of its
+    version row changed before the claim (which reads them for the parse)."""
     sha = hashlib.sha256(data).hexdigest()
     store.store.put(storage_key_for(sha), data, size=len(data), sha256=sha, content_type=None)
     with db.connection() as conn:
@@ -103,6 +114,13 @@ def _claim(db: Database, store: AsyncObjectStore, data: bytes, name: str = "doc.
             "UPDATE document_versions SET original_name = %s WHERE id = %s",
             (name, result.version_id),
         )
+        for column, value in (version or {}).items():
+            conn.execute(
+                sql.SQL("UPDATE document_versions SET {} = %s WHERE id = %s").format(
+                    sql.Identifier(column)
+                ),
+                (value, result.version_id),
+            )
         worker = helpers.worker(conn)
         (claim,) = lifecycle.claim_jobs(conn, worker, 1, 300)
     assert not claim.chunks_ready  # the claim parses first
@@ -124,6 +142,11 @@ def _job(db: Database, claim: Claim) -> dict[str, Any]:
         return helpers.job_row(conn, claim.job_id)
 
 
+def _snapshot(claim: Claim) -> ParseSnapshot:
+    assert claim.parse is not None  # the claim of a job that parses carries its snapshot
+    return claim.parse
+
+
 def _parsed(snapshot: ParseSnapshot, data: bytes = TEXT) -> list[ChunkDraft]:
     """The chunks the step's parse makes of ``data`` (what the parse process runs)."""
     request = ParseRequest(
@@ -141,7 +164,7 @@ async def test_the_parse_step_stores_contiguous_chunks_and_starts_embedding(
 ) -> None:
     claim = _claim(db, store, TEXT)
     with trio.fail_after(30):
-        (count,) = await helpers.run_claim(_steps(db, store), claim, "parse")
+        (count,) = await helpers.run_claim(_steps(db, store, chunks_first=True), claim, "parse")
     chunks = _chunks(db, claim)
     assert count == len(chunks) > 1
     assert [c["chunk_index"] for c in chunks] == list(range(count))
@@ -159,7 +182,7 @@ async def test_the_parse_step_stores_contiguous_chunks_and_starts_embedding(
             "embedding_started",
         ]
         attempt = helpers.attempt_row(conn, claim.job_id)
-        # the prepare's time, carried to the commit (an earlier transaction than the commit's)
+        # the claim's time, carried to the commit (an earlier transaction than the commit's)
         assert attempt["parse_started_at"] < attempt["chunks_stored_at"]
         assert (attempt["chunks"], attempt["characters"]) == (count, len(source))
         assert attempt["replaced_sequences"] is None
@@ -167,6 +190,42 @@ async def test_the_parse_step_stores_contiguous_chunks_and_starts_embedding(
         job = helpers.job_row(conn, claim.job_id)
         assert (job["status"], job["progress"], job["chunk_count"]) == ("PROCESSING", 50, None)
         assert not helpers.serves(conn, claim)  # served only once the job completes
+
+
+async def test_a_small_document_is_stored_whole_after_its_embed_step(
+    db: Database, store: AsyncObjectStore
+) -> None:
+    """Nothing of a small document is written before its vectors are ready: then its chunks,
+    vectors and completion in one transaction (progress 0 → 100), every step on its attempt."""
+    claim = _claim(db, store, TEXT)
+    steps = _steps(db, store)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(steps.serve)
+            parsed = await steps.parse(claim)
+            embedded = await steps.embed(claim)
+            assert _chunks(db, claim) == []  # parsed and embedded, nothing stored
+            assert _job(db, claim)["progress"] == 0
+            groups = steps.store_documents.groups
+            result = await steps.complete(claim)
+            assert steps.store_documents.groups == groups + 1  # one call stored it all
+            nursery.cancel_scope.cancel()
+        steps.forget(claim)
+    assert result == CompleteResult(became_current=True)
+    assert parsed == embedded == len(_chunks(db, claim)) > 1
+    with db.connection() as conn:
+        job = helpers.job_row(conn, claim.job_id)
+        assert (job["status"], job["progress"], job["chunk_count"]) == ("SUCCEEDED", 100, parsed)
+        assert helpers.steps(conn, claim.job_id) == list(helpers.ATTEMPT_STEPS)
+        attempt = helpers.attempt_row(conn, claim.job_id)
+        assert (attempt["chunks"], attempt["embeddings"], attempt["embedding_slices"]) == (
+            parsed,
+            parsed,
+            1,
+        )
+        assert attempt["characters"] == len(TEXT.decode())
+        assert attempt["parse_started_at"] < attempt["chunks_stored_at"]
+        assert helpers.serves(conn, claim)
 
 
 async def test_the_worker_steps_index_a_parsed_document_and_serve_it(
@@ -200,33 +259,51 @@ async def test_the_worker_steps_index_a_parsed_document_and_serve_it(
         assert attempt["embeddings_stored_at"] <= attempt["finished_at"]
 
 
-async def test_a_replay_after_the_chunks_are_stored_does_no_storage_read(
+async def test_a_claim_after_the_chunks_are_stored_does_no_storage_read(
     db: Database, store: AsyncObjectStore
 ) -> None:
     claim = _claim(db, store, TEXT)
     with trio.fail_after(30):
-        (first,) = await helpers.run_claim(_steps(db, store), claim, "parse")
-        reads = CountingStore.reads
+        (first,) = await helpers.run_claim(_steps(db, store, chunks_first=True), claim, "parse")
+    reads = CountingStore.reads
+    with db.connection() as conn:
+        lifecycle.release_job(conn, claim)  # handed back after its chunk commit
+        (again,) = lifecycle.claim_jobs(conn, claim.worker_id, 1, 300)
+    assert again.chunks_ready and again.parse is None  # it embeds the stored set
+    with trio.fail_after(30):
+        embedded, result = await helpers.run_claim(_steps(db, store), again)
+    assert embedded == first and CountingStore.reads == reads == 1
+    assert result == CompleteResult(became_current=True)
+    with db.connection() as conn:
+        attempt = helpers.attempt_row(conn, claim.job_id)
+        assert attempt["parse_started_at"] is None and attempt["chunks_stored_at"] is None
+
+
+async def test_a_repeated_parse_of_one_claim_converges_on_the_stored_set(
+    db: Database, store: AsyncObjectStore
+) -> None:
+    claim = _claim(db, store, TEXT)
+    with trio.fail_after(30):
+        (first,) = await helpers.run_claim(_steps(db, store, chunks_first=True), claim, "parse")
         with db.connection() as conn:
             events = helpers.events(conn, claim.job_id)
             attempt = helpers.attempt_row(conn, claim.job_id)
         # the same claim's parse again, by a fresh set of steps (nothing kept in memory)
-        (second,) = await helpers.run_claim(_steps(db, store), claim, "parse")
-    assert second == first and CountingStore.reads == reads == 1
+        steps = _steps(db, store, chunks_first=True)
+        (second,) = await helpers.run_claim(steps, claim, "parse")
+    assert second == first
     with db.connection() as conn:
         assert helpers.events(conn, claim.job_id) == events
         assert helpers.attempt_row(conn, claim.job_id) == attempt  # nothing recorded again
         assert helpers.job_row(conn, claim.job_id)["progress"] == 50
 
 
-async def test_a_crash_between_prepare_and_commit_parses_again_on_the_next_attempt(
+async def test_a_crash_between_claim_and_commit_parses_again_on_the_next_attempt(
     db: Database, store: AsyncObjectStore
 ) -> None:
-    claim = _claim(db, store, TEXT)
+    claim = _claim(db, store, TEXT)  # then the worker died before committing its chunks
+    assert claim.parse is not None and claim.parse.parse_started_at is not None
     with db.connection() as conn:
-        (snapshot,) = begin_parse_many(conn, [claim])  # then the worker died before committing
-        assert isinstance(snapshot, ParseSnapshot) and snapshot.chunk_count is None
-        assert snapshot.parse_started_at is not None  # handed to the commit, not written
         assert helpers.job_row(conn, claim.job_id)["progress"] == 0
         assert helpers.steps(conn, claim.job_id) == []
         helpers.expire_lease(conn, claim.job_id)
@@ -238,7 +315,7 @@ async def test_a_crash_between_prepare_and_commit_parses_again_on_the_next_attem
         count, _, _ = await helpers.run_claim(_steps(db, store), again)
     assert len(_chunks(db, again)) == count
     with db.connection() as conn:
-        # the first attempt's prepare wrote nothing and it committed nothing: no step on it;
+        # the first attempt committed nothing: no step on it;
         # the second parsed again
         first = conn.execute(
             "SELECT * FROM embedding_job_attempts WHERE id = %s", (claim.attempt_id,)
@@ -254,16 +331,11 @@ def test_a_lapsed_or_forged_claim_stores_no_chunks(
     db: Database, store: AsyncObjectStore, forgery: str
 ) -> None:
     claim = _claim(db, store, TEXT)
-    with db.connection() as conn:
-        (snapshot,) = begin_parse_many(conn, [claim])
-    assert isinstance(snapshot, ParseSnapshot)
+    snapshot = _snapshot(claim)
     chunks = _parsed(snapshot)
     with db.connection() as conn:
         forged = helpers.forge(conn, claim, forgery)
         (refused,) = store_chunks_many(conn, [ChunkCommit(forged, snapshot, chunks)])
-        assert isinstance(refused, OwnershipLost)
-        # the prepare is fenced the same way
-        (refused,) = begin_parse_many(conn, [forged])
         assert isinstance(refused, OwnershipLost)
     assert _chunks(db, claim) == []
     assert _job(db, claim)["progress"] == 0
@@ -275,9 +347,7 @@ def test_two_concurrent_commits_for_one_claim_converge_on_one_chunk_set(
     db: Database, store: AsyncObjectStore
 ) -> None:
     claim = _claim(db, store, TEXT)
-    with db.connection() as conn:
-        (snapshot,) = begin_parse_many(conn, [claim])
-    assert isinstance(snapshot, ParseSnapshot)
+    snapshot = _snapshot(claim)
     chunks = _parsed(snapshot)
     barrier = threading.Barrier(2)
 
@@ -344,16 +414,8 @@ async def test_a_file_over_the_maximum_size_is_refused_before_reading(
 async def test_a_checksum_mismatch_is_not_accepted(
     db: Database, store: AsyncObjectStore, tmp_path: Path
 ) -> None:
-    claim = _claim(db, store, TEXT)
-    with db.connection() as conn:
-        conn.execute(
-            "UPDATE document_versions SET sha256 = %s WHERE id = %s",
-            ("0" * 64, claim.document_version_id),
-        )
-        conn.execute(
-            "UPDATE document_versions SET storage_key = %s WHERE id = %s",
-            (storage_key_for(hashlib.sha256(TEXT).hexdigest()), claim.document_version_id),
-        )
+    key = storage_key_for(hashlib.sha256(TEXT).hexdigest())
+    claim = _claim(db, store, TEXT, version={"sha256": "0" * 64, "storage_key": key})
     with trio.fail_after(30), pytest.raises(StorageUnavailable, match="sha256"):
         await helpers.run_claim(_steps(db, store), claim)
     assert CountingStore.reads == 1
@@ -363,12 +425,7 @@ async def test_a_checksum_mismatch_is_not_accepted(
 async def test_a_missing_object_is_storage_unavailable(
     db: Database, store: AsyncObjectStore
 ) -> None:
-    claim = _claim(db, store, TEXT)
-    with db.connection() as conn:
-        conn.execute(
-            "UPDATE document_versions SET storage_key = 'sha256/00/missing' WHERE id = %s",
-            (claim.document_version_id,),
-        )
+    claim = _claim(db, store, TEXT, version={"storage_key": "sha256/00/missing"})
     with trio.fail_after(30), pytest.raises(ObjectNotFound):
         await helpers.run_claim(_steps(db, store), claim)
     assert _chunks(db, claim) == []
@@ -405,7 +462,7 @@ async def test_truncated_korean_text_is_indexed_with_the_replacement_recorded(
     assert _job(db, claim)["status"] == "SUCCEEDED"
     clean = _claim(db, store, TEXT, "clean.txt")
     with trio.fail_after(30):
-        await helpers.run_claim(_steps(db, store), clean, "parse")
+        await helpers.run_claim(_steps(db, store), clean)
     assert _chunks_stored(db, clean)["replaced_sequences"] is None
 
 

@@ -148,6 +148,9 @@ WITH worker AS (
 SELECT c.id AS job_id, c.worker_id, c.claim_token, c.document_version_id, c.embedding_model_id,
        c.lease_expires_at, a.id AS attempt_id, a.attempt_no,
        d.external_key AS document_key, c.chunking,
+       -- what the parse reads (when the set is not stored): the claim begins the parse step
+       v.document_id, v.storage_key, v.original_name, v.content_type, v.byte_size, v.sha256,
+       now() AS parse_started_at,
        -- the set's first chunk by its key: an EXISTS is planned as a sequential scan when the
        -- statistics say a version holds many chunks (one large document), read to the end for
        -- a version without chunks; the first of an ordered set is an index probe whatever they say

@@ -1,25 +1,25 @@
-"""The pipeline steps' writes: a job's parse prepare, its chunk set, its embed prepare, and its
-vectors with the completion — for many jobs at once, each job refused or written on its own.
+"""The pipeline steps' writes: a job's chunk set, its embed prepare, and its vectors with the
+completion — for many jobs at once, each job refused or written on its own.
 
-Each function here calls one SQL function of ``functions.sql`` (``trioindex_begin_parse_many``,
-``trioindex_store_chunks_many``, ``trioindex_begin_embedding``,
-``trioindex_store_embeddings_many``) and turns its rows into values. The group functions return
-one result per job, in the order given: a value, or the exception that refused that job alone
-(:func:`trioindex.db.fence.refusal_error`); the worker's group committers
-(:mod:`trioindex.worker.committer`) batch many jobs' writes into one call, which the SQL side
-writes set-based (one fence statement per group, one statement per table). Jobs are passed to
-SQL in version-id order, so two groups never take version locks in opposite orders.
+Each function here calls one SQL function of ``functions.sql`` (``trioindex_store_chunks_many``,
+``trioindex_begin_embedding``, ``trioindex_store_embeddings_many``) and turns its rows into
+values. The group functions return one result per job, in the order given: a value, or the
+exception that refused that job alone (:func:`trioindex.db.fence.refusal_error`); the worker's
+group committers (:mod:`trioindex.worker.committer`) batch many jobs' writes into one call, which
+the SQL side writes set-based (one fence statement per group, one statement per table). Jobs are
+passed to SQL in version-id order, so two groups never take version locks in opposite orders.
+The parse needs no write of its own first: the claim carries what it reads
+(:class:`trioindex.values.ParseSnapshot`).
 
-The values that cross from the pipeline to these writes and back live here too: what the parse
-reads (:class:`ParseSnapshot`), the chunks it stores (:class:`ChunkCommit`), what the embed step
-embeds (:class:`EmbedSnapshot`) and the vectors it stores (:class:`EmbeddingCommit`).
+The values that cross from the pipeline to these writes and back live here too: the chunks the
+parse stores (:class:`ChunkCommit`), what the embed step embeds (:class:`EmbedSnapshot`) and the
+vectors it stores (:class:`EmbeddingCommit`).
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -30,32 +30,10 @@ import numpy.typing as npt
 from trioindex.db.fence import claim_arrays, fenced_errors, refusal_error
 from trioindex.db.pool import Connection
 from trioindex.errors import StateInconsistent
-from trioindex.values import Claim, CompleteResult
+from trioindex.values import Claim, CompleteResult, ParseSnapshot
 
 # ---------------------------------------------------------------------------------------------
 # parse
-
-
-@attrs.frozen
-class ParseSnapshot:
-    """What the parse reads, as the prepare saw it; ``chunk_count`` is the size of the job's
-    chunk set when the version has it already (a replay: nothing to parse), else None.
-    ``parse_started_at`` is when the prepare let the parse begin (None for a replay): the
-    prepare writes nothing, the chunk commit records this time on the attempt."""
-
-    version_id: UUID
-    document_id: UUID
-    storage_key: str
-    original_name: str
-    content_type: str | None
-    byte_size: int
-    sha256: str
-    chunk_count: int | None
-    parse_started_at: datetime | None = None
-
-    @property
-    def already_chunked(self) -> bool:
-        return self.chunk_count is not None
 
 
 class StoredChunk(Protocol):
@@ -94,37 +72,6 @@ class ChunkCommit:
     @property
     def weight(self) -> int:
         return len(self.chunks)
-
-
-def _snapshot_from_row(row: dict[str, Any]) -> ParseSnapshot:
-    return ParseSnapshot(
-        version_id=row["version_id"],
-        document_id=row["document_id"],
-        storage_key=row["storage_key"],
-        original_name=row["original_name"],
-        content_type=row["content_type"],
-        byte_size=row["byte_size"],
-        sha256=row["sha256"],
-        chunk_count=row["chunk_count"],
-        parse_started_at=row["parse_started_at"],
-    )
-
-
-def begin_parse_many(conn: Connection, claims: Sequence[Claim]) -> list[ParseSnapshot | Exception]:
-    """The parse prepare for many claims in one statement; one result per claim, in order:
-    its snapshot, or the :class:`OwnershipLost` / :class:`StateInconsistent` that refused it."""
-    order = sorted(range(len(claims)), key=lambda i: claims[i].document_version_id)
-    ordered = [claims[i] for i in order]
-    rows = conn.execute(
-        """SELECT * FROM trioindex_begin_parse_many(
-               %b::uuid[], %b::uuid[], %b::uuid[], %b::uuid[])""",
-        claim_arrays(ordered),
-    ).fetchall()
-    results: list[ParseSnapshot | Exception] = [StateInconsistent("no result")] * len(claims)
-    for position, row in zip(order, rows, strict=True):
-        refused = refusal_error(row["refusal"], row["message"])
-        results[position] = refused if refused is not None else _snapshot_from_row(row)
-    return results
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,26 +115,27 @@ def _int_array(values: Sequence[int]) -> str | None:
     return "{" + ",".join(str(int(v)) for v in values) + "}" if values else None
 
 
-def store_chunks_many(
-    conn: Connection, commits: Sequence[ChunkCommit]
-) -> list[EmbedSnapshot | int | Exception]:
-    """Store each job's chunk set and start its embed step, for many jobs in one statement.
-    One result per commit, in order: the :class:`EmbedSnapshot` the embed step continues from;
-    the stored chunk count when the set was stored already (nothing written: the embed step
-    prepares itself with :func:`begin_embedding`); or the error that refused this job alone."""
-    results: list[EmbedSnapshot | int | Exception] = [StateInconsistent("no result")] * len(commits)
-    valid: list[int] = []
-    for position, commit in enumerate(commits):
-        if not commit.chunks:
-            results[position] = StateInconsistent("refusing to store an empty chunk set")
-        elif [c.index for c in commit.chunks] != list(range(len(commit.chunks))):
-            results[position] = StateInconsistent("chunk indexes are not contiguous from 0")
-        else:
-            valid.append(position)
-    if not valid:
-        return results
-    valid.sort(key=lambda i: commits[i].claim.document_version_id)
-    ordered = [commits[i] for i in valid]
+def _screen(problems: Sequence[Exception | None], versions: Sequence[UUID]) -> list[int]:
+    """The positions of the commits without a problem found before the database, in version-id
+    order (the order group functions take)."""
+    valid = [i for i, problem in enumerate(problems) if problem is None]
+    return sorted(valid, key=lambda i: versions[i])
+
+
+def _chunk_problem(commit: ChunkCommit) -> StateInconsistent | None:
+    """What would be refused of a chunk set before touching the database."""
+    if not commit.chunks:
+        return StateInconsistent("refusing to store an empty chunk set")
+    if [c.index for c in commit.chunks] != list(range(len(commit.chunks))):
+        return StateInconsistent("chunk indexes are not contiguous from 0")
+    return None
+
+
+def _chunk_arrays(ordered: Sequence[ChunkCommit]) -> tuple[list[Any], ...]:
+    """The parameters the chunk-storing functions take, in their order: the claims, the
+    version snapshots, the replaced-sequence counts, then job i's chunks at positions
+    ``first[i] .. first[i] + count[i] - 1`` of the chunk arrays (ids, texts, starts, ends,
+    token counts, sha256s)."""
     firsts, counts = [], []
     ids: list[UUID] = []
     texts: list[str] = []
@@ -205,6 +153,37 @@ def store_chunks_many(
             ends.append(chunk.end)
             tokens.append(chunk.token_count)
             hashes.append(chunk.content_sha256)
+    return (
+        *claim_arrays([c.claim for c in ordered]),
+        [c.snapshot.version_id for c in ordered],
+        [c.snapshot.storage_key for c in ordered],
+        [c.snapshot.sha256 for c in ordered],
+        [c.snapshot.byte_size for c in ordered],
+        [c.replaced for c in ordered],
+        firsts,
+        counts,
+        ids,
+        texts,
+        starts,
+        ends,
+        tokens,
+        hashes,
+    )
+
+
+def store_chunks_many(
+    conn: Connection, commits: Sequence[ChunkCommit]
+) -> list[EmbedSnapshot | int | Exception]:
+    """Store each job's chunk set and start its embed step, for many jobs in one statement.
+    One result per commit, in order: the :class:`EmbedSnapshot` the embed step continues from;
+    the stored chunk count when the set was stored already (nothing written: the embed step
+    prepares itself with :func:`begin_embedding`); or the error that refused this job alone."""
+    problems = [_chunk_problem(c) for c in commits]
+    results: list[EmbedSnapshot | int | Exception] = [p or StateInconsistent("") for p in problems]
+    valid = _screen(problems, [c.claim.document_version_id for c in commits])
+    if not valid:
+        return results
+    ordered = [commits[i] for i in valid]
     rows = conn.execute(
         """SELECT * FROM trioindex_store_chunks_many(
                %b::uuid[], %b::uuid[], %b::uuid[], %b::uuid[],
@@ -212,20 +191,7 @@ def store_chunks_many(
                %b::uuid[], %b::text[], %b::int[], %b::int[], %b::int[], %b::text[],
                %b::text[], %b::timestamptz[])""",
         (
-            *claim_arrays([c.claim for c in ordered]),
-            [c.snapshot.version_id for c in ordered],
-            [c.snapshot.storage_key for c in ordered],
-            [c.snapshot.sha256 for c in ordered],
-            [c.snapshot.byte_size for c in ordered],
-            [c.replaced for c in ordered],
-            firsts,
-            counts,
-            ids,
-            texts,
-            starts,
-            ends,
-            tokens,
-            hashes,
+            *_chunk_arrays(ordered),
             [_int_array(c.low_confidence_pages) for c in ordered],
             [c.snapshot.parse_started_at for c in ordered],
         ),
@@ -343,17 +309,11 @@ def store_embeddings_many(
     """Store slices of vectors and complete each job whose set they end, for many jobs in one
     statement. One result per commit, in order: what it did, or the error that refused this
     job alone (its slice is then not stored either)."""
-    results: list[StoredSlice | Exception] = [StateInconsistent("no result")] * len(commits)
-    valid: list[int] = []
-    for position, commit in enumerate(commits):
-        problem = commit.problem()
-        if problem is not None:
-            results[position] = problem
-        else:
-            valid.append(position)
+    problems = [c.problem() for c in commits]
+    results: list[StoredSlice | Exception] = [p or StateInconsistent("") for p in problems]
+    valid = _screen(problems, [c.claim.document_version_id for c in commits])
     if not valid:
         return results
-    valid.sort(key=lambda i: commits[i].claim.document_version_id)
     ordered = [commits[i] for i in valid]
     firsts: list[int] = []
     counts: list[int] = []
@@ -392,4 +352,91 @@ def store_embeddings_many(
             results[position] = StoredSlice(CompleteResult(bool(row["became_current"])))
         else:
             results[position] = StoredSlice(None)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# a small document's whole store
+
+
+@attrs.frozen
+class DocumentCommit:
+    """A small document's chunk set and its vectors, embedded before anything of it was stored,
+    ready for :func:`store_documents_many`: ``vectors`` name the chunks of ``chunks`` (their
+    ids, in order) and end the set."""
+
+    chunks: ChunkCommit
+    vectors: EmbeddingCommit
+
+    @property
+    def weight(self) -> int:
+        return len(self.chunks.chunks)
+
+    def problem(self) -> StateInconsistent | None:
+        """What would be refused before touching the database."""
+        problem = _chunk_problem(self.chunks) or self.vectors.problem()
+        if problem is not None:
+            return problem
+        if self.vectors.offset != 0 or not self.vectors.last:
+            return StateInconsistent("a whole document's vectors are not its whole set")
+        if [d.chunk_id for d in self.vectors.drafts] != list(self.chunks.ids):
+            return StateInconsistent("the vectors do not name the chunks stored with them")
+        return None
+
+
+def whole_snapshot(commit: ChunkCommit, model_id: UUID, dimension: int) -> EmbedSnapshot:
+    """What the embed step embeds of a chunk set not stored yet (a small document, embedded
+    before its one store): the chunks as parsed, the claim's model of ``dimension``, which the
+    store checks against the model row."""
+    return EmbedSnapshot(
+        version_id=commit.snapshot.version_id,
+        document_id=commit.snapshot.document_id,
+        model_id=model_id,
+        model_name="",  # not read by the embed step; the store checks the model by id
+        dimension=dimension,
+        chunks=tuple(
+            ChunkRef(chunk_id, chunk.index, chunk.text)
+            for chunk_id, chunk in zip(commit.ids, commit.chunks, strict=True)
+        ),
+        complete=False,
+    )
+
+
+def store_documents_many(
+    conn: Connection, commits: Sequence[DocumentCommit]
+) -> list[StoredSlice | Exception]:
+    """Store small documents whole, for many jobs in one statement: each job's chunk set, its
+    vectors and its completion (``trioindex_store_documents_many``). One result per commit, in
+    order: the completion's :class:`StoredSlice`, or the error that refused this job alone
+    (nothing of it is then stored)."""
+    problems = [c.problem() for c in commits]
+    results: list[StoredSlice | Exception] = [p or StateInconsistent("") for p in problems]
+    valid = _screen(problems, [c.chunks.claim.document_version_id for c in commits])
+    if not valid:
+        return results
+    ordered = [commits[i] for i in valid]
+    drafts = [d for c in ordered for d in c.vectors.drafts]
+    with conn.cursor(binary=True) as cursor:
+        rows = cursor.execute(
+            """SELECT * FROM trioindex_store_documents_many(
+                   %b::uuid[], %b::uuid[], %b::uuid[], %b::uuid[],
+                   %b::uuid[], %b::text[], %b::text[], %b::bigint[], %b::int[], %b::int[],
+                   %b::int[], %b::uuid[], %b::text[], %b::int[], %b::int[], %b::int[],
+                   %b::text[], %b::timestamptz[], %b::uuid[], %b::int[], %b::vector[],
+                   %b::text[])""",
+            (
+                *_chunk_arrays([c.chunks for c in ordered]),
+                [c.chunks.snapshot.parse_started_at for c in ordered],
+                [c.vectors.snapshot.model_id for c in ordered],
+                [c.vectors.snapshot.dimension for c in ordered],
+                [d.vector for d in drafts],
+                [d.vector_sha256 for d in drafts],
+            ),
+        ).fetchall()
+    for position, row in zip(valid, rows, strict=True):
+        refused = refusal_error(row["refusal"], row["message"])
+        if refused is not None:
+            results[position] = refused
+        else:
+            results[position] = StoredSlice(CompleteResult(bool(row["became_current"])))
     return results

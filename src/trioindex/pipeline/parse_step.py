@@ -1,12 +1,13 @@
 """Parse and chunk step: storage object → text → chunks, for one claimed job.
 
-See docs/design/architecture.md, "Parse + chunk". :func:`parse_and_store` is the step; its two
-database writes are given to it (the worker passes its group committers over
-:func:`trioindex.db.steps.begin_parse_many` and :func:`~trioindex.db.steps.store_chunks_many`).
+See docs/design/architecture.md, "Parse + chunk". :func:`parse_and_store` is the step; its one
+database write is given to it (the worker passes its group committer over
+:func:`trioindex.db.steps.store_chunks_many`).
 
-prepare: under job then version lock, a snapshot of storage key, content type, size and
-sha256, and whether the version already has the claim's chunk set (``characters``, or
-``tokens:<model>`` for a token-aware chunker): then it is a replay, with no storage read at all.
+The claim begins it: the claim statement reads what the parse needs (the claim's
+:class:`~trioindex.values.ParseSnapshot`: storage key, content type, size and sha256) for a job
+whose chunk set (``characters``, or ``tokens:<model>`` for a token-aware chunker) is not stored,
+so the parse writes and reads nothing in the database before its commit.
 
 outside any transaction: read the object (never more than the configured maximum), then check
 its sha256 against the snapshot, parse and chunk in a worker process that is killed on
@@ -16,12 +17,12 @@ worker itself: their work is bounded and tiny (~0.04 ms), while a round trip to 
 costs ~1.7 ms of CPU.
 
 commit (and the embed step's start, in the same transaction): re-validate ownership and that
-the version still matches the snapshot, store the claim's set (recorded on the attempt: its
-chunk count and the embedding's start). A concurrent commit of the same set — another model's
-job sharing it — serialises on the version lock and finds the set stored: it converges without
-writing. The attempt records how many invalid byte sequences decoding replaced by U+FFFD
-(``replaced_sequences``, only when there were any) — a count, never the text. A scan whose
-OCR read pages with low confidence marks the version with those pages
+the version still matches the snapshot, store the claim's set (recorded on the attempt: the
+parse's start, its chunk count and the embedding's start). A concurrent commit of the same set —
+another model's job sharing it — serialises on the version lock and finds the set stored: it
+converges without writing. The attempt records how many invalid byte sequences decoding
+replaced by U+FFFD (``replaced_sequences``, only when there were any) — a count, never the text.
+A scan whose OCR read pages with low confidence marks the version with those pages
 (``document_versions.ocr_low_confidence_pages``) and an ``OCR_LOW_CONFIDENCE`` event, in the
 same transaction.
 """
@@ -33,8 +34,8 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from trioindex.db.steps import ChunkCommit, EmbedSnapshot, ParseSnapshot
-from trioindex.errors import ContentInvalid
+from trioindex.db.steps import ChunkCommit, EmbedSnapshot
+from trioindex.errors import ContentInvalid, StateInconsistent
 from trioindex.pipeline.chunking import Chunker
 from trioindex.pipeline.formats import DEFAULT_OCR, DocumentFormat, detect_format
 from trioindex.pipeline.parse_process import (
@@ -45,7 +46,7 @@ from trioindex.pipeline.parse_process import (
     parse_in_process,
 )
 from trioindex.storage import AsyncObjectStore
-from trioindex.values import Claim
+from trioindex.values import Claim, ParseSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,6 @@ def _request(
 async def parse_and_store(
     claim: Claim,
     *,
-    begin: Callable[[Claim], Awaitable[ParseSnapshot]],
     commit: Callable[[ChunkCommit], Awaitable[EmbedSnapshot | int]],
     admit: Callable[[ParseSnapshot], Awaitable[None]] | None = None,
     store: AsyncObjectStore,
@@ -87,15 +87,14 @@ async def parse_and_store(
     ocr_low_confidence: float = DEFAULT_OCR.low_confidence,
     cpu_limiter: trio.CapacityLimiter | None = None,
 ) -> EmbedSnapshot | int:
-    """The step with its two transactions given: ``begin`` (prepare) and ``commit`` (store the
-    chunks). ``admit`` is awaited before the bytes are read (the worker bounds how many large
-    documents it holds at once). ``ocr``: ``indexing.parsing.ocr`` is not ``off``;
-    ``ocr_low_confidence``: ``indexing.parsing.ocr-low-confidence``. Returns what ``commit``
-    returns, or the stored chunk count on a replay."""
-    snapshot = await begin(claim)
-    if snapshot.already_chunked:
-        logger.debug("job %s: version already chunked, parse step replayed", claim.job_id)
-        return snapshot.chunk_count or 0
+    """The step of a claim that parses (it carries its :class:`ParseSnapshot`), with its one
+    transaction given: ``commit`` (store the chunks). ``admit`` is awaited before the bytes are
+    read (the worker bounds how many large documents it holds at once). ``ocr``:
+    ``indexing.parsing.ocr`` is not ``off``; ``ocr_low_confidence``:
+    ``indexing.parsing.ocr-low-confidence``. Returns what ``commit`` returns."""
+    snapshot = claim.parse
+    if snapshot is None:
+        raise StateInconsistent("the claim carries nothing to parse: its chunk set was stored")
     if snapshot.byte_size > max_bytes:
         raise ContentInvalid(
             f"file over the maximum size: {snapshot.byte_size} bytes > {max_bytes} bytes"

@@ -24,14 +24,15 @@ from trioindex.db.jobs import complete_job
 from trioindex.db.pool import Database
 from trioindex.db.steps import (
     ChunkCommit,
+    DocumentCommit,
     EmbeddingCommit,
     EmbedSnapshot,
-    ParseSnapshot,
     StoredSlice,
     begin_embedding,
-    begin_parse_many,
     store_chunks_many,
+    store_documents_many,
     store_embeddings_many,
+    whole_snapshot,
 )
 from trioindex.embedding import Embedder
 from trioindex.embedding.batching import EmbeddingCoalescer
@@ -42,7 +43,7 @@ from trioindex.pipeline.chunking import Chunker
 from trioindex.pipeline.embed_step import SLICE_ROWS, drafts_from_matrix
 from trioindex.pipeline.formats import DEFAULT_OCR
 from trioindex.pipeline.parse_process import DEFAULT_TIMEOUT
-from trioindex.pipeline.parse_step import parse_and_store
+from trioindex.pipeline.parse_step import INLINE_PARSE_BYTES, parse_and_store
 from trioindex.pipeline.step_progress import StepProgress
 from trioindex.services import Services, open_services
 from trioindex.storage import AsyncObjectStore
@@ -51,6 +52,7 @@ from trioindex.values import (
     BackoffPolicy,
     Claim,
     CompleteResult,
+    ParseSnapshot,
     token_chunking,
 )
 from trioindex.worker.committer import GroupCommitter
@@ -62,6 +64,13 @@ from trioindex.worker.runtime import Worker, serve_until_signalled
 
 logger = logging.getLogger(__name__)
 
+# A document of at most this many bytes is stored whole, once its chunks are embedded: chunks,
+# vectors and completion in one transaction. Its chunks are not kept across a failed embed
+# step, since reading and parsing it again costs less than storing them first (the size the
+# worker parses in its own thread); a larger document stores its chunks first, so a retry
+# embeds them without parsing again.
+WHOLE_DOCUMENT_BYTES = INLINE_PARSE_BYTES
+
 
 @attrs.define(eq=False)
 class PipelineSteps:
@@ -72,13 +81,16 @@ class PipelineSteps:
     ``parse_timeout`` is ``indexing.parsing.timeout``, the most one document's parse may take.
 
     Worker-wide (run by :meth:`serve`): the :class:`EmbeddingCoalescer` that gathers the chunks
-    of many jobs into full embedding requests, and three group committers (parse prepare;
-    chunks + embed prepare; vectors + completion), each writing the steps of many jobs in one
-    transaction; a large document's vectors go through the last in slices of
-    :data:`~trioindex.pipeline.embed_step.SLICE_ROWS`, the final slice completing the job.
-    What a job's steps hand on to its next step (the embed snapshot, the vectors)
-    is kept per claim until :meth:`forget`. ``index_keeper`` (when given) is told how many
-    vectors each completion stored; :func:`run_worker` runs it.
+    of many jobs into full embedding requests, and three group committers (chunks + embed
+    prepare; vectors + completion; a small document's chunks, vectors and completion), each
+    writing the steps of many jobs in one transaction. A document of at most
+    :data:`WHOLE_DOCUMENT_BYTES` is stored whole by the last, after its embed step (nothing of
+    it is written before); a larger one stores its chunks after the parse, and its vectors go
+    through the second in slices of :data:`~trioindex.pipeline.embed_step.SLICE_ROWS`, the final
+    slice completing the job. What a job's steps hand on to its next step (the embed snapshot,
+    the chunks not stored yet, the vectors) is kept per claim until :meth:`forget`.
+    ``index_keeper`` (when given) is told how many vectors each completion stored;
+    :func:`run_worker` runs it.
     """
 
     db: Database
@@ -94,14 +106,16 @@ class PipelineSteps:
     # large documents reserve their size from before their bytes are read until the job ends
     large_documents: DocumentBudget = attrs.field(factory=DocumentBudget)
     index_keeper: VectorIndexKeeper | None = None
+    whole_document_bytes: int = WHOLE_DOCUMENT_BYTES  # at most this size: stored whole
     # a completion with no vectors to store (a replayed embed step): the job queue's grouped
     # completion (JobQueue.complete) when given, else one transaction of its own
     complete_alone: Callable[[Claim], Awaitable[CompleteResult]] | None = None
     coalescer: EmbeddingCoalescer = attrs.field(init=False)
-    begin_parse: GroupCommitter[Claim, ParseSnapshot] = attrs.field(init=False)
     store_chunks: GroupCommitter[ChunkCommit, EmbedSnapshot | int] = attrs.field(init=False)
     store_embeddings: GroupCommitter[EmbeddingCommit, StoredSlice] = attrs.field(init=False)
+    store_documents: GroupCommitter[DocumentCommit, StoredSlice] = attrs.field(init=False)
     _embed_from: dict[UUID, EmbedSnapshot] = attrs.field(init=False, factory=dict)
+    _unstored: dict[UUID, ChunkCommit] = attrs.field(init=False, factory=dict)
     _to_store: dict[UUID, EmbeddingCommit] = attrs.field(init=False, factory=dict)
 
     def __attrs_post_init__(self) -> None:
@@ -112,20 +126,22 @@ class PipelineSteps:
             max_batch_tokens=info.max_batch_tokens,
             max_in_flight=self.max_in_flight,
         )
-        self.begin_parse = GroupCommitter("parse-prepare", self.db, begin_parse_many)
         self.store_chunks = GroupCommitter(
             "chunks", self.db, store_chunks_many, weight=lambda c: c.weight
         )
         self.store_embeddings = GroupCommitter(
             "embeddings", self.db, store_embeddings_many, weight=lambda c: c.weight
         )
+        self.store_documents = GroupCommitter(
+            "documents", self.db, store_documents_many, weight=lambda c: c.weight
+        )
 
     async def serve(self) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.coalescer.serve)
-            nursery.start_soon(self.begin_parse.serve)
             nursery.start_soon(self.store_chunks.serve)
             nursery.start_soon(self.store_embeddings.serve)
+            nursery.start_soon(self.store_documents.serve)
 
     async def parse(self, claim: Claim) -> int:
         async def admit(snapshot: ParseSnapshot) -> None:
@@ -134,11 +150,14 @@ class PipelineSteps:
         async def commit(item: ChunkCommit) -> EmbedSnapshot | int:
             # the parse result was received on this thread; the statement is built in another
             self.large_documents.phase_done(claim.job_id)
+            dimension = self.embedder.info.dimension
+            if dimension is not None and self._stored_whole(item):
+                self._unstored[claim.job_id] = item  # stored with its vectors
+                return whole_snapshot(item, claim.embedding_model_id, dimension)
             return await self.store_chunks.submit(item)
 
         result = await parse_and_store(
             claim,
-            begin=self.begin_parse.submit,
             commit=commit,
             admit=admit,
             store=self.store,
@@ -154,6 +173,16 @@ class PipelineSteps:
             return result
         self._embed_from[claim.job_id] = result
         return len(result.chunks)
+
+    def _stored_whole(self, item: ChunkCommit) -> bool:
+        """Whether the document is stored whole after its embed step (see
+        :data:`WHOLE_DOCUMENT_BYTES`); a scan with pages to review stores its chunks first,
+        with the version's mark."""
+        return (
+            item.snapshot.byte_size <= self.whole_document_bytes
+            and 0 < len(item.chunks) <= SLICE_ROWS
+            and not item.low_confidence_pages
+        )
 
     async def embed(self, claim: Claim) -> int:
         snapshot = self._embed_from.pop(claim.job_id, None)
@@ -182,6 +211,14 @@ class PipelineSteps:
                 return await self.complete_alone(claim)
             return await self.db.run(complete_job, claim)
         drafts = commit.drafts
+        unstored = self._unstored.pop(claim.job_id, None)
+        if unstored is not None:
+            stored = await self.store_documents.submit(DocumentCommit(unstored, commit))
+            if stored.result is None:
+                raise StateInconsistent("the whole document's store did not complete the job")
+            if self.index_keeper is not None:
+                self.index_keeper.note_stored(len(drafts))
+            return stored.result
         for offset in range(0, len(drafts), SLICE_ROWS):
             piece = EmbeddingCommit(
                 claim, commit.snapshot, drafts[offset : offset + SLICE_ROWS], offset
@@ -196,6 +233,7 @@ class PipelineSteps:
     def forget(self, claim: Claim) -> None:
         self._embed_from.pop(claim.job_id, None)
         self._to_store.pop(claim.job_id, None)
+        self._unstored.pop(claim.job_id, None)
         self.large_documents.release(claim.job_id)
 
 

@@ -470,54 +470,12 @@ FROM PUBLIC;
 -- recorded on the job's attempt row (its time and counts: one update of the attempt per step),
 -- not as an event; events are written for the transitions an operator must see.
 
--- The parse step's prepare: a snapshot of what to read, and chunk_count, the size of the job's
--- chunk set when the version has it (a replay: nothing to parse) or NULL. It writes nothing,
--- and so locks nothing: a lock would end with this call's transaction and keep nothing for the
--- chunk commit, which fences the group itself. Each job is checked as the fence refuses it
--- (TI003 gone, TI001 not owned, TI002 no version), as last committed. A job that must parse
--- gets parse_started_at, the time to hand back to trioindex_store_chunks_many, which records
--- it on the attempt with the chunk set (a parse whose commit is refused leaves no step on its
--- attempt).
-CREATE FUNCTION trioindex_begin_parse_many(
-    p_jobs uuid[], p_workers uuid[], p_tokens uuid[], p_attempts uuid[])
-RETURNS TABLE (
-    job_id uuid, refusal text, message text, version_id uuid, document_id uuid,
-    storage_key text, original_name text, content_type text, byte_size bigint, sha256 text,
-    chunk_count integer, parse_started_at timestamptz)
-LANGUAGE sql AS $$
-    SELECT u.job, r.code, r.message, o.version, o.doc, o.skey, o.oname, o.ctype, o.size,
-           o.hash, nullif(o.stored, 0), CASE WHEN o.stored = 0 THEN now() END
-    FROM unnest(p_jobs, p_workers, p_tokens, p_attempts) WITH ORDINALITY
-         AS u(job, worker, token, attempt, ord)
-    LEFT JOIN embedding_jobs j ON j.id = u.job
-    LEFT JOIN embedding_job_attempts a ON a.id = u.attempt AND a.embedding_job_id = j.id
-    LEFT JOIN document_versions v ON v.id = j.document_version_id
-    CROSS JOIN LATERAL (
-        SELECT trioindex_ownership_refusal(j, a, u.worker, u.token) AS why) AS w
-    CROSS JOIN LATERAL (
-        SELECT x.code, x.message FROM (VALUES
-            (1, j.id IS NULL, 'TI003',
-             'the job no longer exists: its document or model was removed'),
-            (2, w.why IS NOT NULL, 'TI001', w.why),
-            (3, v.id IS NULL, 'TI002', 'the job''s document version does not exist'),
-            (4, true, NULL, NULL)) AS x(rank, refused, code, message)
-        WHERE x.refused ORDER BY x.rank LIMIT 1) AS r
-    LEFT JOIN LATERAL (
-        SELECT v.id AS version, v.document_id AS doc, v.storage_key AS skey,
-               v.original_name AS oname, v.content_type AS ctype, v.byte_size AS size,
-               v.sha256 AS hash,
-               (SELECT count(*) FROM document_chunks c
-                WHERE c.document_version_id = v.id AND c.chunking = j.chunking)::integer
-                   AS stored) AS o ON r.code IS NULL
-    ORDER BY u.ord
-$$;
-
 -- The parse step's commit and the embed step's start, for many claims: store the job's chunk
 -- set (job i's chunks are elements p_first[i] .. p_first[i] + p_count[i] - 1 of the c_* arrays,
--- in chunk order), recorded on the attempt (parse_started_at, the time p_parse_started[i] its
--- prepare handed out; chunks_stored_at with chunks, characters and replaced_sequences, and
--- embedding_started_at; progress 50). The version must
--- still match the snapshot the parse was prepared from. When the set is already stored (another
+-- in chunk order), recorded on the attempt (parse_started_at, the time p_parse_started[i] the
+-- claim began the parse; chunks_stored_at with chunks, characters and replaced_sequences, and
+-- embedding_started_at; progress 50). The version must still match the snapshot the claim
+-- read (p_versions, p_storage_keys, p_sha256s, p_byte_sizes). When the set is already stored (another
 -- model's job shares it, or a repeated commit), or an earlier job of the same call stores it,
 -- nothing is written for this job and started_embedding is false: the caller prepares the
 -- embed step from the stored set. p_low_confidence[i] is NULL, or the pages OCR read with low
@@ -564,7 +522,7 @@ BEGIN
                 (2, u.code IS NOT NULL, u.code, u.msg),
                 (3, v.id <> u.given_version OR v.storage_key <> u.given_key
                     OR v.sha256 <> u.given_sha256 OR v.byte_size <> u.given_size,
-                 'TI002', 'the version changed since parsing was prepared'),
+                 'TI002', 'the version changed since the parse began'),
                 (4, m.id IS NULL, 'TI002', 'the job''s embedding model no longer exists'),
                 (5, true, NULL, NULL)) AS x(rank, refused, code, message)
             WHERE x.refused ORDER BY x.rank LIMIT 1) AS r
@@ -839,6 +797,147 @@ BEGIN
     FROM unnest(p_jobs, codes, messages, written, ending) WITH ORDINALITY
          AS u(job, code, msg, w, e, ord)
     LEFT JOIN unnest(finished, currents) AS d(job, current) ON d.job = u.job AND u.e
+    ORDER BY u.ord;
+END;
+$$;
+
+-- A small document's whole store, for many claims: its chunk set, its vectors and the job's
+-- completion in one call, for a document whose chunks were embedded before anything of it was
+-- stored (the worker keeps the two-step path, trioindex_store_chunks_many then
+-- trioindex_store_embeddings_many, for documents whose parse is worth keeping across a retry).
+-- Job i's chunks are elements p_first[i] .. p_first[i] + p_count[i] - 1 of the c_* arrays, in
+-- chunk order, and e_vectors / e_sha256s hold one vector per chunk at the same positions. The
+-- version must still match the snapshot the claim read, and the job's model be p_models[i] of
+-- dimension p_dimensions[i]. The set is stored by the first job of the call on it; a job whose
+-- set is stored already (another model's job shares it), or stored by an earlier job of the
+-- call, stores its vectors on those chunks when they are the same (chunk for chunk by sha256),
+-- else it is refused (TI002: the next attempt embeds the stored set). Recorded on the attempt
+-- (parse_started_at, the claim's time; chunks_stored_at with chunks, characters and
+-- replaced_sequences when this job stored the set; embedding_started_at), then
+-- trioindex_complete_owned completes the jobs with their vectors: progress goes 0 -> 100.
+CREATE FUNCTION trioindex_store_documents_many(
+    p_jobs uuid[], p_workers uuid[], p_tokens uuid[], p_attempts uuid[],
+    p_versions uuid[], p_storage_keys text[], p_sha256s text[], p_byte_sizes bigint[],
+    p_replaced integer[], p_first integer[], p_count integer[],
+    c_ids uuid[], c_content text[], c_start integer[], c_end integer[], c_tokens integer[],
+    c_sha256s text[], p_parse_started timestamptz[], p_models uuid[], p_dimensions integer[],
+    e_vectors vector[], e_sha256s text[])
+RETURNS TABLE (job_id uuid, refusal text, message text, became_current boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    codes text[];
+    messages text[];
+    kept integer[];
+    finished uuid[];
+    currents boolean[];
+    failed_code text;
+    failed_message text;
+BEGIN
+    SELECT f.codes, f.messages INTO codes, messages
+    FROM trioindex_fence_many(p_jobs, p_workers, p_tokens, p_attempts) AS f;
+    WITH given AS (
+        SELECT u.*, j.chunking, v.id AS version, v.document_id AS doc, m.dimension AS dim,
+               c_sha256s[u.first : u.first + u.n - 1] AS hashes, sets.ids AS stored_ids,
+               sets.hashes AS stored_hashes, r.code AS refused, r.message AS why
+        FROM unnest(p_jobs, p_workers, p_attempts, codes, messages, p_versions, p_storage_keys,
+                    p_sha256s, p_byte_sizes, p_replaced, p_parse_started, p_models,
+                    p_dimensions, p_first, p_count)
+             WITH ORDINALITY AS u(job, worker, attempt, code, msg, given_version, given_key,
+                                  given_sha256, given_size, replaced, parse_started, model,
+                                  given_dim, first, n, ord)
+        LEFT JOIN embedding_jobs j ON j.id = u.job AND u.code IS NULL
+        LEFT JOIN document_versions v ON v.id = j.document_version_id
+        LEFT JOIN embedding_models m ON m.id = j.embedding_model_id
+        LEFT JOIN LATERAL (
+            SELECT array_agg(c.id ORDER BY c.chunk_index) AS ids,
+                   array_agg(c.content_sha256 ORDER BY c.chunk_index) AS hashes
+            FROM document_chunks c
+            WHERE c.document_version_id = v.id AND c.chunking = j.chunking) AS sets
+          ON j.id IS NOT NULL
+        CROSS JOIN LATERAL (
+            SELECT x.code, x.message FROM (VALUES
+                (1, u.n < 1, 'TI002', 'refusing to store an empty chunk set'),
+                (2, u.code IS NOT NULL, u.code, u.msg),
+                (3, v.id <> u.given_version OR v.storage_key <> u.given_key
+                    OR v.sha256 <> u.given_sha256 OR v.byte_size <> u.given_size,
+                 'TI002', 'the version changed since the parse began'),
+                (4, m.id IS NULL OR m.id <> u.model OR m.dimension <> u.given_dim, 'TI002',
+                 'the job''s model changed since embedding began'),
+                (5, sets.hashes <> c_sha256s[u.first : u.first + u.n - 1], 'TI002',
+                 'the version''s chunks changed since embedding began'),
+                (6, true, NULL, NULL)) AS x(rank, refused, code, message)
+            WHERE x.refused ORDER BY x.rank LIMIT 1) AS r
+    ), placed AS (
+        -- the set's first job of the call stores it when it is not stored; the others use
+        -- the chunks stored before the call, or the first one's
+        SELECT g.*, first_value(g.ord) OVER set_jobs AS leader,
+               first_value(g.hashes) OVER set_jobs AS leader_hashes,
+               first_value(c_ids[g.first : g.first + g.n - 1]) OVER set_jobs AS leader_ids
+        FROM given g WHERE g.refused IS NULL
+        WINDOW set_jobs AS (PARTITION BY g.version, g.chunking ORDER BY g.ord)
+    ), decided AS (
+        SELECT p.*, coalesce(p.stored_ids, p.leader_ids) AS ids,
+               p.stored_ids IS NULL AND p.ord = p.leader AS storing,
+               CASE WHEN p.stored_ids IS NULL AND p.hashes <> p.leader_hashes THEN 'TI002' END
+                   AS twin_code
+        FROM placed p
+    ), writing AS (
+        SELECT d.* FROM decided d WHERE d.twin_code IS NULL
+    ), new_chunks AS (
+        INSERT INTO document_chunks
+            (id, document_id, document_version_id, chunking, chunk_index, content,
+             char_start, char_end, token_count, content_sha256)
+        SELECT c.id, w.doc, w.version, w.chunking, (c.k - 1)::integer, c.content,
+               c.s, c.e, c.t, c.h
+        FROM writing w
+        CROSS JOIN LATERAL unnest(
+            c_ids[w.first : w.first + w.n - 1], c_content[w.first : w.first + w.n - 1],
+            c_start[w.first : w.first + w.n - 1], c_end[w.first : w.first + w.n - 1],
+            c_tokens[w.first : w.first + w.n - 1], c_sha256s[w.first : w.first + w.n - 1])
+            WITH ORDINALITY AS c(id, content, s, e, t, h, k)
+        WHERE w.storing
+    ), new_vectors AS (
+        INSERT INTO embeddings
+            (chunk_id, document_id, document_version_id, embedding_model_id, vector,
+             dimension, vector_sha256)
+        SELECT e.c, w.doc, w.version, w.model, e.vec, w.dim, e.h
+        FROM writing w
+        CROSS JOIN LATERAL unnest(
+            w.ids, e_vectors[w.first : w.first + w.n - 1],
+            e_sha256s[w.first : w.first + w.n - 1]) AS e(c, vec, h)
+    ), recorded AS (
+        UPDATE embedding_job_attempts a
+        SET parse_started_at = w.parse_started, embedding_started_at = now(),
+            chunks_stored_at = CASE WHEN w.storing THEN now() END,
+            chunks = CASE WHEN w.storing THEN w.n END,
+            characters = CASE WHEN w.storing THEN c_end[w.first + w.n - 1] END,
+            replaced_sequences = CASE WHEN w.storing THEN nullif(w.replaced, 0) END
+        FROM writing w WHERE a.id = w.attempt
+    )
+    SELECT array_agg(coalesce(g.refused, d.twin_code) ORDER BY g.ord),
+           array_agg(coalesce(g.why, CASE WHEN d.twin_code IS NOT NULL
+                     THEN 'the version''s chunks changed since embedding began' END)
+                     ORDER BY g.ord),
+           coalesce(array_agg(g.ord::integer ORDER BY g.ord)
+                    FILTER (WHERE g.refused IS NULL AND d.twin_code IS NULL), '{}')
+    INTO codes, messages, kept
+    FROM given g LEFT JOIN decided d ON d.ord = g.ord;
+    -- fenced and locked above, every chunk with its vector: the completion refuses none (if
+    -- it did, the whole call fails: no job's set is kept without its completion)
+    SELECT coalesce(array_agg(c.job_id), '{}'), coalesce(array_agg(c.became_current), '{}'),
+           min(c.refusal), min(c.message)
+    INTO finished, currents, failed_code, failed_message
+    FROM trioindex_complete_owned(
+        trioindex_pick(p_jobs, kept), trioindex_pick(p_workers, kept),
+        trioindex_pick(p_attempts, kept), trioindex_pick(p_count, kept)) AS c;
+    IF failed_code IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = failed_code, MESSAGE = failed_message;
+    END IF;
+    RETURN QUERY
+    SELECT u.job, u.code, u.msg, d.current
+    FROM unnest(p_jobs, codes, messages) WITH ORDINALITY AS u(job, code, msg, ord)
+    LEFT JOIN unnest(finished, currents) AS d(job, current) ON d.job = u.job AND u.code IS NULL
     ORDER BY u.ord;
 END;
 $$;
@@ -1119,8 +1218,6 @@ CREATE TRIGGER follow_models AFTER INSERT ON embedding_jobs
 ALTER FUNCTION trioindex_lock_owned_job(uuid, uuid, uuid, uuid) SET enable_seqscan = off;
 ALTER FUNCTION trioindex_fence_many(uuid[], uuid[], uuid[], uuid[])
     SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
-ALTER FUNCTION trioindex_begin_parse_many(uuid[], uuid[], uuid[], uuid[])
-    SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
 ALTER FUNCTION trioindex_store_chunks_many(
     uuid[], uuid[], uuid[], uuid[], uuid[], text[], text[], bigint[], integer[], integer[],
     integer[], uuid[], text[], integer[], integer[], integer[], text[], text[], timestamptz[])
@@ -1128,6 +1225,11 @@ ALTER FUNCTION trioindex_store_chunks_many(
 ALTER FUNCTION trioindex_store_embeddings_many(
     uuid[], uuid[], uuid[], uuid[], uuid[], uuid[], integer[], integer[], integer[], uuid[],
     vector[], text[])
+    SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
+ALTER FUNCTION trioindex_store_documents_many(
+    uuid[], uuid[], uuid[], uuid[], uuid[], text[], text[], bigint[], integer[], integer[],
+    integer[], uuid[], text[], integer[], integer[], integer[], text[], timestamptz[], uuid[],
+    integer[], vector[], text[])
     SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
 ALTER FUNCTION trioindex_begin_embedding(uuid, uuid, uuid, uuid) SET enable_seqscan = off;
 ALTER FUNCTION trioindex_complete_many(uuid[], uuid[], uuid[], uuid[])
