@@ -62,6 +62,7 @@ class FakeQueue:
     renew_behaviour: Callable[[Claim, int], Awaitable[None]] | None = None
     fail_behaviour: Callable[[Claim], Awaitable[None]] | None = None
     claim_error: Exception | None = None
+    complete_behaviour: Callable[[Claim], Awaitable[None]] | None = None
     renewals: dict[UUID, int] = attrs.field(factory=dict)
     worker_id: UUID = attrs.field(factory=uuid.uuid4)
 
@@ -113,6 +114,8 @@ class FakeQueue:
 
     async def complete(self, claim: Claim) -> CompleteResult:
         await trio.lowlevel.checkpoint()
+        if self.complete_behaviour is not None:
+            await self.complete_behaviour(claim)
         self.log("complete", claim.job_id)
         return CompleteResult(became_current=True)
 
