@@ -136,13 +136,8 @@ async def test_never_more_than_max_concurrency_jobs_run(autojump_clock: trio.abc
 async def test_a_job_writing_its_completion_gives_its_slot_to_the_next_claim(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    queue = FakeQueue(pending=[NEW] * 2)
+    queue = FakeQueue(pending=[NEW] * 2, complete_seconds=10.0)
     steps = FakeSteps(queue, duration=1)
-
-    async def slow_commit(_claim: Claim) -> None:
-        await trio.sleep(10)
-
-    queue.complete_behaviour = slow_commit
     worker = make_worker(queue, steps, max_concurrency=1)
     await drain(worker)
     parses = [t for t, _ in queue.of("parse")]
