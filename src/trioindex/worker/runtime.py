@@ -19,13 +19,14 @@
 Invariants: at most ``max-concurrency`` jobs run their steps, and at most as many more wait for
 their completion to commit (a job moves from its slot to a finishing place just before its
 completion, so the next claim need not wait for that commit); a slot is reserved before any
-claim, and the place a job holds is released exactly once, in a ``finally``, whatever ends
-it; a job whose lease is lost is cancelled and never writes again; one job's failure never
-touches another. Shutdown: stop intake → STOPPING → wait up to the grace period → cancel what
-is left → STOPPED. Jobs are never marked FAILED at shutdown: each cancelled job hands its claim back (fenced; the job is PENDING
-at once and the cancelled attempt does not count), and if that write cannot be made, lease
-recovery returns it to the queue later. Every write made while stopping — STOPPING, STOPPED, a
-hand-back, a final failure report — is shielded from cancellation and bounded in time.
+claim, and the place a job holds is released exactly once, in a ``finally``, whatever ends it; a
+job whose lease is lost is cancelled and never writes again; one job's failure never touches
+another. Shutdown: stop intake → STOPPING → wait up to the grace period → cancel what is left →
+STOPPED. Jobs are never marked FAILED at shutdown: each cancelled job hands its claim back
+(fenced; the job is PENDING at once and the cancelled attempt does not count), and if that write
+cannot be made, lease recovery returns it to the queue later. Every write made while stopping —
+STOPPING, STOPPED, a hand-back, a final failure report — is shielded from cancellation and
+bounded in time.
 
 Drain (``serve(drain=True)``) returns only when no job of the worker's model is PENDING (due
 now or later) and none is PROCESSING except under a live worker (RUNNING, heartbeat within
