@@ -444,6 +444,27 @@ async def test_shutdown_stops_claims_first_and_waits_for_running_jobs(
     assert_clean(worker)
 
 
+async def test_a_job_cancelled_while_waiting_for_a_finishing_place_is_handed_back(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    queue = FakeQueue(pending=[NEW, NEW], complete_seconds=100.0)
+    outcomes: list[JobOutcome] = []
+    worker = make_worker(
+        queue, FakeSteps(queue, duration=1), max_concurrency=1, shutdown_grace_period=10.0
+    )
+    worker.on_job_done = lambda _claim, outcome: outcomes.append(outcome)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.serve)
+        # the first job's completion commits for 100 s; the second job's steps end at 4 s and
+        # it waits, in its slot, for the one finishing place
+        await trio.sleep(5)
+        worker.request_stop()
+    assert [job for _, job in queue.of("complete")] == [queue.of("parse")[0][1]]
+    assert [job for _, job in queue.of("release")] == [queue.of("parse")[1][1]]
+    assert sorted(outcomes, key=str) == [RELEASED, SUCCEEDED]
+    assert_clean(worker)
+
+
 async def test_jobs_past_the_grace_period_are_cancelled_not_failed(
     autojump_clock: trio.abc.Clock,
 ) -> None:
