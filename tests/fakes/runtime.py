@@ -62,6 +62,8 @@ class FakeQueue:
     renew_behaviour: Callable[[Claim, int], Awaitable[None]] | None = None
     fail_behaviour: Callable[[Claim], Awaitable[None]] | None = None
     claim_error: Exception | None = None
+    complete_behaviour: Callable[[Claim], Awaitable[None]] | None = None
+    complete_seconds: float = 0.0  # how long a completion takes to commit (virtual time)
     renewals: dict[UUID, int] = attrs.field(factory=dict)
     worker_id: UUID = attrs.field(factory=uuid.uuid4)
 
@@ -112,7 +114,9 @@ class FakeQueue:
         return datetime.now(UTC)
 
     async def complete(self, claim: Claim) -> CompleteResult:
-        await trio.lowlevel.checkpoint()
+        await trio.sleep(self.complete_seconds)
+        if self.complete_behaviour is not None:
+            await self.complete_behaviour(claim)
         self.log("complete", claim.job_id)
         return CompleteResult(became_current=True)
 

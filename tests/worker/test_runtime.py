@@ -71,10 +71,11 @@ async def drain(worker: Worker) -> None:
 
 
 def assert_clean(worker: Worker) -> None:
-    """No slot, job context or renewal task outlives the run."""
+    """No slot, finishing place, job context or renewal task outlives the run."""
     assert worker.running_jobs == 0
     assert worker._run is not None
     assert worker._run.slots.borrowed_tokens == 0
+    assert worker._run.finishing.borrowed_tokens == 0
 
 
 # --- polling ---------------------------------------------------------------------------------
@@ -129,6 +130,49 @@ async def test_never_more_than_max_concurrency_jobs_run(autojump_clock: trio.abc
     await drain(worker)
     assert steps.max_active == 4
     assert len(queue.of("complete")) == 25
+    assert_clean(worker)
+
+
+async def test_a_job_writing_its_completion_gives_its_slot_to_the_next_claim(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    queue = FakeQueue(pending=[NEW] * 2, complete_seconds=10.0)
+    steps = FakeSteps(queue, duration=1)
+    worker = make_worker(queue, steps, max_concurrency=1)
+    await drain(worker)
+    parses = [t for t, _ in queue.of("parse")]
+    completes = [t for t, _ in queue.of("complete")]
+    # the second job was claimed and parsed while the first one's completion was committing
+    assert len(parses) == 2 and len(completes) == 2
+    assert parses[1] < completes[0]
+    assert steps.max_active == 1
+    assert_clean(worker)
+
+
+async def test_completions_in_flight_are_bounded_by_max_concurrency(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    queue = FakeQueue(pending=[NEW] * 12)
+    steps = FakeSteps(queue, duration=0)
+    writing = 0
+    most_writing = 0
+    most_held = 0
+    worker = make_worker(queue, steps, max_concurrency=2)
+
+    async def slow_commit(_claim: Claim) -> None:
+        nonlocal writing, most_writing, most_held
+        writing += 1
+        most_writing = max(most_writing, writing)
+        most_held = max(most_held, worker.running_jobs)
+        await trio.sleep(10)
+        writing -= 1
+
+    queue.complete_behaviour = slow_commit
+    await drain(worker)
+    assert len(queue.of("complete")) == 12
+    # two jobs run their steps while two completions commit: never more claims held
+    assert most_writing == 2
+    assert most_held <= 4
     assert_clean(worker)
 
 
@@ -397,6 +441,27 @@ async def test_shutdown_stops_claims_first_and_waits_for_running_jobs(
     assert len(queue.of("complete")) == 2  # finished within the grace period
     assert len(queue.pending) == 2  # never claimed
     assert queue.of("fail") == []
+    assert_clean(worker)
+
+
+async def test_a_job_cancelled_while_waiting_for_a_finishing_place_is_handed_back(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    queue = FakeQueue(pending=[NEW, NEW], complete_seconds=100.0)
+    outcomes: list[JobOutcome] = []
+    worker = make_worker(
+        queue, FakeSteps(queue, duration=1), max_concurrency=1, shutdown_grace_period=10.0
+    )
+    worker.on_job_done = lambda _claim, outcome: outcomes.append(outcome)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.serve)
+        # the first job's completion commits for 100 s; the second job's steps end at 4 s and
+        # it waits, in its slot, for the one finishing place
+        await trio.sleep(5)
+        worker.request_stop()
+    assert [job for _, job in queue.of("complete")] == [queue.of("parse")[0][1]]
+    assert [job for _, job in queue.of("release")] == [queue.of("parse")[1][1]]
+    assert sorted(outcomes, key=str) == [RELEASED, SUCCEEDED]
     assert_clean(worker)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import logging
 import math
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Protocol
 
@@ -130,6 +131,9 @@ class JobContext:
     # Set just before the final write (complete or fail). A renewal racing that write waits on
     # the job row lock and then finds the job finished: that is not a lost lease.
     finishing: bool = False
+    # Awaited once, just before the completion is written: the runtime moves the job from its
+    # slot to a finishing place, so the next claim need not wait for this write to commit.
+    before_completion: Callable[[], Awaitable[None]] | None = None
     # How the job ended so far; final once JobRunner.run returns or raises.
     outcome: JobOutcome = CANCELLED
     # The bounded failure message reported for the job (already safe: see trioindex.errors).
@@ -200,6 +204,8 @@ class JobRunner:
                 elif step == "embed":
                     await self._embed(claim)
                 else:
+                    if context.before_completion is not None:
+                        await context.before_completion()
                     context.finishing = True
                     # shielded: the call is never abandoned anyway, and a completion that
                     # committed must be reported as such, not as a cancelled job

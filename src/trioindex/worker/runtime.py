@@ -16,14 +16,17 @@
             ├── pipeline              parse/chunk → embed → complete, or a classified failure
             └── lease renewal loop    absolute deadlines; losing the lease cancels this job only
 
-Invariants: at most ``max-concurrency`` jobs run; a slot is reserved before any claim and is
-released exactly once, in a ``finally``, whatever ends the job; a job whose lease is lost is
-cancelled and never writes again; one job's failure never touches another. Shutdown: stop
-intake → STOPPING → wait up to the grace period → cancel what is left → STOPPED. Jobs are never
-marked FAILED at shutdown: each cancelled job hands its claim back (fenced; the job is PENDING
-at once and the cancelled attempt does not count), and if that write cannot be made, lease
-recovery returns it to the queue later. Every write made while stopping — STOPPING, STOPPED, a
-hand-back, a final failure report — is shielded from cancellation and bounded in time.
+Invariants: at most ``max-concurrency`` jobs run their steps, and at most as many more wait for
+their completion to commit (a job moves from its slot to a finishing place just before its
+completion, so the next claim need not wait for that commit); a slot is reserved before any
+claim, and the place a job holds is released exactly once, in a ``finally``, whatever ends it; a
+job whose lease is lost is cancelled and never writes again; one job's failure never touches
+another. Shutdown: stop intake → STOPPING → wait up to the grace period → cancel what is left →
+STOPPED. Jobs are never marked FAILED at shutdown: each cancelled job hands its claim back
+(fenced; the job is PENDING at once and the cancelled attempt does not count), and if that write
+cannot be made, lease recovery returns it to the queue later. Every write made while stopping —
+STOPPING, STOPPED, a hand-back, a final failure report — is shielded from cancellation and
+bounded in time.
 
 Drain (``serve(drain=True)``) returns only when no job of the worker's model is PENDING (due
 now or later) and none is PROCESSING except under a live worker (RUNNING, heartbeat within
@@ -92,11 +95,32 @@ class Queue(JobWrites, Protocol):
 
 
 @attrs.define(eq=False)
+class _Place:
+    """The place one job holds, by its token: a slot while it runs its steps, then a finishing
+    place while its completion is written."""
+
+    limiter: trio.CapacityLimiter
+    token: object
+
+    async def move_to(self, other: trio.CapacityLimiter) -> None:
+        """Take a place in ``other`` (waiting for one), then give this one back. Cancelled
+        while waiting, the job keeps the place it had."""
+        await other.acquire_on_behalf_of(self.token)
+        self.limiter.release_on_behalf_of(self.token)
+        self.limiter = other
+
+    def release(self) -> None:
+        self.limiter.release_on_behalf_of(self.token)
+
+
+@attrs.define(eq=False)
 class _Run:
     """What one :meth:`Worker.serve` call owns, from registration to STOPPED."""
 
     worker_id: UUID
     slots: trio.CapacityLimiter
+    # jobs whose completion is being written hold one of these instead of a slot
+    finishing: trio.CapacityLimiter
     jobs: JobRunner
     intake: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     running: set[JobContext] = attrs.field(factory=set)
@@ -175,6 +199,7 @@ class Worker:
         run = self._run = _Run(
             worker_id=worker_id,
             slots=trio.CapacityLimiter(settings.max_concurrency),
+            finishing=trio.CapacityLimiter(settings.max_concurrency),
             jobs=JobRunner(self.queue, self.steps, settings, self.counters),
         )
         if self._stop_requested:
@@ -298,25 +323,37 @@ class Worker:
 
     def _start_job(self, run: _Run, jobs: trio.Nursery, claim: Claim, slot: object) -> None:
         self.counters.claimed += 1
+        place = _Place(run.slots, slot)
         context = JobContext(
             claim=claim,
             lease_deadline=trio.current_time() + self.settings.lease_duration,
             scope=trio.CancelScope(),
+            before_completion=functools.partial(self._to_finishing, run, place),
         )
         run.running.add(context)
-        metrics.record_slots(len(run.running), self.settings.max_concurrency)
-        jobs.start_soon(self._run_job, run, context, slot, name=f"job {claim.job_id}")
+        self._record_slots(run)
+        jobs.start_soon(self._run_job, run, context, place, name=f"job {claim.job_id}")
 
-    async def _run_job(self, run: _Run, context: JobContext, slot: object) -> None:
+    async def _to_finishing(self, run: _Run, place: _Place) -> None:
+        """Give the job's slot to the next claim while its completion is written (at most
+        ``max-concurrency`` completions at a time: a job waits here, in its slot, for one)."""
+        await place.move_to(run.finishing)
+        run.wakeup.set()  # a slot is free: the poller may claim at once
+        self._record_slots(run)
+
+    async def _run_job(self, run: _Run, context: JobContext, place: _Place) -> None:
         try:
             await run.jobs.run(context)
         finally:
             run.running.discard(context)
-            run.slots.release_on_behalf_of(slot)
-            run.wakeup.set()  # a slot is free: the poller may claim at once
-            metrics.record_slots(len(run.running), self.settings.max_concurrency)
+            place.release()
+            run.wakeup.set()  # a slot (or a finishing place) is free: the poller may claim
+            self._record_slots(run)
             if self.on_job_done is not None:
                 self.on_job_done(context.claim, context.outcome)
+
+    def _record_slots(self, run: _Run) -> None:
+        metrics.record_slots(int(run.slots.borrowed_tokens), self.settings.max_concurrency)
 
     async def _idle(self, run: _Run, pause: float | None = None) -> None:
         """Wait for the polling interval (or ``pause``, if shorter), a NOTIFY, or a finished
