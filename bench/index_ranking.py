@@ -29,7 +29,6 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from typing import Any
 
 import attrs
 import numpy as np
@@ -39,7 +38,7 @@ from pgvector import Vector
 from pgvector.psycopg import register_vector
 
 from bench.common import BenchPostgres, machine_info, percentiles
-from bench.index_scale import K, QUERIES, clustered, copy_stream
+from bench.index_scale import QUERIES, K, clustered, copy_stream
 from bench.index_store import Version, add_chunks, register_bench_worker
 from testkit.jobs import enqueue_text
 from trioindex.db.jobs import claim_jobs
@@ -66,9 +65,9 @@ def load(url: str, base: Matrix, *, inline: bool) -> tuple[EmbeddingModel, dict[
         with conn.transaction():
             ids = add_chunks(conn, version, 0, len(base))
             conn.execute(f"CREATE TEMP TABLE staged (id integer, v vector({dim}))")
-            with conn.cursor().copy("COPY staged (id, v) FROM STDIN (FORMAT binary)") as copy:
-                for start in range(0, len(base), 10_000):
-                    rows = np.arange(start, min(start + 10_000, len(base)), dtype=np.int64)
+            for start in range(0, len(base), 10_000):  # a stream per COPY: 40 MB at a time
+                rows = np.arange(start, min(start + 10_000, len(base)), dtype=np.int64)
+                with conn.cursor().copy("COPY staged (id, v) FROM STDIN (FORMAT binary)") as copy:
                     copy.write(copy_stream(rows, base[rows]))
             conn.execute(
                 """INSERT INTO embeddings (chunk_id, document_id, document_version_id,
