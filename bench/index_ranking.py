@@ -11,7 +11,8 @@ every variant, the variants taking turns query by query (so the machine's load d
 the run falls on all of them alike), each on its own connection:
 
 * **search**: :func:`trioindex.db.search.nearest_chunks` itself (its round trips, the final
-  join to the chunks' text) on either database;
+  join to the chunks' text) on either database, this checkout's and git revision
+  ``--baseline``'s;
 * **SQL**: the candidate statement alone (one round trip): the graph only (no re-rank), and the
   graph with the exact re-rank, at several ``hnsw.ef_search`` and candidates per result (R), on
   either database; and a re-rank from narrow side tables holding only ``(chunk_id, vector)``
@@ -27,8 +28,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import subprocess
 import time
+import types
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 import numpy as np
@@ -45,7 +49,13 @@ from trioindex.db.jobs import claim_jobs
 from trioindex.db.models import EmbeddingModel, ensure_model
 from trioindex.db.pool import connect
 from trioindex.db.search import DEFAULT_HNSW, NO_FILTERS, nearest_chunks
-from trioindex.db.vector_index import build_vector_index, candidate_count, quantized_sql
+from trioindex.db.vector_index import (
+    IndexState,
+    build_vector_index,
+    candidate_count,
+    index_state,
+    quantized_sql,
+)
 
 Matrix = npt.NDArray[np.float32]
 MODEL = "index-ranking-model"
@@ -153,13 +163,29 @@ def sql_variant(
     return Variant(name, run)
 
 
+def search_at(revision: str) -> Any:
+    """``trioindex.db.search`` as git revision ``revision`` has it; one from before the
+    readiness check set the scan gets that check as it was (the index's state alone)."""
+    text = subprocess.run(
+        ["git", "show", f"{revision}:src/trioindex/db/search.py"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    module = types.ModuleType(f"search_at_{revision}")
+    exec(compile(text, f"{revision}:src/trioindex/db/search.py", "exec"), module.__dict__)
+    if "index_ready(conn, model)\n" in text:
+        module.index_ready = lambda conn, model: index_state(conn, model) is IndexState.VALID
+    return module
+
+
 def search_variant(
-    stack: contextlib.ExitStack, url: str, name: str, model: EmbeddingModel
+    stack: contextlib.ExitStack, url: str, name: str, model: EmbeddingModel, search: Any = None
 ) -> Variant:
+    """Vector search's own function (``search``: a module with another revision's)."""
     conn = stack.enter_context(connect(url))
+    nearest = nearest_chunks if search is None else search.nearest_chunks
 
     def run(q: Matrix) -> list[str]:
-        rows = nearest_chunks(conn, model, q.tolist(), K, filters=NO_FILTERS, hnsw=DEFAULT_HNSW)
+        rows = nearest(conn, model, q.tolist(), K, filters=NO_FILTERS, hnsw=DEFAULT_HNSW)
         return [str(r["chunk_id"]) for r in rows]
 
     return Variant(name, run)
@@ -183,6 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n", type=int, default=200_000, help="base vectors")
     parser.add_argument("--dim", type=int, default=1024)
     parser.add_argument("--queries", type=int, default=QUERIES)
+    parser.add_argument("--baseline", default="main", help="git revision of the other search")
     args = parser.parse_args(argv)
     began, load_start = time.monotonic(), os.getloadavg()
     data = clustered(args.n, 10_000, args.dim)  # the queries of index_scale's run at this size
@@ -203,8 +230,12 @@ def main(argv: list[str] | None = None) -> None:
             explain(url, sql, queries[0], default)
         print("EXPLAIN, toast, narrow_vector re-rank:")
         explain(toast, narrow, queries[0], default)
+        baseline = search_at(args.baseline)
         variants = [
             search_variant(stack, urls[s], f"search ({s})", models[s]) for s in ("toast", "inline")
+        ] + [
+            search_variant(stack, urls[s], f"{args.baseline}'s search ({s})", models[s], baseline)
+            for s in ("toast", "inline")
         ]
         settings = [(20, 200), (20, 100), (20, 40), (15, 150), (10, 100)]
         for storage, url in urls.items():
