@@ -15,8 +15,10 @@ the run falls on all of them alike), each on its own connection:
   ``--baseline``'s;
 * **SQL**: the candidate statement alone (one round trip): the graph only (no re-rank), and the
   graph with the exact re-rank, at several ``hnsw.ef_search`` and candidates per result (R), on
-  either database; and a re-rank from narrow side tables holding only ``(chunk_id, vector)``
-  or ``(chunk_id, halfvec)`` inline.
+  either database. (Re-ranking from narrow side tables holding only ``(chunk_id, vector)`` or
+  ``(chunk_id, halfvec)`` inline was slower than either at 200,000: index-scale.md, run 9.)
+
+The server CPU per query is the CPU time of the variant's own backend (``/proc``).
 
 recall@10 is against the exact top 10 (numpy); latency is the client's wall time per query.
 ``EXPLAIN (ANALYZE, BUFFERS)`` of the re-ranked statement is printed for both databases. Run
@@ -37,6 +39,7 @@ from typing import Any
 import attrs
 import numpy as np
 import numpy.typing as npt
+import psutil
 import psycopg
 from pgvector import Vector
 from pgvector.psycopg import register_vector
@@ -62,8 +65,8 @@ MODEL = "index-ranking-model"
 
 
 def load(url: str, base: Matrix, *, inline: bool) -> tuple[EmbeddingModel, dict[str, int]]:
-    """The model with ``base`` stored as one served document's chunks, its index built, and the
-    narrow side tables; the chunk ids' order is ``base``'s (returned: chunk id -> row)."""
+    """The model with ``base`` stored as one served document's chunks and its index built; the
+    chunk ids' order is ``base``'s (returned: chunk id -> row)."""
     dim = int(base.shape[1])
     with connect(url) as conn:
         if inline:
@@ -95,13 +98,6 @@ def load(url: str, base: Matrix, *, inline: bool) -> tuple[EmbeddingModel, dict[
                    VALUES (%s, %s, %s, %s, %s)""",
                 (version.document_id, model.id, version.version_id, len(base), len(base)),
             )
-            for table, column in (("narrow_vector", f"vector({dim})"),
-                                  ("narrow_half", f"halfvec({dim})")):  # fmt: skip
-                conn.execute(f"CREATE TABLE {table} (chunk_id uuid PRIMARY KEY, v {column})")
-                conn.execute(f"ALTER TABLE {table} ALTER COLUMN v SET STORAGE MAIN")
-                conn.execute(
-                    f"INSERT INTO {table} SELECT chunk_id, vector::{column} FROM embeddings"
-                )
         conn.execute("SET maintenance_work_mem = '1GB'")
         began = time.monotonic()
         if not build_vector_index(conn, model, min_vectors=1):
@@ -110,19 +106,16 @@ def load(url: str, base: Matrix, *, inline: bool) -> tuple[EmbeddingModel, dict[
         conn.execute("VACUUM ANALYZE")
         sizes = conn.execute(
             """SELECT pg_table_size('embeddings') AS embeddings,
-                      pg_relation_size(%s) AS graph,
-                      pg_table_size('narrow_vector') AS narrow_vector,
-                      pg_table_size('narrow_half') AS narrow_half""",
+                      pg_relation_size(%s) AS graph""",
             (model.index_name,),
         ).fetchone()
         print(f"  sizes (MB): { {k: v >> 20 for k, v in (sizes or {}).items()} }", flush=True)
     return model, {str(chunk): row for row, chunk in enumerate(ids)}
 
 
-def candidate_sql(model: EmbeddingModel, candidates: int, rerank: str | None) -> str:
-    """The candidate statement of ``nearest_chunks`` without a filter (``rerank`` None: the
-    graph's order only; ``'embeddings'``: exact cosine of the stored vector; a side table's
-    name: exact cosine of its column ``v``)."""
+def candidate_sql(model: EmbeddingModel, candidates: int, *, rerank: bool) -> str:
+    """The candidate statement of ``nearest_chunks`` without a filter: re-ranked by the exact
+    cosine of the stored vector, or (``rerank`` False) in the graph's order only."""
     dim = model.dimension
     order = f"{quantized_sql(dim, 'e.vector')} <~> {quantized_sql(dim, '%(q)s')}"
     graph = f"""SELECT e.chunk_id{{score}} FROM embeddings e
@@ -130,23 +123,29 @@ def candidate_sql(model: EmbeddingModel, candidates: int, rerank: str | None) ->
                                       AND s.embedding_model_id = '{model.id}'
                 WHERE e.embedding_model_id = '{model.id}'
                 ORDER BY {order} LIMIT {candidates}"""
-    if rerank is None:
+    if not rerank:
         return graph.format(score="")
-    if rerank == "embeddings":
-        score = f", 1 - (e.vector::vector({dim}) <=> %(q)s::vector({dim})) AS score"
-        return f"SELECT chunk_id FROM ({graph.format(score=score)}) n ORDER BY score DESC LIMIT {K}"
-    cast = "halfvec" if rerank == "narrow_half" else "vector"
-    return f"""SELECT n.chunk_id FROM ({graph.format(score="")}) n
-               JOIN {rerank} r ON r.chunk_id = n.chunk_id
-               ORDER BY r.v <=> %(q)s::{cast}({dim}) LIMIT {K}"""
+    score = f", 1 - (e.vector::vector({dim}) <=> %(q)s::vector({dim})) AS score"
+    return f"SELECT chunk_id FROM ({graph.format(score=score)}) n ORDER BY score DESC LIMIT {K}"
 
 
 @attrs.define
 class Variant:
     name: str
     run: Callable[[Matrix], list[str]]
+    backend: psutil.Process  # the connection's server process: its CPU per query
     latencies: list[float] = attrs.Factory(list)
     hits: int = 0
+    cpu_s: float = 0.0
+
+
+def _process(conn: psycopg.Connection[Any]) -> psutil.Process:
+    return psutil.Process(conn.info.backend_pid)
+
+
+def _cpu_s(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
 
 
 def sql_variant(
@@ -160,7 +159,7 @@ def sql_variant(
     def run(q: Matrix) -> list[str]:
         return [str(r[0]) for r in conn.execute(sql, {"q": Vector(q)}).fetchall()]
 
-    return Variant(name, run)
+    return Variant(name, run, _process(conn))
 
 
 def search_at(revision: str) -> Any:
@@ -188,7 +187,7 @@ def search_variant(
         rows = nearest(conn, model, q.tolist(), K, filters=NO_FILTERS, hnsw=DEFAULT_HNSW)
         return [str(r["chunk_id"]) for r in rows]
 
-    return Variant(name, run)
+    return Variant(name, run, _process(conn))
 
 
 def explain(url: str, sql: str, q: Matrix, ef_search: int) -> None:
@@ -223,13 +222,11 @@ def main(argv: list[str] | None = None) -> None:
             urls[storage] = stack.enter_context(pg.fresh_database(f"ranking_{storage}"))
             models[storage], rows[storage] = load(urls[storage], base, inline=storage == "inline")
         default = candidate_count(K, args.dim)
-        toast, narrow = urls["toast"], candidate_sql(models["toast"], default, "narrow_vector")
+        toast = urls["toast"]
         for storage, url in urls.items():
             print(f"EXPLAIN, {storage}, R {default // K}, ef_search {default}:")
-            sql = candidate_sql(models[storage], default, "embeddings")
+            sql = candidate_sql(models[storage], default, rerank=True)
             explain(url, sql, queries[0], default)
-        print("EXPLAIN, toast, narrow_vector re-rank:")
-        explain(toast, narrow, queries[0], default)
         baseline = search_at(args.baseline)
         variants = [
             search_variant(stack, urls[s], f"search ({s})", models[s]) for s in ("toast", "inline")
@@ -237,17 +234,13 @@ def main(argv: list[str] | None = None) -> None:
             search_variant(stack, urls[s], f"{args.baseline}'s search ({s})", models[s], baseline)
             for s in ("toast", "inline")
         ]
-        settings = [(20, 200), (20, 100), (20, 40), (15, 150), (10, 100)]
+        settings = [(20, 200), (20, 100), (15, 150), (15, 100), (10, 100)]
         for storage, url in urls.items():
             for r, ef in settings:
-                sql = candidate_sql(models[storage], r * K, "embeddings")
+                sql = candidate_sql(models[storage], r * K, rerank=True)
                 name = f"SQL re-rank ({storage}), R {r}, ef {ef}"
                 variants.append(sql_variant(stack, url, name, sql, ef))
-        for side in ("narrow_vector", "narrow_half"):
-            sql = candidate_sql(models["toast"], default, side)
-            name = f"SQL re-rank ({side}), R {default // K}, ef {default}"
-            variants.append(sql_variant(stack, toast, name, sql, default))
-        graph = candidate_sql(models["toast"], default, None)
+        graph = candidate_sql(models["toast"], default, rerank=False)
         name = f"SQL graph only, {default} candidates, ef {default}"
         variants.append(sql_variant(stack, toast, name, graph, default))
         for v in variants:  # warm each connection's cache and plan
@@ -257,9 +250,10 @@ def main(argv: list[str] | None = None) -> None:
             wanted = set(truth[qi].tolist())
             for i in range(len(variants)):
                 v = variants[(i + qi) % len(variants)]  # rotate: none always first
-                t = time.perf_counter()
+                cpu, t = _cpu_s(v.backend), time.perf_counter()
                 got = v.run(q)
                 v.latencies.append((time.perf_counter() - t) * 1e3)
+                v.cpu_s += _cpu_s(v.backend) - cpu
                 row_of = rows["inline" if "inline" in v.name else "toast"]
                 v.hits += len({row_of[c] for c in got[:K]} & wanted)
     load_end = os.getloadavg()
@@ -270,14 +264,14 @@ def main(argv: list[str] | None = None) -> None:
         f"{len(queries)} queries\n"
     )
     base_p50 = percentiles(variants[0].latencies, (50,))["p50"]
-    print("| variant | recall@10 | p50 ms | p95 ms | p50 × search (toast) |")
-    print("|---|---:|---:|---:|---:|")
+    print("| variant | recall@10 | p50 ms | p95 ms | p50 × search (toast) | server CPU ms/query |")
+    print("|---|---:|---:|---:|---:|---:|")
     for v in variants:
         p = percentiles(v.latencies, (50, 95))
         recall = v.hits / (K * len(queries)) if "graph only" not in v.name else float("nan")
         print(
             f"| {v.name} | {recall:.3f} | {p['p50']:.1f} | {p['p95']:.1f} "
-            f"| {p['p50'] / base_p50:.2f} |"
+            f"| {p['p50'] / base_p50:.2f} | {v.cpu_s / len(queries) * 1e3:.2f} |"
         )
 
 
