@@ -112,11 +112,20 @@ def _rows(vectors: Matrix) -> str:
     return "".join("[" + ",".join(f"{x:.7g}" for x in v) + "]\n" for v in vectors)
 
 
+def inline_vectors(url: str) -> None:
+    """Keep ``embeddings``' vectors in their rows (``STORAGE MAIN``; pgvector's default,
+    ``external``, puts a vector of over 2 KB in TOAST): for the rows written from here on."""
+    with connect(url) as conn:
+        conn.execute("ALTER TABLE embeddings ALTER COLUMN vector SET STORAGE MAIN")
+
+
 def store_path(
     stack: contextlib.ExitStack, pg: BenchPostgres, base: Matrix, extra: Matrix,
-    revision: str | None,
+    revision: str | None, *, inline: bool = False,
 ) -> Variant:  # fmt: skip
     url = stack.enter_context(pg.fresh_database("store_growth"))
+    if inline:
+        inline_vectors(url)
     model = load_base(url, base)
     if revision is not None:
         with connect(url) as conn:
@@ -139,16 +148,20 @@ def store_path(
             raise RuntimeError(f"{done} documents stored, {rows.stop - rows.start} enqueued")
         return cpu() - before
 
-    return Variant("head" if revision is None else "baseline", url, store)
+    name = "head" if revision is None else "baseline"
+    return Variant(f"{name} (inline)" if inline else name, url, store)
 
 
 def table_copy(
-    stack: contextlib.ExitStack, pg: BenchPostgres, base: Matrix, extra: Matrix
-) -> Variant:
+    stack: contextlib.ExitStack, pg: BenchPostgres, base: Matrix, extra: Matrix,
+    *, inline: bool = False,
+) -> Variant:  # fmt: skip
     """The extra vectors COPYed straight into trioindex's ``embeddings`` for chunks written
     beforehand: the table's own cost (its btree indexes, constraints, wider rows) without the
     store path's bookkeeping."""
     url = stack.enter_context(pg.fresh_database("store_growth_table"))
+    if inline:
+        inline_vectors(url)
     model = load_base(url, base)
     conn = stack.enter_context(connect(url))
     version: Version = base_document(conn)
@@ -162,7 +175,7 @@ def table_copy(
             copy_embeddings(conn, model, version, ids[rows], extra[rows])
         return cpu() - before
 
-    return Variant("table", url, store)
+    return Variant("table (inline)" if inline else "table", url, store)
 
 
 def raw_copy(
@@ -210,6 +223,11 @@ def one_size(
         if args.baseline:
             variants.append(store_path(stack, pg, base, extra, args.baseline))
         variants += [table_copy(stack, pg, base, extra), raw_copy(stack, pg, base, extra)]
+        if args.inline:
+            variants += [
+                store_path(stack, pg, base, extra, None, inline=True),
+                table_copy(stack, pg, base, extra, inline=True),
+            ]
         quiesce(pg, [v.url for v in variants])
         if args.profile:
             pg.count_every_statement(variants[0].url)
@@ -242,6 +260,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--seed", type=int, default=28)
     parser.add_argument(
+        "--inline",
+        action="store_true",
+        help="also head and table COPY with the vectors kept in the row (STORAGE MAIN)",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="print head's statements per vector (slows the server: not a run for the ratios)",
@@ -268,6 +291,7 @@ def main(argv: list[str] | None = None) -> None:
         "backend CPU ms per vector\n"
     )
     names = ["head", "table", "raw"] + (["baseline"] if args.baseline else [])
+    names += ["head (inline)", "table (inline)"] if args.inline else []
     print(
         "| stored vectors | " + " | ".join(f"{n} ms/vector" for n in names)
         + " | head ÷ raw | table ÷ raw | head − table ms"
