@@ -186,6 +186,12 @@ bench-sql-floor *ARGS: setup
 bench-index-scale *ARGS: setup
     {{bin}}/python -m bench.index_scale "$@"
 
+# Where a ranking's time goes at scale (graph scan, re-rank from TOAST or from the row,
+# ef_search, candidates per result), variants taking turns query by query; 200,000 1024-d
+# vectors by default (about 12 minutes on the loaded 2-core machine).
+bench-index-ranking *ARGS: setup
+    {{bin}}/python -m bench.index_ranking "$@"
+
 # Search quality: nDCG@10 and recall@10 per mode (vector, text, hybrid) on a labelled English +
 # Korean set built from this machine's manual pages and Vim tutor, with the local model (about
 # 10 min on 2 cores), beside a reference BM25 (bm25s, the `bench` dependency group, installed

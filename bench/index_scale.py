@@ -515,6 +515,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=200_000, help="clustered base vectors (0: skip)")
     parser.add_argument("--real-n", type=int, default=100_000, help="real base chunks (0: skip)")
     parser.add_argument("--extra", type=int, default=EXTRA, help="vectors added to each index")
+    parser.add_argument("--dim", type=int, default=1024, help="the clustered set's dimensions")
     parser.add_argument("--no-store", action="store_true", help="skip the store path")
     parser.add_argument(
         "--bit-params",
@@ -531,7 +532,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     figures: dict[str, Any] = {"data_sets": {}}
     with BenchPostgres() as pg:
         machine = machine_info(pg.admin_url)
-        data = clustered(args.n, args.extra) if args.n else None
+        data = clustered(args.n, args.extra, args.dim) if args.n else None
         if data is not None:
             figures["data_sets"]["clustered"] = run_data_set(pg, data, args.bit_params)
         if data is not None and not args.no_store:

@@ -29,7 +29,8 @@ MODEL = "index-scale-model"
 _DAY = 86_400.0
 
 
-def _worker(conn: Connection) -> uuid.UUID:
+def register_bench_worker(conn: Connection) -> uuid.UUID:
+    """A registered worker that claims groups of :data:`bench.sql_floor.GROUP`."""
     return register_worker(
         conn,
         hostname="bench",
@@ -47,7 +48,7 @@ def load_base(url: str, base: npt.NDArray[np.float32]) -> EmbeddingModel:
         model = ensure_model(conn, MODEL, dim)
         doc = enqueue_text(conn, model.id, "base", b"base")
         # the base document's job stays claimed (a day's lease): the store run claims only its own
-        claim_jobs(conn, _worker(conn), 1, _DAY)
+        claim_jobs(conn, register_bench_worker(conn), 1, _DAY)
         version = Version(doc.document_id, doc.version_id)
         with conn.transaction():
             ids = add_chunks(conn, version, 0, len(base))
@@ -119,7 +120,7 @@ def enqueue_documents(
         with conn.transaction():
             for i, text in enumerate(corpus.texts):
                 enqueue_text(conn, model.id, f"d{i}", text.encode())
-        return corpus, Setup(model.id, _worker(conn))
+        return corpus, Setup(model.id, register_bench_worker(conn))
 
 
 def store_documents(url: str, corpus: Corpus, setup: Setup) -> int:

@@ -25,6 +25,7 @@ from trioindex.db.vector_index import (
     has_vectors,
     hnsw_parameters,
     index_parameters,
+    index_ready,
     index_state,
     quantized_sql,
 )
@@ -131,6 +132,32 @@ def test_narrow_vectors_take_twice_the_candidates_per_result_up_to_the_ceiling()
     assert (candidate_count(10, 384), candidate_count(10, 768)) == (400, 200)
     assert candidate_count(50, 384) == candidate_count(50, 1024) == 1000
     assert candidate_count(2000, 384) == 2000  # never fewer than the results asked for
+
+
+def test_the_readiness_check_sets_the_scan_for_its_transaction_only(db: Database) -> None:
+    def scan_settings() -> tuple[str, str]:
+        row = conn.execute(
+            """SELECT current_setting('hnsw.ef_search') AS ef,
+                      current_setting('hnsw.iterative_scan') AS scan"""
+        ).fetchone()
+        assert row is not None
+        return row["ef"], row["scan"]
+
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+        _store(conn, model, 5)
+        conn.execute("SELECT '[1]'::vector")  # pgvector loaded: its settings exist
+        server = scan_settings()
+        assert server == ("40", "off")
+        with conn.transaction():
+            assert not index_ready(conn, model, ef_search=200, iterative_scan="relaxed_order")
+            assert scan_settings() == ("200", "relaxed_order")
+        assert scan_settings() == server
+        assert build_vector_index(conn, model, min_vectors=5)
+        with conn.transaction():
+            assert index_ready(conn, model, ef_search=None, iterative_scan="strict_order")
+            assert scan_settings() == ("40", "strict_order")  # None: the server's ef_search
+        assert scan_settings() == server
 
 
 def test_a_float32_index_left_beside_a_valid_bit_index_is_dropped(db: Database) -> None:

@@ -13,7 +13,6 @@ from typing import Any, Literal
 from uuid import UUID
 
 import attrs
-import psycopg
 from pgvector import Vector
 
 from trioindex.db.models import EmbeddingModel
@@ -95,9 +94,19 @@ def nearest_chunks(
         else ""
     )
     with conn.transaction():
-        indexed = index_ready(conn, model)
-        candidates = candidate_count(limit, dim) if indexed else limit
-        _set_hnsw(conn, hnsw, at_least=candidates if indexed else 0)
+        candidates = candidate_count(limit, dim)
+        # the graph returns at most ef_search rows per scan: never fewer than the candidates
+        # asked for (pgvector's ceiling is 1000; the iterative scan goes on past it)
+        ef = max(hnsw.ef_search or 0, min(candidates, 1000))
+        explicit = ef > 40 or hnsw.ef_search is not None  # 40: pgvector's default
+        indexed = index_ready(
+            conn,
+            model,
+            ef_search=ef if explicit else None,
+            iterative_scan=hnsw.iterative_scan,
+        )
+        if not indexed:
+            candidates = limit
         order = f"{quantized_sql(dim, 'e.vector')} <~> {quantized_sql(dim, '%(q)s')}"
         nearest = f"""SELECT e.chunk_id, 1 - ({exact}) AS score
                 FROM embeddings e
@@ -120,19 +129,6 @@ def nearest_chunks(
             | {"candidates": candidates}
             | params,
         ).fetchall()
-
-
-def _set_hnsw(conn: Connection, hnsw: HnswSettings, *, at_least: int) -> None:
-    # the graph returns at most ef_search rows per scan: never fewer than the candidates
-    # asked for (pgvector's ceiling is 1000; an iterative scan goes on past it)
-    ef = max(hnsw.ef_search or 0, min(at_least, 1000))
-    if ef > 40 or hnsw.ef_search is not None:
-        conn.execute(f"SET LOCAL hnsw.ef_search = {int(ef)}")
-    try:
-        with conn.transaction():
-            conn.execute(f"SET LOCAL hnsw.iterative_scan = {hnsw.iterative_scan}")
-    except psycopg.errors.UndefinedObject:
-        pass  # pgvector < 0.8: plain index scan
 
 
 @attrs.frozen

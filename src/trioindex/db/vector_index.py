@@ -96,20 +96,38 @@ def index_state(conn: Connection, model: EmbeddingModel, name: str | None = None
     return _named_state(conn, name or model.index_name)
 
 
+# whether the index called %(name)s in the current schema is valid (no row: there is none)
+_VALIDITY_SQL = """SELECT i.indisvalid FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
+                   WHERE c.relname = %(name)s AND c.relnamespace = current_schema()::regnamespace"""
+
+
 def _named_state(conn: Connection, name: str) -> IndexState:
-    row = conn.execute(
-        """SELECT i.indisvalid FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
-           WHERE c.relname = %s AND c.relnamespace = current_schema()::regnamespace""",
-        (name,),
-    ).fetchone()
+    row = conn.execute(_VALIDITY_SQL, {"name": name}).fetchone()
     if row is None:
         return IndexState.MISSING
     return IndexState.VALID if row["indisvalid"] else IndexState.INVALID
 
 
-def index_ready(conn: Connection, model: EmbeddingModel) -> bool:
-    """Whether search may rank through the model's bit index (it exists and is valid)."""
-    return index_state(conn, model) is IndexState.VALID
+def index_ready(
+    conn: Connection, model: EmbeddingModel, *, ef_search: int | None, iterative_scan: str
+) -> bool:
+    """Whether search may rank through the model's bit index (it exists and is valid), with
+    pgvector's scan settings made for the current transaction in the same round trip:
+    ``hnsw.iterative_scan`` (pgvector 0.8 and later) and ``hnsw.ef_search`` (None keeps the
+    server's). A ranking is a few round trips in all, and under load each one waits for the
+    server process to be scheduled again."""
+    row = conn.execute(
+        f"""SELECT coalesce(({_VALIDITY_SQL}), false) AS ready,
+                   set_config('hnsw.iterative_scan', %(iterative_scan)s, true),
+                   CASE WHEN %(ef_search)s::text IS NOT NULL
+                        THEN set_config('hnsw.ef_search', %(ef_search)s::text, true) END""",
+        {
+            "name": model.index_name,
+            "iterative_scan": iterative_scan,
+            "ef_search": None if ef_search is None else str(int(ef_search)),
+        },
+    ).fetchone()
+    return row is not None and bool(row["ready"])
 
 
 def quantized_sql(dimension: int, vector: str) -> str:
