@@ -219,10 +219,12 @@ def document_frequencies(
 
 @attrs.frozen
 class CandidateBranch:
-    """Chunks matching ``query`` (``tsquery`` text), at most ``cap`` of them (None: all)."""
+    """Chunks matching ``query`` (``tsquery`` text), then those matching each of ``then`` in
+    turn, at most ``cap`` of them in all (None: all)."""
 
     query: str
     cap: int | None = None
+    then: tuple[str, ...] = ()
 
 
 def candidate_vectors(
@@ -239,16 +241,21 @@ def candidate_vectors(
         if lexemes is None
         else "ts_filter(setweight(c.search_vector, 'A', %(lexemes)s), '{a}')::text"
     )
-    union = " UNION ALL ".join(
-        f"""(SELECT c.id, length(c.content) AS length, {vector} AS vector
-             FROM document_chunks c WHERE c.search_vector @@ %(query{i})s::tsquery
-             LIMIT %(cap{i})s)"""
-        for i in range(len(branches))
-    )
     params: dict[str, Any] = {"lexemes": list(lexemes or [])}
-    for i, b in enumerate(branches):
-        params |= {f"query{i}": b.query, f"cap{i}": b.cap}
-    return conn.execute(union, params).fetchall()
+    parts = []
+    for i, branch in enumerate(branches):
+        # one index pass per query; the limit stops the passes in order, so a branch's later
+        # queries are not run once its first ones fill it
+        passes = " UNION ALL ".join(
+            f"""(SELECT c.id, length(c.content) AS length, {vector} AS vector
+                 FROM document_chunks c WHERE c.search_vector @@ %(query{i}_{j})s::tsquery)"""
+            for j in range(1 + len(branch.then))
+        )
+        parts.append(f"(SELECT * FROM ({passes}) AS b{i} LIMIT %(cap{i})s)")
+        params[f"cap{i}"] = branch.cap
+        for j, query in enumerate((branch.query, *branch.then)):
+            params[f"query{i}_{j}"] = query
+    return conn.execute(" UNION ALL ".join(parts), params).fetchall()
 
 
 def served_chunks(

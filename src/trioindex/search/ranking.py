@@ -112,12 +112,12 @@ def text_ranking(
         if branches
         else {}
     )
-    best = db_search.served_chunks(conn, model, _best_first(scores), limit, filters=filters)
+    best = served_best(conn, model, _best_first(scores), limit, filters=filters)
     if len(best) < limit and fill is not None:
         scores |= bm25_scores(
             terms, statistics, db_search.candidate_vectors(conn, [fill], lexemes), bm25
         )
-        best = db_search.served_chunks(conn, model, _best_first(scores), limit, filters=filters)
+        best = served_best(conn, model, _best_first(scores), limit, filters=filters)
     return ranked_chunks(best)
 
 
@@ -125,11 +125,37 @@ def _best_first(scores: dict[Any, float]) -> list[tuple[Any, float]]:
     return sorted(scores.items(), key=lambda pair: (-pair[1], pair[0]))
 
 
+def served_best(
+    conn: Connection,
+    model: EmbeddingModel,
+    scored: Sequence[tuple[Any, float]],
+    limit: int,
+    *,
+    filters: Filters,
+) -> list[dict[str, Any]]:
+    """The first ``limit`` chunks of ``scored`` (best first) that ``model`` serves and
+    ``filters`` pass (:func:`db.search.served_chunks`), asked in slices: the first twice
+    ``limit`` long, each next one twice the last, until ``limit`` pass or none are left."""
+    # sending every candidate's id and score (hundreds) cost more than probing the few that are
+    # returned: most lists are full within the first slice
+    best: list[dict[str, Any]] = []
+    start, size = 0, 2 * limit
+    while len(best) < limit and start < len(scored):
+        part = scored[start : start + size]
+        best += db_search.served_chunks(conn, model, part, limit - len(best), filters=filters)
+        start, size = start + size, 2 * size
+    return best
+
+
 #: The candidate budget, in chunks: the query's rarest terms (lowest document frequency) are
 #: matched in full while their document frequencies add up to at most this many.
 RARE_POSTINGS = 1000
 #: The most chunks read for the common terms (the terms past that budget), per index pass.
 COMMON_CAP = 1000
+#: How many chunks holding two common terms are read per result asked for, rarest pairs first.
+PAIR_CANDIDATES_PER_RESULT = 8
+#: Past this many common terms, their pairs are read in one index pass (not one per pair).
+MAX_PAIR_PASSES = 28
 
 
 def candidate_branches(
@@ -137,29 +163,43 @@ def candidate_branches(
 ) -> tuple[list[CandidateBranch], CandidateBranch | None]:
     """Where BM25's candidates come from, rarest terms first (as MaxScore/WAND do: a rare
     term's matches are where the high scores are): every chunk holding one of the rarest terms
-    whose document frequencies add up to at most :data:`RARE_POSTINGS`, and every chunk holding
-    two of the other, common, terms (and, as the pairs are capped, first every chunk holding
-    all of them); and, to fill a list those leave shorter than ``limit``,
-    chunks holding any common term (the second value, None when every term is rare): at most
-    :data:`COMMON_CAP` chunks each, any version (the served ones are picked from the best).
-    When every term is rare (specific words, or a collection small enough), the candidates are
-    every matching chunk: exact BM25."""
+    whose document frequencies add up to at most :data:`RARE_POSTINGS`; of the other, common,
+    terms, every chunk holding all of them, every chunk holding three, and chunks holding two,
+    the rarest pair's first (the least product of the two dfs: the highest idfs), at most
+    :data:`PAIR_CANDIDATES_PER_RESULT` per result asked for; and, to fill a list those leave
+    shorter than ``limit``, chunks holding any common term (the second value, None when every
+    term is rare). A branch reads at most :data:`COMMON_CAP` chunks, any version (the served
+    ones are picked from the best). When every term is rare (specific words, or a collection
+    small enough), the candidates are every matching chunk: exact BM25."""
     order = sorted(range(len(terms)), key=lambda i: (dfs[i], i))
     rare: list[str] = []
-    common: list[str] = []
+    common: list[int] = []
     total = 0.0
     for i in order:
         total += dfs[i]
-        (rare if total <= RARE_POSTINGS else common).append(terms[i].query)
+        if total <= RARE_POSTINGS:
+            rare.append(terms[i].query)
+        else:
+            common.append(i)
     branches = [CandidateBranch(" | ".join(rare))] if rare else []
+    names = [terms[i].query for i in common]
     if len(common) > 2:
-        # past the cap the pairs read are the first the index gives, not the best: the chunks
-        # holding every common term come first
-        branches.append(CandidateBranch(" & ".join(common), COMMON_CAP))
+        # past the cap the chunks read are the first the index gives, not the best: the chunks
+        # holding every common term come first, then those holding three
+        branches.append(CandidateBranch(" & ".join(names), COMMON_CAP))
+    if len(common) > 3:
+        triples = itertools.combinations(names, 3)
+        branches.append(
+            CandidateBranch(" | ".join(f"({a} & {b} & {c})" for a, b, c in triples), COMMON_CAP)
+        )
     if len(common) >= 2:
-        pairs = " | ".join(f"({a} & {b})" for a, b in itertools.combinations(common, 2))
-        branches.append(CandidateBranch(pairs, COMMON_CAP))
-    fill = CandidateBranch(" | ".join(common), COMMON_CAP) if common else None
+        pairs = sorted(itertools.combinations(common, 2), key=lambda p: (dfs[p[0]] * dfs[p[1]], p))
+        queries = [f"({terms[a].query} & {terms[b].query})" for a, b in pairs]
+        if len(queries) > MAX_PAIR_PASSES:
+            queries = [" | ".join(queries)]
+        budget = min(COMMON_CAP, PAIR_CANDIDATES_PER_RESULT * limit)
+        branches.append(CandidateBranch(queries[0], budget, tuple(queries[1:])))
+    fill = CandidateBranch(" | ".join(names), COMMON_CAP) if common else None
     return branches, fill
 
 
