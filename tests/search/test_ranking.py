@@ -33,6 +33,7 @@ from trioindex.search import (
 )
 from trioindex.search.ranking import (
     COMMON_CAP,
+    MANY_COMMON_TERMS,
     PAIR_CANDIDATES_PER_RESULT,
     candidate_branches,
     query_terms,
@@ -547,6 +548,10 @@ def test_candidates_come_from_the_rarest_terms_then_the_others_rarest_pairs_firs
         ),
     ]
     assert branches[2].query == "('b' & 'a')" and branches[2].cap == budget
+    # many common terms: no triples, the pairs in one index pass
+    many = [TextTerm(f"'t{i}'", f"t{i}") for i in range(MANY_COMMON_TERMS + 1)]
+    branches, _ = candidate_branches(many, [1000.0 + i for i in range(len(many))], 10)
+    assert [b.then for b in branches] == [(), ()] and branches[1].query.count("|") == 35
     # every term rare: every chunk holding one is a candidate, no fill
     branches, fill = candidate_branches(terms[:4], [1, 2, 3, 4], 10)
     assert branches == [CandidateBranch("'a' | 'b' | 'c' | 'd'")] and fill is None

@@ -16,8 +16,9 @@ and how their rankings are fused.
   the chunk's length in characters, and N, the average length and each term's document
   frequency count the chunks the model serves (:mod:`trioindex.search.statistics`).
   BM25 picks its own candidates, rarest terms first (:func:`candidate_branches`): every chunk
-  holding a rare term, every chunk holding two common ones, and one common term only to fill a
-  short list; :func:`bm25_scores` scores them all and the best served ones are kept. When every
+  holding a rare term, every chunk holding three common ones, chunks holding two of them
+  (the rarest pairs first, a budget per result), and one common term only to fill a short
+  list; :func:`bm25_scores` scores them all and the best served ones are kept. When every
   term is rare that is exact BM25 over every matching chunk. The text is prepared and its terms
   bounded by :mod:`trioindex.search.query`.
 * **hybrid**: both lists (each as deep as the requested candidates), fused by
@@ -154,8 +155,10 @@ RARE_POSTINGS = 1000
 COMMON_CAP = 1000
 #: How many chunks holding two common terms are read per result asked for, rarest pairs first.
 PAIR_CANDIDATES_PER_RESULT = 8
-#: Past this many common terms, their pairs are read in one index pass (not one per pair).
-MAX_PAIR_PASSES = 28
+#: Up to this many common terms, the chunks holding three of them are read and their pairs
+#: one index pass each, rarest first; past it (a long query: 9 terms make 84 triples and 36
+#: pairs) the pairs are read in one pass, in the index's order.
+MANY_COMMON_TERMS = 8
 
 
 def candidate_branches(
@@ -166,7 +169,8 @@ def candidate_branches(
     whose document frequencies add up to at most :data:`RARE_POSTINGS`; of the other, common,
     terms, every chunk holding all of them, every chunk holding three, and chunks holding two,
     the rarest pair's first (the least product of the two dfs: the highest idfs), at most
-    :data:`PAIR_CANDIDATES_PER_RESULT` per result asked for; and, to fill a list those leave
+    :data:`PAIR_CANDIDATES_PER_RESULT` per result asked for (past :data:`MANY_COMMON_TERMS`,
+    no triples and the pairs in any order); and, to fill a list those leave
     shorter than ``limit``, chunks holding any common term (the second value, None when every
     term is rare). A branch reads at most :data:`COMMON_CAP` chunks, any version (the served
     ones are picked from the best). When every term is rare (specific words, or a collection
@@ -187,7 +191,8 @@ def candidate_branches(
         # past the cap the chunks read are the first the index gives, not the best: the chunks
         # holding every common term come first, then those holding three
         branches.append(CandidateBranch(" & ".join(names), COMMON_CAP))
-    if len(common) > 3:
+    few = len(common) <= MANY_COMMON_TERMS
+    if few and len(common) > 3:
         triples = itertools.combinations(names, 3)
         branches.append(
             CandidateBranch(" | ".join(f"({a} & {b} & {c})" for a, b, c in triples), COMMON_CAP)
@@ -195,7 +200,7 @@ def candidate_branches(
     if len(common) >= 2:
         pairs = sorted(itertools.combinations(common, 2), key=lambda p: (dfs[p[0]] * dfs[p[1]], p))
         queries = [f"({terms[a].query} & {terms[b].query})" for a, b in pairs]
-        if len(queries) > MAX_PAIR_PASSES:
+        if not few:
             queries = [" | ".join(queries)]
         budget = min(COMMON_CAP, PAIR_CANDIDATES_PER_RESULT * limit)
         branches.append(CandidateBranch(queries[0], budget, tuple(queries[1:])))
