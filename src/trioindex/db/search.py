@@ -75,13 +75,16 @@ def nearest_chunks(
     *,
     filters: Filters,
     hnsw: HnswSettings,
+    candidates_for: int | None = None,
 ) -> list[dict[str, Any]]:
     """The ``limit`` chunks closest to ``vector`` by cosine, best first, with ``score``.
 
     Exact while the model has no valid index; once it has, the
     :func:`~trioindex.db.vector_index.candidate_count` nearest by the Hamming distance of their
     sign bits (through the index) ordered by exact cosine (:mod:`trioindex.db.vector_index`
-    says why). The candidates are ranked from the vectors and the served rows alone (documents
+    says why): as many as a list ``candidates_for`` deep takes (``limit`` when None; never
+    fewer than ``limit``), so a list's deeper ranks may be ranked from a shorter list's
+    candidates. The candidates are ranked from the vectors and the served rows alone (documents
     and versions only when a filter needs them); the chunk's text, document and version are
     read for the ``limit`` kept."""
     dim = int(model.dimension)
@@ -96,7 +99,7 @@ def nearest_chunks(
     )
     with conn.transaction():
         indexed = index_ready(conn, model)
-        candidates = candidate_count(limit, dim) if indexed else limit
+        candidates = max(limit, candidate_count(candidates_for or limit, dim)) if indexed else limit
         _set_hnsw(conn, hnsw, at_least=candidates if indexed else 0)
         order = f"{quantized_sql(dim, 'e.vector')} <~> {quantized_sql(dim, '%(q)s')}"
         nearest = f"""SELECT e.chunk_id, 1 - ({exact}) AS score

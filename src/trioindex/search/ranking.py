@@ -80,10 +80,14 @@ def vector_ranking(
     *,
     filters: Filters = NO_FILTERS,
     hnsw: HnswSettings = DEFAULT_HNSW,
+    candidates_for: int | None = None,
 ) -> list[RankedChunk]:
-    """The ``limit`` chunks closest to ``vector`` (cosine), best first."""
+    """The ``limit`` chunks closest to ``vector`` (cosine), best first; through the index,
+    from the candidates of a list ``candidates_for`` deep (``limit`` when None)."""
     return ranked_chunks(
-        db_search.nearest_chunks(conn, model, vector, limit, filters=filters, hnsw=hnsw)
+        db_search.nearest_chunks(
+            conn, model, vector, limit, filters=filters, hnsw=hnsw, candidates_for=candidates_for
+        )
     )
 
 
