@@ -81,10 +81,13 @@ CANDIDATES_PER_DOCUMENT = 4
 MIN_CANDIDATES = 50
 MAX_CANDIDATES = 1000
 #: How deep hybrid's two rankings are per chunk asked for when chunks are searched without a
-#: re-ranker: each vector result reads 20 candidates' vectors (:mod:`trioindex.db.vector_index`)
-#: and each text result probes its served row; on `just eval`'s known-item set the fused top
-#: 10 was the same with text lists 30 and 50 deep, and a vector list 20 deep instead of 50
-#: moved one query's hit (docs/test-results/search.md).
+#: re-ranker: each text result probes its served row; on `just eval`'s known-item set the fused
+#: top 10 was the same with text lists 30 and 50 deep, and a vector list 20 deep instead of 50
+#: moved one query's hit (docs/test-results/search.md). The vector list is ranked from the
+#: candidates of a list as deep as the chunks asked for (20 per chunk:
+#: :mod:`trioindex.db.vector_index`), as vector search takes: on 100k chunks the fused top 10
+#: was the same for 200 queries of 200, at the vector search's cost instead of twice its
+#: candidates'.
 HYBRID_VECTOR_DEPTH_PER_CHUNK = 2
 HYBRID_TEXT_DEPTH_PER_CHUNK = 3
 
@@ -283,6 +286,7 @@ class Index:
             filters,
             hnsw,
             vector_depth=min(vector_depth, depth, MAX_CANDIDATES),
+            vector_candidates_for=top_k if vector_depth > top_k else None,
         )
         db = self._services.db
         return [
@@ -301,10 +305,12 @@ class Index:
         hnsw: HnswSettings,
         *,
         vector_depth: int | None = None,
+        vector_candidates_for: int | None = None,
     ) -> list[Answer[RankedChunk]]:
         """The ``depth`` best chunks per query in ``mode``, or why that query was refused;
         hybrid fuses both rankings, the text one ``depth`` deep and the vector one
-        ``vector_depth`` deep (``depth`` when None)."""
+        ``vector_depth`` deep (``depth`` when None), from the candidates of a vector list
+        ``vector_candidates_for`` deep (its own depth when None)."""
         if mode not in SEARCH_MODES:
             raise ValueError(f"unknown search mode {mode!r}")
         db = self._services.db
@@ -332,6 +338,7 @@ class Index:
                     depth if vector_depth is None else vector_depth,
                     filters=filters,
                     hnsw=hnsw,
+                    candidates_for=vector_candidates_for,
                 )
             )
 

@@ -94,6 +94,20 @@ def test_vector_search_ranks_the_same_exactly_and_through_the_index(db: Database
     assert indexed == exact  # 30 vectors, all of them candidates: the exact top 5
 
 
+def _store_clusters(
+    conn: Connection, rng: np.random.Generator, dim: int, n: int
+) -> tuple[EmbeddingModel, np.ndarray, np.ndarray]:
+    """``n`` vectors in clusters of 10 around random centres, one document each (``doc-000``,
+    ...) of a model called "wide": the model, the centres and the vectors."""
+    centres = rng.standard_normal((n // 10, dim)).astype(np.float32)
+    noise = 0.3 * rng.standard_normal((n, dim)).astype(np.float32)
+    vectors = np.repeat(centres, 10, axis=0) + noise
+    model = ensure_model(conn, "wide", dim)
+    docs = [IndexedDocument(f"doc-{i:03}", [f"t {i}"], vectors[i : i + 1]) for i in range(n)]
+    store_indexed(conn, model, docs)
+    return model, centres, vectors
+
+
 def test_search_through_the_index_returns_the_exact_top_k_and_before_it_scans_exactly(
     db: Database,
 ) -> None:
@@ -102,17 +116,8 @@ def test_search_through_the_index_returns_the_exact_top_k_and_before_it_scans_ex
     # candidates by their sign bits, re-ranked by cosine) both return exactly those, in order
     dim, n = 64, 600
     rng = np.random.default_rng(5)
-    centres = rng.standard_normal((60, dim)).astype(np.float32)
-    vectors = np.repeat(centres, 10, axis=0) + 0.3 * rng.standard_normal((n, dim)).astype(
-        np.float32
-    )
     with db.connection() as conn:
-        model = ensure_model(conn, "wide", dim)
-        store_indexed(
-            conn,
-            model,
-            [IndexedDocument(f"doc-{i:03}", [f"t {i}"], vectors[i : i + 1]) for i in range(n)],
-        )
+        model, centres, vectors = _store_clusters(conn, rng, dim, n)
         queries = centres[:20] + 0.3 * rng.standard_normal((20, dim)).astype(np.float32)
         unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
         truth = [
@@ -125,6 +130,27 @@ def test_search_through_the_index_returns_the_exact_top_k_and_before_it_scans_ex
         after = [[r.document_key for r in vector_ranking(conn, model, q, 10)] for q in queries]
     assert before == truth
     assert after == truth
+
+
+def test_a_deeper_list_ranked_from_a_shorter_lists_candidates(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # hybrid ranks its vector list twice as deep as the chunks asked for, from the candidates
+    # of a list as deep as those: its first ranks are a vector search's
+    dim, n = 64, 600
+    rng = np.random.default_rng(6)
+    with db.connection() as conn:
+        model, centres, _ = _store_clusters(conn, rng, dim, n)
+        assert build_vector_index(conn, model, min_vectors=n)
+        query = centres[3] + 0.3 * rng.standard_normal(dim).astype(np.float32)
+        top = [r.document_key for r in vector_ranking(conn, model, query, 5)]
+        deeper = vector_ranking(conn, model, query, 10, candidates_for=5)
+        # one candidate per result: a list never takes fewer candidates than it is deep
+        monkeypatch.setattr("trioindex.db.vector_index.NARROW_RERANK_FACTOR", 1)
+        short = vector_ranking(conn, model, query, 10, candidates_for=3)
+    assert [r.document_key for r in deeper[:5]] == top
+    assert len(deeper) == 10 and len(short) == 10
+    assert [r.score for r in deeper] == sorted((r.score for r in deeper), reverse=True)
 
 
 def test_narrow_vectors_take_twice_the_candidates_per_result_up_to_the_ceiling() -> None:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from testkit.search_corpus import IndexedDocument, store_indexed
+from trioindex.db import search as db_search
 from trioindex.db.models import EmbeddingModel, ensure_model
 from trioindex.db.pool import Connection, Database
 from trioindex.db.search import CandidateBranch, TextTerm
@@ -30,7 +31,14 @@ from trioindex.search import (
     text_ranking,
     vector_ranking,
 )
-from trioindex.search.ranking import COMMON_CAP, candidate_branches, query_terms, vector_counts
+from trioindex.search.ranking import (
+    COMMON_CAP,
+    MANY_COMMON_TERMS,
+    PAIR_CANDIDATES_PER_RESULT,
+    candidate_branches,
+    query_terms,
+    vector_counts,
+)
 from trioindex.search.statistics import forget, term_statistics
 
 DIM = 4
@@ -511,24 +519,76 @@ def test_vector_counts_read_quoted_lexemes_and_positions() -> None:
     }
 
 
-def test_candidates_come_from_the_rarest_terms_then_pairs_of_the_others(
+def test_candidates_come_from_the_rarest_terms_then_the_others_rarest_pairs_first(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr("trioindex.search.ranking.RARE_POSTINGS", 100)
-    terms = [TextTerm(f"'{t}'", t) for t in ("a", "b", "c", "d")]
-    branches, fill = candidate_branches(terms, [500, 40, 50, 900], 10)
+    terms = [TextTerm(f"'{t}'", t) for t in ("a", "b", "c", "d", "e")]
+    budget = PAIR_CANDIDATES_PER_RESULT * 10
+    branches, fill = candidate_branches(terms, [500, 40, 50, 900, 2], 10)
     assert branches == [
-        CandidateBranch("'b' | 'c'"),
-        CandidateBranch("('a' & 'd')", COMMON_CAP),
+        CandidateBranch("'e' | 'b' | 'c'"),
+        CandidateBranch("('a' & 'd')", budget),
     ]
     assert fill == CandidateBranch("'a' | 'd'", COMMON_CAP)
-    # three common terms: those holding all three first (the pairs are capped)
-    branches, fill = candidate_branches(terms, [500, 40, 700, 900], 10)
+    # three common terms: those holding all three first, then the pairs, the rarest first
+    branches, fill = candidate_branches(terms[:4], [500, 40, 700, 900], 10)
     assert branches == [
         CandidateBranch("'b'"),
         CandidateBranch("'a' & 'c' & 'd'", COMMON_CAP),
-        CandidateBranch("('a' & 'c') | ('a' & 'd') | ('c' & 'd')", COMMON_CAP),
+        CandidateBranch("('a' & 'c')", budget, ("('a' & 'd')", "('c' & 'd')")),
     ]
+    # four: every chunk holding three of them too (they outscore most pairs)
+    branches, _ = candidate_branches(terms[:4], [500, 400, 700, 900], 10)
+    assert branches[:2] == [
+        CandidateBranch("'b' & 'a' & 'c' & 'd'", COMMON_CAP),
+        CandidateBranch(
+            "('b' & 'a' & 'c') | ('b' & 'a' & 'd') | ('b' & 'c' & 'd') | ('a' & 'c' & 'd')",
+            COMMON_CAP,
+        ),
+    ]
+    assert branches[2].query == "('b' & 'a')" and branches[2].cap == budget
+    # many common terms: no triples, the pairs in one index pass
+    many = [TextTerm(f"'t{i}'", f"t{i}") for i in range(MANY_COMMON_TERMS + 1)]
+    branches, _ = candidate_branches(many, [1000.0 + i for i in range(len(many))], 10)
+    assert [b.then for b in branches] == [(), ()] and branches[1].query.count("|") == 35
     # every term rare: every chunk holding one is a candidate, no fill
-    branches, fill = candidate_branches(terms, [1, 2, 3, 4], 10)
+    branches, fill = candidate_branches(terms[:4], [1, 2, 3, 4], 10)
     assert branches == [CandidateBranch("'a' | 'b' | 'c' | 'd'")] and fill is None
+
+
+def test_the_pair_budget_reads_the_rarest_pairs_holders_first(
+    db: Database, model: EmbeddingModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    v = unit(1, 0, 0, 0)
+    # "lease renewal" (the commonest pair) in 40 chunks, "deadline renewal" (the rarest) in 3
+    # and "deadline lease" in 2 long ones: the five holding "deadline" are BM25's best
+    docs = [IndexedDocument(f"c{i}.txt", [f"lease renewal note {i}"], [v]) for i in range(40)]
+    docs += [IndexedDocument(f"r{i}.txt", [f"deadline renewal memo {i}"], [v]) for i in range(3)]
+    long = "deadline lease " + " ".join(f"w{i}" for i in range(12))
+    docs += [IndexedDocument(f"best{i}.txt", [f"{long} {i}"], [v]) for i in range(2)]
+    docs += [IndexedDocument(f"o{i}.txt", [f"lease only {i}"], [v]) for i in range(30)]
+    store(db, model, *docs)
+    monkeypatch.setattr("trioindex.search.ranking.RARE_POSTINGS", 0)  # every term is common
+    monkeypatch.setattr("trioindex.search.ranking.PAIR_CANDIDATES_PER_RESULT", 1)
+    with db.connection() as conn:
+        query = "lease renewal deadline"
+        terms = query_terms(conn, query)
+        dfs = term_statistics(conn, model, terms).document_frequencies
+        branches, _ = candidate_branches(terms, dfs, 5)
+        candidates = db_search.candidate_vectors(conn, branches, None)
+        ranked = text_ranking(conn, model, query, 5)
+        served = [r["id"] for r in conn.execute("SELECT id FROM documents").fetchall()]
+        expected = _bm25_reference(conn, query, served)
+    # the budget (5 chunks) is filled by the rarest pair's 3 holders, then the next pair's 2:
+    # the 40 holding the commonest pair are not read
+    assert len(candidates) == 5
+    assert sorted(k for k, _ in keys(ranked)) == [
+        "best0.txt",
+        "best1.txt",
+        "r0.txt",
+        "r1.txt",
+        "r2.txt",
+    ]
+    best = sorted(expected, key=lambda k: (-expected[k], k))[:5]
+    assert [expected[k] for k in keys(ranked)] == pytest.approx([expected[k] for k in best])

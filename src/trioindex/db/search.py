@@ -74,13 +74,16 @@ def nearest_chunks(
     *,
     filters: Filters,
     hnsw: HnswSettings,
+    candidates_for: int | None = None,
 ) -> list[dict[str, Any]]:
     """The ``limit`` chunks closest to ``vector`` by cosine, best first, with ``score``.
 
     Exact while the model has no valid index; once it has, the
     :func:`~trioindex.db.vector_index.candidate_count` nearest by the Hamming distance of their
     sign bits (through the index) ordered by exact cosine (:mod:`trioindex.db.vector_index`
-    says why). The candidates are ranked from the vectors and the served rows alone (documents
+    says why): as many as a list ``candidates_for`` deep takes (``limit`` when None; never
+    fewer than ``limit``), so a list's deeper ranks may be ranked from a shorter list's
+    candidates. The candidates are ranked from the vectors and the served rows alone (documents
     and versions only when a filter needs them); the chunk's text, document and version are
     read for the ``limit`` kept."""
     dim = int(model.dimension)
@@ -94,7 +97,7 @@ def nearest_chunks(
         else ""
     )
     with conn.transaction():
-        candidates = candidate_count(limit, dim)
+        candidates = max(limit, candidate_count(candidates_for or limit, dim))
         # the graph returns at most ef_search rows per scan: never fewer than the candidates
         # asked for (pgvector's ceiling is 1000; the iterative scan goes on past it)
         ef = max(hnsw.ef_search or 0, min(candidates, 1000))
@@ -215,10 +218,12 @@ def document_frequencies(
 
 @attrs.frozen
 class CandidateBranch:
-    """Chunks matching ``query`` (``tsquery`` text), at most ``cap`` of them (None: all)."""
+    """Chunks matching ``query`` (``tsquery`` text), then those matching each of ``then`` in
+    turn, at most ``cap`` of them in all (None: all)."""
 
     query: str
     cap: int | None = None
+    then: tuple[str, ...] = ()
 
 
 def candidate_vectors(
@@ -235,16 +240,21 @@ def candidate_vectors(
         if lexemes is None
         else "ts_filter(setweight(c.search_vector, 'A', %(lexemes)s), '{a}')::text"
     )
-    union = " UNION ALL ".join(
-        f"""(SELECT c.id, length(c.content) AS length, {vector} AS vector
-             FROM document_chunks c WHERE c.search_vector @@ %(query{i})s::tsquery
-             LIMIT %(cap{i})s)"""
-        for i in range(len(branches))
-    )
     params: dict[str, Any] = {"lexemes": list(lexemes or [])}
-    for i, b in enumerate(branches):
-        params |= {f"query{i}": b.query, f"cap{i}": b.cap}
-    return conn.execute(union, params).fetchall()
+    parts = []
+    for i, branch in enumerate(branches):
+        # one index pass per query; the limit stops the passes in order, so a branch's later
+        # queries are not run once its first ones fill it
+        passes = " UNION ALL ".join(
+            f"""(SELECT c.id, length(c.content) AS length, {vector} AS vector
+                 FROM document_chunks c WHERE c.search_vector @@ %(query{i}_{j})s::tsquery)"""
+            for j in range(1 + len(branch.then))
+        )
+        parts.append(f"(SELECT * FROM ({passes}) AS b{i} LIMIT %(cap{i})s)")
+        params[f"cap{i}"] = branch.cap
+        for j, query in enumerate((branch.query, *branch.then)):
+            params[f"query{i}_{j}"] = query
+    return conn.execute(" UNION ALL ".join(parts), params).fetchall()
 
 
 def served_chunks(

@@ -16,8 +16,9 @@ and how their rankings are fused.
   the chunk's length in characters, and N, the average length and each term's document
   frequency count the chunks the model serves (:mod:`trioindex.search.statistics`).
   BM25 picks its own candidates, rarest terms first (:func:`candidate_branches`): every chunk
-  holding a rare term, every chunk holding two common ones, and one common term only to fill a
-  short list; :func:`bm25_scores` scores them all and the best served ones are kept. When every
+  holding a rare term, every chunk holding three common ones, chunks holding two of them
+  (the rarest pairs first, a budget per result), and one common term only to fill a short
+  list; :func:`bm25_scores` scores them all and the best served ones are kept. When every
   term is rare that is exact BM25 over every matching chunk. The text is prepared and its terms
   bounded by :mod:`trioindex.search.query`.
 * **hybrid**: both lists (each as deep as the requested candidates), fused by
@@ -79,10 +80,14 @@ def vector_ranking(
     *,
     filters: Filters = NO_FILTERS,
     hnsw: HnswSettings = DEFAULT_HNSW,
+    candidates_for: int | None = None,
 ) -> list[RankedChunk]:
-    """The ``limit`` chunks closest to ``vector`` (cosine), best first."""
+    """The ``limit`` chunks closest to ``vector`` (cosine), best first; through the index,
+    from the candidates of a list ``candidates_for`` deep (``limit`` when None)."""
     return ranked_chunks(
-        db_search.nearest_chunks(conn, model, vector, limit, filters=filters, hnsw=hnsw)
+        db_search.nearest_chunks(
+            conn, model, vector, limit, filters=filters, hnsw=hnsw, candidates_for=candidates_for
+        )
     )
 
 
@@ -112,12 +117,12 @@ def text_ranking(
         if branches
         else {}
     )
-    best = db_search.served_chunks(conn, model, _best_first(scores), limit, filters=filters)
+    best = served_best(conn, model, _best_first(scores), limit, filters=filters)
     if len(best) < limit and fill is not None:
         scores |= bm25_scores(
             terms, statistics, db_search.candidate_vectors(conn, [fill], lexemes), bm25
         )
-        best = db_search.served_chunks(conn, model, _best_first(scores), limit, filters=filters)
+        best = served_best(conn, model, _best_first(scores), limit, filters=filters)
     return ranked_chunks(best)
 
 
@@ -125,11 +130,39 @@ def _best_first(scores: dict[Any, float]) -> list[tuple[Any, float]]:
     return sorted(scores.items(), key=lambda pair: (-pair[1], pair[0]))
 
 
+def served_best(
+    conn: Connection,
+    model: EmbeddingModel,
+    scored: Sequence[tuple[Any, float]],
+    limit: int,
+    *,
+    filters: Filters,
+) -> list[dict[str, Any]]:
+    """The first ``limit`` chunks of ``scored`` (best first) that ``model`` serves and
+    ``filters`` pass (:func:`db.search.served_chunks`), asked in slices: the first twice
+    ``limit`` long, each next one twice the last, until ``limit`` pass or none are left."""
+    # sending every candidate's id and score (hundreds) cost more than probing the few that are
+    # returned: most lists are full within the first slice
+    best: list[dict[str, Any]] = []
+    start, size = 0, 2 * limit
+    while len(best) < limit and start < len(scored):
+        part = scored[start : start + size]
+        best += db_search.served_chunks(conn, model, part, limit - len(best), filters=filters)
+        start, size = start + size, 2 * size
+    return best
+
+
 #: The candidate budget, in chunks: the query's rarest terms (lowest document frequency) are
 #: matched in full while their document frequencies add up to at most this many.
 RARE_POSTINGS = 1000
 #: The most chunks read for the common terms (the terms past that budget), per index pass.
 COMMON_CAP = 1000
+#: How many chunks holding two common terms are read per result asked for, rarest pairs first.
+PAIR_CANDIDATES_PER_RESULT = 8
+#: Up to this many common terms, the chunks holding three of them are read and their pairs
+#: one index pass each, rarest first; past it (a long query: 9 terms make 84 triples and 36
+#: pairs) the pairs are read in one pass, in the index's order.
+MANY_COMMON_TERMS = 8
 
 
 def candidate_branches(
@@ -137,29 +170,45 @@ def candidate_branches(
 ) -> tuple[list[CandidateBranch], CandidateBranch | None]:
     """Where BM25's candidates come from, rarest terms first (as MaxScore/WAND do: a rare
     term's matches are where the high scores are): every chunk holding one of the rarest terms
-    whose document frequencies add up to at most :data:`RARE_POSTINGS`, and every chunk holding
-    two of the other, common, terms (and, as the pairs are capped, first every chunk holding
-    all of them); and, to fill a list those leave shorter than ``limit``,
-    chunks holding any common term (the second value, None when every term is rare): at most
-    :data:`COMMON_CAP` chunks each, any version (the served ones are picked from the best).
-    When every term is rare (specific words, or a collection small enough), the candidates are
-    every matching chunk: exact BM25."""
+    whose document frequencies add up to at most :data:`RARE_POSTINGS`; of the other, common,
+    terms, every chunk holding all of them, every chunk holding three, and chunks holding two,
+    the rarest pair's first (the least product of the two dfs: the highest idfs), at most
+    :data:`PAIR_CANDIDATES_PER_RESULT` per result asked for (past :data:`MANY_COMMON_TERMS`,
+    no triples and the pairs in any order); and, to fill a list those leave
+    shorter than ``limit``, chunks holding any common term (the second value, None when every
+    term is rare). A branch reads at most :data:`COMMON_CAP` chunks, any version (the served
+    ones are picked from the best). When every term is rare (specific words, or a collection
+    small enough), the candidates are every matching chunk: exact BM25."""
     order = sorted(range(len(terms)), key=lambda i: (dfs[i], i))
     rare: list[str] = []
-    common: list[str] = []
+    common: list[int] = []
     total = 0.0
     for i in order:
         total += dfs[i]
-        (rare if total <= RARE_POSTINGS else common).append(terms[i].query)
+        if total <= RARE_POSTINGS:
+            rare.append(terms[i].query)
+        else:
+            common.append(i)
     branches = [CandidateBranch(" | ".join(rare))] if rare else []
+    names = [terms[i].query for i in common]
     if len(common) > 2:
-        # past the cap the pairs read are the first the index gives, not the best: the chunks
-        # holding every common term come first
-        branches.append(CandidateBranch(" & ".join(common), COMMON_CAP))
+        # past the cap the chunks read are the first the index gives, not the best: the chunks
+        # holding every common term come first, then those holding three
+        branches.append(CandidateBranch(" & ".join(names), COMMON_CAP))
+    few = len(common) <= MANY_COMMON_TERMS
+    if few and len(common) > 3:
+        triples = itertools.combinations(names, 3)
+        branches.append(
+            CandidateBranch(" | ".join(f"({a} & {b} & {c})" for a, b, c in triples), COMMON_CAP)
+        )
     if len(common) >= 2:
-        pairs = " | ".join(f"({a} & {b})" for a, b in itertools.combinations(common, 2))
-        branches.append(CandidateBranch(pairs, COMMON_CAP))
-    fill = CandidateBranch(" | ".join(common), COMMON_CAP) if common else None
+        pairs = sorted(itertools.combinations(common, 2), key=lambda p: (dfs[p[0]] * dfs[p[1]], p))
+        queries = [f"({terms[a].query} & {terms[b].query})" for a, b in pairs]
+        if not few:
+            queries = [" | ".join(queries)]
+        budget = min(COMMON_CAP, PAIR_CANDIDATES_PER_RESULT * limit)
+        branches.append(CandidateBranch(queries[0], budget, tuple(queries[1:])))
+    fill = CandidateBranch(" | ".join(names), COMMON_CAP) if common else None
     return branches, fill
 
 
