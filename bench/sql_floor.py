@@ -332,14 +332,6 @@ def same_rows_set_based(conn: Connection, corpus: Corpus, setup: Setup) -> int:
         index = [corpus.index_of(p.original_name) for p in parses]
         with conn.transaction(), conn.cursor(binary=True) as cursor:
             chunk_ids = _insert_chunks(cursor, corpus, index, documents, versions)
-            cursor.execute(
-                f"""UPDATE embedding_job_attempts
-                    SET parse_started_at = now(), chunks_stored_at = now(), chunks = 1,
-                        characters = {CHARACTERS},
-                        embedding_started_at = now()
-                    WHERE id = ANY(%b)""",
-                (attempts,),
-            )
             _insert_vectors(cursor, corpus, setup, index, (chunk_ids, documents, versions))
             cursor.execute(
                 f"""INSERT INTO served_versions (document_id, embedding_model_id,
@@ -352,10 +344,12 @@ def same_rows_set_based(conn: Connection, corpus: Corpus, setup: Setup) -> int:
                 (setup.model_id, documents, versions),
             )
             cursor.execute(
-                """UPDATE embedding_job_attempts
-                   SET status = 'SUCCEEDED', finished_at = now(), became_current = true,
-                       embeddings_stored_at = now(), embeddings = 1, embedding_slices = 1
-                   WHERE id = ANY(%b)""",
+                f"""UPDATE embedding_job_attempts
+                    SET status = 'SUCCEEDED', finished_at = now(), became_current = true,
+                        parse_started_at = now(), chunks_stored_at = now(), chunks = 1,
+                        characters = {CHARACTERS}, embedding_started_at = now(),
+                        embeddings_stored_at = now(), embeddings = 1, embedding_slices = 1
+                    WHERE id = ANY(%b)""",
                 (attempts,),
             )
             cursor.execute(

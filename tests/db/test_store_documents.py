@@ -118,6 +118,27 @@ def test_a_group_of_documents_is_stored_whole_in_one_call(db: Database) -> None:
             assert served == {"chunks": 2, "text_length": commit.chunks.chunks[-1].end}
 
 
+def test_the_store_writes_each_attempt_row_once(db: Database) -> None:
+    """The steps (parse start, the chunk set with its repairs, the embed step) are recorded in
+    the completion's own update of the attempt: one row version per attempt, as the
+    transaction's own statistics count the table's updates."""
+    with db.connection() as conn:
+        group = claims(conn, 3)
+        commits = [whole(c, [f"{c.job_id} a", "b"], i) for i, c in enumerate(group)]
+        commits[1] = attrs.evolve(commits[1], chunks=attrs.evolve(commits[1].chunks, replaced=2))
+        with conn.transaction():
+            assert store_documents_many(conn, commits) == [DONE] * 3
+            updates = conn.execute(
+                """SELECT n_tup_upd FROM pg_stat_xact_user_tables
+                   WHERE relname = 'embedding_job_attempts'"""
+            ).fetchone()
+        assert updates == {"n_tup_upd": 3}
+        for claim, commit in zip(group, commits, strict=True):
+            attempt = helpers.attempt_row(conn, claim.job_id)
+            assert helpers.steps(conn, claim.job_id) == list(helpers.ATTEMPT_STEPS)
+            assert attempt["replaced_sequences"] == (commit.chunks.replaced or None)
+
+
 def test_each_job_of_a_group_is_refused_alone_and_leaves_nothing(db: Database) -> None:
     with db.connection() as conn:
         group = claims(conn, 5)

@@ -811,10 +811,11 @@ $$;
 -- dimension p_dimensions[i]. The set is stored by the first job of the call on it; a job whose
 -- set is stored already (another model's job shares it), or stored by an earlier job of the
 -- call, stores its vectors on those chunks when they are the same (chunk for chunk by sha256),
--- else it is refused (TI002: the next attempt embeds the stored set). Recorded on the attempt
--- (parse_started_at, the claim's time; chunks_stored_at with chunks, characters and
--- replaced_sequences when this job stored the set; embedding_started_at), then
--- trioindex_complete_owned completes the jobs with their vectors: progress goes 0 -> 100.
+-- else it is refused (TI002: the next attempt embeds the stored set). Then
+-- trioindex_complete_owned completes the jobs with their vectors (progress goes 0 -> 100) and
+-- records the steps on the attempt in its one update: parse_started_at, the claim's time;
+-- chunks_stored_at with chunks, characters and replaced_sequences when this job stored the
+-- set; embedding_started_at.
 CREATE FUNCTION trioindex_store_documents_many(
     p_jobs uuid[], p_workers uuid[], p_tokens uuid[], p_attempts uuid[],
     p_versions uuid[], p_storage_keys text[], p_sha256s text[], p_byte_sizes bigint[],
@@ -829,6 +830,8 @@ DECLARE
     codes text[];
     messages text[];
     kept integer[];
+    kept_chunks integer[];
+    kept_characters integer[];
     finished uuid[];
     currents boolean[];
     failed_code text;
@@ -906,22 +909,18 @@ BEGIN
         CROSS JOIN LATERAL unnest(
             w.ids, e_vectors[w.first : w.first + w.n - 1],
             e_sha256s[w.first : w.first + w.n - 1]) AS e(c, vec, h)
-    ), recorded AS (
-        UPDATE embedding_job_attempts a
-        SET parse_started_at = w.parse_started, embedding_started_at = now(),
-            chunks_stored_at = CASE WHEN w.storing THEN now() END,
-            chunks = CASE WHEN w.storing THEN w.n END,
-            characters = CASE WHEN w.storing THEN c_end[w.first + w.n - 1] END,
-            replaced_sequences = CASE WHEN w.storing THEN nullif(w.replaced, 0) END
-        FROM writing w WHERE a.id = w.attempt
     )
     SELECT array_agg(coalesce(g.refused, d.twin_code) ORDER BY g.ord),
            array_agg(coalesce(g.why, CASE WHEN d.twin_code IS NOT NULL
                      THEN 'the version''s chunks changed since embedding began' END)
                      ORDER BY g.ord),
            coalesce(array_agg(g.ord::integer ORDER BY g.ord)
+                    FILTER (WHERE g.refused IS NULL AND d.twin_code IS NULL), '{}'),
+           coalesce(array_agg(CASE WHEN d.storing THEN g.n ELSE 0 END ORDER BY g.ord)
+                    FILTER (WHERE g.refused IS NULL AND d.twin_code IS NULL), '{}'),
+           coalesce(array_agg(c_end[g.first + g.n - 1] ORDER BY g.ord)
                     FILTER (WHERE g.refused IS NULL AND d.twin_code IS NULL), '{}')
-    INTO codes, messages, kept
+    INTO codes, messages, kept, kept_chunks, kept_characters
     FROM given g LEFT JOIN decided d ON d.ord = g.ord;
     -- fenced and locked above, every chunk with its vector: the completion refuses none (if
     -- it did, the whole call fails: no job's set is kept without its completion)
@@ -930,7 +929,9 @@ BEGIN
     INTO finished, currents, failed_code, failed_message
     FROM trioindex_complete_owned(
         trioindex_pick(p_jobs, kept), trioindex_pick(p_workers, kept),
-        trioindex_pick(p_attempts, kept), trioindex_pick(p_count, kept)) AS c;
+        trioindex_pick(p_attempts, kept), trioindex_pick(p_count, kept),
+        trioindex_pick(p_parse_started, kept), kept_chunks, kept_characters,
+        trioindex_pick(p_replaced, kept)) AS c;
     IF failed_code IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = failed_code, MESSAGE = failed_message;
     END IF;
@@ -1012,15 +1013,21 @@ $$;
 -- The completion of jobs p_jobs (element i: its worker p_workers[i] and attempt
 -- p_attempts[i]; p_stored[i] vectors of its set stored just before, in this transaction, which
 -- its attempt records with its end), fenced and locked with their versions by the caller in
--- this transaction, one row per job in the order given. A job's chunk set must have exactly one of its model's
--- vectors per chunk, else it is refused (TI002) and nothing of it changes; the others'
--- attempts and jobs become SUCCEEDED (with the job's chunk count), and the model's served
--- version of each document moves to the newest version completed here unless the model
--- already serves a newer one (became_current, recorded on the attempt), with BM25's
--- statistics of the chunk set it now serves (chunks, text_length). Nothing of another model
--- changes.
+-- this transaction, one row per job in the order given. The steps a caller ran in the same
+-- transaction are recorded in the same attempt update, so the attempt row is written once:
+-- p_parse_started[i], the parse's start; p_chunks[i] > 0 chunks of the set this job stored,
+-- with p_characters[i] and p_replaced[i] (NULL arrays, or 0 chunks: nothing of them). A job
+-- that stored vectors without an embed step of its own begins it with this store.
+-- A job's chunk set must have exactly one of its model's vectors per chunk, else it is
+-- refused (TI002) and nothing of it changes; the others' attempts and jobs become SUCCEEDED
+-- (with the job's chunk count), and the model's served version of each document moves to the
+-- newest version completed here unless the model already serves a newer one (became_current,
+-- recorded on the attempt), with BM25's statistics of the chunk set it now serves (chunks,
+-- text_length). Nothing of another model changes.
 CREATE FUNCTION trioindex_complete_owned(
-    p_jobs uuid[], p_workers uuid[], p_attempts uuid[], p_stored integer[])
+    p_jobs uuid[], p_workers uuid[], p_attempts uuid[], p_stored integer[],
+    p_parse_started timestamptz[] DEFAULT NULL, p_chunks integer[] DEFAULT NULL,
+    p_characters integer[] DEFAULT NULL, p_replaced integer[] DEFAULT NULL)
 RETURNS TABLE (job_id uuid, refusal text, message text, became_current boolean, chunks integer)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -1098,13 +1105,28 @@ BEGIN
         -- the attempt row is the success's record (finished_at, became_current): no event
         UPDATE embedding_job_attempts a
         SET status = 'SUCCEEDED', finished_at = now(), became_current = d.current,
+            parse_started_at = coalesce(s.parse_started, a.parse_started_at),
+            chunks_stored_at = CASE WHEN s.chunks > 0 THEN now() ELSE a.chunks_stored_at END,
+            chunks = CASE WHEN s.chunks > 0 THEN s.chunks ELSE a.chunks END,
+            characters = CASE WHEN s.chunks > 0 THEN s.characters ELSE a.characters END,
+            replaced_sequences = CASE WHEN s.chunks > 0 THEN nullif(s.replaced, 0)
+                                      ELSE a.replaced_sequences END,
+            -- vectors stored by an attempt that began no embed step: embedded before this
+            -- store, which is the step's start the attempt records
+            embedding_started_at = CASE WHEN d.stored > 0
+                                        THEN coalesce(a.embedding_started_at, now())
+                                        ELSE a.embedding_started_at END,
             embeddings_stored_at = CASE WHEN d.stored > 0 THEN now()
                                         ELSE a.embeddings_stored_at END,
             embeddings = CASE WHEN d.stored > 0 THEN coalesce(a.embeddings, 0) + d.stored
                               ELSE a.embeddings END,
             embedding_slices = CASE WHEN d.stored > 0 THEN coalesce(a.embedding_slices, 0) + 1
                                     ELSE a.embedding_slices END
-        FROM decided d WHERE a.id = d.attempt
+        FROM decided d
+        LEFT JOIN unnest(p_parse_started, p_chunks, p_characters, p_replaced)
+             WITH ORDINALITY AS s(parse_started, chunks, characters, replaced, ord)
+          ON s.ord = d.ord
+        WHERE a.id = d.attempt
     ), jobs AS (
         UPDATE embedding_jobs j
         SET status = 'SUCCEEDED', progress = 100, finished_at = now(), chunk_count = d.n_chunks,
@@ -1234,5 +1256,6 @@ ALTER FUNCTION trioindex_store_documents_many(
 ALTER FUNCTION trioindex_begin_embedding(uuid, uuid, uuid, uuid) SET enable_seqscan = off;
 ALTER FUNCTION trioindex_complete_many(uuid[], uuid[], uuid[], uuid[])
     SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
-ALTER FUNCTION trioindex_complete_owned(uuid[], uuid[], uuid[], integer[])
+ALTER FUNCTION trioindex_complete_owned(
+    uuid[], uuid[], uuid[], integer[], timestamptz[], integer[], integer[], integer[])
     SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
