@@ -21,7 +21,7 @@ from testkit.embed_server import fake_vector
 from testkit.processes import base_env
 from testkit.search_corpus import IndexedDocument, store_indexed
 from tests.search.zero_embedder import ZERO_MARK, ZeroEmbedServer
-from trioindex.api import (
+from trioindex.search.answers import (
     HYBRID_TEXT_DEPTH_PER_CHUNK,
     HYBRID_VECTOR_DEPTH_PER_CHUNK,
     MIN_CANDIDATES,

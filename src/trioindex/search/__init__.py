@@ -6,7 +6,7 @@
 * :mod:`.query` — a query text cleaned, normalised and bounded, or refused (:class:`QueryRefused`);
 * here — :func:`embed_queries`, the one way a query text becomes a vector.
 
-Applications use :class:`trioindex.Index` (:mod:`trioindex.api`), which ties these to an open
+Applications use :class:`trioindex.Index` (:mod:`trioindex.api.index`, answering through :mod:`.answers`), which ties these to an open
 database and embedder; the ``search`` command is a thin layer over it.
 """
 
