@@ -67,7 +67,7 @@ from bench.search import synthetic_corpus
 from testkit.embed_process import EmbedServerProcess
 from testkit.processes import base_env, cli, free_port, spawn, stop_process, wait_for, wait_for_port
 from testkit.search_corpus import IndexedDocument, store_indexed
-from trioindex.api import Index
+from trioindex.api.index import Index
 from trioindex.config import load_settings
 from trioindex.db.api_keys import Role, create_key
 from trioindex.db.models import ensure_model

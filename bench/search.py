@@ -52,7 +52,7 @@ from bench.common import (
 from bench.eval_sets import MAN, LabelledSet, Query, known_items, man_pages, progit
 from testkit.embed_server import FakeEmbedServer
 from testkit.search_corpus import IndexedDocument, store_indexed
-from trioindex.api import Index
+from trioindex.api.index import Index
 from trioindex.config import load_settings
 from trioindex.db.models import ensure_model
 from trioindex.db.pool import connect

@@ -40,7 +40,7 @@ from bench.harness import PYTHON, start_worker, worker_env
 QUERY = "how do workers share a queue"
 DOCUMENTS = ("README.md", "docs/design/architecture.md", "docs/design/state-machine.md")
 _IMPORTS = (
-    "import time; t = time.process_time(); import trioindex.cli.documents, trioindex.api, "
+    "import time; t = time.process_time(); import trioindex.cli.documents, trioindex.api.index, "
     "trioindex.services, trioindex.search, trioindex.embedding.warm; "
     "print(time.process_time() - t)"
 )

@@ -22,7 +22,7 @@ import pytest
 import trio
 
 import trioindex
-import trioindex.api
+import trioindex.api.index
 import trioindex.services
 from testkit.embed_server import fake_vector
 from testkit.processes import base_env
@@ -74,7 +74,7 @@ class OwnModel:
     def __init__(self, allowed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
         self.allowed = allowed
         self.opened = 0
-        for module in (trioindex.services, trioindex.api):
+        for module in (trioindex.services, trioindex.api.index):
             monkeypatch.setattr(module, "open_configured_embedder", self)
 
     async def __call__(self, settings: Settings) -> Embedder:

@@ -14,10 +14,10 @@ __version__ = "0.1.0"
 # The API is imported on first use (PEP 562), so `import trioindex` (and the CLI's start-up)
 # does not pay for the database, storage and embedding imports.
 _API = {
-    "Index": "trioindex.api",
-    "SyncIndex": "trioindex.api",
-    "IngestReport": "trioindex.api",
-    "connect": "trioindex.api",
+    "Index": "trioindex.api.index",
+    "SyncIndex": "trioindex.api.sync_index",
+    "IngestReport": "trioindex.api.reports",
+    "connect": "trioindex.api.sync_index",
     "DocumentHit": "trioindex.search",
     "ChunkHit": "trioindex.search",
     "load_settings": "trioindex.config",
@@ -36,7 +36,9 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from trioindex.api import Index, IngestReport, SyncIndex, connect
+    from trioindex.api.index import Index
+    from trioindex.api.reports import IngestReport
+    from trioindex.api.sync_index import SyncIndex, connect
     from trioindex.config import Settings, load_settings
     from trioindex.search import ChunkHit, DocumentHit
 

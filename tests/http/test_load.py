@@ -18,7 +18,7 @@ import trio
 from testkit.documents import TOPICS, document_bytes, paragraph
 from testkit.processes import cli, query
 from tests.http.conftest import Running
-from trioindex.api import Index
+from trioindex.api.index import Index
 from trioindex.config import load_settings
 
 pytestmark = pytest.mark.slow

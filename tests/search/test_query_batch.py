@@ -21,11 +21,6 @@ from testkit.embed_server import fake_vector
 from testkit.processes import base_env
 from testkit.search_corpus import IndexedDocument, store_indexed
 from tests.search.zero_embedder import ZERO_MARK, ZeroEmbedServer
-from trioindex.api import (
-    HYBRID_TEXT_DEPTH_PER_CHUNK,
-    HYBRID_VECTOR_DEPTH_PER_CHUNK,
-    MIN_CANDIDATES,
-)
 from trioindex.config import load_settings
 from trioindex.db.models import ensure_model
 from trioindex.db.pool import Database
@@ -37,6 +32,11 @@ from trioindex.search import (
     hybrid_fusion,
     text_ranking,
     vector_ranking,
+)
+from trioindex.search.answers import (
+    HYBRID_TEXT_DEPTH_PER_CHUNK,
+    HYBRID_VECTOR_DEPTH_PER_CHUNK,
+    MIN_CANDIDATES,
 )
 
 MODEL, DIM = "test/zero-4", 4

@@ -28,7 +28,7 @@ from trioindex.cli.common import (
 from trioindex.config import Settings
 
 if TYPE_CHECKING:  # the database layer loads psycopg: imported by the commands that use it
-    from trioindex.api import IngestReport
+    from trioindex.api.reports import IngestReport
     from trioindex.db.operations.document_views import ModelState
 
 # --- ingest --------------------------------------------------------------------------------------
@@ -113,7 +113,7 @@ def ingest(
     if not as_json:
         # before anything is uploaded (s3:// arguments are keyed by their object names)
         _outside_note([p for p in paths if bucket_location(p) is None], key_as)
-    from trioindex.api import Index
+    from trioindex.api.index import Index
 
     async def go() -> IngestReport:
         async with Index.open(settings) as index:
@@ -256,7 +256,7 @@ def search(
     if mode not in SEARCH_MODES:
         raise typer.BadParameter(f"--mode must be one of {', '.join(SEARCH_MODES)}")
     settings = command_settings(quiet=True, storage=True)
-    from trioindex.api import Index
+    from trioindex.api.index import Index
 
     options: dict[str, Any] = {
         "top_k": top_k,
@@ -318,7 +318,7 @@ async def _search_query_lines(
     Returns how many queries there were and how many were refused."""
     import trio
 
-    from trioindex.api import Index
+    from trioindex.api.index import Index
     from trioindex.search import QueryRefused, json_text
 
     count = refused = 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import attrs
 from starlette.requests import Request
 
-from trioindex.api import Index
+from trioindex.api.index import Index
 from trioindex.config import Settings
 from trioindex.http.auth import Guard
 from trioindex.http.enqueuer import UploadEnqueuer

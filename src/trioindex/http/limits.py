@@ -9,9 +9,9 @@
   is never held back, so a busy service still answers its health check.
 * Search: a query is 1 to ``trioindex.search.query.MAX_QUERY_CHARS`` characters (the search
   layer's own bound; what else it refuses is a 400 ``query_refused``), ``top_k`` 1 to the
-  candidates one ranking fetches (``trioindex.api.MAX_CANDIDATES``), ``chunks_per_document`` 1 to
-  :data:`MAX_CHUNKS_PER_DOCUMENT`, a ``POST /v1/search`` at most :data:`MAX_QUERIES` queries
-  (as ``search --queries`` ranks them together).
+  candidates one ranking fetches (``trioindex.search.answers.MAX_CANDIDATES``),
+  ``chunks_per_document`` 1 to :data:`MAX_CHUNKS_PER_DOCUMENT`, a ``POST /v1/search`` at most
+  :data:`MAX_QUERIES` queries (as ``search --queries`` ranks them together).
 * Text from outside (keys, queries, names) must be UTF-8 without NUL
   (:func:`trioindex.config.units.text_problem`), as on the command line.
 """
@@ -25,10 +25,10 @@ import trio
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from trioindex.api import MAX_CANDIDATES
 from trioindex.cli.common import PRIORITY_MAX, PRIORITY_MIN
 from trioindex.config.units import text_problem
 from trioindex.http.errors import ApiError, invalid
+from trioindex.search.answers import MAX_CANDIDATES
 
 MAX_JSON_BYTES: Final = 1 << 20
 MAX_TOP_K: Final = MAX_CANDIDATES

@@ -2,7 +2,7 @@
 every mode and filter of ``trioindex search``: ``mode`` (vector, text, hybrid), ``top_k``,
 ``prefix``, ``content_type`` (repeatable; a type or a family), ``chunks`` (chunk hits instead
 of documents) and ``chunks_per_document``. Results are documents with their best passages
-(the ``search --json`` shape), through :class:`trioindex.api.Index`'s search functions, whose
+(the ``search --json`` shape), through :class:`trioindex.api.index.Index`'s search functions, whose
 model the service loaded once at start.
 """
 

@@ -14,7 +14,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
-from trioindex.api import Index
+from trioindex.api.index import Index
 from trioindex.config import Settings
 from trioindex.embedding.warm import lend_if_local
 from trioindex.http.app import build_app

@@ -4,10 +4,11 @@
   and filters (key prefix, content type) being :mod:`trioindex.db.search`'s;
 * :mod:`.results` — chunk hits, document hits and their JSON shapes;
 * :mod:`.query` — a query text cleaned, normalised and bounded, or refused (:class:`QueryRefused`);
+* :mod:`.answers` — a batch of queries answered: how deep each ranking goes, the re-ranker;
 * here — :func:`embed_queries`, the one way a query text becomes a vector.
 
-Applications use :class:`trioindex.Index` (:mod:`trioindex.api`), which ties these to an open
-database and embedder; the ``search`` command is a thin layer over it.
+Applications use :class:`trioindex.Index` (:mod:`trioindex.api.index`), which ties these to an
+open database and embedder; the ``search`` command is a thin layer over it.
 """
 
 from __future__ import annotations
