@@ -287,7 +287,7 @@ ATTEMPT_STEPS = ("parse_started", "chunks_stored", "embedding_started", "embeddi
 def attempt_row(conn: Connection, job_id: UUID) -> dict[str, Any]:
     """The job's newest attempt."""
     row = conn.execute(
-        """SELECT * FROM embedding_job_attempts WHERE embedding_job_id = %s
+        """SELECT * FROM trioindex_job_attempts WHERE embedding_job_id = %s
            ORDER BY attempt_no DESC LIMIT 1""",
         (job_id,),
     ).fetchone()

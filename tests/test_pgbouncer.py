@@ -110,7 +110,7 @@ def test_workers_behind_pgbouncer_index_wake_on_enqueue_and_recover_a_kill_9(
             second.kill()
     attempts = query(
         database_url,
-        """SELECT a.status FROM embedding_job_attempts a
+        """SELECT a.status FROM trioindex_job_attempts a
            JOIN embedding_jobs j ON j.id = a.embedding_job_id
            JOIN document_versions v ON v.id = j.document_version_id
            JOIN documents d ON d.id = v.document_id

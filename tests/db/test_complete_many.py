@@ -37,7 +37,7 @@ def test_a_group_completes_every_job_as_one_completion_does(db: Database) -> Non
             assert helpers.events(conn, claim.job_id)[-1] == "JOB_SUCCEEDED"
             assert helpers.serves(conn, claim)
             attempt = conn.execute(
-                "SELECT status FROM embedding_job_attempts WHERE id = %s", (claim.attempt_id,)
+                "SELECT status FROM trioindex_job_attempts WHERE id = %s", (claim.attempt_id,)
             ).fetchone()
             assert attempt is not None and attempt["status"] == "SUCCEEDED"
 

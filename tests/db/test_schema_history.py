@@ -255,7 +255,7 @@ def test_version_15_folds_the_step_events_into_their_attempts(pg_server_url: str
                        AS u(e, x, s)""",
                 (job, attempt),
             )
-        assert migrate(url) == [15, 16]
+        assert migrate(url) == [15, 16, 17]
         with psycopg.connect(url) as conn:
             row = conn.execute(
                 """SELECT extract(epoch FROM parse_started_at - started_at) IS NOT NULL AS t,
@@ -330,7 +330,7 @@ def test_version_16_moves_statistics_onto_served_rows_and_claims_onto_attempts(
                        ('JOB_SUCCEEDED', '{"attempt_no": 1, "chunks": 2,
                                            "became_current": false}')) AS u(e, x)"""
             )
-        assert migrate(url) == [16]
+        assert migrate(url) == [16, 17]
         with psycopg.connect(url) as conn:
             served = conn.execute("SELECT chunks, text_length FROM served_versions").fetchall()
             table = conn.execute("SELECT to_regclass('served_text_statistics')").fetchone()
@@ -341,3 +341,66 @@ def test_version_16_moves_statistics_onto_served_rows_and_claims_onto_attempts(
     # the claim and the success are read from the attempt now
     assert folded == [(False,)]
     assert events == [("JOB_ENQUEUED",)]
+
+
+def test_version_17_folds_each_running_attempt_into_its_job_row(pg_server_url: str) -> None:
+    """A database at version 16 with a claimed job whose STARTED attempt recorded its chunk
+    step, and a STARTED attempt no claim runs (its job PENDING): version 17 moves the running
+    attempt onto its job row (id, steps) and deletes its row, so the claim's fence still
+    passes and readers still see it STARTED; the other attempt is EXPIRED, as recovery would
+    have marked it."""
+    with fresh_database(pg_server_url, "trioindex_v16") as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            _migrate_to(conn, 16)
+            claim = conn.execute(
+                """WITH m AS (INSERT INTO embedding_models (name, dimension, is_active)
+                              VALUES ('m', 4, true) RETURNING id),
+                   w AS (INSERT INTO indexing_workers (hostname, pid, version, status,
+                                                       max_concurrency)
+                         VALUES ('h', 1, 'v', 'RUNNING', 1) RETURNING id),
+                   d AS (INSERT INTO documents (external_key) VALUES ('a.txt') RETURNING id),
+                   v AS (INSERT INTO document_versions (document_id, version_no, storage_key,
+                                                        original_name, byte_size, sha256)
+                         SELECT d.id, n, 'k' || n, 'a.txt', 3, repeat(n::text, 64)
+                         FROM d, generate_series(1, 2) AS n RETURNING id, version_no),
+                   j AS (INSERT INTO embedding_jobs
+                             (document_version_id, embedding_model_id, max_attempts, status,
+                              attempt_count, worker_id, claim_token, locked_at,
+                              lease_expires_at)
+                         SELECT v.id, m.id, 3,
+                                CASE v.version_no WHEN 1 THEN 'PROCESSING' ELSE 'PENDING' END,
+                                1, CASE v.version_no WHEN 1 THEN w.id END,
+                                CASE v.version_no WHEN 1 THEN gen_random_uuid() END,
+                                CASE v.version_no WHEN 1 THEN now() END,
+                                CASE v.version_no WHEN 1 THEN now() + interval '1 hour' END
+                         FROM v, m, w RETURNING id, worker_id, claim_token),
+                   a AS (INSERT INTO embedding_job_attempts
+                             (embedding_job_id, attempt_no, worker_id, chunks_stored_at,
+                              chunks, characters)
+                         SELECT j.id, 1, w.id, now(), 4, 90 FROM j, w
+                         RETURNING id, embedding_job_id)
+                   SELECT j.id AS job, j.worker_id AS worker, j.claim_token AS token,
+                          a.id AS attempt
+                   FROM j JOIN a ON a.embedding_job_id = j.id WHERE j.worker_id IS NOT NULL"""
+            ).fetchone()
+            assert claim is not None
+        assert migrate(url) == [17]
+        with psycopg.connect(url) as conn:
+            job = conn.execute(
+                """SELECT attempt_id, attempt_chunks, attempt_characters
+                   FROM embedding_jobs WHERE id = %s""",
+                (claim[0],),
+            ).fetchone()
+            rows = conn.execute(
+                "SELECT status FROM embedding_job_attempts ORDER BY status"
+            ).fetchall()
+            seen = conn.execute(
+                "SELECT id, status, chunks FROM trioindex_job_attempts ORDER BY status DESC"
+            ).fetchall()
+            renewed = conn.execute(
+                "SELECT trioindex_renew_lease(%s, %s, %s, %s, 60) IS NOT NULL", claim
+            ).fetchone()
+    assert job == (claim[3], 4, 90)
+    assert rows == [("EXPIRED",)]
+    assert seen[0] == (claim[3], "STARTED", 4) and seen[1][1] == "EXPIRED"
+    assert renewed == (True,)

@@ -6,6 +6,7 @@ alone; a set another job stored is converged on, chunk for chunk, or refused.
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 from collections.abc import Sequence
 
 import attrs
@@ -118,21 +119,32 @@ def test_a_group_of_documents_is_stored_whole_in_one_call(db: Database) -> None:
             assert served == {"chunks": 2, "text_length": commit.chunks.chunks[-1].end}
 
 
-def test_the_store_writes_each_attempt_row_once(db: Database) -> None:
+def _rows_written(conn: Any) -> dict[str, tuple[int, int]]:
+    """Rows inserted and updated per job table, as the statistics count them so far (the
+    transaction's own counts, and earlier ones not yet reported)."""
+    return {
+        row["relname"]: (row["n_tup_ins"], row["n_tup_upd"])
+        for row in conn.execute(
+            """SELECT relname, n_tup_ins, n_tup_upd FROM pg_stat_xact_user_tables
+               WHERE relname IN ('embedding_job_attempts', 'embedding_jobs')"""
+        ).fetchall()
+    }
+
+
+def test_the_store_writes_each_attempt_row_once_and_each_job_row_once(db: Database) -> None:
     """The steps (parse start, the chunk set with its repairs, the embed step) are recorded in
-    the completion's own update of the attempt: one row version per attempt, as the
-    transaction's own statistics count the table's updates."""
+    the attempt row the completion inserts as the attempt ends, and the job row is updated
+    once: as the transaction's own statistics count the tables' inserts and updates."""
     with db.connection() as conn:
         group = claims(conn, 3)
         commits = [whole(c, [f"{c.job_id} a", "b"], i) for i, c in enumerate(group)]
         commits[1] = attrs.evolve(commits[1], chunks=attrs.evolve(commits[1].chunks, replaced=2))
         with conn.transaction():
+            before = _rows_written(conn)
             assert store_documents_many(conn, commits) == [DONE] * 3
-            updates = conn.execute(
-                """SELECT n_tup_upd FROM pg_stat_xact_user_tables
-                   WHERE relname = 'embedding_job_attempts'"""
-            ).fetchone()
-        assert updates == {"n_tup_upd": 3}
+            after = _rows_written(conn)
+        written = {t: (after[t][0] - before[t][0], after[t][1] - before[t][1]) for t in after}
+        assert written == {"embedding_job_attempts": (3, 0), "embedding_jobs": (0, 3)}
         for claim, commit in zip(group, commits, strict=True):
             attempt = helpers.attempt_row(conn, claim.job_id)
             assert helpers.steps(conn, claim.job_id) == list(helpers.ATTEMPT_STEPS)

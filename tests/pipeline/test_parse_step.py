@@ -318,7 +318,7 @@ async def test_a_crash_between_claim_and_commit_parses_again_on_the_next_attempt
         # the first attempt committed nothing: no step on it;
         # the second parsed again
         first = conn.execute(
-            "SELECT * FROM embedding_job_attempts WHERE id = %s", (claim.attempt_id,)
+            "SELECT * FROM trioindex_job_attempts WHERE id = %s", (claim.attempt_id,)
         ).fetchone()
         assert first is not None
         assert first["parse_started_at"] is None and first["chunks_stored_at"] is None
@@ -438,7 +438,7 @@ def _chunks_stored(db: Database, claim: Claim) -> dict[str, Any]:
     """What the claim's attempt recorded of its stored chunk set."""
     with db.connection() as conn:
         row = conn.execute(
-            """SELECT chunks, characters, replaced_sequences FROM embedding_job_attempts
+            """SELECT chunks, characters, replaced_sequences FROM trioindex_job_attempts
                WHERE id = %s AND chunks_stored_at IS NOT NULL""",
             (claim.attempt_id,),
         ).fetchone()

@@ -153,7 +153,7 @@ def test_sigterm_during_a_long_job_exits_within_the_grace_period_and_leaves_work
     drain = cli(fake_tei_env, "worker", "--drain", timeout=120)
     assert drain.returncode == 0, drain.stderr[-3000:]
     attempts = query(
-        database_url, "SELECT attempt_no, status FROM embedding_job_attempts ORDER BY attempt_no"
+        database_url, "SELECT attempt_no, status FROM trioindex_job_attempts ORDER BY attempt_no"
     )
     assert [(a["attempt_no"], a["status"]) for a in attempts] == [
         (1, "CANCELLED"),
@@ -221,7 +221,7 @@ def test_kill_9_mid_job_then_a_second_worker_completes_it_without_duplicates(
         second.kill()
     attempts = query(
         database_url,
-        "SELECT attempt_no, status, worker_id FROM embedding_job_attempts ORDER BY attempt_no",
+        "SELECT attempt_no, status, worker_id FROM trioindex_job_attempts ORDER BY attempt_no",
     )
     assert [(a["attempt_no"], a["status"]) for a in attempts] == [(1, "EXPIRED"), (2, "SUCCEEDED")]
     assert attempts[0]["worker_id"] != attempts[1]["worker_id"]

@@ -143,7 +143,7 @@ async def test_several_workers_draining_one_queue_run_each_job_once_within_their
     assert max(peak.values()) <= 2 * 2
     assert statuses(db) == Counter({"SUCCEEDED": 30})
     with db.connection() as conn:
-        claimed = conn.execute("SELECT count(*) AS n FROM embedding_job_attempts").fetchone()
+        claimed = conn.execute("SELECT count(*) AS n FROM trioindex_job_attempts").fetchone()
     assert claimed == {"n": 30}  # one claim (its attempt row) per job
 
 
@@ -261,7 +261,7 @@ async def test_a_worker_that_lost_its_lease_cannot_store_its_late_result(db: Dat
     assert worker_a.counters.succeeded == 0
     with db.connection() as conn:
         attempts = conn.execute(
-            "SELECT attempt_no, status, worker_id FROM embedding_job_attempts ORDER BY attempt_no"
+            "SELECT attempt_no, status, worker_id FROM trioindex_job_attempts ORDER BY attempt_no"
         ).fetchall()
         assert helpers.count(conn, "SELECT count(*) FROM embeddings") == 2  # one set, B's
         assert helpers.events(conn, job).count("JOB_SUCCEEDED") == 1
@@ -294,7 +294,7 @@ async def test_renewal_keeps_a_long_job_owned_while_recovery_runs(db: Database) 
     assert rescuer.counters.recovered == 0
     assert rescuer.counters.claimed == 0
     with db.connection() as conn:
-        assert helpers.count(conn, "SELECT count(*) FROM embedding_job_attempts") == 1
+        assert helpers.count(conn, "SELECT count(*) FROM trioindex_job_attempts") == 1
 
 
 async def test_shutdown_stops_new_claims_on_real_postgres(db: Database) -> None:
@@ -400,7 +400,7 @@ async def test_a_job_cancelled_at_shutdown_is_pending_at_once_without_spending_a
             worker.request_stop()
     with db.connection() as conn:
         row = helpers.job_row(conn, job)
-        attempts = conn.execute("SELECT status FROM embedding_job_attempts").fetchall()
+        attempts = conn.execute("SELECT status FROM trioindex_job_attempts").fetchall()
         status = conn.execute("SELECT status FROM indexing_workers").fetchone()
     # on its only attempt, yet PENDING (not FAILED after a lease expiry) and claimable now
     assert (row["status"], row["attempt_count"], row["max_attempts"]) == ("PENDING", 1, 2)

@@ -98,7 +98,7 @@ def slices_recorded(db: Database, claim: Claim) -> dict[str, object] | None:
     """The vectors and slices the claim's attempt recorded."""
     with db.connection() as conn:
         return conn.execute(
-            """SELECT embeddings, embedding_slices FROM embedding_job_attempts
+            """SELECT embeddings, embedding_slices FROM trioindex_job_attempts
                WHERE id = %s""",
             (claim.attempt_id,),
         ).fetchone()

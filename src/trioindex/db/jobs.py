@@ -134,19 +134,21 @@ WITH worker AS (
         locked_at = now(),
         lease_expires_at = now() + make_interval(secs => %(lease)s),
         attempt_count = j.attempt_count + 1,
-        chunking = worker.chunking
+        chunking = worker.chunking,
+        -- the attempt runs on the job row (its start is locked_at); its row is written when
+        -- it ends, under this id. No event is written for the claim.
+        attempt_id = gen_random_uuid(),
+        attempt_parse_started_at = NULL, attempt_chunks_stored_at = NULL, attempt_chunks = NULL,
+        attempt_characters = NULL, attempt_replaced_sequences = NULL,
+        attempt_embedding_started_at = NULL, attempt_embeddings_stored_at = NULL,
+        attempt_embeddings = NULL, attempt_embedding_slices = NULL
     FROM picked, worker
     WHERE j.id = picked.id
     RETURNING j.id, j.worker_id, j.claim_token, j.document_version_id, j.embedding_model_id,
-              j.attempt_count, j.lease_expires_at, j.chunking
-), attempt AS (
-    -- the attempt row is the claim's record (its started_at): no event is written for it
-    INSERT INTO embedding_job_attempts (embedding_job_id, attempt_no, worker_id)
-    SELECT id, attempt_count, worker_id FROM claimed
-    RETURNING id, embedding_job_id, attempt_no
+              j.attempt_count, j.lease_expires_at, j.chunking, j.attempt_id
 )
 SELECT c.id AS job_id, c.worker_id, c.claim_token, c.document_version_id, c.embedding_model_id,
-       c.lease_expires_at, a.id AS attempt_id, a.attempt_no,
+       c.lease_expires_at, c.attempt_id, c.attempt_count AS attempt_no,
        d.external_key AS document_key, c.chunking,
        -- what the parse reads (when the set is not stored): the claim begins the parse step
        v.document_id, v.storage_key, v.original_name, v.content_type, v.byte_size, v.sha256,
@@ -159,7 +161,6 @@ SELECT c.id AS job_id, c.worker_id, c.claim_token, c.document_version_id, c.embe
           AND ch.chunking = c.chunking
         ORDER BY ch.chunk_index LIMIT 1) IS NOT NULL AS chunks_ready
 FROM claimed c
-JOIN attempt a ON a.embedding_job_id = c.id
 JOIN document_versions v ON v.id = c.document_version_id
 JOIN documents d ON d.id = v.document_id
 """
@@ -177,9 +178,9 @@ def claim_jobs(
     (whose commit does not wait for the disk: see ``_CLAIM_SQL``).
 
     Highest priority first, then oldest ``available_at``; rows locked by another claimer are
-    skipped. The claim and the attempt start share the transaction, so every invariant of the
-    separate steps holds: ``attempt_count`` is incremented under the row lock, an attempt row
-    exists exactly when a claim does, and no attempt is written for work that was not claimed.
+    skipped. The claim starts the attempt on the job row (``attempt_id``, ``attempt_count``
+    incremented under the row lock, its start ``locked_at``): a running attempt exists exactly
+    when a claim does, and its row in ``embedding_job_attempts`` is written when it ends.
     A worker that is not RUNNING gets nothing; an empty queue is an empty list. With
     ``model_id``, only jobs pinned to that model are claimed (a worker embeds with one model);
     :class:`ModelRemoved` when that model no longer exists (it was removed, and perhaps
@@ -361,10 +362,11 @@ def fail_job(
     with conn.transaction():
         owned = lock_owned_job(conn, claim)
         conn.execute(
-            """UPDATE embedding_job_attempts
-               SET status = 'FAILED', failure_type = %s, failure_message = %s, finished_at = now()
-               WHERE id = %s""",
-            (failure_type.value, safe_message, claim.attempt_id),
+            """INSERT INTO embedding_job_attempts
+               SELECT a.* FROM embedding_jobs j,
+                    trioindex_ended_attempt(j, 'FAILED', %s, %s) AS a
+               WHERE j.id = %s""",
+            (failure_type.value, safe_message, claim.job_id),
         )
         retry = failure_type.retryable and owned.attempt_count < owned.max_attempts
         if retry:
@@ -374,7 +376,7 @@ def fail_job(
                        available_at = now() + make_interval(secs => trioindex_retry_delay(
                            attempt_count, %s, %s, %s, %s)),
                        worker_id = NULL, claim_token = NULL, locked_at = NULL,
-                       lease_expires_at = NULL,
+                       lease_expires_at = NULL, attempt_id = NULL,
                        last_failure_type = %s, last_failure_message = %s
                    WHERE id = %s RETURNING available_at""",
                 (
@@ -395,7 +397,7 @@ def fail_job(
                 """UPDATE embedding_jobs
                    SET status = 'FAILED', finished_at = now(),
                        worker_id = NULL, claim_token = NULL, locked_at = NULL,
-                       lease_expires_at = NULL,
+                       lease_expires_at = NULL, attempt_id = NULL,
                        last_failure_type = %s, last_failure_message = %s
                    WHERE id = %s""",
                 (failure_type.value, safe_message, claim.job_id),
@@ -461,11 +463,13 @@ WITH expired AS (
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 ), attempt AS (
-    UPDATE embedding_job_attempts a
-    SET status = 'EXPIRED', finished_at = now()
-    FROM expired e
-    WHERE a.embedding_job_id = e.id AND a.status = 'STARTED'
-    RETURNING a.id, a.embedding_job_id, a.attempt_no
+    -- the running attempt's row, written as it ends (read before the job row is freed: every
+    -- part of the statement sees the rows as they were before it)
+    INSERT INTO embedding_job_attempts
+    SELECT a.* FROM expired e
+    JOIN embedding_jobs j ON j.id = e.id
+    CROSS JOIN LATERAL trioindex_ended_attempt(j, 'EXPIRED') AS a
+    RETURNING id, embedding_job_id, attempt_no
 ), job AS (
     UPDATE embedding_jobs j
     SET status = CASE WHEN j.attempt_count < j.max_attempts THEN 'PENDING' ELSE 'FAILED' END,
@@ -479,7 +483,8 @@ WITH expired AS (
         last_failure_message = CASE WHEN j.attempt_count < j.max_attempts
             THEN j.last_failure_message
             ELSE 'the lease expired on the last attempt (worker stopped renewing it)' END,
-        worker_id = NULL, claim_token = NULL, locked_at = NULL, lease_expires_at = NULL
+        worker_id = NULL, claim_token = NULL, locked_at = NULL, lease_expires_at = NULL,
+        attempt_id = NULL
     FROM expired e
     WHERE j.id = e.id
     RETURNING j.id, j.status, j.document_version_id, j.attempt_count

@@ -36,20 +36,18 @@ CREATE TRIGGER touch BEFORE UPDATE ON indexing_workers
     FOR EACH ROW EXECUTE FUNCTION trioindex_touch_updated_at();
 CREATE TRIGGER touch BEFORE UPDATE ON embedding_jobs
     FOR EACH ROW EXECUTE FUNCTION trioindex_touch_updated_at();
-CREATE TRIGGER touch BEFORE UPDATE ON embedding_job_attempts
-    FOR EACH ROW EXECUTE FUNCTION trioindex_touch_updated_at();
 CREATE TRIGGER touch BEFORE UPDATE ON served_versions
     FOR EACH ROW EXECUTE FUNCTION trioindex_touch_updated_at();
 
 -- the fence ----------------------------------------------------------------------------------
 
--- Why a claim (worker p_worker, claim token p_token, attempt row a) does not own job j, or NULL
--- when it does: the job is PROCESSING, held by this worker with this claim token, its lease
--- has not expired by a fresh clock, and a is the job's current STARTED attempt (a is all NULL
--- when the claim's attempt is not a row of this job). j must be read under its row lock. The
+-- Why a claim (worker p_worker, claim token p_token, attempt p_attempt) does not own job j, or
+-- NULL when it does: the job is PROCESSING, held by this worker with this claim token, its
+-- lease has not expired by a fresh clock, and p_attempt is the attempt it runs (the id its
+-- claim drew; the job row holds the running attempt). j must be read under its row lock. The
 -- one text of "this claim still owns the job": the fence of one job and of a group ask it.
 CREATE FUNCTION trioindex_ownership_refusal(
-    j embedding_jobs, a embedding_job_attempts, p_worker uuid, p_token uuid)
+    j embedding_jobs, p_attempt uuid, p_worker uuid, p_token uuid)
 RETURNS text LANGUAGE sql VOLATILE AS $$
     SELECT CASE
         WHEN j.status <> 'PROCESSING' THEN format('the job is %s, not PROCESSING', j.status)
@@ -58,9 +56,8 @@ RETURNS text LANGUAGE sql VOLATILE AS $$
             THEN 'the claim token belongs to an older claim'
         -- a fresh clock, not the transaction's start time
         WHEN j.lease_expires_at <= clock_timestamp() THEN 'the lease has expired'
-        WHEN a.id IS NULL OR a.status <> 'STARTED' OR a.worker_id <> p_worker
-             OR a.attempt_no <> j.attempt_count
-            THEN 'the attempt is not the job''s current STARTED attempt'
+        WHEN j.attempt_id IS DISTINCT FROM p_attempt
+            THEN 'the attempt is not the one the job runs'
     END
 $$;
 
@@ -70,7 +67,6 @@ CREATE FUNCTION trioindex_lock_owned_job(p_job uuid, p_worker uuid, p_token uuid
 RETURNS embedding_jobs LANGUAGE plpgsql AS $$
 DECLARE
     j embedding_jobs;
-    a embedding_job_attempts;
     refused text;
 BEGIN
     SELECT * INTO j FROM embedding_jobs WHERE id = p_job FOR UPDATE;
@@ -79,9 +75,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'TI003',
             MESSAGE = 'the job no longer exists: its document or model was removed';
     END IF;
-    SELECT * INTO a FROM embedding_job_attempts
-    WHERE id = p_attempt AND embedding_job_id = p_job;
-    refused := trioindex_ownership_refusal(j, a, p_worker, p_token);
+    refused := trioindex_ownership_refusal(j, p_attempt, p_worker, p_token);
     IF refused IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'TI001', MESSAGE = refused;
     END IF;
@@ -109,9 +103,7 @@ BEGIN
     FROM (SELECT j.id, j.document_version_id FROM embedding_jobs j
           JOIN unnest(p_jobs, p_workers, p_tokens, p_attempts) AS u(job, worker, token, attempt)
             ON u.job = j.id
-          LEFT JOIN embedding_job_attempts a
-            ON a.id = u.attempt AND a.embedding_job_id = j.id
-          WHERE trioindex_ownership_refusal(j, a, u.worker, u.token) IS NULL
+          WHERE trioindex_ownership_refusal(j, u.attempt, u.worker, u.token) IS NULL
           ORDER BY j.id FOR UPDATE OF j) AS l;
     SELECT coalesce(array_agg(l.id), '{}') INTO locked
     FROM (SELECT v.id FROM document_versions v WHERE v.id = ANY(versions)
@@ -128,13 +120,12 @@ BEGIN
     FROM unnest(p_jobs, p_workers, p_tokens, p_attempts) WITH ORDINALITY
          AS u(job, worker, token, attempt, ord)
     LEFT JOIN embedding_jobs j ON j.id = u.job
-    LEFT JOIN embedding_job_attempts a ON a.id = u.attempt AND a.embedding_job_id = j.id
     CROSS JOIN LATERAL (
         SELECT x.code, x.message FROM (VALUES
             (1, j.id IS NULL, 'TI003',
              'the job no longer exists: its document or model was removed'),
             (2, NOT (j.id = ANY(owned)), 'TI001',
-             coalesce(trioindex_ownership_refusal(j, a, u.worker, u.token),
+             coalesce(trioindex_ownership_refusal(j, u.attempt, u.worker, u.token),
                       'the claim no longer owns the job')),
             (3, NOT (j.document_version_id = ANY(locked)), 'TI002',
              'the job''s document version does not exist'),
@@ -157,6 +148,58 @@ BEGIN
     RETURN v;
 END;
 $$;
+
+-- The row an attempt leaves when it ends (status p_status, with p_failure_type and
+-- p_failure_message for FAILED): the running attempt the claim recorded on job row j — its id,
+-- number, worker, start (locked_at) and the steps it ran (the attempt_* columns) — ended now.
+-- The one mapping from the job row to the attempt row; every end of an attempt inserts it
+-- before the same statement or the next frees the job row. A completion adds the steps it ran
+-- in the same transaction: p_stored vectors just stored (a slice: vectors, slices and their
+-- time), p_parse_started, and p_chunks > 0 chunks of the set it stored with p_characters and
+-- p_replaced; and p_became_current.
+CREATE FUNCTION trioindex_ended_attempt(
+    j embedding_jobs, p_status text, p_failure_type text DEFAULT NULL,
+    p_failure_message text DEFAULT NULL, p_became_current boolean DEFAULT NULL,
+    p_stored integer DEFAULT 0, p_parse_started timestamptz DEFAULT NULL,
+    p_chunks integer DEFAULT NULL, p_characters integer DEFAULT NULL,
+    p_replaced integer DEFAULT NULL)
+RETURNS SETOF embedding_job_attempts LANGUAGE sql STABLE AS $$
+    SELECT j.attempt_id, j.id, j.attempt_count, j.worker_id, p_status, p_failure_type,
+           p_failure_message, j.locked_at, now(), now(), now(),
+           coalesce(p_parse_started, j.attempt_parse_started_at),
+           CASE WHEN p_chunks > 0 THEN now() ELSE j.attempt_chunks_stored_at END,
+           CASE WHEN p_chunks > 0 THEN p_chunks ELSE j.attempt_chunks END,
+           CASE WHEN p_chunks > 0 THEN p_characters ELSE j.attempt_characters END,
+           CASE WHEN p_chunks > 0 THEN nullif(p_replaced, 0)
+                ELSE j.attempt_replaced_sequences END,
+           -- vectors stored by an attempt that began no embed step: embedded before this
+           -- store, which is the step's start the attempt records
+           CASE WHEN p_stored > 0 THEN coalesce(j.attempt_embedding_started_at, now())
+                ELSE j.attempt_embedding_started_at END,
+           CASE WHEN p_stored > 0 THEN now() ELSE j.attempt_embeddings_stored_at END,
+           CASE WHEN p_stored > 0 THEN coalesce(j.attempt_embeddings, 0) + p_stored
+                ELSE j.attempt_embeddings END,
+           CASE WHEN p_stored > 0 THEN coalesce(j.attempt_embedding_slices, 0) + 1
+                ELSE j.attempt_embedding_slices END,
+           p_became_current
+$$;
+
+-- Every attempt: the ended ones (their rows) and the running one of each PROCESSING job (on
+-- its row, status STARTED, not finished), with the columns of embedding_job_attempts. What
+-- every reader of a job's attempts reads (jobs show, the HTTP job detail, the console, the
+-- timeline); writers write the table.
+CREATE VIEW trioindex_job_attempts AS
+SELECT a.id, a.embedding_job_id, a.attempt_no, a.worker_id, a.status, a.failure_type,
+       a.failure_message, a.started_at, a.finished_at, a.parse_started_at, a.chunks_stored_at,
+       a.chunks, a.characters, a.replaced_sequences, a.embedding_started_at,
+       a.embeddings_stored_at, a.embeddings, a.embedding_slices, a.became_current
+FROM embedding_job_attempts a
+UNION ALL
+SELECT j.attempt_id, j.id, j.attempt_count, j.worker_id, 'STARTED', NULL, NULL, j.locked_at,
+       NULL, j.attempt_parse_started_at, j.attempt_chunks_stored_at, j.attempt_chunks,
+       j.attempt_characters, j.attempt_replaced_sequences, j.attempt_embedding_started_at,
+       j.attempt_embeddings_stored_at, j.attempt_embeddings, j.attempt_embedding_slices, NULL
+FROM embedding_jobs j WHERE j.status = 'PROCESSING';
 
 -- lease and retry delay -----------------------------------------------------------------------
 
@@ -199,11 +242,11 @@ DECLARE
     j embedding_jobs;
 BEGIN
     j := trioindex_lock_owned_job(p_job, p_worker, p_token, p_attempt);
-    UPDATE embedding_job_attempts SET status = 'CANCELLED', finished_at = now()
-    WHERE id = p_attempt;
+    INSERT INTO embedding_job_attempts SELECT * FROM trioindex_ended_attempt(j, 'CANCELLED');
     UPDATE embedding_jobs
     SET status = 'PENDING', available_at = now(), max_attempts = max_attempts + 1,
-        worker_id = NULL, claim_token = NULL, locked_at = NULL, lease_expires_at = NULL
+        worker_id = NULL, claim_token = NULL, locked_at = NULL, lease_expires_at = NULL,
+        attempt_id = NULL
     WHERE id = p_job;
     INSERT INTO indexing_events
         (event_type, embedding_job_id, document_version_id, attempt_id, worker_id, detail)
@@ -548,16 +591,17 @@ BEGIN
             c_tokens[s.first : s.first + s.n - 1], c_sha256s[s.first : s.first + s.n - 1])
             WITH ORDINALITY AS c(id, content, s, e, t, h, k)
     ), progressed AS (
-        UPDATE embedding_jobs j SET progress = 50 FROM storing s WHERE j.id = s.job
+        -- the step, recorded on the running attempt (on the job row): no indexed column
+        UPDATE embedding_jobs j
+        SET progress = 50, attempt_parse_started_at = s.parse_started,
+            attempt_chunks_stored_at = now(), attempt_chunks = s.n,
+            attempt_characters = c_end[s.first + s.n - 1],
+            attempt_replaced_sequences = nullif(s.replaced, 0),
+            attempt_embedding_started_at = now()
+        FROM storing s WHERE j.id = s.job
     ), marked AS (
         UPDATE document_versions v SET ocr_low_confidence_pages = s.low::integer[]
         FROM storing s WHERE v.id = s.version AND s.low IS NOT NULL
-    ), recorded AS (
-        UPDATE embedding_job_attempts a
-        SET parse_started_at = s.parse_started, chunks_stored_at = now(), chunks = s.n,
-            characters = c_end[s.first + s.n - 1],
-            replaced_sequences = nullif(s.replaced, 0), embedding_started_at = now()
-        FROM storing s WHERE a.id = s.attempt
     ), events AS (
         INSERT INTO indexing_events
             (event_type, embedding_job_id, document_version_id, attempt_id, worker_id, detail)
@@ -618,11 +662,12 @@ BEGIN
           AND e.document_version_id = v.id AND e.embedding_model_id = m.id;
         existing := 0;
     END IF;
-    IF j.progress < 50 THEN
-        UPDATE embedding_jobs SET progress = 50 WHERE id = j.id;
+    IF j.progress < 50 OR j.attempt_embedding_started_at IS NULL THEN
+        UPDATE embedding_jobs
+        SET progress = greatest(progress, 50),
+            attempt_embedding_started_at = coalesce(attempt_embedding_started_at, now())
+        WHERE id = j.id;
     END IF;
-    UPDATE embedding_job_attempts SET embedding_started_at = now()
-    WHERE id = p_attempt AND embedding_started_at IS NULL;
     version_id := v.id; document_id := v.document_id; model_id := m.id; model_name := m.name;
     dimension := m.dimension; chunking := j.chunking;
     RETURN NEXT;
@@ -763,11 +808,13 @@ BEGIN
             e_chunk_ids[w.first : w.first + w.n - 1], e_vectors[w.first : w.first + w.n - 1],
             e_sha256s[w.first : w.first + w.n - 1]) AS e(c, vec, h)
     ), recorded AS (
-        -- a slice that does not end its set; the completion records the one that does
-        UPDATE embedding_job_attempts a
-        SET embeddings_stored_at = now(), embeddings = coalesce(a.embeddings, 0) + w.n,
-            embedding_slices = coalesce(a.embedding_slices, 0) + 1
-        FROM writing w WHERE a.id = w.attempt AND w.existing + w.n <> w.size
+        -- a slice that does not end its set, on the running attempt (the job row); the
+        -- completion records the one that does
+        UPDATE embedding_jobs j
+        SET attempt_embeddings_stored_at = now(),
+            attempt_embeddings = coalesce(j.attempt_embeddings, 0) + w.n,
+            attempt_embedding_slices = coalesce(j.attempt_embedding_slices, 0) + 1
+        FROM writing w WHERE j.id = w.job AND w.existing + w.n <> w.size
     )
     SELECT array_agg(g.refused ORDER BY g.ord), array_agg(g.why ORDER BY g.ord),
            array_agg(g.refused IS NULL AND g.existing <> g.size ORDER BY g.ord),
@@ -1102,36 +1149,23 @@ BEGIN
         DO UPDATE SET document_version_id = EXCLUDED.document_version_id,
                       chunks = EXCLUDED.chunks, text_length = EXCLUDED.text_length
     ), attempts AS (
-        -- the attempt row is the success's record (finished_at, became_current): no event
-        UPDATE embedding_job_attempts a
-        SET status = 'SUCCEEDED', finished_at = now(), became_current = d.current,
-            parse_started_at = coalesce(s.parse_started, a.parse_started_at),
-            chunks_stored_at = CASE WHEN s.chunks > 0 THEN now() ELSE a.chunks_stored_at END,
-            chunks = CASE WHEN s.chunks > 0 THEN s.chunks ELSE a.chunks END,
-            characters = CASE WHEN s.chunks > 0 THEN s.characters ELSE a.characters END,
-            replaced_sequences = CASE WHEN s.chunks > 0 THEN nullif(s.replaced, 0)
-                                      ELSE a.replaced_sequences END,
-            -- vectors stored by an attempt that began no embed step: embedded before this
-            -- store, which is the step's start the attempt records
-            embedding_started_at = CASE WHEN d.stored > 0
-                                        THEN coalesce(a.embedding_started_at, now())
-                                        ELSE a.embedding_started_at END,
-            embeddings_stored_at = CASE WHEN d.stored > 0 THEN now()
-                                        ELSE a.embeddings_stored_at END,
-            embeddings = CASE WHEN d.stored > 0 THEN coalesce(a.embeddings, 0) + d.stored
-                              ELSE a.embeddings END,
-            embedding_slices = CASE WHEN d.stored > 0 THEN coalesce(a.embedding_slices, 0) + 1
-                                    ELSE a.embedding_slices END
-        FROM decided d
+        -- the attempt's row, written once as it ends: the success's record (finished_at,
+        -- became_current), with the steps run in this transaction; no event
+        INSERT INTO embedding_job_attempts
+        SELECT a.* FROM decided d
+        JOIN embedding_jobs j ON j.id = d.job
         LEFT JOIN unnest(p_parse_started, p_chunks, p_characters, p_replaced)
              WITH ORDINALITY AS s(parse_started, chunks, characters, replaced, ord)
           ON s.ord = d.ord
-        WHERE a.id = d.attempt
+        CROSS JOIN LATERAL trioindex_ended_attempt(
+            j, 'SUCCEEDED', p_became_current => d.current, p_stored => d.stored,
+            p_parse_started => s.parse_started, p_chunks => s.chunks,
+            p_characters => s.characters, p_replaced => s.replaced) AS a
     ), jobs AS (
         UPDATE embedding_jobs j
         SET status = 'SUCCEEDED', progress = 100, finished_at = now(), chunk_count = d.n_chunks,
             worker_id = NULL, claim_token = NULL, locked_at = NULL, lease_expires_at = NULL,
-            last_failure_type = NULL, last_failure_message = NULL
+            attempt_id = NULL, last_failure_type = NULL, last_failure_message = NULL
         FROM decided d WHERE j.id = d.job
     )
     SELECT g.job, g.code, g.msg, d.current, d.n_chunks

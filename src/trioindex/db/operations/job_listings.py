@@ -25,7 +25,7 @@ SELECT j.id, j.status, j.priority, j.attempt_count, j.max_attempts, j.available_
                WHERE s.embedding_model_id = j.embedding_model_id
                  AND s.document_version_id = j.document_version_id) AS version_served,
        m.name AS model_name,
-       (SELECT count(*) FROM embedding_job_attempts a
+       (SELECT count(*) FROM trioindex_job_attempts a
         WHERE a.embedding_job_id = j.id AND a.status <> 'CANCELLED'
           AND a.started_at > coalesce(
               (SELECT max(e.created_at) FROM indexing_events e
@@ -109,7 +109,7 @@ def show_job(conn: Connection, job_id: UUID) -> JobView:
         attempts = tuple(
             AttemptView.from_row(a)
             for a in conn.execute(
-                """SELECT * FROM embedding_job_attempts
+                """SELECT * FROM trioindex_job_attempts
                    WHERE embedding_job_id = %s ORDER BY attempt_no""",
                 (job_id,),
             ).fetchall()
@@ -157,7 +157,7 @@ def job_page(conn: Connection, *, status: JobStatus | None = None, limit: int = 
         total = count_jobs(conn, JobFilter(status=status))
         attempts: dict[UUID, list[AttemptView]] = {}
         for a in conn.execute(
-            """SELECT * FROM embedding_job_attempts WHERE embedding_job_id = ANY(%s)
+            """SELECT * FROM trioindex_job_attempts WHERE embedding_job_id = ANY(%s)
                ORDER BY embedding_job_id, attempt_no""",
             ([j.id for j in jobs],),
         ).fetchall():

@@ -26,8 +26,8 @@ class EventView:
     detail: dict[str, Any]
 
 
-# The job's event rows, and its claims and success from its attempt rows (each attempt's
-# started_at is a claim; a SUCCEEDED attempt's finished_at the success, with the job's chunk
+# The job's event rows, and its claims and success from its attempts (each attempt's
+# started_at is a claim, the running one's included; a SUCCEEDED attempt's finished_at the success, with the job's chunk
 # count: a job succeeds once). At one time, a claim comes first and a success last.
 _TIMELINE_SQL = """
 SELECT * FROM (
@@ -36,7 +36,7 @@ SELECT * FROM (
     UNION ALL
     SELECT NULL, 'JOB_CLAIMED', a.started_at, a.id, a.worker_id,
            jsonb_build_object('attempt_no', a.attempt_no), 0
-    FROM embedding_job_attempts a WHERE a.embedding_job_id = %(job)s
+    FROM trioindex_job_attempts a WHERE a.embedding_job_id = %(job)s
     UNION ALL
     SELECT NULL, 'JOB_SUCCEEDED', a.finished_at, a.id, a.worker_id,
            jsonb_build_object('attempt_no', a.attempt_no, 'chunks', j.chunk_count,
