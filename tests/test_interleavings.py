@@ -251,10 +251,9 @@ def _owned(conn: Connection, claims: Sequence[Claim]) -> list[bool]:
     rows = conn.execute(
         """SELECT EXISTS (
                   SELECT 1 FROM embedding_jobs j
-                  JOIN embedding_job_attempts a ON a.id = c.attempt AND a.embedding_job_id = j.id
                   WHERE j.id = c.job AND j.status = 'PROCESSING' AND j.worker_id = c.worker
                     AND j.claim_token = c.token AND j.lease_expires_at > clock_timestamp()
-                    AND a.status = 'STARTED' AND a.attempt_no = j.attempt_count) AS owned
+                    AND j.attempt_id = c.attempt) AS owned
            FROM unnest(%s::uuid[], %s::uuid[], %s::uuid[], %s::uuid[]) WITH ORDINALITY
                 AS c(job, worker, token, attempt, n)
            ORDER BY c.n""",
@@ -316,7 +315,7 @@ FROM embedding_jobs j
 JOIN document_versions v ON v.id = j.document_version_id
 JOIN documents d ON d.id = v.document_id
 JOIN embedding_models m ON m.id = j.embedding_model_id
-LEFT JOIN embedding_job_attempts a ON a.embedding_job_id = j.id
+LEFT JOIN trioindex_job_attempts a ON a.embedding_job_id = j.id
 GROUP BY j.id, d.external_key, v.version_no, m.name
 """
 

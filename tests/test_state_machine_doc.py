@@ -5,8 +5,10 @@ function.
 The code is read, not run: each SQL function of functions.sql and each top-level function or
 statement constant of the Python modules is a "writer"; in it, every ``UPDATE <table> SET
 status = ...`` (literals, or a ``CASE`` of literals) and every ``INSERT`` naming a status
-literal is one write of (entity, status). Inserts that take the column's default are listed in
-the table as ``(insert, default)`` and not scanned.
+literal is one write of (entity, status), and so is every ``INSERT INTO
+embedding_job_attempts`` of ``trioindex_ended_attempt(job, '<status>', ...)`` (an attempt's row
+is written when it ends, from its job row). Inserts that take the column's default are listed
+in the table as ``(insert, default)`` and not scanned.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ _UPDATE = re.compile(
 _STATUS_SET = re.compile(r"\bstatus\s*=\s*(CASE\b.*?\bEND|'[A-Z]+')", re.S)
 _INSERT = re.compile(r"INSERT INTO\s+(\w+)\s*\(([^)]*)\)\s*VALUES\s*\(([^)]*)\)", re.S)
 _LITERAL = re.compile(r"'([A-Z]+)'")
+_ENDED_ATTEMPT = re.compile(
+    r"INSERT INTO\s+embedding_job_attempts\b(?:(?!INSERT INTO).)*?"
+    r"trioindex_ended_attempt\(\s*\w+,\s*'([A-Z]+)'",
+    re.S,
+)
 
 
 def _segments() -> list[tuple[str, str]]:
@@ -62,6 +69,7 @@ def _code_writes() -> set[tuple[str, str, str]]:
             if table in ENTITIES and "status" in names:
                 value = [v.strip() for v in values.split(",")][names.index("status")]
                 writes.update((ENTITIES[table], s, writer) for s in _LITERAL.findall(value))
+        writes.update(("attempt", status, writer) for status in _ENDED_ATTEMPT.findall(text))
     return writes
 
 
