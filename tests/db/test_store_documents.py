@@ -6,8 +6,8 @@ alone; a set another job stored is converged on, chunk for chunk, or refused.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import numpy as np

@@ -1,5 +1,5 @@
-"""A job's timeline for operators: its event rows, and its claims and success as its attempt
-rows record them (ids, counts, attempt numbers, failure types and model names only)."""
+"""A job's timeline for operators: its event rows, and its claims and success as its attempts
+record them (ids, counts, attempt numbers, failure types and model names only)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,9 @@ class EventView:
 
 
 # The job's event rows, and its claims and success from its attempts (each attempt's
-# started_at is a claim, the running one's included; a SUCCEEDED attempt's finished_at the success, with the job's chunk
-# count: a job succeeds once). At one time, a claim comes first and a success last.
+# started_at is a claim, the running one's included; a SUCCEEDED attempt's finished_at the
+# success, with the job's chunk count: a job succeeds once). At one time, a claim comes first
+# and a success last.
 _TIMELINE_SQL = """
 SELECT * FROM (
     SELECT e.id, e.event_type, e.created_at, e.attempt_id, e.worker_id, e.detail, 1 AS rank
