@@ -670,7 +670,7 @@ def run_idle_latency(pg: BenchPostgres, count: int, *, notify: bool, seed: int) 
                 """SELECT extract(epoch FROM a.started_at - j.created_at)::float8 * 1000,
                           extract(epoch FROM a.started_at)::float8, d.external_key, j.status
                    FROM embedding_jobs j
-                   JOIN embedding_job_attempts a ON a.embedding_job_id = j.id AND a.attempt_no = 1
+                   JOIN trioindex_job_attempts a ON a.embedding_job_id = j.id AND a.attempt_no = 1
                    JOIN document_versions v ON v.id = j.document_version_id
                    JOIN documents d ON d.id = v.document_id
                    ORDER BY j.created_at"""

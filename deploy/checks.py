@@ -134,7 +134,7 @@ def check_ingest(project: Project) -> dict[str, Any]:
     jobs = _jobs(project)
     per_worker = sql(
         project,
-        "SELECT w.hostname, count(*) FROM embedding_job_attempts a "
+        "SELECT w.hostname, count(*) FROM trioindex_job_attempts a "
         "JOIN indexing_workers w ON w.id = a.worker_id WHERE a.status = 'SUCCEEDED' GROUP BY 1",
     )
     shutil.rmtree(folder)
@@ -201,7 +201,7 @@ def check_sigterm(project: Project) -> dict[str, Any]:
         project.run_cli(folder, "ingest", "/in")
         held_query = (
             "SELECT j.id, a.id FROM embedding_jobs j JOIN indexing_workers w ON w.id = j.worker_id "
-            "JOIN embedding_job_attempts a ON a.embedding_job_id = j.id AND a.status = 'STARTED' "
+            "JOIN trioindex_job_attempts a ON a.embedding_job_id = j.id AND a.status = 'STARTED' "
             f"WHERE j.status = 'PROCESSING' AND w.hostname = '{host}' AND w.status = 'RUNNING'"
         )
         _until(f"{victim} holding {slots} jobs", lambda: len(sql(project, held_query)) >= slots, 90)
@@ -217,7 +217,7 @@ def check_sigterm(project: Project) -> dict[str, Any]:
             f"LEFT JOIN indexing_workers w ON w.id = j.worker_id WHERE j.id IN ({job_ids})",
         )
         attempts_after = [r[0] for r in sql(
-            project, f"SELECT status FROM embedding_job_attempts WHERE id IN ({attempt_ids})"
+            project, f"SELECT status FROM trioindex_job_attempts WHERE id IN ({attempt_ids})"
         )]  # fmt: skip
         row = sql(
             project,

@@ -35,7 +35,7 @@ from deploy.compose_stack import ComposeProject
 HELD = (
     "SELECT j.id, a.id, w.hostname FROM embedding_jobs j "
     "JOIN indexing_workers w ON w.id = j.worker_id "
-    "JOIN embedding_job_attempts a ON a.embedding_job_id = j.id AND a.status = 'STARTED' "
+    "JOIN trioindex_job_attempts a ON a.embedding_job_id = j.id AND a.status = 'STARTED' "
     "WHERE j.status = 'PROCESSING' AND w.status = 'RUNNING'"
 )
 
@@ -80,7 +80,7 @@ def check_compose_stop(project: ComposeProject) -> dict[str, Any]:
         project.compose("stop", "worker", timeout=stop_after + 90)
         took = time.monotonic() - started
         jobs_after = _statuses(project, "embedding_jobs", [r[0] for r in held])
-        attempts_after = _statuses(project, "embedding_job_attempts", [r[1] for r in held])
+        attempts_after = _statuses(project, "trioindex_job_attempts", [r[1] for r in held])
         rows = sql(
             project,
             "SELECT DISTINCT ON (hostname) hostname, status FROM indexing_workers "
@@ -140,10 +140,10 @@ def check_kill(project: ComposeProject) -> dict[str, Any]:
     finally:
         _embedder_mode(project, "normal")
     waited = _until("every job SUCCEEDED after the kill", lambda: _all_succeeded(project), 240)
-    old_attempts = _statuses(project, "embedding_job_attempts", [r[1] for r in held])
+    old_attempts = _statuses(project, "trioindex_job_attempts", [r[1] for r in held])
     finishers = sql(
         project,
-        "SELECT w.hostname FROM embedding_job_attempts a "
+        "SELECT w.hostname FROM trioindex_job_attempts a "
         "JOIN indexing_workers w ON w.id = a.worker_id "
         f"WHERE a.status = 'SUCCEEDED' AND a.embedding_job_id IN ({_quoted([r[0] for r in held])})",
     )
@@ -257,7 +257,7 @@ def check_scale(project: ComposeProject) -> dict[str, Any]:
         _embedder_mode(project, "normal")
     rows = sql(
         project,
-        "SELECT w.hostname, count(*) FROM embedding_job_attempts a "
+        "SELECT w.hostname, count(*) FROM trioindex_job_attempts a "
         "JOIN indexing_workers w ON w.id = a.worker_id "
         "JOIN embedding_jobs j ON j.id = a.embedding_job_id "
         "JOIN document_versions v ON v.id = j.document_version_id "

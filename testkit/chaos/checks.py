@@ -277,7 +277,7 @@ def check_vectors(db: Stored) -> tuple[Check, int]:
 
 def check_leases(db: Stored) -> Check:
     started = query(
-        db.url, "SELECT count(*) AS n FROM embedding_job_attempts WHERE status = 'STARTED'"
+        db.url, "SELECT count(*) AS n FROM trioindex_job_attempts WHERE status = 'STARTED'"
     )
     past = [
         j["external_key"] for j in db.jobs if j["status"] == "PROCESSING" and j["lease_expired"]

@@ -111,7 +111,7 @@ class Stored:
         for row in query(
             url,
             """SELECT embedding_job_id, attempt_no, status, failure_type
-               FROM embedding_job_attempts ORDER BY embedding_job_id, attempt_no""",
+               FROM trioindex_job_attempts ORDER BY embedding_job_id, attempt_no""",
         ):
             attempts[row["embedding_job_id"]].append(row)
         keys_of_text: dict[str, set[str]] = defaultdict(set)
