@@ -510,8 +510,9 @@ FROM PUBLIC;
 -- table: a job refused with TI001, TI002 or TI003 changes nothing and is reported in its own
 -- result row (refusal, message) while the other jobs commit; any other error fails the call,
 -- and the caller writes each job alone. Callers pass jobs in version-id order. A step is
--- recorded on the job's attempt row (its time and counts: one update of the attempt per step),
--- not as an event; events are written for the transitions an operator must see.
+-- recorded on the job's running attempt, held by the job row (its time and counts, in the
+-- step's one update of the job row), not as an event; events are written for the transitions
+-- an operator must see.
 
 -- The parse step's commit and the embed step's start, for many claims: store the job's chunk
 -- set (job i's chunks are elements p_first[i] .. p_first[i] + p_count[i] - 1 of the c_* arrays,
@@ -860,7 +861,7 @@ $$;
 -- call, stores its vectors on those chunks when they are the same (chunk for chunk by sha256),
 -- else it is refused (TI002: the next attempt embeds the stored set). Then
 -- trioindex_complete_owned completes the jobs with their vectors (progress goes 0 -> 100) and
--- records the steps on the attempt in its one update: parse_started_at, the claim's time;
+-- records the steps in the attempt row it inserts: parse_started_at, the claim's time;
 -- chunks_stored_at with chunks, characters and replaced_sequences when this job stored the
 -- set; embedding_started_at.
 CREATE FUNCTION trioindex_store_documents_many(
@@ -1061,12 +1062,14 @@ $$;
 -- p_attempts[i]; p_stored[i] vectors of its set stored just before, in this transaction, which
 -- its attempt records with its end), fenced and locked with their versions by the caller in
 -- this transaction, one row per job in the order given. The steps a caller ran in the same
--- transaction are recorded in the same attempt update, so the attempt row is written once:
+-- transaction are recorded in the attempt row it inserts (trioindex_ended_attempt), so the
+-- job row is written once after the claim:
 -- p_parse_started[i], the parse's start; p_chunks[i] > 0 chunks of the set this job stored,
 -- with p_characters[i] and p_replaced[i] (NULL arrays, or 0 chunks: nothing of them). A job
 -- that stored vectors without an embed step of its own begins it with this store.
 -- A job's chunk set must have exactly one of its model's vectors per chunk, else it is
--- refused (TI002) and nothing of it changes; the others' attempts and jobs become SUCCEEDED
+-- refused (TI002) and nothing of it changes; the others' attempt rows are inserted SUCCEEDED
+-- and their jobs become SUCCEEDED
 -- (with the job's chunk count), and the model's served version of each document moves to the
 -- newest version completed here unless the model already serves a newer one (became_current,
 -- recorded on the attempt), with BM25's statistics of the chunk set it now serves (chunks,
