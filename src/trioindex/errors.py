@@ -81,7 +81,7 @@ class OwnershipLost(TrioindexError):
     """The claim behind a fenced write is no longer held by this worker.
 
     Raised when the job is not PROCESSING, belongs to another worker, carries another claim
-    token, its lease has expired, or the attempt is not the current STARTED one. The write
+    token, its lease has expired, or the attempt is not the one the job runs. The write
     changed nothing; lease recovery owns the job from here.
     """
 

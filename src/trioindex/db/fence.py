@@ -2,10 +2,10 @@
 
 The checks themselves live in one place, the SQL function ``trioindex_ownership_refusal``
 (``functions.sql``): under the job row lock, the job is PROCESSING, held by this worker with this
-claim token, its lease has not expired by a fresh database clock, and the attempt is the job's
-current STARTED attempt. Every write after the claim is fenced first. One job's writes go through
-``trioindex_lock_owned_job`` — the steps' commits through :func:`lock_owned_job`, and the SQL
-functions for renew, complete and release by calling it themselves. A refusal is SQLSTATE
+claim token, its lease has not expired by a fresh database clock, and the attempt is the one the
+job row runs (``attempt_id``). Every write after the claim is fenced first. One job's writes go
+through ``trioindex_lock_owned_job`` — the steps' commits through :func:`lock_owned_job`, and
+the SQL functions for renew, complete and release by calling it themselves. A refusal is SQLSTATE
 ``TI001``, which :func:`fenced_errors` turns into :class:`OwnershipLost`; the refused transaction
 changes nothing.
 
@@ -72,7 +72,7 @@ def lock_owned_job(conn: Connection, claim: Claim) -> OwnedJob:
     Must run inside the caller's transaction; it is the first lock that transaction takes. The
     SQL function ``trioindex_lock_owned_job`` locks the row and asks
     ``trioindex_ownership_refusal`` (status PROCESSING, worker, claim token, lease unexpired by
-    a fresh clock, current STARTED attempt).
+    a fresh clock, the attempt the job row runs).
     """
     with fenced_errors():
         row = conn.execute(
