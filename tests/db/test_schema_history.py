@@ -215,6 +215,15 @@ def _migrate_to(conn: psycopg.Connection[Any], version: int) -> None:
                 )
 
 
+# A model (m), a RUNNING worker (w) and a document (d), for a test's later CTEs to build on.
+_MODEL_WORKER_DOCUMENT = """WITH
+    m AS (INSERT INTO embedding_models (name, dimension, is_active)
+          VALUES ('m', 4, true) RETURNING id),
+    w AS (INSERT INTO indexing_workers (hostname, pid, version, status, max_concurrency)
+          VALUES ('h', 1, 'v', 'RUNNING', 1) RETURNING id),
+    d AS (INSERT INTO documents (external_key) VALUES ('a.txt') RETURNING id),"""
+
+
 def test_version_15_folds_the_step_events_into_their_attempts(pg_server_url: str) -> None:
     """A database at version 14 with a job's step events: version 15 records them on the
     attempt (times, counts, slices) and deletes them; the other events stay."""
@@ -222,12 +231,8 @@ def test_version_15_folds_the_step_events_into_their_attempts(pg_server_url: str
         with psycopg.connect(url, autocommit=True) as conn:
             _migrate_to(conn, 14)
             ids = conn.execute(
-                """WITH m AS (INSERT INTO embedding_models (name, dimension, is_active)
-                              VALUES ('m', 4, true) RETURNING id),
-                   w AS (INSERT INTO indexing_workers (hostname, pid, version, status,
-                                                       max_concurrency)
-                         VALUES ('h', 1, 'v', 'RUNNING', 1) RETURNING id),
-                   d AS (INSERT INTO documents (external_key) VALUES ('a.txt') RETURNING id),
+                _MODEL_WORKER_DOCUMENT
+                + """
                    v AS (INSERT INTO document_versions (document_id, version_no, storage_key,
                                                         original_name, byte_size, sha256)
                          SELECT d.id, 1, 'k', 'a.txt', 3, repeat('0', 64) FROM d
@@ -353,12 +358,8 @@ def test_version_17_folds_each_running_attempt_into_its_job_row(pg_server_url: s
         with psycopg.connect(url, autocommit=True) as conn:
             _migrate_to(conn, 16)
             claim = conn.execute(
-                """WITH m AS (INSERT INTO embedding_models (name, dimension, is_active)
-                              VALUES ('m', 4, true) RETURNING id),
-                   w AS (INSERT INTO indexing_workers (hostname, pid, version, status,
-                                                       max_concurrency)
-                         VALUES ('h', 1, 'v', 'RUNNING', 1) RETURNING id),
-                   d AS (INSERT INTO documents (external_key) VALUES ('a.txt') RETURNING id),
+                _MODEL_WORKER_DOCUMENT
+                + """
                    v AS (INSERT INTO document_versions (document_id, version_no, storage_key,
                                                         original_name, byte_size, sha256)
                          SELECT d.id, n, 'k' || n, 'a.txt', 3, repeat(n::text, 64)
