@@ -457,18 +457,18 @@ def retry_failed(conn: Connection, job_id: UUID, *, extra_attempts: int) -> None
 # One statement: one round trip, atomic without BEGIN/COMMIT.
 _RECOVER_SQL = """
 WITH expired AS (
-    SELECT id FROM embedding_jobs
-    WHERE status = 'PROCESSING' AND lease_expires_at <= clock_timestamp()
-    ORDER BY lease_expires_at
+    -- the locked row as it is now (a step committed after this statement began included):
+    -- what the attempt's row records
+    SELECT j.id, j AS job FROM embedding_jobs j
+    WHERE j.status = 'PROCESSING' AND j.lease_expires_at <= clock_timestamp()
+    ORDER BY j.lease_expires_at
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 ), attempt AS (
-    -- the running attempt's row, written as it ends (read before the job row is freed: every
-    -- part of the statement sees the rows as they were before it)
+    -- the running attempt's row, written as it ends, from the job row before it is freed
     INSERT INTO embedding_job_attempts
     SELECT a.* FROM expired e
-    JOIN embedding_jobs j ON j.id = e.id
-    CROSS JOIN LATERAL trioindex_ended_attempt(j, 'EXPIRED') AS a
+    CROSS JOIN LATERAL trioindex_ended_attempt(e.job, 'EXPIRED') AS a
     RETURNING id, embedding_job_id, attempt_no
 ), job AS (
     UPDATE embedding_jobs j
