@@ -24,6 +24,7 @@ from tests import helpers
 from trioindex.db import jobs as lifecycle
 from trioindex.db.operations.job_timeline import job_events
 from trioindex.db.pool import Database
+from trioindex.db.steps import begin_embedding
 from trioindex.errors import FailureType, OwnershipLost, StateInconsistent
 from trioindex.values import BackoffPolicy, Claim, FailOutcome, WorkerStatus
 
@@ -1036,3 +1037,35 @@ def test_a_worker_claims_only_the_jobs_of_its_own_model(db: Database) -> None:
         ).fetchall()
     assert claims and {c.embedding_model_id for c in claims} == {mine.id}
     assert [(r["status"], r["n"]) for r in left] == [("PENDING", 3)]
+
+
+def test_a_rescued_attempt_is_recorded_with_the_steps_it_ran(db: Database, worker: Any) -> None:
+    """A dead worker's attempt ran on the job row (its embed step began); lease recovery
+    writes its row once, EXPIRED, under the claim's attempt id, with the claim's start, its
+    worker and its step, and frees the job row of it."""
+    claim = _claim_one(db, worker)
+    with db.connection() as conn:
+        helpers.stage_chunked(conn, claim, ["one", "two"])
+        begin_embedding(conn, claim)
+        claimed_at = helpers.job_row(conn, claim.job_id)["locked_at"]
+        assert helpers.count(conn, "SELECT count(*) FROM embedding_job_attempts") == 0
+        helpers.expire_lease(conn, claim.job_id)
+        lifecycle.recover_expired(conn, helpers.BACKOFF)
+        rows = conn.execute(
+            """SELECT id, attempt_no, worker_id, status, started_at,
+                      embedding_started_at IS NOT NULL AS began_embedding
+               FROM embedding_job_attempts WHERE embedding_job_id = %s""",
+            (claim.job_id,),
+        ).fetchall()
+        job = helpers.job_row(conn, claim.job_id)
+    assert rows == [
+        {
+            "id": claim.attempt_id,
+            "attempt_no": 1,
+            "worker_id": worker,
+            "status": "EXPIRED",
+            "started_at": claimed_at,
+            "began_embedding": True,
+        }
+    ]
+    assert (job["status"], job["attempt_id"]) == ("PENDING", None)
