@@ -16,7 +16,9 @@ database, interleaved over rounds:
    revision REF (say `main`), applied to its own fresh database: the before and after of a
    change to the functions, in one run (functions that still have a parse prepare,
    `trioindex_begin_parse_many`, get it called in a transaction of its own, as their worker
-   did; functions without `trioindex_store_documents_many` store the chunks first).
+   did; functions without `trioindex_store_documents_many` store the chunks first). Functions
+   that fence on a `STARTED` attempt row (before the running attempt moved onto the job row)
+   are refused: this schema's claim writes no such row, so measure that revision's own tree.
 2. **The same rows, set-based** — the same claim, then exactly the rows (1) writes (the job's
    completion with its chunk count, the attempt's steps and end, the chunk with its full-text
    column, the vector, the model's served version with its text statistics), in one
