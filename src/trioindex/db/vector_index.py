@@ -66,6 +66,9 @@ NARROW_DIMENSION = 768
 # was 0.89 at 10, 0.93-0.94 at 20 and 0.97 at 40 (float32 HNSW at ef_search 40: 0.95).
 RERANK_FACTOR = 20
 NARROW_RERANK_FACTOR = 40
+# A first build waits for a bulk load (a backlog of pending jobs) to end while the model has
+# fewer than this many times embedding.index-min-vectors vectors (build_deferred).
+DEFER_FACTOR = 5
 # At most this many candidates (a deep ranking still gets 20 or 40 per result up to it).
 MAX_CANDIDATES = 1000
 
@@ -144,6 +147,38 @@ def has_vectors(conn: Connection, model: EmbeddingModel, count: int) -> bool:
         (model.id, count),
     ).fetchone()
     return row is not None and row["n"] >= count
+
+
+def pending_jobs(conn: Connection, model: EmbeddingModel, count: int) -> bool:
+    """Whether at least ``count`` of the model's jobs are PENDING (reads at most ``count``)."""
+    row = conn.execute(
+        """SELECT count(*) AS n FROM (SELECT 1 FROM embedding_jobs
+                                     WHERE embedding_model_id = %s AND status = 'PENDING'
+                                     LIMIT %s) s""",
+        (model.id, count),
+    ).fetchone()
+    return row is not None and row["n"] >= count
+
+
+def build_deferred(
+    conn: Connection, model: EmbeddingModel, *, min_vectors: int, backlog: int
+) -> bool:
+    """Whether the model's first build, due by its vector count, waits for a bulk load to end:
+    it has no index of any kind (none to replace or finish), at least ``backlog`` of its jobs
+    are pending, and fewer than :data:`DEFER_FACTOR` × ``min_vectors`` vectors are stored.
+
+    Every vector stored after the build pays the graph's upkeep row by row; a build over the
+    loaded rows costs a fraction of that (the module docstring, "When"). Search stays exact
+    meanwhile, and an exact scan slows with the vectors, hence the limit."""
+    return (
+        all(
+            _named_state(conn, name) is IndexState.MISSING
+            for name in (model.index_name, model.retired_index_name, model.next_index_name)
+        )
+        and has_vectors(conn, model, min_vectors)
+        and pending_jobs(conn, model, max(1, backlog))
+        and not has_vectors(conn, model, DEFER_FACTOR * max(1, min_vectors))
+    )
 
 
 def index_parameters(conn: Connection, name: str) -> tuple[int, int] | None:
