@@ -85,7 +85,7 @@ def test_registration_creates_no_index_and_the_build_waits_for_enough_vectors(
         assert build_vector_index(conn, model, min_vectors=0) is False
 
 
-def test_a_first_build_waits_while_a_backlog_is_pending_up_to_five_times_the_threshold(
+def test_a_first_build_waits_while_a_backlog_is_pending_up_to_defer_factor_times_the_threshold(
     db: Database,
 ) -> None:
     with db.connection() as conn:
@@ -98,7 +98,7 @@ def test_a_first_build_waits_while_a_backlog_is_pending_up_to_five_times_the_thr
         assert not build_deferred(conn, model, min_vectors=21, backlog=3)
         # due, three jobs pending: the build waits
         assert build_deferred(conn, model, min_vectors=20, backlog=3)
-        assert build_deferred(conn, model, min_vectors=5, backlog=1)
+        assert build_deferred(conn, model, min_vectors=20 // DEFER_FACTOR + 1, backlog=1)
         # a backlog smaller than asked: build now
         assert not build_deferred(conn, model, min_vectors=20, backlog=4)
         # the model already has DEFER_FACTOR times the threshold: build now

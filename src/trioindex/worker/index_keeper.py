@@ -9,7 +9,7 @@ stores, and builds the index concurrently (other workers keep committing) when t
 reached. Once a valid index exists it stops checking.
 A first build that is due while another check's worth of the model's jobs (``check_every``)
 is still pending waits for that backlog to drain (:func:`~trioindex.db.vector_index.build_deferred`:
-a bulk load is indexed in one build over its rows instead of row by row, up to five times the
+a bulk load is indexed in one build over its rows instead of row by row, up to three times the
 threshold); while it waits the keeper also checks every :data:`DEFERRED_RECHECK` seconds, so the
 index comes soon after the load ends even if this worker stores nothing more.
 A draining worker checks once more at the end (:meth:`VectorIndexKeeper.check`, after waiting
