@@ -182,7 +182,7 @@ def build_deferred(
             _named_state(conn, name) is IndexState.MISSING
             for name in (model.index_name, model.retired_index_name, model.next_index_name)
         )
-        and has_vectors(conn, model, min_vectors)
+        and has_vectors(conn, model, count=min_vectors)
         and pending_jobs(conn, model, max(1, backlog))
         and not has_vectors(conn, model, DEFER_FACTOR * max(1, min_vectors))
     )

@@ -225,6 +225,11 @@ class EmbeddingCoalescer:
     _changed: trio.Event = attrs.field(factory=trio.Event)
     _expected: set[Hashable] = attrs.field(factory=set)
 
+    @property
+    def expecting(self) -> int:
+        """How many callers are expected (tests, logs)."""
+        return len(self._expected)
+
     def expect(self, key: Hashable) -> None:
         """A caller will soon call :meth:`embed` with ``key`` (or :meth:`settle` it)."""
         self._expected.add(key)
