@@ -15,9 +15,11 @@ index comes soon after the load ends even if this worker stores nothing more.
 A draining worker checks once more at the end (:meth:`VectorIndexKeeper.check`, after waiting
 for a build under way), so a bulk load run with ``worker --drain`` ends with its index built.
 
-The build runs on a connection of its own, in a thread; on cancellation the server is asked to
-cancel the statement and the keeper waits (a few seconds at most) for the thread to let its
-connection and lock go: stopping a worker never waits for a build that can take minutes. An
+The build runs on a connection of its own, in a thread, with PostgreSQL's parallel workers
+for index builds (``max_parallel_maintenance_workers``) whatever the table's size; on
+cancellation the server is asked to cancel the statement and the keeper waits (a few seconds
+at most) for the thread to let its connection and lock go: stopping a worker never waits for
+a build that can take minutes. An
 interrupted build is dropped and started again at the next check.
 """
 
@@ -103,6 +105,10 @@ class VectorIndexKeeper:
             try:
                 with connect(self.conninfo) as conn:
                     sessions.append(conn)
+                    # PostgreSQL sizes a build's parallel workers by the table's main fork,
+                    # which is small (the vectors live in TOAST): without this a build of
+                    # 20,000 vectors gets none (with it: 4.6-4.9 s against 7.0-7.6 s)
+                    conn.execute("SET min_parallel_table_scan_size = 0")
                     if build_deferred(
                         conn, self.model, min_vectors=self.min_vectors, backlog=self.check_every
                     ):
