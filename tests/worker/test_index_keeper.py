@@ -62,10 +62,14 @@ async def test_the_keeper_builds_once_the_stored_vectors_reach_the_threshold(
     assert _state(db, model) is IndexState.VALID
 
 
-def _backlog(db: Database, model: EmbeddingModel, n: int) -> None:
+def _due_with_a_backlog(db: Database) -> EmbeddingModel:
+    """A model with 6 vectors (the tests' threshold) and 3 jobs pending (their check_every)."""
     with db.connection() as conn:
-        for i in range(n):
+        model = ensure_model(conn, "m", DIM)
+        for i in range(3):
             helpers.enqueue(conn, model.id, f"pending-{i}")
+    _store(db, model, 0, 6)
+    return model
 
 
 def _claim_all(db: Database, model: EmbeddingModel) -> None:
@@ -76,10 +80,7 @@ def _claim_all(db: Database, model: EmbeddingModel) -> None:
 async def test_a_due_build_waits_until_the_models_pending_jobs_are_fewer_than_check_every(
     db: Database, database_url: str
 ) -> None:
-    with db.connection() as conn:
-        model = ensure_model(conn, "m", DIM)
-    _store(db, model, 0, 6)
-    _backlog(db, model, 3)
+    model = _due_with_a_backlog(db)
     keeper = VectorIndexKeeper(database_url, model, min_vectors=6, check_every=3)
     assert not await keeper.check()
     assert keeper.deferred and keeper.built == 0
@@ -191,10 +192,7 @@ async def test_cancelling_a_check_blocked_on_the_database_returns_at_once(
 async def test_a_deferred_build_is_checked_again_without_a_wake_up(
     db: Database, database_url: str, mock_clock: trio.testing.MockClock
 ) -> None:
-    with db.connection() as conn:
-        model = ensure_model(conn, "m", DIM)
-    _store(db, model, 0, 6)
-    _backlog(db, model, 3)
+    model = _due_with_a_backlog(db)
     keeper = _Observed(database_url, model, min_vectors=6, check_every=3)
     keeper.checked = trio.Event()
     async with trio.open_nursery() as nursery:
