@@ -99,6 +99,8 @@ def test_a_first_build_waits_while_a_backlog_is_pending_up_to_defer_factor_times
         # due, three jobs pending: the build waits
         assert build_deferred(conn, model, min_vectors=20, backlog=3)
         assert build_deferred(conn, model, min_vectors=20 // DEFER_FACTOR + 1, backlog=1)
+        # index-min-vectors 0 asks for the index from the first vector: never deferred
+        assert not build_deferred(conn, model, min_vectors=0, backlog=1)
         # a backlog smaller than asked: build now
         assert not build_deferred(conn, model, min_vectors=20, backlog=4)
         # the model already has DEFER_FACTOR times the threshold: build now

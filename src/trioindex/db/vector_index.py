@@ -173,18 +173,20 @@ def build_deferred(
     """Whether the model's first build, due by its vector count, waits for a bulk load to end:
     it has no index of any kind (none to replace or finish), at least ``backlog`` of its jobs
     are pending, and fewer than :data:`DEFER_FACTOR` × ``min_vectors`` vectors are stored.
+    Never with ``min_vectors`` 0 (the index from the first vector, as asked).
 
     Every vector stored after the build pays the graph's upkeep row by row; a build over the
     loaded rows costs a quarter of that (the module docstring, "When"). Search stays exact
     meanwhile, and an exact scan slows with the vectors, hence the limit."""
     return (
-        all(
+        min_vectors > 0
+        and all(
             _named_state(conn, name) is IndexState.MISSING
             for name in (model.index_name, model.retired_index_name, model.next_index_name)
         )
         and has_vectors(conn, model, count=min_vectors)
         and pending_jobs(conn, model, max(1, backlog))
-        and not has_vectors(conn, model, DEFER_FACTOR * max(1, min_vectors))
+        and not has_vectors(conn, model, DEFER_FACTOR * min_vectors)
     )
 
 
