@@ -19,8 +19,8 @@ The build runs on a connection of its own, in a thread, with PostgreSQL's parall
 for index builds (``max_parallel_maintenance_workers``) whatever the table's size; on
 cancellation the server is asked to cancel the statement and the keeper waits (a few seconds
 at most) for the thread to let its connection and lock go: stopping a worker never waits for
-a build that can take minutes. An
-interrupted build is dropped and started again at the next check.
+a build that can take minutes. An interrupted build is dropped and started again at the next
+check.
 """
 
 from __future__ import annotations

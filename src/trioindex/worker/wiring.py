@@ -145,7 +145,8 @@ class PipelineSteps:
 
     async def parse(self, claim: Claim) -> int:
         if claim.parse is not None and claim.parse.byte_size <= self.whole_document_bytes:
-            # parsed here in a millisecond or so: its texts reach the coalescer soon
+            # a small document is parsed in milliseconds: its texts reach the coalescer soon,
+            # and requests that are not full wait for them (EmbeddingCoalescer.expect)
             self.coalescer.expect(claim.job_id)
 
         async def admit(snapshot: ParseSnapshot) -> None:
