@@ -15,10 +15,13 @@ import pytest
 
 from testkit.search_corpus import IndexedDocument, store_indexed
 from tests import helpers
+from trioindex.db import jobs as lifecycle
 from trioindex.db.models import INDEX_BUILD_LOCK, EmbeddingModel, ensure_model, remove_model
 from trioindex.db.pool import Connection, Database
 from trioindex.db.vector_index import (
+    DEFER_FACTOR,
     IndexState,
+    build_deferred,
     build_vector_index,
     candidate_count,
     create_index_sql,
@@ -27,6 +30,7 @@ from trioindex.db.vector_index import (
     index_parameters,
     index_ready,
     index_state,
+    pending_jobs,
     quantized_sql,
 )
 from trioindex.errors import TrioindexError
@@ -79,6 +83,35 @@ def test_registration_creates_no_index_and_the_build_waits_for_enough_vectors(
         assert model.index_name in _plan(conn, model)
         # a valid index is never built again
         assert build_vector_index(conn, model, min_vectors=0) is False
+
+
+def test_a_first_build_waits_while_a_backlog_is_pending_up_to_defer_factor_times_the_threshold(
+    db: Database,
+) -> None:
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+        _store(conn, model, 20)
+        jobs = [helpers.enqueue(conn, model.id, f"pending-{i}") for i in range(3)]
+        assert all(j.job_id is not None for j in jobs)
+        assert pending_jobs(conn, model, 3) and not pending_jobs(conn, model, 4)
+        # not due yet (21 vectors wanted): nothing to defer
+        assert not build_deferred(conn, model, min_vectors=21, backlog=3)
+        # due, three jobs pending: the build waits
+        assert build_deferred(conn, model, min_vectors=20, backlog=3)
+        assert build_deferred(conn, model, min_vectors=20 // DEFER_FACTOR + 1, backlog=1)
+        # index-min-vectors 0 asks for the index from the first vector: never deferred
+        assert not build_deferred(conn, model, min_vectors=0, backlog=1)
+        # a backlog smaller than asked: build now
+        assert not build_deferred(conn, model, min_vectors=20, backlog=4)
+        # the model already has DEFER_FACTOR times the threshold: build now
+        assert not build_deferred(conn, model, min_vectors=20 // DEFER_FACTOR, backlog=3)
+        # the backlog claimed (PROCESSING is not pending): build now
+        lifecycle.claim_jobs(conn, helpers.worker(conn), 2, 300, model_id=model.id)
+        assert build_deferred(conn, model, min_vectors=20, backlog=1)
+        assert not build_deferred(conn, model, min_vectors=20, backlog=2)
+        _float32_index(conn, model)
+        # an index to replace is never deferred
+        assert not build_deferred(conn, model, min_vectors=20, backlog=1)
 
 
 def test_vector_search_ranks_the_same_exactly_and_through_the_index(db: Database) -> None:

@@ -231,3 +231,50 @@ async def test_a_caller_s_vectors_are_not_kept_once_it_has_them(
             nursery.cancel_scope.cancel()
     finally:
         gc.enable()
+
+
+async def _embed_at(c: EmbeddingCoalescer, at: float, texts: list[str], key: str | None) -> None:
+    await trio.sleep_until(at)
+    await c.embed(texts, DIM, key=key)
+
+
+async def _settle_at(c: EmbeddingCoalescer, at: float, key: str) -> None:
+    await trio.sleep_until(at)
+    c.settle(key)
+
+
+@pytest.mark.parametrize(
+    ("expected", "late", "settled_at", "requests"),
+    [
+        # no one expected: the first text waits the short linger and goes alone
+        ([], ("b", 0.02), None, [(0.005, ["a1"]), (0.025, ["b1"])]),
+        # an expected caller arriving within the backlog linger joins the request at once
+        (["b"], ("b", 0.02), None, [(0.02, ["a1", "b1"])]),
+        # an expected caller that never comes holds each request for the backlog linger only
+        (["b"], ("c", 0.08), None, [(0.05, ["a1"]), (0.13, ["c1"])]),
+        # an expected caller whose job ended (settled) holds it no longer
+        (["b"], ("c", 0.08), 0.01, [(0.01, ["a1"]), (0.085, ["c1"])]),
+    ],
+)
+async def test_a_request_waits_for_expected_callers_up_to_the_backlog_linger(
+    autojump_clock: trio.testing.MockClock,
+    expected: list[str],
+    late: tuple[str, float],
+    settled_at: float | None,
+    requests: list[tuple[float, list[str]]],
+) -> None:
+    server = FakeServer(latency=0.001)
+    c = coalescer(server, max_batch_size=8, linger=0.005, backlog_linger=0.05)
+    began = trio.current_time()
+    for key in expected:
+        c.expect(key)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(c.serve)
+        async with trio.open_nursery() as callers:
+            callers.start_soon(_embed_at, c, began, ["a1"], "a")
+            key, at = late
+            callers.start_soon(_embed_at, c, began + at, [f"{key}1"], key)
+            if settled_at is not None:
+                callers.start_soon(_settle_at, c, began + settled_at, "b")
+        nursery.cancel_scope.cancel()
+    assert [(round(at - began, 6), texts) for at, texts in server.sent] == requests

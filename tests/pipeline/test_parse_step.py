@@ -203,7 +203,9 @@ async def test_a_small_document_is_stored_whole_after_its_embed_step(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(steps.serve)
             parsed = await steps.parse(claim)
+            assert steps.coalescer.expecting == 1  # its texts are coming: requests wait
             embedded = await steps.embed(claim)
+            assert steps.coalescer.expecting == 0
             assert _chunks(db, claim) == []  # parsed and embedded, nothing stored
             assert _job(db, claim)["progress"] == 0
             groups = steps.store_documents.groups
@@ -226,6 +228,22 @@ async def test_a_small_document_is_stored_whole_after_its_embed_step(
         assert attempt["characters"] == len(TEXT.decode())
         assert attempt["parse_started_at"] < attempt["chunks_stored_at"]
         assert helpers.serves(conn, claim)
+
+
+async def test_the_coalescer_expects_a_small_documents_texts_until_its_job_ends(
+    db: Database, store: AsyncObjectStore
+) -> None:
+    """A parsed small document that ends without its embed step is no longer expected; one
+    stored in chunks first (a large one, whose parse may take long) never is."""
+    claim = _claim(db, store, TEXT)
+    steps = _steps(db, store)
+    await steps.parse(claim)
+    assert steps.coalescer.expecting == 1
+    steps.forget(claim)
+    assert steps.coalescer.expecting == 0
+    chunks_first = _steps(db, store, chunks_first=True)
+    await helpers.run_claim(chunks_first, _claim(db, store, TEXT, "other.txt"), "parse")
+    assert chunks_first.coalescer.expecting == 0
 
 
 async def test_the_worker_steps_index_a_parsed_document_and_serve_it(

@@ -1,7 +1,8 @@
 """The worker's index keeper on a real PostgreSQL (worker/index_keeper.py): it builds the model's
 vector index when it is due, wakes after enough stored vectors, stops once the index is valid,
 replaces an older release's float32 index and rebuilds a graph with other parameters at its
-first check, and a worker stopping mid-build does not wait for the build."""
+first check, waits for a backlog of pending jobs to drain before a first build (and looks again
+by itself meanwhile), and a worker stopping mid-build does not wait for the build."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import trio
 import trio.testing
 
 from testkit.search_corpus import IndexedDocument, store_indexed
+from tests import helpers
+from trioindex.db import jobs as lifecycle
 from trioindex.db.models import EmbeddingModel, ensure_model
 from trioindex.db.pool import Database
 from trioindex.db.vector_index import (
@@ -22,7 +25,7 @@ from trioindex.db.vector_index import (
     index_state,
     quantized_sql,
 )
-from trioindex.worker.index_keeper import VectorIndexKeeper
+from trioindex.worker.index_keeper import DEFERRED_RECHECK, VectorIndexKeeper
 
 DIM = 8
 
@@ -56,6 +59,35 @@ async def test_the_keeper_builds_once_the_stored_vectors_reach_the_threshold(
     _store(db, model, 4, 2)
     assert await keeper.check()
     assert (keeper.built, keeper.indexed) == (1, True)
+    assert _state(db, model) is IndexState.VALID
+
+
+def _due_with_a_backlog(db: Database) -> EmbeddingModel:
+    """A model with 6 vectors (the tests' threshold) and 3 jobs pending (their check_every)."""
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+        for i in range(3):
+            helpers.enqueue(conn, model.id, f"pending-{i}")
+    _store(db, model, 0, 6)
+    return model
+
+
+def _claim_all(db: Database, model: EmbeddingModel) -> None:
+    with db.connection() as conn:
+        lifecycle.claim_jobs(conn, helpers.worker(conn), 100, 300, model_id=model.id)
+
+
+async def test_a_due_build_waits_until_the_models_pending_jobs_are_fewer_than_check_every(
+    db: Database, database_url: str
+) -> None:
+    model = _due_with_a_backlog(db)
+    keeper = VectorIndexKeeper(database_url, model, min_vectors=6, check_every=3)
+    assert not await keeper.check()
+    assert keeper.deferred and keeper.built == 0
+    assert _state(db, model) is IndexState.MISSING
+    _claim_all(db, model)  # the backlog is being worked on: nothing is pending
+    assert await keeper.check()
+    assert (keeper.built, keeper.indexed, keeper.deferred) == (1, True, False)
     assert _state(db, model) is IndexState.VALID
 
 
@@ -99,8 +131,10 @@ class _Observed(VectorIndexKeeper):
     test helpers cannot see)."""
 
     checked: trio.Event
+    started: int = 0
 
     async def check(self) -> bool:
+        self.started += 1
         try:
             return await super().check()
         finally:
@@ -153,3 +187,26 @@ async def test_cancelling_a_check_blocked_on_the_database_returns_at_once(
     assert _state(db, model) in {IndexState.INVALID, IndexState.MISSING}
     assert await keeper.check()
     assert _state(db, model) is IndexState.VALID
+
+
+async def test_a_deferred_build_is_checked_again_without_a_wake_up(
+    db: Database, database_url: str, mock_clock: trio.testing.MockClock
+) -> None:
+    model = _due_with_a_backlog(db)
+    keeper = _Observed(database_url, model, min_vectors=6, check_every=3)
+    keeper.checked = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(keeper.serve)
+        await keeper.checked.wait()
+        assert keeper.deferred and _state(db, model) is IndexState.MISSING
+        _claim_all(db, model)  # no vector is stored after this, so nothing wakes the keeper
+        keeper.checked = trio.Event()
+        mock_clock.jump(DEFERRED_RECHECK - 1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert keeper.started == 1
+        mock_clock.jump(1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert keeper.started == 2  # the check runs (in its thread): wait for it
+        await keeper.checked.wait()
+    # and serve returned by itself: the index is built
+    assert (keeper.built, keeper.indexed) == (1, True)

@@ -18,7 +18,7 @@ import collections
 import functools
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -155,6 +155,10 @@ EmbedOne = Callable[[Sequence[str]], Awaitable[list[list[float]]]]
 
 # How long a request that is not full waits for more texts once a request slot is free.
 DEFAULT_LINGER = 0.005
+# ... and while callers are expected (EmbeddingCoalescer.expect): jobs claimed together reach
+# their embed step a few milliseconds apart, and a request that waits for them carries their
+# texts in one request instead of several.
+DEFAULT_BACKLOG_LINGER = 0.025
 
 
 @attrs.define(eq=False)
@@ -198,6 +202,9 @@ class EmbeddingCoalescer:
     ``linger``, and sends one request of texts taken from the callers in turn (a caller with
     more texts left goes to the back of the line, so a long document does not hold up short
     ones). Each answer is checked (count, dimension, finite) and kept as float32 at once.
+    While callers are :meth:`expect`-ed (jobs in flight that will call :meth:`embed` soon), a
+    request that is not full waits up to ``backlog_linger`` instead of ``linger``: a backlog
+    fills requests, and a lone caller, expecting no one, waits only ``linger``.
 
     A failed request shared by several callers does not decide for them: each caller's texts
     are sent again alone, and only a request of one caller's texts fails that caller (with the
@@ -210,11 +217,28 @@ class EmbeddingCoalescer:
     max_in_flight: int
     max_batch_tokens: int | None = None
     linger: float = DEFAULT_LINGER
+    backlog_linger: float = DEFAULT_BACKLOG_LINGER
     estimate: Callable[[str], int] = estimate_tokens
     requests: int = 0  # requests sent (tests, logs)
     _queue: collections.deque[_Request] = attrs.field(factory=collections.deque)
     _queued: int = 0
     _changed: trio.Event = attrs.field(factory=trio.Event)
+    _expected: set[Hashable] = attrs.field(factory=set)
+
+    @property
+    def expecting(self) -> int:
+        """How many callers are expected (tests, logs)."""
+        return len(self._expected)
+
+    def expect(self, key: Hashable) -> None:
+        """A caller will soon call :meth:`embed` with ``key`` (or :meth:`settle` it)."""
+        self._expected.add(key)
+
+    def settle(self, key: Hashable) -> None:
+        """``key`` is no longer expected (its caller embeds now, or ended without embedding)."""
+        if key in self._expected:
+            self._expected.discard(key)
+            self._changed.set()  # a request waiting for it need not wait any longer
 
     async def embed(
         self,
@@ -223,6 +247,7 @@ class EmbeddingCoalescer:
         *,
         release: bool = False,
         on_arrived: Callable[[int], None] | None = None,
+        key: Hashable | None = None,
     ) -> npt.NDArray[np.float32]:
         """One float32 row per text, in order; raises the :class:`StepFailure` of a request
         that held this caller's texts alone.
@@ -231,7 +256,9 @@ class EmbeddingCoalescer:
         to its strings): each entry is replaced by ``""`` as soon as its vector has arrived,
         so a long document's text is freed while it is embedded rather than after.
         ``on_arrived`` is called with the number of vectors each time some of this caller's
-        arrive."""
+        arrive. ``key``: what :meth:`expect` was told, no longer expected from now on."""
+        if key is not None:
+            self.settle(key)
         released: list[str] | None = None
         if release:
             if not isinstance(texts, list):
@@ -286,7 +313,8 @@ class EmbeddingCoalescer:
                 await self._wait_changed(None)
             if self._queued >= self.max_batch_size:
                 return
-            deadline = min(r.arrived for r in self._queue) + self.linger
+            linger = self.backlog_linger if self._expected else self.linger
+            deadline = min(r.arrived for r in self._queue) + linger
             if trio.current_time() >= deadline:
                 return
             await self._wait_changed(deadline)

@@ -144,6 +144,11 @@ class PipelineSteps:
             nursery.start_soon(self.store_documents.serve)
 
     async def parse(self, claim: Claim) -> int:
+        if claim.parse is not None and claim.parse.byte_size <= self.whole_document_bytes:
+            # a small document is parsed in milliseconds: its texts reach the coalescer soon,
+            # and requests that are not full wait for them (EmbeddingCoalescer.expect)
+            self.coalescer.expect(claim.job_id)
+
         async def admit(snapshot: ParseSnapshot) -> None:
             await self.large_documents.reserve(claim.job_id, snapshot.byte_size)
 
@@ -197,7 +202,7 @@ class PipelineSteps:
         snapshot = snapshot.without_texts()
         progress = StepProgress(claim.job_id, len(texts))
         matrix = await self.coalescer.embed(
-            texts, snapshot.dimension, release=True, on_arrived=progress.add
+            texts, snapshot.dimension, release=True, on_arrived=progress.add, key=claim.job_id
         )
         del texts
         drafts = drafts_from_matrix(snapshot, matrix)
@@ -231,6 +236,7 @@ class PipelineSteps:
         raise StateInconsistent("the vector set did not complete the job")
 
     def forget(self, claim: Claim) -> None:
+        self.coalescer.settle(claim.job_id)
         self._embed_from.pop(claim.job_id, None)
         self._to_store.pop(claim.job_id, None)
         self._unstored.pop(claim.job_id, None)
