@@ -6,15 +6,16 @@
     ├── background nursery
     │   ├── heartbeat loop            absolute deadlines, every heartbeat-interval
     │   ├── lease recovery loop       every recovery-interval
+    │   ├── lease renewer             every lease the worker holds, one statement per renewal
     │   ├── queue's worker-wide task  the completion committer (worker/queue.py)
     │   ├── steps' worker-wide tasks  embedding coalescer, group committers (worker/wiring.py)
     │   └── NOTIFY listener           (optional) wakes the poller
     └── jobs nursery                  outlives intake; its deadline is set at shutdown
         ├── intake scope
         │   └── poller                reserve free slots → one batch claim → hand slots to jobs
-        └── one child nursery per claimed job   JobRunner.run, in worker/job.py
-            ├── pipeline              parse/chunk → embed → complete, or a classified failure
-            └── lease renewal loop    absolute deadlines; losing the lease cancels this job only
+        └── one task per claimed job  JobRunner.run, in worker/job.py: its own cancel scope
+            └── pipeline              parse/chunk → embed → complete, or a classified failure
+                                      (a refused renewal cancels this job's scope only)
 
 Invariants: at most ``max-concurrency`` jobs run their steps, and at most as many more wait for
 their completion to commit (a job moves from its slot to a finishing place just before its
@@ -68,6 +69,7 @@ from trioindex.worker.job import (
     JobWrites,
     Steps,
 )
+from trioindex.worker.leases import LeaseRenewer
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +202,13 @@ class Worker:
             worker_id=worker_id,
             slots=trio.CapacityLimiter(settings.max_concurrency),
             finishing=trio.CapacityLimiter(settings.max_concurrency),
-            jobs=JobRunner(self.queue, self.steps, settings, self.counters),
+            jobs=JobRunner(
+                self.queue,
+                self.steps,
+                settings,
+                self.counters,
+                LeaseRenewer(self.queue, settings, self.counters),
+            ),
         )
         if self._stop_requested:
             run.intake.cancel()  # asked before registration returned
@@ -209,6 +217,7 @@ class Worker:
             async with trio.open_nursery() as background:
                 background.start_soon(self._heartbeat_loop, run)
                 background.start_soon(self._recovery_loop, run)
+                background.start_soon(run.jobs.leases.serve)
                 background.start_soon(self.queue.serve)
                 background.start_soon(self.steps.serve)
                 if self.listener is not None:
