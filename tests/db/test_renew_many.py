@@ -33,10 +33,12 @@ def lease_of(conn: Connection, claim: Claim) -> Any:
 def test_a_group_extends_every_lease_it_still_owns_and_only_the_lease(db: Database) -> None:
     with db.connection() as conn:
         group = claims_of_one_worker(conn, 3)
-        before = {c.job_id: helpers.job_row(conn, c.job_id) for c in group}
+        before: dict[Any, dict[str, Any]] = {
+            c.job_id: helpers.job_row(conn, c.job_id) for c in group
+        }
         results = lifecycle.renew_leases(conn, group, 600)
         for claim, result in zip(group, results, strict=True):
-            row = helpers.job_row(conn, claim.job_id)
+            row: dict[str, Any] = helpers.job_row(conn, claim.job_id)
             assert result == row["lease_expires_at"]
             assert row["lease_expires_at"] > before[claim.job_id]["lease_expires_at"]
             kept = ("status", "worker_id", "claim_token", "locked_at", "attempt_count")
