@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any
 
+import attrs
 import pytest
 
 from tests import helpers
@@ -84,6 +85,18 @@ def test_a_forged_claim_in_a_group_is_refused_and_its_lease_kept(
         assert isinstance(results[0], OwnershipLost)
         assert lease_of(conn, group[0]) == before
         assert results[1] == lease_of(conn, group[1])
+
+
+def test_a_claim_naming_another_jobs_attempt_is_refused(db: Database) -> None:
+    """The other job's attempt is STARTED, by the same worker, with the same number: only its
+    job id tells it apart."""
+    with db.connection() as conn:
+        group = claims_of_one_worker(conn, 2)
+        borrowed = attrs.evolve(group[0], attempt_id=group[1].attempt_id)
+        before = lease_of(conn, group[0])
+        (result,) = lifecycle.renew_leases(conn, [borrowed], 600)
+        assert isinstance(result, OwnershipLost)
+        assert lease_of(conn, group[0]) == before
 
 
 def test_no_claims_is_no_statement(db: Database) -> None:

@@ -76,6 +76,7 @@ def assert_clean(worker: Worker) -> None:
     assert worker._run is not None
     assert worker._run.slots.borrowed_tokens == 0
     assert worker._run.finishing.borrowed_tokens == 0
+    assert worker._run.jobs.leases.held == 0
 
 
 # --- polling ---------------------------------------------------------------------------------
@@ -267,6 +268,33 @@ async def test_renewal_runs_on_absolute_deadlines_and_stops_with_the_job(
     async with trio.open_nursery() as nursery:  # nothing renews after the job is done
         nursery.start_soon(trio.sleep, 1000)
     assert len(queue.of("renew")) == 4
+    assert_clean(worker)
+
+
+async def test_one_renewer_renews_every_job_in_time_in_few_statements(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Four jobs claimed 20 s apart, each running 400 s: every job's lease is renewed within an
+    interval of its claim and of its last renewal, and those due within half an interval of
+    each other share one statement."""
+    queue = FakeQueue(later=[(20.0 * i, NEW) for i in range(4)])
+    worker = make_worker(queue, FakeSteps(queue, duration=200), max_concurrency=4)
+    await drain(worker)
+    claimed: dict[object, float] = {}
+    for t, name, detail in queue.calls:
+        if name == "parse":
+            claimed.setdefault(detail, t)
+    renewed: dict[object, list[float]] = {job: [] for job in claimed}
+    for t, job in queue.of("renew"):
+        renewed[job].append(t)
+    assert len(claimed) == 4
+    for job, started in claimed.items():
+        times = [started, *renewed[job]]
+        assert len(times) >= 7  # 400 s of steps at most 60 s apart
+        assert max(b - a for a, b in zip(times, times[1:], strict=False)) <= 60.0 + 1e-6
+    calls = queue.of("renew-call")
+    assert sum(n for _, n in calls) == len(queue.of("renew"))  # type: ignore[misc]
+    assert len(calls) <= len(queue.of("renew")) / 2
     assert_clean(worker)
 
 

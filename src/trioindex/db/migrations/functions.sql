@@ -187,14 +187,13 @@ DECLARE
     owned uuid[];
     expires timestamptz;
 BEGIN
-    SELECT coalesce(array_agg(l.id), '{}') INTO owned
+    SELECT coalesce(array_agg(held.id), '{}') INTO owned
     FROM (SELECT j.id FROM embedding_jobs j
-          JOIN unnest(p_jobs, p_workers, p_tokens, p_attempts) AS u(job, worker, token, attempt)
-            ON u.job = j.id
-          LEFT JOIN embedding_job_attempts a
-            ON a.id = u.attempt AND a.embedding_job_id = j.id
-          WHERE trioindex_ownership_refusal(j, a, u.worker, u.token) IS NULL
-          ORDER BY j.id FOR UPDATE OF j) AS l;
+          JOIN unnest(p_jobs, p_workers, p_tokens, p_attempts) AS c(job, worker, token, attempt)
+            ON c.job = j.id
+          LEFT JOIN embedding_job_attempts at ON at.id = c.attempt AND at.embedding_job_id = j.id
+          WHERE trioindex_ownership_refusal(j, at, c.worker, c.token) IS NULL
+          ORDER BY j.id FOR UPDATE OF j) AS held;
     expires := clock_timestamp() + make_interval(secs => p_lease_seconds);
     UPDATE embedding_jobs SET lease_expires_at = expires WHERE id = ANY(owned);
     RETURN QUERY
