@@ -5,6 +5,7 @@ Each test name states the behaviour it checks.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import uuid
 from typing import Any
@@ -291,7 +292,7 @@ async def test_one_renewer_renews_every_job_in_time_in_few_statements(
     for job, started in claimed.items():
         times = [started, *renewed[job]]
         assert len(times) >= 7  # 400 s of steps at most 60 s apart
-        assert max(b - a for a, b in zip(times, times[1:], strict=False)) <= 60.0 + 1e-6
+        assert max(b - a for a, b in itertools.pairwise(times)) <= 60.0 + 1e-6
     calls = queue.of("renew-call")
     assert sum(n for _, n in calls) == len(queue.of("renew"))  # type: ignore[misc]
     assert len(calls) <= len(queue.of("renew")) / 2
@@ -966,4 +967,25 @@ async def test_slots_max_is_the_max_concurrency_from_the_start_not_after_a_first
         assert slots_max() == 7
         await trio.sleep(5)  # idle: no job has run
         assert slots_max() == 7 and queue.of("parse") == []
+        worker.request_stop()
+
+
+def slots_in_use() -> float | None:
+    return metrics.REGISTRY.get_sample_value("trioindex_slots_in_use")
+
+
+async def test_slots_in_use_reads_the_jobs_running_their_steps_when_scraped(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Three jobs run their steps for 10 s each on five slots, then write a 20 s completion
+    from a finishing place: the gauge reads 3 while they run, 0 while they complete."""
+    queue = FakeQueue(pending=[CHUNKED] * 3, complete_seconds=20.0)
+    worker = make_worker(queue, FakeSteps(queue, duration=10), max_concurrency=5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.serve)
+        assert slots_in_use() == 0
+        await trio.sleep(5)
+        assert slots_in_use() == 3
+        await trio.sleep(10)
+        assert slots_in_use() == 0 and queue.of("complete") == []
         worker.request_stop()

@@ -212,7 +212,11 @@ class Worker:
         )
         if self._stop_requested:
             run.intake.cancel()  # asked before registration returned
-        metrics.record_slots(0, settings.max_concurrency)  # read as 0 slots until a first job
+        # read when scraped, from the start (not after a first job): the jobs in slots, not
+        # those in finishing places nor the slots reserved for a claim in flight
+        metrics.watch_slots(
+            lambda: len(run.running) - run.finishing.borrowed_tokens, settings.max_concurrency
+        )
         try:
             async with trio.open_nursery() as background:
                 background.start_soon(self._heartbeat_loop, run)
@@ -340,7 +344,6 @@ class Worker:
             before_completion=functools.partial(self._to_finishing, run, place),
         )
         run.running.add(context)
-        self._record_slots(run)
         jobs.start_soon(self._run_job, run, context, place, name=f"job {claim.job_id}")
 
     async def _to_finishing(self, run: _Run, place: _Place) -> None:
@@ -348,7 +351,6 @@ class Worker:
         ``max-concurrency`` completions at a time: a job waits here, in its slot, for one)."""
         await place.move_to(run.finishing)
         run.wakeup.set()  # a slot is free: the poller may claim at once
-        self._record_slots(run)
 
     async def _run_job(self, run: _Run, context: JobContext, place: _Place) -> None:
         try:
@@ -357,12 +359,8 @@ class Worker:
             run.running.discard(context)
             place.release()
             run.wakeup.set()  # a slot (or a finishing place) is free: the poller may claim
-            self._record_slots(run)
             if self.on_job_done is not None:
                 self.on_job_done(context.claim, context.outcome)
-
-    def _record_slots(self, run: _Run) -> None:
-        metrics.record_slots(int(run.slots.borrowed_tokens), self.settings.max_concurrency)
 
     async def _idle(self, run: _Run, pause: float | None = None) -> None:
         """Wait for the polling interval (or ``pause``, if shorter), a NOTIFY, or a finished
