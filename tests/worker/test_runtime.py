@@ -316,6 +316,28 @@ async def test_lost_lease_cancels_the_job_and_blocks_later_writes(
     assert_clean(worker)
 
 
+async def test_a_refused_lease_in_a_group_renewal_cancels_that_job_alone(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    refused: list[object] = []
+
+    async def refuse_one_job(claim: Claim, count: int) -> None:
+        if not refused:
+            refused.append(claim.job_id)
+        if claim.job_id == refused[0]:
+            raise OwnershipLost("recovered by another worker")
+
+    queue = FakeQueue(pending=[NEW] * 3, renew_behaviour=refuse_one_job)
+    worker = make_worker(queue, FakeSteps(queue, duration=100), max_concurrency=3)
+    await drain(worker)
+    assert queue.of("renew-call")[0][1] == 3  # the three leases in one call
+    completed = {job for _, job in queue.of("complete")}
+    assert len(completed) == 2 and refused[0] not in completed
+    assert "embed" not in [n for _, n, job in queue.calls if job == refused[0]]
+    assert worker.counters.lost == 1 and worker.counters.succeeded == 2
+    assert_clean(worker)
+
+
 async def test_transient_renewal_errors_are_retried_until_the_lease_would_expire(
     autojump_clock: trio.abc.Clock,
 ) -> None:
