@@ -12,8 +12,10 @@ model) pair: failing, retrying or recovering it never touches another model's jo
 another model serves. Events are written through :mod:`trioindex.db.events`.
 
 Every write after the claim — renew included — goes through the fence
-(:mod:`trioindex.db.fence`): a claim that no longer owns its job raises
-:class:`~trioindex.errors.OwnershipLost` and the transaction changes nothing.
+(:mod:`trioindex.db.fence`): a claim that no longer owns its job gets
+:class:`~trioindex.errors.OwnershipLost` (raised by a one-job function, returned in its own
+result by a group function: the group renewal, the grouped completion) and nothing is written
+for it.
 """
 
 from __future__ import annotations
