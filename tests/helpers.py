@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -57,6 +58,14 @@ def enqueue(
     key = key or f"doc-{uuid.uuid4().hex[:8]}"
     data = content if content is not None else key.encode()
     return enqueue_text(conn, model_id, key, data, max_attempts=max_attempts, priority=priority)
+
+
+def renew_one(conn: Connection, claim: Claim, lease_seconds: float) -> datetime:
+    """Renew one claim's lease through the group renewal; its refusal is raised."""
+    (result,) = lifecycle.renew_leases(conn, [claim], lease_seconds)
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
 def expire_lease(conn: Connection, job_id: UUID) -> None:

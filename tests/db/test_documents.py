@@ -174,7 +174,7 @@ def test_a_completion_waiting_on_a_delete_finds_its_job_removed_and_writes_nothi
 
 
 WRITES: dict[str, Callable[[Connection, Claim], Any]] = {
-    "renew": lambda conn, claim: lifecycle.renew_lease(conn, claim, 300),
+    "renew": lambda conn, claim: helpers.renew_one(conn, claim, 300),
     "complete": lifecycle.complete_job,
     "release": lifecycle.release_job,
     "fail": lambda conn, claim: lifecycle.fail_job(

@@ -229,7 +229,7 @@ def test_attempt_numbers_stay_consecutive_over_rounds_of_claims_and_recoveries(
 
 def _writes(claim: Claim) -> dict[str, Callable[[Any], object]]:
     return {
-        "renew": lambda conn: lifecycle.renew_lease(conn, claim, 300),
+        "renew": lambda conn: helpers.renew_one(conn, claim, 300),
         "complete": lambda conn: lifecycle.complete_job(conn, claim),
         "fail": lambda conn: lifecycle.fail_job(
             conn, claim, FailureType.WORKER_INTERNAL_ERROR, "boom", helpers.BACKOFF
@@ -283,7 +283,7 @@ def test_the_real_claim_passes_every_fenced_write(db: Database, worker: Any) -> 
     claim = _claim_one(db, worker)
     with db.connection() as conn:
         helpers.stage_embedded(conn, claim)
-        new_expiry = lifecycle.renew_lease(conn, claim, 600)
+        new_expiry = helpers.renew_one(conn, claim, 600)
         row = helpers.job_row(conn, claim.job_id)
         assert new_expiry > claim.lease_expires_at
         # renewal changes the lease only
@@ -300,7 +300,7 @@ def test_the_real_claim_passes_every_fenced_write(db: Database, worker: Any) -> 
 #
 # The forgery matrix above hands in a claim that differs from the real one. The cases below keep
 # the real claim and change exactly one fact in the database, so that each condition of
-# trioindex_lock_owned_job and of renew_lease is the only one that can refuse the write. The
+# trioindex_ownership_refusal (through trioindex_lock_owned_job, and the group renewal) is the only one that can refuse the write. The
 # "job is PROCESSING" conditions are not tested on their own: the schema's CHECK makes a job
 # that is not PROCESSING have no worker and no claim token, so the worker and token conditions
 # refuse it too.
@@ -402,7 +402,7 @@ def test_recovery_skips_a_job_whose_owner_is_mid_write_as_its_lease_runs_out(
         recoverer.execute("SET lock_timeout = '2s'")
         with owner.transaction():
             if write == "renewal":
-                renewed = lifecycle.renew_lease(owner, claim, 300)
+                renewed = helpers.renew_one(owner, claim, 300)
             else:
                 lifecycle.lock_owned_job(owner, claim)  # only the fence holds the row so far
             _wait_until_lease_expired(recoverer, claim.job_id)
@@ -463,7 +463,7 @@ def test_renewers_and_recoverers_on_valid_and_expired_leases_leave_one_owner_per
 
     def renewer(conn: Any) -> None:
         for claim in claims:
-            result = _outcome(lambda c=claim: lifecycle.renew_lease(conn, c, 300))
+            result = _outcome(lambda c=claim: helpers.renew_one(conn, c, 300))
             if not isinstance(result, Exception):
                 renewed[claim.job_id] = result
 
@@ -481,7 +481,7 @@ def test_renewers_and_recoverers_on_valid_and_expired_leases_leave_one_owner_per
                 assert claim.job_id not in renewed
                 assert row["status"] == "PENDING"
                 with pytest.raises(OwnershipLost):
-                    lifecycle.renew_lease(conn, claim, 300)
+                    helpers.renew_one(conn, claim, 300)
             else:
                 assert claim.job_id in renewed
                 assert (
@@ -824,7 +824,7 @@ def test_complete_refuses_a_version_that_is_not_fully_embedded_and_changes_nothi
 def test_events_never_carry_the_claim_token(db: Database, worker: Any) -> None:
     claim = _claim_one(db, worker)
     with db.connection() as conn:
-        lifecycle.renew_lease(conn, claim, 300)
+        helpers.renew_one(conn, claim, 300)
         lifecycle.fail_job(conn, claim, FailureType.WORKER_INTERNAL_ERROR, "x", helpers.BACKOFF)
         dump = conn.execute(
             "SELECT string_agg(to_jsonb(e)::text, ' ') AS all FROM indexing_events e"

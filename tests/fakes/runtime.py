@@ -8,7 +8,7 @@ jump under them).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from uuid import UUID
 
@@ -105,7 +105,20 @@ class FakeQueue:
         self.log("claim", (k, len(claims)))
         return claims
 
+    async def renew_many(self, claims: Sequence[Claim]) -> list[datetime | Exception]:
+        """One call for the group, as the real one; each claim's result as :meth:`renew` gives
+        it (a refusal is that claim's result; any other error fails the whole call)."""
+        self.log("renew-call", len(claims))
+        results: list[datetime | Exception] = []
+        for claim in claims:
+            try:
+                results.append(await self.renew(claim))
+            except OwnershipLost as refused:
+                results.append(refused)
+        return results
+
     async def renew(self, claim: Claim) -> datetime:
+        """One claim's renewal inside :meth:`renew_many` (its behaviour per call count)."""
         count = self.renewals.get(claim.job_id, 0) + 1
         self.renewals[claim.job_id] = count
         self.log("renew", claim.job_id)

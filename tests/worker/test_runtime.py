@@ -5,6 +5,7 @@ Each test name states the behaviour it checks.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import uuid
 from typing import Any
@@ -76,6 +77,7 @@ def assert_clean(worker: Worker) -> None:
     assert worker._run is not None
     assert worker._run.slots.borrowed_tokens == 0
     assert worker._run.finishing.borrowed_tokens == 0
+    assert worker._run.jobs.leases.held == 0
 
 
 # --- polling ---------------------------------------------------------------------------------
@@ -270,6 +272,33 @@ async def test_renewal_runs_on_absolute_deadlines_and_stops_with_the_job(
     assert_clean(worker)
 
 
+async def test_one_renewer_renews_every_job_in_time_in_few_statements(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Four jobs claimed 20 s apart, each running 400 s: every job's lease is renewed within an
+    interval of its claim and of its last renewal, and those due within half an interval of
+    each other share one statement."""
+    queue = FakeQueue(later=[(20.0 * i, NEW) for i in range(4)])
+    worker = make_worker(queue, FakeSteps(queue, duration=200), max_concurrency=4)
+    await drain(worker)
+    claimed: dict[object, float] = {}
+    for t, name, detail in queue.calls:
+        if name == "parse":
+            claimed.setdefault(detail, t)
+    renewed: dict[object, list[float]] = {job: [] for job in claimed}
+    for t, job in queue.of("renew"):
+        renewed[job].append(t)
+    assert len(claimed) == 4
+    for job, started in claimed.items():
+        times = [started, *renewed[job]]
+        assert len(times) >= 7  # 400 s of steps at most 60 s apart
+        assert max(b - a for a, b in itertools.pairwise(times)) <= 60.0 + 1e-6
+    calls = queue.of("renew-call")
+    assert sum(n for _, n in calls) == len(queue.of("renew"))  # type: ignore[misc]
+    assert len(calls) <= len(queue.of("renew")) / 2
+    assert_clean(worker)
+
+
 async def test_lost_lease_cancels_the_job_and_blocks_later_writes(
     autojump_clock: trio.abc.Clock,
 ) -> None:
@@ -284,6 +313,28 @@ async def test_lost_lease_cancels_the_job_and_blocks_later_writes(
     assert queue.of("fail") == []
     assert "embed" not in queue.names()  # cancelled inside parse, nothing later ran
     assert worker.counters.lost == 1
+    assert_clean(worker)
+
+
+async def test_a_refused_lease_in_a_group_renewal_cancels_that_job_alone(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    refused: list[object] = []
+
+    async def refuse_one_job(claim: Claim, count: int) -> None:
+        if not refused:
+            refused.append(claim.job_id)
+        if claim.job_id == refused[0]:
+            raise OwnershipLost("recovered by another worker")
+
+    queue = FakeQueue(pending=[NEW] * 3, renew_behaviour=refuse_one_job)
+    worker = make_worker(queue, FakeSteps(queue, duration=100), max_concurrency=3)
+    await drain(worker)
+    assert queue.of("renew-call")[0][1] == 3  # the three leases in one call
+    completed = {job for _, job in queue.of("complete")}
+    assert len(completed) == 2 and refused[0] not in completed
+    assert "embed" not in [n for _, n, job in queue.calls if job == refused[0]]
+    assert worker.counters.lost == 1 and worker.counters.succeeded == 2
     assert_clean(worker)
 
 
@@ -938,4 +989,25 @@ async def test_slots_max_is_the_max_concurrency_from_the_start_not_after_a_first
         assert slots_max() == 7
         await trio.sleep(5)  # idle: no job has run
         assert slots_max() == 7 and queue.of("parse") == []
+        worker.request_stop()
+
+
+def slots_in_use() -> float | None:
+    return metrics.REGISTRY.get_sample_value("trioindex_slots_in_use")
+
+
+async def test_slots_in_use_reads_the_jobs_running_their_steps_when_scraped(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Three jobs run their steps for 10 s each on five slots, then write a 20 s completion
+    from a finishing place: the gauge reads 3 while they run, 0 while they complete."""
+    queue = FakeQueue(pending=[CHUNKED] * 3, complete_seconds=20.0)
+    worker = make_worker(queue, FakeSteps(queue, duration=10), max_concurrency=5)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.serve)
+        assert slots_in_use() == 0
+        await trio.sleep(5)
+        assert slots_in_use() == 3
+        await trio.sleep(10)
+        assert slots_in_use() == 0 and queue.of("complete") == []
         worker.request_stop()

@@ -12,8 +12,10 @@ model) pair: failing, retrying or recovering it never touches another model's jo
 another model serves. Events are written through :mod:`trioindex.db.events`.
 
 Every write after the claim — renew included — goes through the fence
-(:mod:`trioindex.db.fence`): a claim that no longer owns its job raises
-:class:`~trioindex.errors.OwnershipLost` and the transaction changes nothing.
+(:mod:`trioindex.db.fence`): a claim that no longer owns its job gets
+:class:`~trioindex.errors.OwnershipLost` (raised by a one-job function, returned in its own
+result by a group function: the group renewal, the grouped completion) and nothing is written
+for it.
 """
 
 from __future__ import annotations
@@ -207,23 +209,31 @@ def claim_jobs(
 # renew
 
 
-def renew_lease(conn: Connection, claim: Claim, lease_seconds: float) -> datetime:
-    """Extend the lease of a claim that still owns its job; return the new expiry.
+def renew_leases(
+    conn: Connection, claims: Sequence[Claim], lease_seconds: float
+) -> list[datetime | Exception]:
+    """Extend the leases of the claims that still own their jobs; one result per claim, in
+    order: the new expiry, or the exception refusing that claim alone.
 
-    One statement, ``trioindex_renew_lease``: the ownership check is
-    ``trioindex_lock_owned_job``'s, the one every fenced write uses; the lease is counted from
-    the database's fresh clock. Never changes the worker, the token or ``locked_at``. Raises
-    :class:`OwnershipLost` when the claim no longer owns the job (a database error propagates
-    as itself).
+    One statement, ``trioindex_renew_leases``: the ownership check is the fence's
+    (``trioindex_ownership_refusal``, as for every fenced write), the jobs still owned are
+    locked in id order and extended from the database's fresh clock. Never changes the worker,
+    the token or ``locked_at``. A refused claim's result is :class:`OwnershipLost`
+    (:class:`~trioindex.errors.JobRemoved` when the job no longer exists); a database error
+    propagates as itself.
     """
-    with fenced_errors():
-        row = conn.execute(
-            "SELECT trioindex_renew_lease(%s, %s, %s, %s, %s) AS lease_expires_at",
-            (claim.job_id, claim.worker_id, claim.claim_token, claim.attempt_id, lease_seconds),
-        ).fetchone()
-    assert row is not None
-    expires: datetime = row["lease_expires_at"]
-    return expires
+    if not claims:
+        return []
+    rows = conn.execute(
+        """SELECT lease_expires_at, code, message
+           FROM trioindex_renew_leases(%s, %s, %s, %s, %s) ORDER BY ord""",
+        (*claim_arrays(claims), lease_seconds),
+    ).fetchall()
+    results: list[datetime | Exception] = []
+    for row in rows:
+        error = refusal_error(row["code"], row["message"])
+        results.append(row["lease_expires_at"] if error is None else error)
+    return results
 
 
 # ---------------------------------------------------------------------------------------------

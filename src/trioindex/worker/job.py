@@ -1,10 +1,11 @@
 """One claimed job, from its first step to its outcome: the per-job part of the worker runtime.
 
 The runtime (:mod:`trioindex.worker.runtime`) owns the slots and the nurseries; for each claim
-it starts :meth:`JobRunner.run` in the jobs nursery. That runs, inside the job's own cancel
-scope, the pipeline steps beside a lease renewal loop, writes the final completion or a
-classified failure, hands the claim back when the job was cancelled, and says how the attempt
-ended as a :class:`JobOutcome` value.
+it starts :meth:`JobRunner.run` in the jobs nursery. That runs the pipeline steps inside the
+job's own cancel scope while the worker-wide :class:`~trioindex.worker.leases.LeaseRenewer`
+renews the job's lease (and cancels that scope if the lease is refused), writes the final
+completion or a classified failure, hands the claim back when the job was cancelled, and says
+how the attempt ended as a :class:`JobOutcome` value.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import enum
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from datetime import datetime
 from typing import Protocol
 
 import attrs
@@ -30,21 +30,19 @@ from trioindex.errors import (
 from trioindex.values import Claim, CompleteResult, FailOutcome, FailResult
 from trioindex.worker import metrics
 from trioindex.worker.counters import WorkerCounters
+from trioindex.worker.leases import LeaseRenewer, LeaseWrites
 
 logger = logging.getLogger(__name__)
 
 # How long a bounded cleanup write (STOPPING/STOPPED, a hand-back, a final report) may take.
 CLEANUP_TIMEOUT = 10.0
-# Pause before retrying a renewal that failed for a reason other than lost ownership.
-RENEWAL_RETRY_PAUSE = 1.0
 # How much of a document key an outcome line shows (keys may be up to 1024 characters).
 LOGGED_KEY_LENGTH = 200
 
 
-class JobWrites(Protocol):
-    """The writes one claimed job makes (:class:`trioindex.worker.queue.JobQueue`)."""
+class JobWrites(LeaseWrites, Protocol):
+    """The writes claimed jobs make (:class:`trioindex.worker.queue.JobQueue`)."""
 
-    async def renew(self, claim: Claim) -> datetime: ...
     async def complete(self, claim: Claim) -> CompleteResult: ...
     async def fail(self, claim: Claim, failure_type: FailureType, message: str) -> FailResult: ...
     async def release(self, claim: Claim) -> None: ...
@@ -125,6 +123,8 @@ class JobContext:
     claim: Claim
     lease_deadline: float
     scope: trio.CancelScope
+    # when the lease renewer next renews this job's lease (Trio clock; set by LeaseRenewer.hold)
+    renew_at: float = math.inf
     lost: bool = False
     removed: bool = False  # lost because the job row is gone (document deleted, model removed)
     step: str = "claim"
@@ -148,6 +148,7 @@ class JobRunner:
     steps: Steps
     settings: WorkerSettings
     counters: WorkerCounters
+    leases: LeaseRenewer
 
     async def run(self, context: JobContext) -> None:
         """Run the job inside ``context.scope`` and set ``context.outcome``.
@@ -156,17 +157,20 @@ class JobRunner:
         outside) ends the job: the caller reads it in its own ``finally``.
         """
         started = trio.current_time()
+        self.leases.hold(context)
         try:
             with context.scope:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._renew_loop, context)
-                    context.outcome = await self._execute(context)
-                    nursery.cancel_scope.cancel()  # the final write is done: renewal stops last
+                context.outcome = await self._execute(context)
             if context.lost and context.outcome == CANCELLED:
-                context.outcome = REMOVED if context.removed else LOST
-                if not context.removed:
+                # cancelled by the lease renewer: the lease was refused, or the job is gone
+                if context.removed:
+                    _log_removed(context.claim, "renewal")
+                    context.outcome = REMOVED
+                else:
+                    context.outcome = LOST
                     self.counters.lost += 1
         finally:
+            self.leases.drop(context)  # the final write is done (or never will be)
             self.steps.forget(context.claim)
             if context.outcome == CANCELLED and not context.lost:
                 context.outcome = await self._hand_back(context)
@@ -333,57 +337,6 @@ class JobRunner:
             return JobOutcome(OutcomeKind.RETRY, failure_type)
         self.counters.failed += 1
         return JobOutcome(OutcomeKind.FAILED, failure_type)
-
-    async def _renew_loop(self, context: JobContext) -> None:
-        """Renew on absolute deadlines; a refused renewal cancels this job's scope only."""
-        interval = self.settings.lease_renewal_interval
-        next_at = trio.current_time() + interval
-        while True:
-            await trio.sleep_until(next_at)
-            if context.finishing:
-                return  # the final write is under way; it re-validates ownership itself
-            try:
-                await self.queue.renew(context.claim)
-            except OwnershipLost as exc:
-                if context.finishing:
-                    return  # raced the final write, which finished the job: not a loss
-                context.lost = True
-                if isinstance(exc, JobRemoved):
-                    context.removed = True
-                    _log_removed(context.claim, "renewal")
-                    context.scope.cancel()
-                    return
-                metrics.record_renewal("refused")
-                metrics.record_lease_lost()
-                logger.warning(
-                    "worker %s job %s: lease renewal refused; cancelling the job",
-                    context.claim.worker_id,
-                    context.claim.job_id,
-                )
-                context.scope.cancel()
-                return
-            except Exception as exc:
-                self.counters.renewal_errors += 1
-                metrics.record_renewal("error")
-                now = trio.current_time()
-                if now >= context.lease_deadline:
-                    context.lost = True
-                    metrics.record_lease_lost()
-                    logger.warning(
-                        "worker %s job %s: lease expired while renewal kept failing (%s)",
-                        context.claim.worker_id,
-                        context.claim.job_id,
-                        type(exc).__name__,
-                    )
-                    context.scope.cancel()
-                    return
-                next_at = min(now + RENEWAL_RETRY_PAUSE, context.lease_deadline)
-                continue
-            self.counters.renewals += 1
-            metrics.record_renewal("ok")
-            # the database extended the lease from "now"; our estimate follows conservatively
-            context.lease_deadline = trio.current_time() + self.settings.lease_duration
-            next_at += interval * max(1, math.ceil((trio.current_time() - next_at) / interval))
 
 
 def _log_removed(claim: Claim, during: str) -> None:

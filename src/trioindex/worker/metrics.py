@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -90,8 +91,10 @@ def record_embedding_call(outcome: str, seconds: float) -> None:
     EMBED_SECONDS.observe(seconds)
 
 
-def record_slots(in_use: int, total: int) -> None:
-    SLOTS_IN_USE.set(in_use)
+def watch_slots(in_use: Callable[[], float], total: int) -> None:
+    """The slots gauges of a worker run: ``in_use`` is read when the metrics are scraped (no
+    write per job), ``total`` is set now."""
+    SLOTS_IN_USE.set_function(in_use)
     SLOTS_MAX.set(total)
 
 

@@ -18,6 +18,7 @@ whatever they could not write).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from uuid import UUID
 
@@ -87,8 +88,8 @@ class JobQueue:
             lifecycle.claim_jobs, worker_id, k, self.lease_seconds, model_id=model_id
         )
 
-    async def renew(self, claim: Claim) -> datetime:
-        return await self.db.run(lifecycle.renew_lease, claim, self.lease_seconds)
+    async def renew_many(self, claims: Sequence[Claim]) -> list[datetime | Exception]:
+        return await self.db.run(lifecycle.renew_leases, claims, self.lease_seconds)
 
     async def complete(self, claim: Claim) -> CompleteResult:
         return await self.completions.submit(claim)

@@ -6,15 +6,16 @@
     ├── background nursery
     │   ├── heartbeat loop            absolute deadlines, every heartbeat-interval
     │   ├── lease recovery loop       every recovery-interval
+    │   ├── lease renewer             every lease the worker holds, one statement per renewal
     │   ├── queue's worker-wide task  the completion committer (worker/queue.py)
     │   ├── steps' worker-wide tasks  embedding coalescer, group committers (worker/wiring.py)
     │   └── NOTIFY listener           (optional) wakes the poller
     └── jobs nursery                  outlives intake; its deadline is set at shutdown
         ├── intake scope
         │   └── poller                reserve free slots → one batch claim → hand slots to jobs
-        └── one child nursery per claimed job   JobRunner.run, in worker/job.py
-            ├── pipeline              parse/chunk → embed → complete, or a classified failure
-            └── lease renewal loop    absolute deadlines; losing the lease cancels this job only
+        └── one task per claimed job  JobRunner.run, in worker/job.py: its own cancel scope
+            └── pipeline              parse/chunk → embed → complete, or a classified failure
+                                      (a refused renewal cancels this job's scope only)
 
 Invariants: at most ``max-concurrency`` jobs run their steps, and at most as many more wait for
 their completion to commit (a job moves from its slot to a finishing place just before its
@@ -68,6 +69,7 @@ from trioindex.worker.job import (
     JobWrites,
     Steps,
 )
+from trioindex.worker.leases import LeaseRenewer
 
 logger = logging.getLogger(__name__)
 
@@ -200,15 +202,26 @@ class Worker:
             worker_id=worker_id,
             slots=trio.CapacityLimiter(settings.max_concurrency),
             finishing=trio.CapacityLimiter(settings.max_concurrency),
-            jobs=JobRunner(self.queue, self.steps, settings, self.counters),
+            jobs=JobRunner(
+                self.queue,
+                self.steps,
+                settings,
+                self.counters,
+                LeaseRenewer(self.queue, settings, self.counters),
+            ),
         )
         if self._stop_requested:
             run.intake.cancel()  # asked before registration returned
-        metrics.record_slots(0, settings.max_concurrency)  # read as 0 slots until a first job
+        # read when scraped, from the start (not after a first job): the jobs in slots, not
+        # those in finishing places nor the slots reserved for a claim in flight
+        metrics.watch_slots(
+            lambda: len(run.running) - run.finishing.borrowed_tokens, settings.max_concurrency
+        )
         try:
             async with trio.open_nursery() as background:
                 background.start_soon(self._heartbeat_loop, run)
                 background.start_soon(self._recovery_loop, run)
+                background.start_soon(run.jobs.leases.serve)
                 background.start_soon(self.queue.serve)
                 background.start_soon(self.steps.serve)
                 if self.listener is not None:
@@ -331,7 +344,6 @@ class Worker:
             before_completion=functools.partial(self._to_finishing, run, place),
         )
         run.running.add(context)
-        self._record_slots(run)
         jobs.start_soon(self._run_job, run, context, place, name=f"job {claim.job_id}")
 
     async def _to_finishing(self, run: _Run, place: _Place) -> None:
@@ -339,7 +351,6 @@ class Worker:
         ``max-concurrency`` completions at a time: a job waits here, in its slot, for one)."""
         await place.move_to(run.finishing)
         run.wakeup.set()  # a slot is free: the poller may claim at once
-        self._record_slots(run)
 
     async def _run_job(self, run: _Run, context: JobContext, place: _Place) -> None:
         try:
@@ -348,12 +359,8 @@ class Worker:
             run.running.discard(context)
             place.release()
             run.wakeup.set()  # a slot (or a finishing place) is free: the poller may claim
-            self._record_slots(run)
             if self.on_job_done is not None:
                 self.on_job_done(context.claim, context.outcome)
-
-    def _record_slots(self, run: _Run) -> None:
-        metrics.record_slots(int(run.slots.borrowed_tokens), self.settings.max_concurrency)
 
     async def _idle(self, run: _Run, pause: float | None = None) -> None:
         """Wait for the polling interval (or ``pause``, if shorter), a NOTIFY, or a finished

@@ -215,21 +215,44 @@ RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
         * (1 + p_jitter * (2 * p_unit_random - 1)))
 $$;
 
--- Extend the lease of a claim that still owns its job, from a fresh clock; never touches the
--- worker, the token or locked_at.
-CREATE FUNCTION trioindex_renew_lease(
-    p_job uuid, p_worker uuid, p_token uuid, p_attempt uuid, p_lease_seconds float8)
-RETURNS timestamptz LANGUAGE plpgsql AS $$
+-- Extend the leases of a group of claims (element i: job p_jobs[i], claimed by p_workers[i] with
+-- p_tokens[i] and attempt p_attempts[i]) in one statement, from a fresh clock read once the locks
+-- are held: the jobs the group still owns are locked in id order (the fence's check in the
+-- WHERE, so a refused job is not locked) and extended. Row ord = i says job i's new expiry, or
+-- (lease_expires_at NULL) why it was refused: TI003 (the job is gone) or TI001 (ownership lost,
+-- the reason read again after the lock). Never touches the worker, the token or locked_at.
+CREATE FUNCTION trioindex_renew_leases(
+    p_jobs uuid[], p_workers uuid[], p_tokens uuid[], p_attempts uuid[], p_lease_seconds float8)
+RETURNS TABLE (ord bigint, lease_expires_at timestamptz, code text, message text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
 DECLARE
-    j embedding_jobs;
+    owned uuid[];
     expires timestamptz;
 BEGIN
-    j := trioindex_lock_owned_job(p_job, p_worker, p_token, p_attempt);
-    UPDATE embedding_jobs
-    SET lease_expires_at = clock_timestamp() + make_interval(secs => p_lease_seconds)
-    WHERE id = j.id
-    RETURNING lease_expires_at INTO expires;
-    RETURN expires;
+    SELECT coalesce(array_agg(held.id), '{}') INTO owned
+    FROM (SELECT j.id FROM embedding_jobs j
+          JOIN unnest(p_jobs, p_workers, p_tokens, p_attempts) AS c(job, worker, token, attempt)
+            ON c.job = j.id
+          LEFT JOIN embedding_job_attempts at ON at.id = c.attempt AND at.embedding_job_id = j.id
+          WHERE trioindex_ownership_refusal(j, at, c.worker, c.token) IS NULL
+          ORDER BY j.id FOR UPDATE OF j) AS held;
+    expires := clock_timestamp() + make_interval(secs => p_lease_seconds);
+    UPDATE embedding_jobs SET lease_expires_at = expires WHERE id = ANY(owned);
+    RETURN QUERY
+    SELECT u.ord,
+           CASE WHEN u.job = ANY(owned) THEN expires END,
+           CASE WHEN u.job = ANY(owned) THEN NULL WHEN j.id IS NULL THEN 'TI003' ELSE 'TI001' END,
+           CASE WHEN u.job = ANY(owned) THEN NULL
+                WHEN j.id IS NULL
+                    THEN 'the job no longer exists: its document or model was removed'
+                ELSE coalesce(trioindex_ownership_refusal(j, a, u.worker, u.token),
+                              'the claim no longer owns the job') END
+    FROM unnest(p_jobs, p_workers, p_tokens, p_attempts) WITH ORDINALITY
+         AS u(job, worker, token, attempt, ord)
+    LEFT JOIN embedding_jobs j ON j.id = u.job
+    LEFT JOIN embedding_job_attempts a ON a.id = u.attempt AND a.embedding_job_id = j.id
+    ORDER BY u.ord;
 END;
 $$;
 
