@@ -277,7 +277,8 @@ def run_size(
             started = int(
                 _one(watch, "SELECT count(*) FROM indexing_workers WHERE status = 'RUNNING'")
             )
-            if started >= n or any(p.poll() is not None for p in processes):
+            exited = sum(1 for p in processes if p.poll() is not None)
+            if started + exited >= n:  # every process has registered or given up
                 break
             time.sleep(0.5)
         start_seconds = time.monotonic() - launched
