@@ -23,6 +23,10 @@ and every fleet size gets a copy of it (``CREATE DATABASE ... TEMPLATE``). Per s
    touches many), the claim's execution time per job, and the statements costing the most
    execution time per job.
 
+``--raw`` also runs ``bench.queue``'s raw ``SKIP LOCKED`` loop (one claim and one update per
+job, no worker) with as many connections as each size has workers, on the same server: how
+PostgreSQL alone scales with that many claimers on this machine.
+
 ``--baseline SRC`` runs every size a second time with ``PYTHONPATH=SRC`` (another checkout's
 ``src``, e.g. ``/work/main/src``), interleaved with this checkout's (same database copy, same
 load), so the ratios compare the two codes in one run; "× best" is within each code.
@@ -54,6 +58,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from bench.common import BenchPostgres, format_machine, machine_info
 from bench.harness import ingest_folder, tei_settings, worker_env
+from bench.queue import Scenario, ThroughputResult, run_raw
 from testkit.embed_process import EmbedServerProcess
 from testkit.pgbouncer import running_pgbouncer
 from testkit.postgres import admin
@@ -409,6 +414,22 @@ def claim_table(results: Sequence[SizeResult]) -> list[str]:
     return lines
 
 
+def raw_table(raws: Sequence[ThroughputResult]) -> list[str]:
+    """The raw loop at each size's number of connections."""
+    best = max(r.jobs_per_s for r in raws) or 1.0
+    lines = [
+        "| raw loop connections | jobs/s | × best | PG CPU ms/job | client CPU ms/job | load before |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in raws:
+        lines.append(
+            f"| {r.scenario.concurrency} | {r.jobs_per_s:.0f} | {r.jobs_per_s / best:.2f}"
+            f" | {r.server_cpu_ms_per_job:.2f} | {r.client_cpu_ms_per_job:.2f}"
+            f" | {r.load_average_1m:.1f} |"
+        )
+    return lines
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("--sizes", default="1,4,16,64", help="worker counts (1,4,16,64)")
@@ -440,6 +461,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="NAME=VALUE",
         help="a worker setting for every code (TRIOINDEX_ left out, e.g. WORKER_POLLING_INTERVAL=2s)",
     )
+    parser.add_argument(
+        "--raw",
+        action="store_true",
+        help="also the raw SKIP LOCKED loop with as many connections as workers, per size",
+    )
     parser.add_argument("--quick", action="store_true", help="sizes 1,4 and 100 documents")
     parser.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
     return parser.parse_args(argv)
@@ -452,6 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="trioindex-bench-fleet-"))
     root.chmod(0o755)
     results: list[SizeResult] = []
+    raws: list[ThroughputResult] = []
     with (
         contextlib.ExitStack() as stack,
         BenchPostgres() as pg,
@@ -496,7 +523,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results.append(result)
                 print(table([result])[-1], claim_table([result])[-1], sep="\n", flush=True)
                 admin(pg.admin_url, f'DROP DATABASE IF EXISTS "fleet_{code}_{n}" WITH (FORCE)')
+            if args.raw:
+                raws.append(run_raw(pg, Scenario("raw", 1, n), created))
+                print(raw_table(raws[-1:])[-1], flush=True)
     lines = [*format_machine(info), "", *table(results), "", *claim_table(results)]
+    if raws:
+        lines += ["", *raw_table(raws)]
     print("\n".join(lines))
     if args.out is not None:
         args.out.write_text(
@@ -505,6 +537,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "machine": info,
                     "results": [attrs.asdict(r) for r in results],
                     "baseline": args.baseline,
+                    "overrides": args.overrides,
+                    "raw": [r.as_json() for r in raws],
                 },
                 indent=2,
                 default=str,

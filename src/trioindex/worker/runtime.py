@@ -11,8 +11,7 @@
     │   └── NOTIFY listener           (optional) wakes the poller
     └── jobs nursery                  outlives intake; its deadline is set at shutdown
         ├── intake scope
-        │   └── poller                reserve free slots (at most CLAIM_BATCH) → one batch claim
-        │                             → hand slots to jobs; a full batch claims again at once
+        │   └── poller                reserve free slots → one batch claim → hand slots to jobs
         └── one child nursery per claimed job   JobRunner.run, in worker/job.py
             ├── pipeline              parse/chunk → embed → complete, or a classified failure
             └── lease renewal loop    absolute deadlines; losing the lease cancels this job only
@@ -47,7 +46,6 @@ import functools
 import logging
 import math
 import os
-import random
 import signal
 import socket
 from collections.abc import Awaitable, Callable
@@ -78,19 +76,6 @@ DRAIN_LOG_INTERVAL = 15.0
 # While every slot is busy, how long the poller waits for a quarter of the slots to free up
 # before claiming fewer (one claim statement for several jobs).
 CLAIM_LINGER = 0.02
-# Most jobs one claim statement asks for. A claim that comes back full is followed at once by
-# the next, so a lone worker fills its slots in a few quick statements; in a fleet, a backlog
-# released at once (one NOTIFY wakes every worker) is shared among many workers instead of
-# the first few taking all of it into their own hundreds of slots while the rest stay idle,
-# and one statement never holds hundreds of row locks that every other claimer must skip.
-CLAIM_BATCH = 32
-# After a NOTIFY whose claim found nothing (other workers took the jobs first), the next
-# NOTIFY's claim waits a random time below a window that starts here and doubles with every
-# such miss, up to NOTIFY_BACKOFF_MAX; a claim that gets jobs resets it. A lone worker finds
-# the jobs its NOTIFY announces and never waits; in a fleet, one NOTIFY no longer sends every
-# idle worker's claim to the same index pages in the same millisecond.
-NOTIFY_BACKOFF_MIN = 0.01
-NOTIFY_BACKOFF_MAX = 0.25
 
 
 class Queue(JobWrites, Protocol):
@@ -140,10 +125,6 @@ class _Run:
     intake: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     running: set[JobContext] = attrs.field(factory=set)
     wakeup: trio.Event = attrs.field(factory=trio.Event)
-    # a NOTIFY arrived since the poller last claimed
-    notified: bool = False
-    # the window of the random wait before a NOTIFY's claim; 0 while NOTIFYs find jobs
-    notify_backoff: float = 0.0
     drain_logged_at: float = -math.inf
 
 
@@ -194,9 +175,8 @@ class Worker:
             self._run.intake.cancel()
 
     def wake(self) -> None:
-        """Wake the poller early: a NOTIFY arrived (the listener calls this)."""
+        """Wake the poller early (a NOTIFY arrived, or a slot was freed)."""
         if self._run is not None:
-            self._run.notified = True
             self._run.wakeup.set()
 
     # -- the tree -----------------------------------------------------------------------------
@@ -291,12 +271,11 @@ class Worker:
             first = object()
             await slots.acquire_on_behalf_of(first)  # a free slot before any claim
             reserved = [first]
-            while slots.available_tokens > 0 and len(reserved) < CLAIM_BATCH:
+            while slots.available_tokens > 0:
                 token = object()
                 slots.acquire_on_behalf_of_nowait(token)
                 reserved.append(token)
             run.wakeup = trio.Event()
-            notified, run.notified = run.notified, False
             claims: list[Claim] = []
             claim_failed = False
             try:
@@ -317,8 +296,6 @@ class Worker:
                 for token in reserved[len(claims) :]:
                     slots.release_on_behalf_of(token)
             self.counters.polls += 1
-            if not claim_failed:
-                self._follow_notify_misses(run, notified=notified, found=bool(claims))
             busy = bool(claims) and len(claims) == len(reserved)
             if busy:
                 continue  # busy drain: every slot asked for was filled, claim again at once
@@ -334,22 +311,11 @@ class Worker:
                     continue
             await self._idle(run)
 
-    @staticmethod
-    def _follow_notify_misses(run: _Run, *, notified: bool, found: bool) -> None:
-        """Widen the NOTIFY backoff window after a NOTIFY's claim found nothing; close it once
-        a claim finds jobs (see :data:`NOTIFY_BACKOFF_MIN`)."""
-        if found:
-            run.notify_backoff = 0.0
-        elif notified:
-            run.notify_backoff = min(
-                NOTIFY_BACKOFF_MAX, max(NOTIFY_BACKOFF_MIN, 2 * run.notify_backoff)
-            )
-
     async def _gather_slots(self, run: _Run) -> None:
         """While busy, let a few slots free up (at most ``CLAIM_LINGER``) so one claim fills
         several: jobs finishing in the same group commit free their slots together. Nothing is
         reserved while waiting, so a stop request finds nothing to release."""
-        wanted = min(self.settings.max_concurrency // 4, CLAIM_BATCH)
+        wanted = self.settings.max_concurrency // 4
         with trio.move_on_after(CLAIM_LINGER):
             while run.slots.available_tokens < wanted:
                 run.wakeup = trio.Event()
@@ -395,9 +361,6 @@ class Worker:
         interval = self.settings.polling_interval
         with trio.move_on_after(interval if pause is None else min(pause, interval)):
             await run.wakeup.wait()
-            if run.notified and run.notify_backoff > 0:
-                # recent NOTIFYs found their jobs taken: let the other workers go first
-                await trio.sleep(random.uniform(0, run.notify_backoff))
 
     async def _drain_pause(self, run: _Run) -> float | None:
         """None when draining is done; otherwise how long to wait before claiming again.
