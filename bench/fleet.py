@@ -15,7 +15,21 @@ and every fleet size gets a copy of it (``CREATE DATABASE ... TEMPLATE``). Per s
 4. while they run, ``pg_stat_activity`` is sampled every 250 ms: client backends (busy
    connections per worker = mean and peak / N) and the wait events of active backends;
 5. PostgreSQL CPU per job: the postmaster's CPU with its reaped children plus every live
-   server process, across release → last job.
+   server process, across release → last job; the workers' own CPU per job the same way
+   (their processes' CPU, release → last job), and an idle worker's CPU (ms a second, over
+   :data:`IDLE_WINDOW` seconds before the release);
+6. the claims in that window (``pg_stat_statements``, reset at the release): claim statements
+   per job, jobs per claim, buffer pages a claim touched (a claim that skips many locked rows
+   touches many), the claim's execution time per job, and the statements costing the most
+   execution time per job.
+
+``--raw`` also runs ``bench.queue``'s raw ``SKIP LOCKED`` loop (one claim and one update per
+job, no worker) with as many connections as each size has workers, on the same server: how
+PostgreSQL alone scales with that many claimers on this machine.
+
+``--baseline SRC`` runs every size a second time with ``PYTHONPATH=SRC`` (another checkout's
+``src``, e.g. ``/work/main/src``), interleaved with this checkout's (same database copy, same
+load), so the ratios compare the two codes in one run; "× best" is within each code.
 
 Run ``.venv/bin/python -m bench.fleet`` (``just bench-fleet``); ``--quick`` runs sizes 1 and 4.
 """
@@ -44,6 +58,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from bench.common import BenchPostgres, format_machine, machine_info
 from bench.harness import ingest_folder, tei_settings, worker_env
+from bench.queue import Scenario, ThroughputResult, run_raw
 from testkit.embed_process import EmbedServerProcess
 from testkit.pgbouncer import running_pgbouncer
 from testkit.postgres import admin
@@ -53,10 +68,24 @@ DIMENSION = 1024
 SAMPLE_EVERY = 0.25
 #: Longest wait for an idle fleet to be down to two connections a worker
 SETTLE_LIMIT = 40.0
+#: Seconds over which an idle fleet's CPU is measured, before the release
+IDLE_WINDOW = 5.0
+
+
+@attrs.define
+class ClaimStats:
+    """The claim statement's ``pg_stat_statements`` entry over one size's run."""
+
+    calls: int = 0
+    rows: int = 0
+    buffers: int = 0  # shared blocks hit + read
+    total_ms: float = 0.0
+    top: dict[str, float] = attrs.field(factory=dict)  # statement head -> exec ms per job
 
 
 @attrs.define
 class SizeResult:
+    code: str
     workers: int
     started: int
     start_seconds: float
@@ -71,6 +100,10 @@ class SizeResult:
     server_cpu_ms_per_job: float
     waits: dict[str, int]
     load_before: float
+    load_after: float
+    worker_cpu_ms_per_job: float
+    idle_cpu_ms_per_s_per_worker: float
+    claims: ClaimStats
 
     @property
     def jobs_per_s(self) -> float:
@@ -96,6 +129,47 @@ def server_cpu_now(pg: BenchPostgres) -> float:
             continue
         total += times.user + times.system
     return total
+
+
+def processes_cpu(processes: Sequence[subprocess.Popen[bytes]]) -> float:
+    """CPU seconds used so far by the live ``processes``."""
+    total = 0.0
+    for process in processes:
+        try:
+            times = psutil.Process(process.pid).cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+#: how the claim statement starts in ``pg_stat_statements`` (see trioindex.db.jobs)
+CLAIM_HEAD = "WITH worker AS ("
+
+
+def claim_stats(admin_url: str, dbname: str, jobs: int) -> ClaimStats:
+    """The claim statement's counters in ``dbname`` since the last reset, and the five
+    statements with the most execution time (ms per job)."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        rows = conn.execute(
+            """SELECT s.query, s.calls, s.rows, s.shared_blks_hit + s.shared_blks_read,
+                      s.total_exec_time
+               FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+               WHERE d.datname = %s ORDER BY s.total_exec_time DESC""",
+            (dbname,),
+        ).fetchall()
+    stats = ClaimStats()
+    for query, calls, nrows, buffers, total_ms in rows:
+        head = " ".join(str(query).split())
+        if head.startswith(CLAIM_HEAD):
+            stats.calls += int(calls)
+            stats.rows += int(nrows)
+            stats.buffers += int(buffers)
+            stats.total_ms += float(total_ms)
+            head = "claim"
+        if len(stats.top) < 5:
+            stats.top[head[:40]] = float(total_ms) / max(1, jobs)
+    return stats
 
 
 def _one(target: str | psycopg.Connection[Any], sql: str) -> Any:
@@ -160,8 +234,11 @@ def run_size(
     jobs: int,
     start_timeout: float,
     bouncer: str | None,
+    code: str = "branch",
+    pythonpath: str | None = None,
+    overrides: dict[str, str] | None = None,
 ) -> SizeResult:
-    dbname = f"fleet_{n}"
+    dbname = f"fleet_{code}_{n}"
     admin(pg.admin_url, f'DROP DATABASE IF EXISTS "{dbname}"')
     admin(pg.admin_url, f'CREATE DATABASE "{dbname}" TEMPLATE "{source}"')
     url = with_dbname(pg.admin_url, dbname)
@@ -177,9 +254,12 @@ def run_size(
         STORAGE_URL=(root / "blobs").as_uri(),
         **settings,
         **tei_settings(embedder, DIMENSION),
+        **(overrides or {}),
     )
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
     watch = psycopg.connect(url, autocommit=True)
-    logs = root / f"logs-{n}"
+    logs = root / f"logs-{code}-{n}"
     logs.mkdir(exist_ok=True)
     load_before = os.getloadavg()[0]
     sampler = ActivitySampler(pg.admin_url, dbname)  # connects now, records once entered
@@ -202,7 +282,8 @@ def run_size(
             started = int(
                 _one(watch, "SELECT count(*) FROM indexing_workers WHERE status = 'RUNNING'")
             )
-            if started >= n or any(p.poll() is not None for p in processes):
+            exited = sum(1 for p in processes if p.poll() is not None)
+            if started + exited >= n:  # every process has registered or given up
                 break
             time.sleep(0.5)
         start_seconds = time.monotonic() - launched
@@ -216,7 +297,12 @@ def run_size(
             time.sleep(0.5)
         settled_after = time.monotonic() - settle_from
         idle = sum(backends_of(watch) for _ in range(3)) / 3
+        idle_from, idle_cpu_from = time.monotonic(), processes_cpu(processes)
+        time.sleep(IDLE_WINDOW)
+        idle_cpu = (processes_cpu(processes) - idle_cpu_from) / (time.monotonic() - idle_from)
         cpu_before = server_cpu_now(pg)
+        workers_before = processes_cpu(processes)
+        pg.reset_statements()
         with sampler:
             with watch.transaction():
                 released = watch.execute(
@@ -234,6 +320,9 @@ def run_size(
                     break
                 time.sleep(0.2)
             cpu_after = server_cpu_now(pg)
+            workers_after = processes_cpu(processes)
+            load_after = os.getloadavg()[0]
+            claims = claim_stats(pg.admin_url, dbname, max(1, done))
             seconds = float(
                 _one(
                     watch,
@@ -257,6 +346,7 @@ def run_size(
         1 for log in logs.glob("*.log") if "too many clients" in log.read_text(errors="replace")
     )
     return SizeResult(
+        code=code,
         workers=n,
         started=started,
         start_seconds=start_seconds,
@@ -271,25 +361,71 @@ def run_size(
         server_cpu_ms_per_job=(cpu_after - cpu_before) * 1000 / max(1, done),
         waits=dict(sampler.waits.most_common(6)),
         load_before=load_before,
+        load_after=load_after,
+        worker_cpu_ms_per_job=(workers_after - workers_before) * 1000 / max(1, done),
+        idle_cpu_ms_per_s_per_worker=idle_cpu * 1000 / n,
+        claims=claims,
     )
 
 
 def table(results: Sequence[SizeResult]) -> list[str]:
-    best = max(r.jobs_per_s for r in results) or 1.0
+    best = {
+        code: max(r.jobs_per_s for r in results if r.code == code) or 1.0
+        for code in {r.code for r in results}
+    }
     lines = [
-        "| workers | started (s) | jobs | jobs/s | × best | conns/worker 3 s after start | idle (settled after s) | busy mean | busy peak"
-        " (all) | PG CPU ms/job | load before | top wait events of active backends (samples) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| code | workers | started (s) | jobs | jobs/s | × best | conns/worker 3 s after start"
+        " | idle (settled after s) | busy mean | busy peak (all) | PG CPU ms/job"
+        " | workers' CPU ms/job | load before / after | top wait events of active backends"
+        " (samples) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in results:
         waits = ", ".join(f"{k} {v}" for k, v in r.waits.items())
+        refused = f" (refused in {r.refused_logs})" if r.refused_logs else ""
         lines.append(
-            f"| {r.workers} | {r.started} ({r.start_seconds:.0f}){' (refused in ' + str(r.refused_logs) + ')' if r.refused_logs else ''}"
-            f" | {r.jobs} | {r.jobs_per_s:.0f} | {r.jobs_per_s / best:.2f}"
+            f"| {r.code} | {r.workers} | {r.started} ({r.start_seconds:.0f}){refused}"
+            f" | {r.jobs} | {r.jobs_per_s:.0f} | {r.jobs_per_s / best[r.code]:.2f}"
             f" | {r.idle_at_start_per_worker:.2f}"
             f" | {r.idle_per_worker:.2f} ({r.settled_after:.0f})"
             f" | {r.busy_mean_per_worker:.2f} | {r.busy_peak}"
-            f" | {r.server_cpu_ms_per_job:.2f} | {r.load_before:.1f} | {waits} |"
+            f" | {r.server_cpu_ms_per_job:.2f} | {r.worker_cpu_ms_per_job:.1f}"
+            f" | {r.load_before:.1f} / {r.load_after:.1f} | {waits} |"
+        )
+    return lines
+
+
+def claim_table(results: Sequence[SizeResult]) -> list[str]:
+    """The claims of each size (``pg_stat_statements``, release → last job)."""
+    lines = [
+        "| code | workers | idle CPU ms/s a worker | claims/job | jobs/claim | buffers/claim"
+        " | claim exec ms/job | most execution time (ms/job) |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in results:
+        c = r.claims
+        top = ", ".join(f"`{head}` {ms:.2f}" for head, ms in c.top.items())
+        lines.append(
+            f"| {r.code} | {r.workers} | {r.idle_cpu_ms_per_s_per_worker:.1f}"
+            f" | {c.calls / max(1, r.jobs):.3f}"
+            f" | {c.rows / max(1, c.calls):.1f} | {c.buffers / max(1, c.calls):.0f}"
+            f" | {c.total_ms / max(1, r.jobs):.3f} | {top} |"
+        )
+    return lines
+
+
+def raw_table(raws: Sequence[ThroughputResult]) -> list[str]:
+    """The raw loop at each size's number of connections."""
+    best = max(r.jobs_per_s for r in raws) or 1.0
+    lines = [
+        "| raw loop connections | jobs/s | × best | PG CPU ms/job | client CPU ms/job | load before |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in raws:
+        lines.append(
+            f"| {r.scenario.concurrency} | {r.jobs_per_s:.0f} | {r.jobs_per_s / best:.2f}"
+            f" | {r.server_cpu_ms_per_job:.2f} | {r.client_cpu_ms_per_job:.2f}"
+            f" | {r.load_average_1m:.1f} |"
         )
     return lines
 
@@ -306,6 +442,30 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="workers through PgBouncer (transaction mode), LISTEN on PostgreSQL itself",
     )
+    parser.add_argument(
+        "--src",
+        default=None,
+        help="run this checkout's code from a copy of its src (PYTHONPATH), to edit meanwhile",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="SRC",
+        default=None,
+        help="also run every size with PYTHONPATH=SRC (e.g. /work/main/src), interleaved",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a worker setting for every code (TRIOINDEX_ left out, e.g. WORKER_POLLING_INTERVAL=2s)",
+    )
+    parser.add_argument(
+        "--raw",
+        action="store_true",
+        help="also the raw SKIP LOCKED loop with as many connections as workers, per size",
+    )
     parser.add_argument("--quick", action="store_true", help="sizes 1,4 and 100 documents")
     parser.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
     return parser.parse_args(argv)
@@ -318,6 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="trioindex-bench-fleet-"))
     root.chmod(0o755)
     results: list[SizeResult] = []
+    raws: list[ThroughputResult] = []
     with (
         contextlib.ExitStack() as stack,
         BenchPostgres() as pg,
@@ -341,25 +502,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         bouncer = None
         if args.pgbouncer:
             bouncer = stack.enter_context(running_pgbouncer(pg.admin_url))
+        codes: list[tuple[str, str | None]] = [("branch", args.src)]
+        if args.baseline is not None:
+            codes.append(("baseline", args.baseline))
         for n in sizes:
-            result = run_size(
-                pg,
-                source,
-                root,
-                embedder,
-                n=n,
-                jobs=created,
-                start_timeout=args.start_timeout,
-                bouncer=bouncer,
-            )
-            results.append(result)
-            print(table([result])[-1], flush=True)
-    lines = [*format_machine(info), "", *table(results)]
+            for code, pythonpath in codes:
+                result = run_size(
+                    pg,
+                    source,
+                    root,
+                    embedder,
+                    n=n,
+                    jobs=created,
+                    start_timeout=args.start_timeout,
+                    bouncer=bouncer,
+                    code=code,
+                    pythonpath=pythonpath,
+                    overrides=dict(o.split("=", 1) for o in args.overrides),
+                )
+                results.append(result)
+                print(table([result])[-1], claim_table([result])[-1], sep="\n", flush=True)
+                admin(pg.admin_url, f'DROP DATABASE IF EXISTS "fleet_{code}_{n}" WITH (FORCE)')
+            if args.raw:
+                raws.append(run_raw(pg, Scenario("raw", 1, n), created))
+                print(raw_table(raws[-1:])[-1], flush=True)
+    lines = [*format_machine(info), "", *table(results), "", *claim_table(results)]
+    if raws:
+        lines += ["", *raw_table(raws)]
     print("\n".join(lines))
     if args.out is not None:
         args.out.write_text(
             json.dumps(
-                {"machine": info, "results": [attrs.asdict(r) for r in results]},
+                {
+                    "machine": info,
+                    "results": [attrs.asdict(r) for r in results],
+                    "baseline": args.baseline,
+                    "overrides": args.overrides,
+                    "raw": [r.as_json() for r in raws],
+                },
                 indent=2,
                 default=str,
             )
