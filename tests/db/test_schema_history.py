@@ -399,7 +399,10 @@ def test_version_17_folds_each_running_attempt_into_its_job_row(pg_server_url: s
                 "SELECT id, status, chunks FROM trioindex_job_attempts ORDER BY status DESC"
             ).fetchall()
             renewed = conn.execute(
-                "SELECT trioindex_renew_lease(%s, %s, %s, %s, 60) IS NOT NULL", claim
+                """SELECT lease_expires_at IS NOT NULL FROM trioindex_renew_leases(
+                       ARRAY[%s]::uuid[], ARRAY[%s]::uuid[], ARRAY[%s]::uuid[],
+                       ARRAY[%s]::uuid[], 60)""",
+                claim,
             ).fetchone()
     assert job == (claim[3], 4, 90)
     assert rows == [("EXPIRED",)]

@@ -234,8 +234,7 @@ BEGIN
     FROM (SELECT j.id FROM embedding_jobs j
           JOIN unnest(p_jobs, p_workers, p_tokens, p_attempts) AS c(job, worker, token, attempt)
             ON c.job = j.id
-          LEFT JOIN embedding_job_attempts at ON at.id = c.attempt AND at.embedding_job_id = j.id
-          WHERE trioindex_ownership_refusal(j, at, c.worker, c.token) IS NULL
+          WHERE trioindex_ownership_refusal(j, c.attempt, c.worker, c.token) IS NULL
           ORDER BY j.id FOR UPDATE OF j) AS held;
     expires := clock_timestamp() + make_interval(secs => p_lease_seconds);
     UPDATE embedding_jobs SET lease_expires_at = expires WHERE id = ANY(owned);
@@ -246,12 +245,11 @@ BEGIN
            CASE WHEN u.job = ANY(owned) THEN NULL
                 WHEN j.id IS NULL
                     THEN 'the job no longer exists: its document or model was removed'
-                ELSE coalesce(trioindex_ownership_refusal(j, a, u.worker, u.token),
+                ELSE coalesce(trioindex_ownership_refusal(j, u.attempt, u.worker, u.token),
                               'the claim no longer owns the job') END
     FROM unnest(p_jobs, p_workers, p_tokens, p_attempts) WITH ORDINALITY
          AS u(job, worker, token, attempt, ord)
     LEFT JOIN embedding_jobs j ON j.id = u.job
-    LEFT JOIN embedding_job_attempts a ON a.id = u.attempt AND a.embedding_job_id = j.id
     ORDER BY u.ord;
 END;
 $$;
