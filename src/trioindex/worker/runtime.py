@@ -17,9 +17,9 @@
             └── pipeline              parse/chunk → embed → complete, or a classified failure
                                       (a refused renewal cancels this job's scope only)
 
-Invariants: at most ``max-concurrency`` jobs run their steps, and at most as many more wait for
-their completion to commit (a job moves from its slot to a finishing place just before its
-completion, so the next claim need not wait for that commit); a slot is reserved before any
+Invariants: at most ``max-concurrency`` jobs run their steps, and at most twice as many more
+wait for their completion to commit (a job moves from its slot to a finishing place just before
+its completion, so the next claim need not wait for that commit); a slot is reserved before any
 claim, and the place a job holds is released exactly once, in a ``finally``, whatever ends it; a
 job whose lease is lost is cancelled and never writes again; one job's failure never touches
 another. Shutdown: stop intake → STOPPING → wait up to the grace period → cancel what is left →
@@ -78,6 +78,12 @@ DRAIN_LOG_INTERVAL = 15.0
 # While every slot is busy, how long the poller waits for a quarter of the slots to free up
 # before claiming fewer (one claim statement for several jobs).
 CLAIM_LINGER = 0.02
+# Finishing places per slot. With two, the completions of two full claims can commit at once
+# (the completion committer runs two groups in flight), so a claim's jobs need not wait for
+# the previous group's commit; with one, completions were written one group at a time
+# (docs/test-results/queue.md: 1.4x the no-op jobs/s). Large documents stay bounded by the
+# document budget, whatever the places.
+FINISHING_PLACES_PER_SLOT = 2
 
 
 class Queue(JobWrites, Protocol):
@@ -201,7 +207,7 @@ class Worker:
         run = self._run = _Run(
             worker_id=worker_id,
             slots=trio.CapacityLimiter(settings.max_concurrency),
-            finishing=trio.CapacityLimiter(settings.max_concurrency),
+            finishing=trio.CapacityLimiter(FINISHING_PLACES_PER_SLOT * settings.max_concurrency),
             jobs=JobRunner(
                 self.queue,
                 self.steps,
@@ -348,7 +354,8 @@ class Worker:
 
     async def _to_finishing(self, run: _Run, place: _Place) -> None:
         """Give the job's slot to the next claim while its completion is written (at most
-        ``max-concurrency`` completions at a time: a job waits here, in its slot, for one)."""
+        twice ``max-concurrency`` completions at a time: a job waits here, in its slot, for
+        one)."""
         await place.move_to(run.finishing)
         run.wakeup.set()  # a slot is free: the poller may claim at once
 
