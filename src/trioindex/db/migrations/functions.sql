@@ -971,7 +971,8 @@ BEGIN
     INTO codes, messages, kept, kept_chunks, kept_characters
     FROM given g LEFT JOIN decided d ON d.ord = g.ord;
     -- fenced and locked above, every chunk with its vector: the completion refuses none (if
-    -- it did, the whole call fails: no job's set is kept without its completion)
+    -- it did, the whole call fails: no job's set is kept without its completion), and each
+    -- set's count is the p_count it was written with, so the completion is given it
     SELECT coalesce(array_agg(c.job_id), '{}'), coalesce(array_agg(c.became_current), '{}'),
            min(c.refusal), min(c.message)
     INTO finished, currents, failed_code, failed_message
