@@ -992,7 +992,8 @@ BEGIN
     INTO codes, messages, kept, kept_chunks, kept_characters
     FROM given g LEFT JOIN decided d ON d.ord = g.ord;
     -- fenced and locked above, every chunk with its vector: the completion refuses none (if
-    -- it did, the whole call fails: no job's set is kept without its completion)
+    -- it did, the whole call fails: no job's set is kept without its completion), and each
+    -- set's count is the p_count it was written with, so the completion is given it
     SELECT coalesce(array_agg(c.job_id), '{}'), coalesce(array_agg(c.became_current), '{}'),
            min(c.refusal), min(c.message)
     INTO finished, currents, failed_code, failed_message
@@ -1000,7 +1001,7 @@ BEGIN
         trioindex_pick(p_jobs, kept), trioindex_pick(p_workers, kept),
         trioindex_pick(p_attempts, kept), trioindex_pick(p_count, kept),
         trioindex_pick(p_parse_started, kept), kept_chunks, kept_characters,
-        trioindex_pick(p_replaced, kept)) AS c;
+        trioindex_pick(p_replaced, kept), p_counted => trioindex_pick(p_count, kept)) AS c;
     IF failed_code IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = failed_code, MESSAGE = failed_message;
     END IF;
@@ -1088,6 +1089,9 @@ $$;
 -- p_parse_started[i], the parse's start; p_chunks[i] > 0 chunks of the set this job stored,
 -- with p_characters[i] and p_replaced[i] (NULL arrays, or 0 chunks: nothing of them). A job
 -- that stored vectors without an embed step of its own begins it with this store.
+-- p_counted[i], when not NULL, is the chunk count of a set whose chunks and vectors the caller
+-- wrote whole in this transaction, one vector per chunk (the set's every chunk, the table's
+-- unique (chunk, model) key): its chunks and vectors are not counted again.
 -- A job's chunk set must have exactly one of its model's vectors per chunk, else it is
 -- refused (TI002) and nothing of it changes; the others' attempt rows are inserted SUCCEEDED
 -- and their jobs become SUCCEEDED
@@ -1098,7 +1102,8 @@ $$;
 CREATE FUNCTION trioindex_complete_owned(
     p_jobs uuid[], p_workers uuid[], p_attempts uuid[], p_stored integer[],
     p_parse_started timestamptz[] DEFAULT NULL, p_chunks integer[] DEFAULT NULL,
-    p_characters integer[] DEFAULT NULL, p_replaced integer[] DEFAULT NULL)
+    p_characters integer[] DEFAULT NULL, p_replaced integer[] DEFAULT NULL,
+    p_counted integer[] DEFAULT NULL)
 RETURNS TABLE (job_id uuid, refusal text, message text, became_current boolean, chunks integer)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -1118,14 +1123,16 @@ BEGIN
     FROM unnest(p_jobs) WITH ORDINALITY AS u(job, ord)
     JOIN embedding_jobs j ON j.id = u.job
     JOIN document_versions v ON v.id = j.document_version_id
+    LEFT JOIN unnest(p_counted) WITH ORDINALITY AS k(n, ord) ON k.ord = u.ord
     CROSS JOIN LATERAL (
-        SELECT (SELECT count(*) FROM document_chunks c
-                WHERE c.document_version_id = v.id AND c.chunking = j.chunking)::integer
+        -- coalesce evaluates a count only for a set its caller did not count
+        SELECT coalesce(k.n, (SELECT count(*) FROM document_chunks c
+                WHERE c.document_version_id = v.id AND c.chunking = j.chunking)::integer)
                    AS n_chunks,
-               (SELECT count(*) FROM embeddings e
+               coalesce(k.n, (SELECT count(*) FROM embeddings e
                 JOIN document_chunks c ON c.id = e.chunk_id AND c.chunking = j.chunking
                 WHERE e.document_version_id = v.id
-                  AND e.embedding_model_id = j.embedding_model_id)::integer AS n_vectors) AS n
+                  AND e.embedding_model_id = j.embedding_model_id)::integer) AS n_vectors) AS n
     CROSS JOIN LATERAL (
         SELECT x.code, x.message FROM (VALUES
             (1, n.n_chunks = 0 OR n.n_chunks <> n.n_vectors, 'TI002',
@@ -1315,5 +1322,5 @@ ALTER FUNCTION trioindex_begin_embedding(uuid, uuid, uuid, uuid) SET enable_seqs
 ALTER FUNCTION trioindex_complete_many(uuid[], uuid[], uuid[], uuid[])
     SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
 ALTER FUNCTION trioindex_complete_owned(
-    uuid[], uuid[], uuid[], integer[], timestamptz[], integer[], integer[], integer[])
+    uuid[], uuid[], uuid[], integer[], timestamptz[], integer[], integer[], integer[], integer[])
     SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
