@@ -214,7 +214,8 @@ KEYS: Final[tuple[KeySpec, ...]] = (
         10000,
         Kind.INT,
         ">= 0",
-        "vectors of a model before a worker builds its HNSW index (exact search below)",
+        "vectors of a model before a worker builds its HNSW index (exact search below; "
+        "during a bulk load the build waits for it to drain, up to 3x this)",
         field="embedding.index_min_vectors",
         bound=_NON_NEGATIVE,
     ),
@@ -259,7 +260,7 @@ KEYS: Final[tuple[KeySpec, ...]] = (
         "1m",
         Kind.DURATION,
         "> 0 and < lease-duration",
-        "how often a running job renews its lease",
+        "how often the worker renews each held lease (one statement for all due)",
         field="worker.lease_renewal_interval",
         bound=_POSITIVE,
     ),
