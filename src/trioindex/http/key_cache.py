@@ -100,7 +100,6 @@ async def hear_revocations(
         logger.info("serve: no database session to LISTEN on: API keys are read per request")
         task_status.started()
         await trio.sleep_forever()
-    # imported here: trio-asyncio is loaded only by the processes that listen
     from trioindex.worker.listen import listen
 
     await listen(
