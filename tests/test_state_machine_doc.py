@@ -34,7 +34,7 @@ _INSERT = re.compile(r"INSERT INTO\s+(\w+)\s*\(([^)]*)\)\s*VALUES\s*\(([^)]*)\)"
 _LITERAL = re.compile(r"'([A-Z]+)'")
 _ENDED_ATTEMPT = re.compile(
     r"INSERT INTO\s+embedding_job_attempts\b(?:(?!INSERT INTO).)*?"
-    r"trioindex_ended_attempt\(\s*\w+,\s*'([A-Z]+)'",
+    r"trioindex_ended_attempt\(\s*[\w.]+,\s*'([A-Z]+)'",
     re.S,
 )
 
