@@ -387,7 +387,7 @@ def test_recovery_skips_an_expired_row_another_transaction_holds_and_takes_the_n
         assert [r.job_id for r in again] == [held.job_id]
 
 
-@pytest.mark.parametrize("write", ["fenced write", "renewal"])
+@pytest.mark.parametrize("write", ["fenced write", "group fence", "renewal"])
 def test_recovery_skips_a_job_whose_owner_is_mid_write_as_its_lease_runs_out(
     db: Database, worker: Any, write: str
 ) -> None:
@@ -403,6 +403,19 @@ def test_recovery_skips_a_job_whose_owner_is_mid_write_as_its_lease_runs_out(
         with owner.transaction():
             if write == "renewal":
                 renewed = helpers.renew_one(owner, claim, 300)
+            elif write == "group fence":
+                # the fence a group's store and completion functions run first
+                (codes,) = (
+                    owner.execute(
+                        """SELECT codes FROM trioindex_fence_many(
+                           ARRAY[%s]::uuid[], ARRAY[%s]::uuid[], ARRAY[%s]::uuid[],
+                           ARRAY[%s]::uuid[])""",
+                        (claim.job_id, claim.worker_id, claim.claim_token, claim.attempt_id),
+                    )
+                    .fetchone()
+                    .values()
+                )
+                assert codes == [None]
             else:
                 lifecycle.lock_owned_job(owner, claim)  # only the fence holds the row so far
             _wait_until_lease_expired(recoverer, claim.job_id)
