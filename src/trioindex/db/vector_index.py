@@ -225,7 +225,8 @@ def build_vector_index(conn: Connection, model: EmbeddingModel, *, min_vectors: 
     :func:`hnsw_parameters`'s, and drop what it replaces; True when this call built one.
 
     ``conn`` must be in autocommit mode and outside a transaction (a concurrent build is not
-    allowed in one). Returns False at once when another session is building it.
+    allowed in one); the build lets PostgreSQL give it parallel workers on that session
+    whatever the table's size. Returns False at once when another session is building it.
     """
     if model.dimension > BIT_HNSW_MAX_DIMENSION:
         return False
@@ -239,6 +240,10 @@ def build_vector_index(conn: Connection, model: EmbeddingModel, *, min_vectors: 
         still = conn.execute("SELECT 1 FROM embedding_models WHERE id = %s", (model.id,)).fetchone()
         if still is None:
             return False  # removed (under this lock, so no removal runs now)
+        # PostgreSQL sizes a build's parallel workers by the table's main fork, which is small
+        # (the vectors live in TOAST): without this a build of 20,000 vectors gets none (with
+        # it: 4.6-4.9 s against 7.0-7.6 s).
+        conn.execute("SET min_parallel_table_scan_size = 0")
         return _build(conn, model, min_vectors)
     finally:
         if not conn.closed:  # a lost session released its lock with it

@@ -105,10 +105,6 @@ class VectorIndexKeeper:
             try:
                 with connect(self.conninfo) as conn:
                     sessions.append(conn)
-                    # PostgreSQL sizes a build's parallel workers by the table's main fork,
-                    # which is small (the vectors live in TOAST): without this a build of
-                    # 20,000 vectors gets none (with it: 4.6-4.9 s against 7.0-7.6 s)
-                    conn.execute("SET min_parallel_table_scan_size = 0")
                     if build_deferred(
                         conn, self.model, min_vectors=self.min_vectors, backlog=self.check_every
                     ):
