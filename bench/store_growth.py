@@ -55,7 +55,7 @@ from bench.index_store import (
 from bench.peer import print_profile
 from bench.sql_floor import Corpus, Setup, functions_at, group_functions, use_functions
 from testkit.jobs import enqueue_text
-from trioindex.db import jobs
+from trioindex.db.jobs import claim as jobs
 from trioindex.db.pool import connect
 from trioindex.db.vector_index import hnsw_parameters
 
@@ -63,15 +63,16 @@ Matrix = npt.NDArray[np.float32]
 
 
 def claim_sql_at(revision: str) -> str:
-    """The claim statement of ``trioindex.db.jobs`` at git revision ``revision``."""
-    text = subprocess.run(
-        ["git", "show", f"{revision}:src/trioindex/db/jobs.py"],
-        check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
-    found = re.search(r'^_CLAIM_SQL = """(.*?)"""', text, re.S | re.M)
-    if found is None:
-        raise RuntimeError(f"no _CLAIM_SQL in {revision}'s db/jobs.py")
-    return found.group(1)
+    """The claim statement at git revision ``revision`` (in ``db/jobs/claim.py``, or in
+    ``db/jobs.py`` before the module was split)."""
+    for path in ("src/trioindex/db/jobs/claim.py", "src/trioindex/db/jobs.py"):
+        shown = subprocess.run(
+            ["git", "show", f"{revision}:{path}"], check=False, capture_output=True, text=True
+        )
+        found = re.search(r'^_CLAIM_SQL = """(.*?)"""', shown.stdout, re.S | re.M)
+        if shown.returncode == 0 and found is not None:
+            return found.group(1)
+    raise RuntimeError(f"no _CLAIM_SQL in {revision}'s db/jobs")
 
 
 @contextmanager
