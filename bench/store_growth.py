@@ -71,8 +71,33 @@ def claim_sql_at(revision: str) -> str:
         )
         found = re.search(r'^_CLAIM_SQL = """(.*?)"""', shown.stdout, re.S | re.M)
         if shown.returncode == 0 and found is not None:
-            return found.group(1)
+            return with_model_row(found.group(1))
     raise RuntimeError(f"no _CLAIM_SQL in {revision}'s db/jobs")
+
+
+_OLD_CLAIM_TAIL = """FROM claimed c
+JOIN document_versions v ON v.id = c.document_version_id
+JOIN documents d ON d.id = v.document_id
+"""
+
+
+def with_model_row(text: str) -> str:
+    """An older claim statement (a ``LIMIT`` parameter, no row when nothing is claimed) in
+    today's form (``claim_statement``'s ``{limit}``, one ``model_found`` row at least); the
+    statement's work per claimed job is unchanged. Today's text is returned as it is."""
+    if "LIMIT {limit}" in text:
+        return text
+    if "LIMIT %(k)s" not in text or text.count(_OLD_CLAIM_TAIL) != 1:
+        raise RuntimeError("the baseline's claim statement has a form this bench cannot adapt")
+    text = text.replace("LIMIT %(k)s", "LIMIT {limit}").replace(
+        "SELECT c.id AS job_id", "SELECT true AS model_found, c.id AS job_id"
+    )
+    return text.replace(
+        _OLD_CLAIM_TAIL,
+        "FROM (SELECT) AS model LEFT JOIN (claimed c\n"
+        "JOIN document_versions v ON v.id = c.document_version_id\n"
+        "JOIN documents d ON d.id = v.document_id) ON true\n",
+    )
 
 
 @contextmanager

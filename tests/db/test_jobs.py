@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
+from uuid import uuid4
 
 import attrs
 import pytest
@@ -25,7 +26,7 @@ from trioindex.db import jobs as lifecycle
 from trioindex.db.operations.job_timeline import job_events
 from trioindex.db.pool import Database
 from trioindex.db.steps import begin_embedding
-from trioindex.errors import FailureType, OwnershipLost, StateInconsistent
+from trioindex.errors import FailureType, ModelRemoved, OwnershipLost, StateInconsistent
 from trioindex.values import BackoffPolicy, Claim, FailOutcome, WorkerStatus
 
 T = TypeVar("T")
@@ -76,6 +77,44 @@ def worker(db: Database) -> Any:
 def test_empty_queue_is_an_empty_result(db: Database, worker: Any) -> None:
     with db.connection() as conn:
         assert lifecycle.claim_jobs(conn, worker, 5, 300) == []
+
+
+def test_an_empty_claim_is_one_statement_and_says_when_its_model_is_gone(
+    db: Database, worker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing to claim, and a model that no longer exists: one round trip each (the claim
+    statement itself answers whether the model is there)."""
+    with db.connection() as conn:
+        model = helpers.model(conn)
+        sent: list[object] = []
+        execute = conn.execute
+
+        def counting(*args: Any, **kwargs: Any) -> Any:
+            sent.append(args[0])
+            return execute(*args, **kwargs)
+
+        monkeypatch.setattr(conn, "execute", counting)
+        assert lifecycle.claim_jobs(conn, worker, 4, 300, model_id=model.id) == []
+        assert len(sent) == 1
+        with pytest.raises(ModelRemoved, match="was removed"):
+            lifecycle.claim_jobs(conn, worker, 4, 300, model_id=uuid4())
+        assert len(sent) == 2
+
+
+def test_the_claim_statement_runs_on_its_cached_generic_plan(db: Database, worker: Any) -> None:
+    """Repeated claims on one connection stop being planned again: past psycopg's five
+    executions (then prepared) and PostgreSQL's five custom plans, the generic plan serves."""
+    with db.connection() as conn:
+        model = helpers.model(conn)
+        for _ in range(14):
+            helpers.enqueue(conn, model.id)
+            assert len(lifecycle.claim_jobs(conn, worker, 2, 300, model_id=model.id)) == 1
+        row = conn.execute(
+            """SELECT generic_plans FROM pg_prepared_statements
+               WHERE statement LIKE '%FOR UPDATE OF j SKIP LOCKED%'"""
+        ).fetchone()
+    assert row is not None
+    assert row["generic_plans"] >= 3
 
 
 def test_claim_sets_every_claim_column_and_starts_attempt_one(db: Database, worker: Any) -> None:

@@ -3,6 +3,7 @@ claims."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from datetime import datetime
 from uuid import UUID
@@ -18,6 +19,13 @@ from trioindex.values import Claim
 # as if it had never been claimed, and the worker's later writes are refused by the fence; any
 # later synchronous commit (a completion, a failure report) flushes the claim's WAL before its
 # own, so nothing that follows a claim outlives it.
+#
+# The statement answers in one round trip whether the worker's model still exists: its one row
+# with no job (job_id NULL) when nothing was claimed, model_found false when the model is gone.
+# Its LIMIT is written into the text (``claim_statement``): PostgreSQL plans a LIMIT it cannot
+# see as a tenth of the table, so with a parameter the generic plan always looked dearer than a
+# new one and the statement was planned again on every call; with the number in the text the
+# prepared statement's generic plan is used.
 _CLAIM_SQL = """
 WITH worker AS (
     SELECT id, chunking FROM indexing_workers
@@ -29,7 +37,7 @@ WITH worker AS (
     WHERE j.status = 'PENDING' AND j.available_at <= now()
       AND (%(model)s::uuid IS NULL OR j.embedding_model_id = %(model)s::uuid)
     ORDER BY j.priority DESC, j.available_at, j.id
-    LIMIT %(k)s
+    LIMIT {limit}
     FOR UPDATE OF j SKIP LOCKED
 ), claimed AS (
     UPDATE embedding_jobs j
@@ -52,7 +60,8 @@ WITH worker AS (
     RETURNING j.id, j.worker_id, j.claim_token, j.document_version_id, j.embedding_model_id,
               j.attempt_count, j.lease_expires_at, j.chunking, j.attempt_id
 )
-SELECT c.id AS job_id, c.worker_id, c.claim_token, c.document_version_id, c.embedding_model_id,
+SELECT model.found AS model_found,
+       c.id AS job_id, c.worker_id, c.claim_token, c.document_version_id, c.embedding_model_id,
        c.lease_expires_at, c.attempt_id, c.attempt_count AS attempt_no,
        d.external_key AS document_key, c.chunking,
        -- what the parse reads (when the set is not stored): the claim begins the parse step
@@ -65,10 +74,20 @@ SELECT c.id AS job_id, c.worker_id, c.claim_token, c.document_version_id, c.embe
         WHERE ch.document_version_id = c.document_version_id
           AND ch.chunking = c.chunking
         ORDER BY ch.chunk_index LIMIT 1) IS NOT NULL AS chunks_ready
-FROM claimed c
-JOIN document_versions v ON v.id = c.document_version_id
-JOIN documents d ON d.id = v.document_id
+FROM (SELECT %(model)s::uuid IS NULL
+             OR EXISTS (SELECT FROM embedding_models m WHERE m.id = %(model)s::uuid) AS found
+     ) AS model
+LEFT JOIN (claimed c
+           JOIN document_versions v ON v.id = c.document_version_id
+           JOIN documents d ON d.id = v.document_id) ON true
 """
+
+
+@functools.lru_cache(maxsize=64)
+def claim_statement(template: str, k: int) -> str:
+    """The claim statement ``template`` claiming at most ``k`` jobs (a whole number written
+    into its text: one prepared statement per batch size)."""
+    return template.replace("{limit}", str(int(k)))
 
 
 def claim_jobs(
@@ -94,17 +113,16 @@ def claim_jobs(
     if k <= 0:
         return []
     rows = conn.execute(
-        _CLAIM_SQL, {"worker": worker_id, "k": k, "lease": lease_seconds, "model": model_id}
+        claim_statement(_CLAIM_SQL, k),
+        {"worker": worker_id, "lease": lease_seconds, "model": model_id},
     ).fetchall()
-    if not rows and model_id is not None:
-        found = conn.execute(
-            "SELECT name FROM embedding_models WHERE id = %s", (model_id,)
-        ).fetchone()
-        if found is None:
+    if rows[0]["job_id"] is None:
+        if not rows[0]["model_found"]:
             raise ModelRemoved(
                 f"the embedding model this worker was started for (id {model_id}) was removed;"
                 " start the worker again to follow the model registered under its name"
             )
+        return []
     return [Claim.from_row(row) for row in rows]
 
 

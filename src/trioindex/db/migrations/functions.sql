@@ -853,8 +853,6 @@ BEGIN
     INTO finished, currents, failed_code, failed_message
     FROM trioindex_complete_owned(
         ARRAY(SELECT p_jobs[i] FROM generate_subscripts(p_jobs, 1) AS i WHERE ending[i]),
-        ARRAY(SELECT p_workers[i] FROM generate_subscripts(p_jobs, 1) AS i WHERE ending[i]),
-        ARRAY(SELECT p_attempts[i] FROM generate_subscripts(p_jobs, 1) AS i WHERE ending[i]),
         ARRAY(SELECT CASE WHEN written[i] THEN p_count[i] ELSE 0 END
               FROM generate_subscripts(p_jobs, 1) AS i WHERE ending[i])
     ) AS c;
@@ -998,8 +996,7 @@ BEGIN
            min(c.refusal), min(c.message)
     INTO finished, currents, failed_code, failed_message
     FROM trioindex_complete_owned(
-        trioindex_pick(p_jobs, kept), trioindex_pick(p_workers, kept),
-        trioindex_pick(p_attempts, kept), trioindex_pick(p_count, kept),
+        trioindex_pick(p_jobs, kept), trioindex_pick(p_count, kept),
         trioindex_pick(p_parse_started, kept), kept_chunks, kept_characters,
         trioindex_pick(p_replaced, kept), p_counted => trioindex_pick(p_count, kept)) AS c;
     IF failed_code IS NOT NULL THEN
@@ -1026,7 +1023,7 @@ BEGIN
     j := trioindex_lock_owned_job(p_job, p_worker, p_token, p_attempt);
     PERFORM trioindex_lock_version(j.document_version_id);
     SELECT * INTO done
-    FROM trioindex_complete_owned(ARRAY[p_job], ARRAY[p_worker], ARRAY[p_attempt], ARRAY[0]);
+    FROM trioindex_complete_owned(ARRAY[p_job], ARRAY[0]);
     IF done.refusal IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = done.refusal, MESSAGE = done.message;
     END IF;
@@ -1060,9 +1057,7 @@ BEGIN
            c.chunks
     FROM unnest(p_jobs, codes, messages) WITH ORDINALITY AS u(job, code, msg, ord)
     LEFT JOIN trioindex_complete_owned(
-        trioindex_pick(p_jobs, owned), trioindex_pick(p_workers, owned),
-        trioindex_pick(p_attempts, owned), array_fill(0, ARRAY[cardinality(owned)])
-    ) AS c ON c.job_id = u.job AND u.code IS NULL
+        trioindex_pick(p_jobs, owned), array_fill(0, ARRAY[cardinality(owned)])) AS c ON c.job_id = u.job AND u.code IS NULL
     ORDER BY u.ord;
 END;
 $$;
@@ -1080,9 +1075,9 @@ RETURNS TABLE (chunks integer, text_length bigint) LANGUAGE sql STABLE AS $$
     WHERE e.document_version_id = p_version AND e.embedding_model_id = p_model
 $$;
 
--- The completion of jobs p_jobs (element i: its worker p_workers[i] and attempt
--- p_attempts[i]; p_stored[i] vectors of its set stored just before, in this transaction, which
--- its attempt records with its end), fenced and locked with their versions by the caller in
+-- The completion of jobs p_jobs (element i: p_stored[i] vectors of its set stored just before,
+-- in this transaction, which its attempt records with its end; the attempt is the one its job
+-- row runs), fenced and locked with their versions by the caller in
 -- this transaction, one row per job in the order given. The steps a caller ran in the same
 -- transaction are recorded in the attempt row it inserts (trioindex_ended_attempt), so the
 -- job row is written once after the claim:
@@ -1100,7 +1095,7 @@ $$;
 -- recorded on the attempt), with BM25's statistics of the chunk set it now serves (chunks,
 -- text_length). Nothing of another model changes.
 CREATE FUNCTION trioindex_complete_owned(
-    p_jobs uuid[], p_workers uuid[], p_attempts uuid[], p_stored integer[],
+    p_jobs uuid[], p_stored integer[],
     p_parse_started timestamptz[] DEFAULT NULL, p_chunks integer[] DEFAULT NULL,
     p_characters integer[] DEFAULT NULL, p_replaced integer[] DEFAULT NULL,
     p_counted integer[] DEFAULT NULL)
@@ -1114,31 +1109,29 @@ DECLARE
     model_ids uuid[];
     doc_ids uuid[];
 BEGIN
-    SELECT array_agg(r.code ORDER BY u.ord), array_agg(r.message ORDER BY u.ord),
+    SELECT array_agg(CASE WHEN r.refused THEN 'TI002' END ORDER BY u.ord),
+           array_agg(CASE WHEN r.refused THEN format('cannot complete: %s embeddings for %s chunks',
+                                                      n.n_vectors, n.n_chunks) END ORDER BY u.ord),
            array_agg(n.n_chunks ORDER BY u.ord),
-           coalesce(array_agg(DISTINCT j.embedding_model_id)
-                    FILTER (WHERE r.code IS NULL), '{}'),
-           coalesce(array_agg(DISTINCT v.document_id) FILTER (WHERE r.code IS NULL), '{}')
+           coalesce(array_agg(DISTINCT j.embedding_model_id) FILTER (WHERE NOT r.refused), '{}'),
+           coalesce(array_agg(DISTINCT v.document_id) FILTER (WHERE NOT r.refused), '{}')
     INTO codes, messages, counts, model_ids, doc_ids
-    FROM unnest(p_jobs) WITH ORDINALITY AS u(job, ord)
+    FROM unnest(p_jobs, p_counted) WITH ORDINALITY AS u(job, counted, ord)
     JOIN embedding_jobs j ON j.id = u.job
     JOIN document_versions v ON v.id = j.document_version_id
-    LEFT JOIN unnest(p_counted) WITH ORDINALITY AS k(n, ord) ON k.ord = u.ord
     CROSS JOIN LATERAL (
-        -- coalesce evaluates a count only for a set its caller did not count
-        SELECT coalesce(k.n, (SELECT count(*) FROM document_chunks c
+        -- coalesce evaluates a count only for a set its caller did not count; OFFSET 0 keeps
+        -- the subquery whole, so each count runs once (flattened, every use repeated it)
+        SELECT coalesce(u.counted, (SELECT count(*) FROM document_chunks c
                 WHERE c.document_version_id = v.id AND c.chunking = j.chunking)::integer)
                    AS n_chunks,
-               coalesce(k.n, (SELECT count(*) FROM embeddings e
+               coalesce(u.counted, (SELECT count(*) FROM embeddings e
                 JOIN document_chunks c ON c.id = e.chunk_id AND c.chunking = j.chunking
                 WHERE e.document_version_id = v.id
-                  AND e.embedding_model_id = j.embedding_model_id)::integer) AS n_vectors) AS n
+                  AND e.embedding_model_id = j.embedding_model_id)::integer) AS n_vectors
+        OFFSET 0) AS n
     CROSS JOIN LATERAL (
-        SELECT x.code, x.message FROM (VALUES
-            (1, n.n_chunks = 0 OR n.n_chunks <> n.n_vectors, 'TI002',
-             format('cannot complete: %s embeddings for %s chunks', n.n_vectors, n.n_chunks)),
-            (2, true, NULL, NULL)) AS x(rank, refused, code, message)
-        WHERE x.refused ORDER BY x.rank LIMIT 1) AS r;
+        SELECT n.n_chunks = 0 OR n.n_chunks <> n.n_vectors AS refused) AS r;
     -- Held to commit: trioindex_finish_switch locks the serving model's row FOR UPDATE, so it
     -- waits for this model's completions in flight before it compares what each model serves.
     -- Taken before the document rows, so a switch never waits for a document while a
@@ -1150,11 +1143,11 @@ BEGIN
     PERFORM 1 FROM documents WHERE id = ANY(doc_ids) ORDER BY id FOR UPDATE;
     RETURN QUERY
     WITH given AS (
-        SELECT u.ord, u.job, u.worker, u.attempt, u.code, u.msg, u.n_chunks, u.stored,
+        SELECT u.ord, u.job, u.code, u.msg, u.n_chunks, u.stored,
                j.embedding_model_id AS model, v.id AS version, v.document_id AS doc,
                v.version_no
-        FROM unnest(p_jobs, p_workers, p_attempts, codes, messages, counts, p_stored)
-             WITH ORDINALITY AS u(job, worker, attempt, code, msg, n_chunks, stored, ord)
+        FROM unnest(p_jobs, codes, messages, counts, p_stored)
+             WITH ORDINALITY AS u(job, code, msg, n_chunks, stored, ord)
         JOIN embedding_jobs j ON j.id = u.job
         JOIN document_versions v ON v.id = j.document_version_id
     ), finishing AS (
@@ -1304,7 +1297,8 @@ CREATE TRIGGER follow_models AFTER INSERT ON embedding_jobs
 -- (measured: every version's index entry read once per group, 2,000 per group at 2,000).
 ALTER FUNCTION trioindex_lock_owned_job(uuid, uuid, uuid, uuid) SET enable_seqscan = off;
 ALTER FUNCTION trioindex_fence_many(uuid[], uuid[], uuid[], uuid[])
-    SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
+    SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+    SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION trioindex_store_chunks_many(
     uuid[], uuid[], uuid[], uuid[], uuid[], text[], text[], bigint[], integer[], integer[],
     integer[], uuid[], text[], integer[], integer[], integer[], text[], text[], timestamptz[])
@@ -1322,5 +1316,5 @@ ALTER FUNCTION trioindex_begin_embedding(uuid, uuid, uuid, uuid) SET enable_seqs
 ALTER FUNCTION trioindex_complete_many(uuid[], uuid[], uuid[], uuid[])
     SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
 ALTER FUNCTION trioindex_complete_owned(
-    uuid[], uuid[], uuid[], integer[], timestamptz[], integer[], integer[], integer[], integer[])
+    uuid[], integer[], timestamptz[], integer[], integer[], integer[], integer[])
     SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off;
