@@ -155,10 +155,10 @@ class PipelineSteps:
         async def commit(item: ChunkCommit) -> EmbedSnapshot | int:
             # the parse result was received on this thread; the statement is built in another
             self.large_documents.phase_done(claim.job_id)
-            dimension = self.embedder.info.dimension
-            if dimension is not None and self._stored_whole(item):
+            info = self.embedder.info
+            if info.dimension is not None and self._stored_whole(item):
                 self._unstored[claim.job_id] = item  # stored with its vectors
-                return whole_snapshot(item, claim.embedding_model_id, dimension)
+                return whole_snapshot(item, claim.embedding_model_id, info.model, info.dimension)
             return await self.store_chunks.submit(item)
 
         result = await parse_and_store(
