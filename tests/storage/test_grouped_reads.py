@@ -46,9 +46,10 @@ async def read_all(
         except Exception as exc:
             results[n] = exc
 
-    async with trio.open_nursery() as nursery:
-        for n in range(len(keys)):
-            nursery.start_soon(one, n)
+    with trio.fail_after(10):  # a caller never woken fails here, not by hanging
+        async with trio.open_nursery() as nursery:
+            for n in range(len(keys)):
+                nursery.start_soon(one, n)
     return results
 
 
