@@ -30,7 +30,9 @@ chunk (``pg_stat_database.xact_commit``); requests per chunk and the mean reques
 at the mock.
 
 Run ``.venv/bin/python -m bench.peer`` (``just bench-peer``); ``--quick`` runs 500 documents once
-each and writes to a temporary folder.
+each and writes to a temporary folder. ``--baseline-tree DIR`` also runs trioindex from another
+source tree in every round, just before this tree's run (its ``src`` on ``PYTHONPATH``; main's:
+``git archive main | tar -x -C DIR``): a change against its base in one invocation.
 
 ``--profile`` runs trioindex once (``--docs``, default 2000) with ``pg_stat_statements`` counting
 nested statements and ``track_functions = all``, and prints where PostgreSQL's time goes (each
