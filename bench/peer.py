@@ -30,7 +30,9 @@ chunk (``pg_stat_database.xact_commit``); requests per chunk and the mean reques
 at the mock.
 
 Run ``.venv/bin/python -m bench.peer`` (``just bench-peer``); ``--quick`` runs 500 documents once
-each and writes to a temporary folder.
+each and writes to a temporary folder. ``--baseline-tree DIR`` also runs trioindex from another
+source tree in every round, just before this tree's run (its ``src`` on ``PYTHONPATH``; main's:
+``git archive main | tar -x -C DIR``): a change against its base in one invocation.
 
 ``--profile`` runs trioindex once (``--docs``, default 2000) with ``pg_stat_statements`` counting
 nested statements and ``track_functions = all``, and prints where PostgreSQL's time goes (each
@@ -261,10 +263,12 @@ def run_trioindex(
     index_min_vectors: int | None = None,
     *,
     profile: bool = False,
+    tree: Path | None = None,
 ) -> Run:
     """``ingest`` + ``worker --drain`` with defaults; ``index_min_vectors`` 0 builds the model's
     HNSW index before the first vector (the behaviour before the threshold existed); ``profile``
-    prints where the time went (see the module docstring)."""
+    prints where the time went (see the module docstring); ``tree``: the worker (and
+    ``ingest``) run the ``trioindex`` package of that source tree instead of this one."""
     root = work / f"trioindex-{time.monotonic_ns()}"
     corpus = root / "corpus"
     corpus.mkdir(parents=True)
@@ -282,6 +286,8 @@ def run_trioindex(
         )
         if index_min_vectors is not None:
             env["TRIOINDEX_EMBEDDING_INDEX_MIN_VECTORS"] = str(index_min_vectors)
+        if tree is not None:
+            env["PYTHONPATH"] = str(tree / "src")
         began = time.monotonic()
         created = ingest_folder(env, corpus)
         ingest_rate = created / (time.monotonic() - began)
@@ -298,6 +304,8 @@ def run_trioindex(
         label = "worker --drain (defaults)"
         if index_min_vectors is not None:
             label = f"worker --drain, index-min-vectors {index_min_vectors}"
+        if tree is not None:
+            label = f"{label}, code of {tree}"
         run = _run("trioindex", label, url, "embeddings", figures, ingest_rate)
         return attrs.evolve(run, recall_at_10=recall_at_10(url))
 
@@ -560,6 +568,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="trioindex with its defaults only (no index-min-vectors 0 row), next to pgai",
     )
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also run trioindex from the source tree DIR (say main's: git archive main | tar -x"
+        " -C DIR), before this tree's run in every round",
+    )
     add_out(parser, "peer")
     args = parser.parse_args(argv)
     session = Session.start("peer", args)
@@ -578,8 +594,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         warm_mock(server, texts)
         for _ in range(rounds):
             for index_min_vectors in (None,) if args.defaults_only else (None, 0):
-                runs.append(run_trioindex(pg, server, texts, work, index_min_vectors))
-                print(runs[-1].as_json(), flush=True)
+                for tree in (args.baseline_tree, None) if args.baseline_tree else (None,):
+                    runs.append(
+                        run_trioindex(pg, server, texts, work, index_min_vectors, tree=tree)
+                    )
+                    print(runs[-1].as_json(), flush=True)
             for concurrency in (8, 4):
                 runs.append(run_pgai(pg, server, texts, work, concurrency))
                 print(runs[-1].as_json(), flush=True)

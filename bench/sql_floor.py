@@ -92,6 +92,7 @@ ROUNDS, QUICK_ROUNDS = 3, 1
 GROUP = 20  # jobs per group statement: the worker's usual group commit on this workload
 CHARACTERS = 600
 DIMENSION = 768
+MODEL_NAME = "floor-model"
 TOKENS = 150  # the chunk's recorded token count; any positive value
 
 
@@ -118,7 +119,7 @@ class Setup:
 
 
 def enqueue_all(conn: Connection, corpus: Corpus) -> Setup:
-    model = ensure_model(conn, "floor-model", DIMENSION)
+    model = ensure_model(conn, MODEL_NAME, DIMENSION)
     with conn.transaction():
         for i, text in enumerate(corpus.texts):
             enqueue_text(conn, model.id, f"d{i}", text.encode())
@@ -192,7 +193,7 @@ def _store_whole(
     """The group's documents stored whole: chunks, vectors and completion in one call."""
     documents = []
     for commit in commits:
-        snapshot = whole_snapshot(commit, setup.model_id, DIMENSION)
+        snapshot = whole_snapshot(commit, setup.model_id, MODEL_NAME, DIMENSION)
         i = corpus.index_of(commit.snapshot.original_name)
         drafts = drafts_from_matrix(snapshot, corpus.vectors[i : i + 1].copy())
         documents.append(DocumentCommit(commit, EmbeddingCommit(commit.claim, snapshot, drafts)))

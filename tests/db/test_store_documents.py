@@ -59,7 +59,7 @@ def whole(
 ) -> DocumentCommit:
     """The claim's document parsed into ``texts`` and embedded, nothing of it stored yet."""
     chunks = chunks_of(claim, texts)
-    snapshot = whole_snapshot(chunks, claim.embedding_model_id, dimension)
+    snapshot = whole_snapshot(chunks, claim.embedding_model_id, "whole-model", dimension)
     matrix = np.random.default_rng(seed).standard_normal((len(texts), dimension))
     drafts = drafts_from_matrix(snapshot, matrix.astype(np.float32))
     return DocumentCommit(chunks, EmbeddingCommit(claim, snapshot, drafts))

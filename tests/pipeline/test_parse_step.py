@@ -230,6 +230,34 @@ async def test_a_small_document_is_stored_whole_after_its_embed_step(
         assert helpers.serves(conn, claim)
 
 
+@pytest.mark.parametrize("chunks_first", [False, True], ids=["whole", "chunks-first"])
+async def test_the_embed_step_gets_the_claims_model_by_name(
+    db: Database, store: AsyncObjectStore, chunks_first: bool
+) -> None:
+    """What the parse hands to the embed step names the claim's model as its row does, whether
+    the document is stored whole later or its chunks were stored now."""
+    claim = _claim(db, store, TEXT)
+    steps = _steps(db, store, chunks_first=chunks_first)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(steps.serve)
+            await steps.parse(claim)
+            nursery.cancel_scope.cancel()
+    snapshot = steps._embed_from[claim.job_id]  # what the embed step continues from
+    steps.forget(claim)
+    with db.connection() as conn:
+        row = conn.execute(
+            "SELECT name, dimension FROM embedding_models WHERE id = %s",
+            (claim.embedding_model_id,),
+        ).fetchone()
+    assert row is not None
+    assert (snapshot.model_id, snapshot.model_name, snapshot.dimension) == (
+        claim.embedding_model_id,
+        row["name"],
+        row["dimension"],
+    )
+
+
 async def test_the_coalescer_expects_a_small_documents_texts_until_its_job_ends(
     db: Database, store: AsyncObjectStore
 ) -> None:

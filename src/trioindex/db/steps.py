@@ -384,15 +384,18 @@ class DocumentCommit:
         return None
 
 
-def whole_snapshot(commit: ChunkCommit, model_id: UUID, dimension: int) -> EmbedSnapshot:
+def whole_snapshot(
+    commit: ChunkCommit, model_id: UUID, model_name: str, dimension: int
+) -> EmbedSnapshot:
     """What the embed step embeds of a chunk set not stored yet (a small document, embedded
-    before its one store): the chunks as parsed, the claim's model of ``dimension``, which the
-    store checks against the model row."""
+    before its one store): the chunks as parsed, the claim's model (``model_name`` of
+    ``dimension``, the worker's own: it claims only its model's jobs), which the store checks
+    against the model row by id and dimension."""
     return EmbedSnapshot(
         version_id=commit.snapshot.version_id,
         document_id=commit.snapshot.document_id,
         model_id=model_id,
-        model_name="",  # not read by the embed step; the store checks the model by id
+        model_name=model_name,
         dimension=dimension,
         chunks=tuple(
             ChunkRef(chunk_id, chunk.index, chunk.text)

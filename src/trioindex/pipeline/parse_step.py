@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import trio
 
@@ -45,7 +46,6 @@ from trioindex.pipeline.parse_process import (
     parse_document,
     parse_in_process,
 )
-from trioindex.storage import AsyncObjectStore
 from trioindex.values import Claim, ParseSnapshot
 
 logger = logging.getLogger(__name__)
@@ -54,6 +54,13 @@ logger = logging.getLogger(__name__)
 # decoding and chunking 32 KiB is bounded (well under 10 ms even for the splitter's worst case).
 INLINE_PARSE_BYTES = 32 * 1024
 _INLINE_FORMATS = frozenset({DocumentFormat.TEXT, DocumentFormat.MARKDOWN})
+
+
+class ObjectReader(Protocol):
+    """Where the parse reads its document: :class:`trioindex.storage.AsyncObjectStore`, or
+    :class:`trioindex.storage.grouped_reads.GroupedReads` (many jobs' reads per thread hop)."""
+
+    async def get(self, key: str, *, max_bytes: int) -> bytes: ...
 
 
 def _request(
@@ -79,7 +86,7 @@ async def parse_and_store(
     *,
     commit: Callable[[ChunkCommit], Awaitable[EmbedSnapshot | int]],
     admit: Callable[[ParseSnapshot], Awaitable[None]] | None = None,
-    store: AsyncObjectStore,
+    store: ObjectReader,
     chunker: Chunker,
     max_bytes: int,
     parse_timeout: float = DEFAULT_TIMEOUT,

@@ -47,6 +47,7 @@ from trioindex.pipeline.parse_step import INLINE_PARSE_BYTES, parse_and_store
 from trioindex.pipeline.step_progress import StepProgress
 from trioindex.services import Services, open_services
 from trioindex.storage import AsyncObjectStore
+from trioindex.storage.grouped_reads import GroupedReads
 from trioindex.values import (
     CHARACTER_CHUNKING,
     BackoffPolicy,
@@ -114,6 +115,8 @@ class PipelineSteps:
     store_chunks: GroupCommitter[ChunkCommit, EmbedSnapshot | int] = attrs.field(init=False)
     store_embeddings: GroupCommitter[EmbeddingCommit, StoredSlice] = attrs.field(init=False)
     store_documents: GroupCommitter[DocumentCommit, StoredSlice] = attrs.field(init=False)
+    # a small document's read shares its thread hop with the other jobs claimed with it
+    small_reads: GroupedReads = attrs.field(init=False)
     _embed_from: dict[UUID, EmbedSnapshot] = attrs.field(init=False, factory=dict)
     _unstored: dict[UUID, ChunkCommit] = attrs.field(init=False, factory=dict)
     _to_store: dict[UUID, EmbeddingCommit] = attrs.field(init=False, factory=dict)
@@ -135,6 +138,7 @@ class PipelineSteps:
         self.store_documents = GroupCommitter(
             "documents", self.db, store_documents_many, weight=lambda c: c.weight
         )
+        self.small_reads = GroupedReads.over(self.store)
 
     async def serve(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -144,7 +148,8 @@ class PipelineSteps:
             nursery.start_soon(self.store_documents.serve)
 
     async def parse(self, claim: Claim) -> int:
-        if claim.parse is not None and claim.parse.byte_size <= self.whole_document_bytes:
+        small = claim.parse is not None and claim.parse.byte_size <= self.whole_document_bytes
+        if small:
             # a small document is parsed in milliseconds: its texts reach the coalescer soon,
             # and requests that are not full wait for them (EmbeddingCoalescer.expect)
             self.coalescer.expect(claim.job_id)
@@ -155,17 +160,18 @@ class PipelineSteps:
         async def commit(item: ChunkCommit) -> EmbedSnapshot | int:
             # the parse result was received on this thread; the statement is built in another
             self.large_documents.phase_done(claim.job_id)
-            dimension = self.embedder.info.dimension
-            if dimension is not None and self._stored_whole(item):
+            info = self.embedder.info
+            if info.dimension is not None and self._stored_whole(item):
                 self._unstored[claim.job_id] = item  # stored with its vectors
-                return whole_snapshot(item, claim.embedding_model_id, dimension)
+                return whole_snapshot(item, claim.embedding_model_id, info.model, info.dimension)
             return await self.store_chunks.submit(item)
 
         result = await parse_and_store(
             claim,
             commit=commit,
             admit=admit,
-            store=self.store,
+            # a large document's read has a thread of its own: it would hold up small ones
+            store=self.small_reads if small else self.store,
             chunker=self.chunker,
             max_bytes=self.max_document_bytes,
             parse_timeout=self.parse_timeout,
