@@ -352,28 +352,36 @@ _DOCUMENT_FREQUENCIES = (
 )
 
 
-def english_lexemes(conn: Connection, text: str) -> list[str]:
-    """The text's English lexemes (``to_tsvector('english')``: stemmed, no stop words)."""
-    row = conn.execute(
-        "SELECT array(SELECT lexeme FROM unnest(to_tsvector('english', %s)) ORDER BY lexeme)"
-        " AS lexemes",
-        (text,),
-    ).fetchone()
-    lexemes: list[str] = row["lexemes"] if row else []
-    return lexemes
+def english_lexemes(conn: Connection, texts: Sequence[str]) -> list[list[str]]:
+    """Each text's English lexemes (``to_tsvector('english')``: stemmed, no stop words), sorted,
+    in the texts' order: one statement for all of them."""
+    rows = conn.execute(
+        """SELECT array(SELECT lexeme FROM unnest(to_tsvector('english', t.text)) ORDER BY lexeme)
+                  AS lexemes
+           FROM unnest(%(texts)s::text[]) WITH ORDINALITY AS t (text, ord) ORDER BY t.ord""",
+        {"texts": list(texts)},
+    ).fetchall()
+    return [list(row["lexemes"]) for row in rows]
 
 
 def marked_texts(
-    conn: Connection, texts: Sequence[str], query: str, start: str, stop: str
+    conn: Connection, marking: Sequence[tuple[str, str]], start: str, stop: str
 ) -> list[str]:
-    """Each text with the words ``query`` (a ``tsquery``) matches between ``start`` and
-    ``stop`` (``ts_headline`` over the whole text, ``english``: the stems and prefixes text
-    search matches)."""
+    """Each ``(text, query)`` pair's text with the words its ``query`` (a ``tsquery``) matches
+    between ``start`` and ``stop`` (``ts_headline`` over the whole text, ``english``: the stems
+    and prefixes text search matches), in order: one statement for all of them."""
     rows = conn.execute(
-        """SELECT ts_headline('english', t.text, %(query)s::tsquery,
+        """SELECT ts_headline('english', t.text, t.query::tsquery,
                               'HighlightAll=true, StartSel=' || %(start)s
                               || ', StopSel=' || %(stop)s) AS marked
-           FROM unnest(%(texts)s::text[]) WITH ORDINALITY AS t (text, ord) ORDER BY t.ord""",
-        {"query": query, "texts": list(texts), "start": start, "stop": stop},
+           FROM unnest(%(texts)s::text[], %(queries)s::text[]) WITH ORDINALITY
+                AS t (text, query, ord)
+           ORDER BY t.ord""",
+        {
+            "texts": [text for text, _ in marking],
+            "queries": [query for _, query in marking],
+            "start": start,
+            "stop": stop,
+        },
     ).fetchall()
     return [row["marked"] for row in rows]

@@ -56,7 +56,7 @@ from trioindex.db.search import (
     HnswSettings,
     TextTerm,
 )
-from trioindex.search.query import check_terms, prepare_query
+from trioindex.search.query import QueryRefused, check_terms, prepare_query
 from trioindex.search.results import RankedChunk, ranked_chunks
 from trioindex.search.statistics import TermStatistics, term_statistics
 
@@ -102,10 +102,24 @@ def text_ranking(
 ) -> list[RankedChunk]:
     """The ``limit`` chunks of the versions ``model`` serves, in its chunk sets (the chunks it
     has vectors for: a version may hold one set per chunking), that best match ``text`` by BM25
-    (:func:`bm25_scores`), best first, chosen from :func:`candidate_branches`' candidates.
-    ``text`` goes through :func:`prepare_query` and its terms through :func:`check_terms`:
-    either may raise :class:`~trioindex.search.query.QueryRefused`."""
-    terms = query_terms(conn, text)
+    (:func:`terms_ranking` of its :func:`query_terms`), best first. ``text`` goes through
+    :func:`prepare_query` and its terms through :func:`check_terms`: either may raise
+    :class:`~trioindex.search.query.QueryRefused`."""
+    return terms_ranking(conn, model, query_terms(conn, text), limit, filters=filters, bm25=bm25)
+
+
+def terms_ranking(
+    conn: Connection,
+    model: EmbeddingModel,
+    terms: Sequence[TextTerm],
+    limit: int,
+    *,
+    filters: Filters = NO_FILTERS,
+    bm25: Bm25 = DEFAULT_BM25,
+) -> list[RankedChunk]:
+    """The ``limit`` chunks of the versions ``model`` serves, in its chunk sets, that best match
+    a query's ``terms`` (:func:`queries_terms`) by BM25 (:func:`bm25_scores`), best first,
+    chosen from :func:`candidate_branches`' candidates."""
     if not terms:
         return []
     statistics = term_statistics(conn, model, terms)
@@ -257,20 +271,48 @@ def vector_counts(vector: str) -> dict[str, int]:
 
 
 def query_terms(conn: Connection, text: str) -> list[TextTerm]:
-    """``text``'s search terms, prepared and bounded: its English lexemes (stemmed, stop words
-    dropped), then its Hangul words as prefixes (:func:`hangul_terms`)."""
-    text = prepare_query(text)
-    english = [
-        TextTerm(_quoted(lexeme), lexeme)
-        for lexeme in db_search.english_lexemes(conn, text)
-        # Hangul words are hangul_terms' (as prefixes): counted once, not twice, in a tier
-        if not _HANGUL_WORD.search(lexeme)
-    ]
-    terms = english + [
-        TextTerm(operand, stem or word, prefix=True) for word, stem, operand in _hangul_words(text)
-    ]
-    check_terms([t.query for t in terms])
+    """``text``'s search terms, prepared and bounded (:func:`queries_terms`); raises
+    :class:`~trioindex.search.query.QueryRefused` for a text it refuses."""
+    (terms,) = queries_terms(conn, [text])
+    if isinstance(terms, QueryRefused):
+        raise terms
     return terms
+
+
+def queries_terms(conn: Connection, texts: Sequence[str]) -> list[list[TextTerm] | QueryRefused]:
+    """Each text's search terms, prepared and bounded: its English lexemes (stemmed, stop words
+    dropped), then its Hangul words as prefixes (:func:`hangul_terms`); or why that text is
+    refused (:func:`prepare_query`, :func:`check_terms`). One statement for all the texts."""
+    prepared: list[str | QueryRefused] = []
+    for raw in texts:
+        try:
+            prepared.append(prepare_query(raw))
+        except QueryRefused as refused:
+            prepared.append(refused)
+    asked = [t for t in prepared if isinstance(t, str)]
+    lexemes = iter(db_search.english_lexemes(conn, asked) if asked else [])
+    found: list[list[TextTerm] | QueryRefused] = []
+    for text in prepared:
+        if isinstance(text, QueryRefused):
+            found.append(text)
+            continue
+        english = [
+            TextTerm(_quoted(lexeme), lexeme)
+            for lexeme in next(lexemes)
+            # Hangul words are hangul_terms' (as prefixes): counted once, not twice, in a tier
+            if not _HANGUL_WORD.search(lexeme)
+        ]
+        terms = english + [
+            TextTerm(operand, stem or word, prefix=True)
+            for word, stem, operand in _hangul_words(text)
+        ]
+        try:
+            check_terms([t.query for t in terms])
+        except QueryRefused as refused:
+            found.append(refused)
+        else:
+            found.append(terms)
+    return found
 
 
 def _quoted(lexeme: str) -> str:
