@@ -25,6 +25,7 @@ vector's. ``--model NAME`` runs only that model (repeatable).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import math
 import os
@@ -32,7 +33,7 @@ import re
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -246,7 +247,14 @@ def timed(fn: Any, *args: Any, **kwargs: Any) -> tuple[float, Any]:
 
 
 async def speed(
-    url: str, home: Path, model: str, dim: int, *, chunks: int, server_url: str | None
+    pg: BenchPostgres,
+    url: str,
+    home: Path,
+    model: str,
+    dim: int,
+    *,
+    chunks: int,
+    server_url: str | None,
 ) -> dict[str, Any]:
     env = {"TRIOINDEX_DATABASE_URL": url, "TRIOINDEX_HOME": str(home), "TRIOINDEX_EMBEDDING_MODEL": model,
            "TRIOINDEX_EMBEDDING_DIMENSION": str(dim)}  # fmt: skip
@@ -314,19 +322,48 @@ async def speed(
     figures["ranking"] = runs
     query_texts = [" ".join(words[i][:5]) for i in picks]
     figures["end_to_end"], figures["load_by_mode"] = {}, {}
+    figures["documents"], figures["statements"] = {}, {}
     async with Index.open(settings) as index:
         await index.search_chunks(query_texts[0], top_k=10)  # loads the model
         for mode in SEARCH_MODES:
             forget()  # each mode counts its terms' dfs afresh: no mode runs on another's
             figures["load_by_mode"][mode] = os.getloadavg()[0]
             times = []
-            for text in query_texts:
-                began = time.perf_counter()
-                await index.search_chunks(text, top_k=10, mode=mode)
-                times.append((time.perf_counter() - began) * 1000)
+            with counted_statements(pg, url, figures["statements"], f"{mode} chunks"):
+                for text in query_texts:
+                    began = time.perf_counter()
+                    await index.search_chunks(text, top_k=10, mode=mode)
+                    times.append((time.perf_counter() - began) * 1000)
             figures["end_to_end"][mode] = percentiles(times, (50, 95))
             print(f"speed {model} {mode} end to end: {figures['end_to_end'][mode]}")
+            # as `trioindex search` and GET /search ask: 5 documents, 3 chunks each
+            times = []
+            with counted_statements(pg, url, figures["statements"], f"{mode} documents"):
+                for text in query_texts:
+                    began = time.perf_counter()
+                    await index.search(text, mode=mode)
+                    times.append((time.perf_counter() - began) * 1000)
+            figures["documents"][mode] = percentiles(times, (50, 95))
+            # as `search --queries` and POST /search ask: batches of queries
+            with counted_statements(pg, url, figures["statements"], f"{mode} documents × 10"):
+                for at in range(0, len(query_texts), 10):
+                    await index.search_many(query_texts[at : at + 10], mode=mode)
+            print(
+                f"speed {model} {mode} documents end to end: {figures['documents'][mode]};"
+                f" statements per query: {figures['statements']}"
+            )
     return figures
+
+
+@contextlib.contextmanager
+def counted_statements(
+    pg: BenchPostgres, url: str, into: dict[str, float], name: str, queries: int = 200
+) -> Iterator[None]:
+    """Counts the top-level statements (``pg_stat_statements``: every client round trip,
+    ``BEGIN`` and ``COMMIT`` included) ``url``'s database runs in the block, per query."""
+    pg.reset_statements()
+    yield
+    into[name] = round(sum(s.calls for s in pg.statements(url)) / queries, 2)
 
 
 # -- report -----------------------------------------------------------------------------------------
@@ -424,8 +461,37 @@ def speed_lines(runs: list[dict[str, Any]]) -> list[str]:
             "",
             ratio,
             "",
+            *document_lines(f),
         ]
     return lines
+
+
+def document_lines(f: dict[str, Any]) -> list[str]:
+    """Document search end to end, and the statements each search costs PostgreSQL."""
+    if "documents" not in f:
+        return []
+    statements = f["statements"]
+    rows = [
+        [
+            mode,
+            f"{v['p50']:.1f}",
+            f"{v['p95']:.1f}",
+            f"{statements[f'{mode} chunks']:.2f}",
+            f"{statements[f'{mode} documents']:.2f}",
+            f"{statements[f'{mode} documents × 10']:.2f}",
+        ]
+        for mode, v in f["documents"].items()
+    ]
+    return [
+        "End to end (`Index.search`: 5 documents, 3 chunks each, marked), ms; and the"
+        " statements PostgreSQL runs per query (`pg_stat_statements`, `BEGIN`/`COMMIT`"
+        " included) for `search_chunks`, `search` and `search_many` of 10 queries:",
+        "",
+        *markdown_table(
+            ["mode", "p50", "p95", "statements: chunks", "documents", "documents × 10"], rows
+        ),
+        "",
+    ]
 
 
 def write_section(name: str, head: list[str], body: list[str]) -> None:
@@ -482,7 +548,7 @@ def main() -> None:
                     5_000 if args.quick else 100_000,
                     None if dim == 384 else server.url,
                 )
-                run = functools.partial(speed, chunks=chunks, server_url=served)
+                run = functools.partial(speed, pg, chunks=chunks, server_url=served)
                 figures.append(trio.run(run, url, Path(home), model, dim))
                 machine = machine_info(url)
     body = eval_lines(figures) if args.what == "eval" else speed_lines(figures)
