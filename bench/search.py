@@ -19,7 +19,9 @@ ranking call alone (`vector_ranking`, top 10 chunks) for each `ef_search` and it
 setting, with recall@10 against exact (brute-force) search; included: `Index.search_chunks`
 end to end (serving-model check, query embedding, ranking) per mode, one mode after the other
 (each counting its terms' document frequencies afresh), and hybrid's p50 and p95 against
-vector's. ``--model NAME`` runs only that model (repeatable).
+vector's; then `Index.search` (5 documents, 3 marked chunks each) end to end, and the statements
+PostgreSQL runs per query (`pg_stat_statements`) for `search_chunks`, `search` and
+`search_many` of 10 queries. ``--model NAME`` runs only that model (repeatable).
 """
 
 from __future__ import annotations
