@@ -399,10 +399,12 @@ async def test_a_batch_is_marked_in_one_statement_as_each_query_alone_is(
         sent.clear()
         documents = await index.search_many(MARKED_BATCH, mode=mode, top_k=10)
 
-    # one statement reads every query's terms, one marks every hit, for the batch
+    # one statement reads every query's terms (and the collection BM25 scores in), one marks
+    # every hit, for the batch
     for statements in (chunk_statements, sent):
         assert sum("ts_headline" in s for s in statements) == 1
         assert sum("to_tsvector('english'" in s for s in statements) == 1
+        assert sum("sum(text_length)" in s for s in statements) == 1
     refused_in_text_modes = {MARKED_BATCH[5]} if mode != "vector" else set()
     for query, answer, (one,), (document_one,), document_answer in zip(
         MARKED_BATCH, together, alone, documents_alone, documents, strict=True

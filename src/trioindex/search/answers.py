@@ -20,6 +20,7 @@ import trio
 from trioindex.config import SearchSettings
 from trioindex.db.models import EmbeddingModel, check_serving, serving_model
 from trioindex.db.pool import Connection, Database
+from trioindex.db.search import Collection
 from trioindex.embedding import Embedder
 from trioindex.search import (
     SEARCH_MODES,
@@ -36,12 +37,12 @@ from trioindex.search import (
     embed_queries,
     hybrid_fusion,
     prepare_query,
-    queries_terms,
     terms_ranking,
     vector_ranking,
 )
 from trioindex.search.marking import Terms, mark_chunk_answers, mark_document_answers
 from trioindex.search.query import filter_text
+from trioindex.search.ranking import queries_terms_and_collection
 
 if TYPE_CHECKING:
     from trioindex.search.rerank import Reranker
@@ -190,7 +191,7 @@ class QueryAnswerer:
         if mode not in SEARCH_MODES:
             raise ValueError(f"unknown search mode {mode!r}")
         db = self.db
-        model, terms = await db.run(self._model_and_terms, mode, queries)
+        model, terms, collection = await db.run(self._model_and_terms, mode, queries)
         texts = [_prepared(q) for q in queries]
         prepared = [(i, t) for i, t in enumerate(texts) if isinstance(t, str)]
         by_text: list[Answer[RankedChunk]] = [[] for _ in queries]
@@ -201,7 +202,15 @@ class QueryAnswerer:
                 by_text[i] = text_terms
                 return
             by_text[i] = await _answer(
-                db.run(terms_ranking, model, text_terms, depth, filters=filters, bm25=self.bm25)
+                db.run(
+                    terms_ranking,
+                    model,
+                    text_terms,
+                    depth,
+                    filters=filters,
+                    bm25=self.bm25,
+                    collection=collection,
+                )
             )
 
         async def rank_vector(i: int, vector: list[float]) -> None:
@@ -251,14 +260,16 @@ class QueryAnswerer:
 
     def _model_and_terms(
         self, conn: Connection, mode: SearchMode, queries: Sequence[str]
-    ) -> tuple[EmbeddingModel, list[Terms]]:
-        """The model to rank with and each query's terms, on one connection."""
+    ) -> tuple[EmbeddingModel, list[Terms], Collection | None]:
+        """The model to rank with, each query's terms and, for a text ranking, the model's
+        collection (read with the terms), on one connection."""
         if mode == "text":
             model = serving_model(conn) or self.model
         else:
             # the query is embedded with the configured model: it must be the serving one
             model = check_serving(conn, self.model)
-        return model, _queries_terms(conn, queries)
+        terms, collection = _queries_terms(conn, queries, None if mode == "vector" else model)
+        return model, terms, collection
 
     async def _rerank(
         self, queries: Sequence[str], answers: list[Answer[RankedChunk]], reranker: Reranker
@@ -285,19 +296,23 @@ def raise_refused(answer: Answer[H]) -> list[H]:
     return answer
 
 
-def _queries_terms(conn: Connection, queries: Sequence[str]) -> list[Terms]:
-    """Each query's terms (:func:`~trioindex.search.ranking.queries_terms`, one statement);
-    when the database refuses that statement for its input, each query's asked alone, so that
-    only the query at fault is refused."""
+def _queries_terms(
+    conn: Connection, queries: Sequence[str], model: EmbeddingModel | None
+) -> tuple[list[Terms], Collection | None]:
+    """Each query's terms and ``model``'s collection
+    (:func:`~trioindex.search.ranking.queries_terms_and_collection`, one statement); when the
+    database refuses that statement for its input, each query's terms asked alone, so that only
+    the query at fault is refused (the rankings then read the collection themselves)."""
     try:
-        return list(queries_terms(conn, queries))
+        terms, collection = queries_terms_and_collection(conn, queries, model)
+        return list(terms), collection
     except psycopg.Error as exc:
         refused = QueryRefused.for_database(exc)
         if refused is None:
             raise
         if len(queries) == 1:
-            return [refused]
-        return [terms for query in queries for terms in _queries_terms(conn, [query])]
+            return [refused], None
+        return [t for query in queries for t in _queries_terms(conn, [query], None)[0]], None
 
 
 async def _marked(
