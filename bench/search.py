@@ -19,12 +19,15 @@ ranking call alone (`vector_ranking`, top 10 chunks) for each `ef_search` and it
 setting, with recall@10 against exact (brute-force) search; included: `Index.search_chunks`
 end to end (serving-model check, query embedding, ranking) per mode, one mode after the other
 (each counting its terms' document frequencies afresh), and hybrid's p50 and p95 against
-vector's. ``--model NAME`` runs only that model (repeatable).
+vector's; then `Index.search` (5 documents, 3 marked chunks each) end to end, and the statements
+PostgreSQL runs per query (`pg_stat_statements`) for `search_chunks`, `search` and
+`search_many` of 10 queries. ``--model NAME`` runs only that model (repeatable).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import math
 import os
@@ -32,7 +35,7 @@ import re
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -246,7 +249,14 @@ def timed(fn: Any, *args: Any, **kwargs: Any) -> tuple[float, Any]:
 
 
 async def speed(
-    url: str, home: Path, model: str, dim: int, *, chunks: int, server_url: str | None
+    pg: BenchPostgres,
+    url: str,
+    home: Path,
+    model: str,
+    dim: int,
+    *,
+    chunks: int,
+    server_url: str | None,
 ) -> dict[str, Any]:
     env = {"TRIOINDEX_DATABASE_URL": url, "TRIOINDEX_HOME": str(home), "TRIOINDEX_EMBEDDING_MODEL": model,
            "TRIOINDEX_EMBEDDING_DIMENSION": str(dim)}  # fmt: skip
@@ -314,19 +324,53 @@ async def speed(
     figures["ranking"] = runs
     query_texts = [" ".join(words[i][:5]) for i in picks]
     figures["end_to_end"], figures["load_by_mode"] = {}, {}
+    figures["documents"], figures["statements"] = {}, {}
     async with Index.open(settings) as index:
         await index.search_chunks(query_texts[0], top_k=10)  # loads the model
         for mode in SEARCH_MODES:
             forget()  # each mode counts its terms' dfs afresh: no mode runs on another's
             figures["load_by_mode"][mode] = os.getloadavg()[0]
             times = []
-            for text in query_texts:
-                began = time.perf_counter()
-                await index.search_chunks(text, top_k=10, mode=mode)
-                times.append((time.perf_counter() - began) * 1000)
+            with counted_statements(pg, url, figures["statements"], f"{mode} chunks"):
+                for text in query_texts:
+                    began = time.perf_counter()
+                    await index.search_chunks(text, top_k=10, mode=mode)
+                    times.append((time.perf_counter() - began) * 1000)
             figures["end_to_end"][mode] = percentiles(times, (50, 95))
             print(f"speed {model} {mode} end to end: {figures['end_to_end'][mode]}")
+            # as `trioindex search` and GET /search ask: 5 documents, 3 chunks each
+            times = []
+            with counted_statements(pg, url, figures["statements"], f"{mode} documents"):
+                for text in query_texts:
+                    began = time.perf_counter()
+                    await index.search(text, mode=mode)
+                    times.append((time.perf_counter() - began) * 1000)
+            figures["documents"][mode] = percentiles(times, (50, 95))
+            # as `search --queries` and POST /search ask: batches of queries
+            times = []
+            with counted_statements(pg, url, figures["statements"], f"{mode} documents × 10"):
+                for at in range(0, len(query_texts), 10):
+                    began = time.perf_counter()
+                    await index.search_many(query_texts[at : at + 10], mode=mode)
+                    times.append((time.perf_counter() - began) * 1000)
+            figures.setdefault("batches", {})[mode] = percentiles(times, (50, 95))
+            print(
+                f"speed {model} {mode} documents end to end: {figures['documents'][mode]};"
+                f" 10 at once: {figures['batches'][mode]};"
+                f" statements per query: {figures['statements']}"
+            )
     return figures
+
+
+@contextlib.contextmanager
+def counted_statements(
+    pg: BenchPostgres, url: str, into: dict[str, float], name: str, queries: int = 200
+) -> Iterator[None]:
+    """Counts the top-level statements (``pg_stat_statements``: every client round trip,
+    ``BEGIN`` and ``COMMIT`` included) ``url``'s database runs in the block, per query."""
+    pg.reset_statements()
+    yield
+    into[name] = round(sum(s.calls for s in pg.statements(url)) / queries, 2)
 
 
 # -- report -----------------------------------------------------------------------------------------
@@ -424,8 +468,50 @@ def speed_lines(runs: list[dict[str, Any]]) -> list[str]:
             "",
             ratio,
             "",
+            *document_lines(f),
         ]
     return lines
+
+
+def document_lines(f: dict[str, Any]) -> list[str]:
+    """Document search end to end, and the statements each search costs PostgreSQL."""
+    if "documents" not in f:
+        return []
+    statements = f["statements"]
+    rows = [
+        [
+            mode,
+            f"{v['p50']:.1f}",
+            f"{v['p95']:.1f}",
+            f"{statements[f'{mode} chunks']:.2f}",
+            f"{statements[f'{mode} documents']:.2f}",
+            f"{statements[f'{mode} documents × 10']:.2f}",
+            f"{f['batches'][mode]['p50']:.1f}",
+            f"{f['batches'][mode]['p95']:.1f}",
+        ]
+        for mode, v in f["documents"].items()
+    ]
+    return [
+        "End to end (`Index.search`: 5 documents, 3 chunks each, marked), ms; the"
+        " statements PostgreSQL runs per query (`pg_stat_statements`, `BEGIN`/`COMMIT`"
+        " included) for `search_chunks`, `search` and `search_many` of 10 queries; and a"
+        " `search_many` of 10 queries end to end, ms:",
+        "",
+        *markdown_table(
+            [
+                "mode",
+                "p50",
+                "p95",
+                "statements: chunks",
+                "documents",
+                "documents × 10",
+                "10 queries: p50",
+                "p95",
+            ],
+            rows,
+        ),
+        "",
+    ]
 
 
 def write_section(name: str, head: list[str], body: list[str]) -> None:
@@ -482,7 +568,7 @@ def main() -> None:
                     5_000 if args.quick else 100_000,
                     None if dim == 384 else server.url,
                 )
-                run = functools.partial(speed, chunks=chunks, server_url=served)
+                run = functools.partial(speed, pg, chunks=chunks, server_url=served)
                 figures.append(trio.run(run, url, Path(home), model, dim))
                 machine = machine_info(url)
     body = eval_lines(figures) if args.what == "eval" else speed_lines(figures)

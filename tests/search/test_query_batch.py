@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 import trioindex
@@ -28,7 +29,9 @@ from trioindex.search import (
     MAX_QUERY_CHARS,
     MAX_QUERY_TERMS,
     QUERY_INVALID,
+    ChunkHit,
     QueryRefused,
+    SearchMode,
     hybrid_fusion,
     text_ranking,
     vector_ranking,
@@ -341,3 +344,87 @@ async def test_hybrid_chunk_search_fuses_a_vector_list_twice_the_chunks_asked_fo
             deeper.append([r.document_key for r in full[:3]])
     # the depths matter on this corpus: 50-deep lists fuse to another top 3
     assert deeper != [[h.document_key for h in a] for a in answers if isinstance(a, list)]
+
+
+def marked_words(hit: ChunkHit) -> list[str]:
+    return [hit.text[a:b] for a, b in hit.matches]
+
+
+# A batch marked together, in every mode: plain, Korean with a particle, decomposed, stop words
+# only, tsquery operators, past the term limit (a refusal in text modes, no marks in vector
+# mode), not text at all (refused in every mode).
+MARKED_BATCH = [
+    "lease workers",
+    "서울에서",
+    nfd("café"),
+    "the of",
+    "!lease & (claim | task) <-> 'jobs':* \\",
+    " ".join(["lease", *(f"t{i}" for i in range(MAX_QUERY_TERMS))]),
+    "lea\u0000se",
+]
+MARKS = {  # the words each query's terms mark, per chunk text (any other chunk: none)
+    "lease workers": {
+        "The lease is renewed by a background task.": ["lease"],
+        "Workers claim jobs.": ["Workers"],
+        "lease zero": ["lease"],
+    },
+    "서울에서": {"서울은 대한민국의 수도입니다.": ["서울은"]},
+    nfd("café"): {"Le café ouvre à sept heures.": ["café"]},
+    "!lease & (claim | task) <-> 'jobs':* \\": {
+        "The lease is renewed by a background task.": ["lease", "task"],
+        "Workers claim jobs.": ["claim", "jobs"],
+        "lease zero": ["lease"],
+    },
+}
+
+
+@pytest.mark.parametrize("mode", ["vector", "text", "hybrid"])
+async def test_a_batch_is_marked_in_one_statement_as_each_query_alone_is(
+    env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: SearchMode
+) -> None:
+    settings = load_settings(environ=env, cwd=tmp_path)
+    sent: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def counted(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query))
+        return execute(cursor, query, *args, **kwargs)
+
+    async with trioindex.Index.open(settings) as index:
+        alone = [await index.search_chunks_many([q], mode=mode, top_k=10) for q in MARKED_BATCH]
+        documents_alone = [await index.search_many([q], mode=mode, top_k=10) for q in MARKED_BATCH]
+        monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+        together = await index.search_chunks_many(MARKED_BATCH, mode=mode, top_k=10)
+        chunk_statements = list(sent)
+        sent.clear()
+        documents = await index.search_many(MARKED_BATCH, mode=mode, top_k=10)
+
+    # one statement reads every query's terms (and the collection BM25 scores in), one marks
+    # every hit, for the batch
+    for statements in (chunk_statements, sent):
+        assert sum("ts_headline" in s for s in statements) == 1
+        assert sum("to_tsvector('english'" in s for s in statements) == 1
+        assert sum("sum(text_length)" in s for s in statements) == 1
+    refused_in_text_modes = {MARKED_BATCH[5]} if mode != "vector" else set()
+    for query, answer, (one,), (document_one,), document_answer in zip(
+        MARKED_BATCH, together, alone, documents_alone, documents, strict=True
+    ):
+        if "\x00" in query or query in refused_in_text_modes:
+            assert isinstance(answer, QueryRefused) and answer.code == QUERY_INVALID
+            assert isinstance(document_answer, QueryRefused)
+            continue
+        assert not isinstance(answer, QueryRefused) and not isinstance(one, QueryRefused)
+        assert not isinstance(document_answer, QueryRefused)
+        assert not isinstance(document_one, QueryRefused)
+        # same hits, same order, same scores, same marks as the query asked alone
+        assert answer == one
+        assert document_answer == document_one
+        expected = MARKS.get(query, {})
+        for hit in answer:
+            assert marked_words(hit) == expected.get(hit.text, []), (query, hit.text)
+        chunk_marks = {(h.document_key, h.chunk_index): h.matches for h in answer}
+        for document in document_answer:
+            for chunk in document.chunks:
+                assert marked_words(chunk) == expected.get(chunk.text, []), (query, chunk.text)
+                if (document.document_key, chunk.chunk_index) in chunk_marks:
+                    assert chunk.matches == chunk_marks[document.document_key, chunk.chunk_index]

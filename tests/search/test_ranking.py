@@ -15,7 +15,7 @@ from testkit.search_corpus import IndexedDocument, store_indexed
 from trioindex.db import search as db_search
 from trioindex.db.models import EmbeddingModel, ensure_model
 from trioindex.db.pool import Connection, Database
-from trioindex.db.search import CandidateBranch, TextTerm
+from trioindex.db.search import CandidateBranch, Collection, TextTerm
 from trioindex.db.vector_index import build_vector_index
 from trioindex.search import (
     HYBRID_K,
@@ -36,6 +36,7 @@ from trioindex.search.ranking import (
     MANY_COMMON_TERMS,
     PAIR_CANDIDATES_PER_RESULT,
     candidate_branches,
+    queries_terms_and_collection,
     query_terms,
     vector_counts,
 )
@@ -374,6 +375,11 @@ def test_text_statistics_go_with_the_served_row(db: Database, model: EmbeddingMo
     with db.connection() as conn:
         assert statistics(conn) == [("a.txt", 2, 8), ("b.txt", 1, 2)]
         assert term_statistics(conn, model, []).chunks == 3
+        # read with a batch's terms: the same sums; without a model, none
+        terms, collection = queries_terms_and_collection(conn, ["abc", "the"], model)
+        assert collection == Collection(3, 10) and [len(t) for t in terms] == [1, 0]
+        assert queries_terms_and_collection(conn, ["abc"], None)[1] is None
+        assert queries_terms_and_collection(conn, [], model)[1] == Collection(3, 10)
         conn.execute("DELETE FROM served_versions WHERE document_id = %s", (ids["a.txt"],))
         assert statistics(conn) == [("b.txt", 1, 2)]
         conn.execute("DELETE FROM documents WHERE id = %s", (other["b.txt"],))

@@ -183,14 +183,14 @@ def served_collection(conn: Connection, model: EmbeddingModel) -> Collection:
     """The chunk count and summed text length of the chunk sets ``model`` serves
     (each served row's ``chunks`` and ``text_length``, which the completion that moves it
     writes: one row per served document)."""
-    row = conn.execute(
-        """SELECT coalesce(sum(chunks), 0)::bigint AS chunks,
-                  coalesce(sum(text_length), 0)::bigint AS text_length
-           FROM served_versions WHERE embedding_model_id = %s""",
-        (model.id,),
-    ).fetchone()
+    row = conn.execute(f"SELECT * FROM ({_COLLECTION}) AS c", {"model": model.id}).fetchone()
     assert row is not None
     return Collection(row["chunks"], row["text_length"])
+
+
+_COLLECTION = """SELECT coalesce(sum(chunks), 0)::bigint AS chunks,
+                        coalesce(sum(text_length), 0)::bigint AS text_length
+                 FROM served_versions WHERE embedding_model_id = %(model)s"""
 
 
 def document_frequencies(
@@ -352,28 +352,46 @@ _DOCUMENT_FREQUENCIES = (
 )
 
 
-def english_lexemes(conn: Connection, text: str) -> list[str]:
-    """The text's English lexemes (``to_tsvector('english')``: stemmed, no stop words)."""
+def english_lexemes(
+    conn: Connection, texts: Sequence[str], *, collection_of: EmbeddingModel | None = None
+) -> tuple[list[list[str]], Collection | None]:
+    """Each text's English lexemes (``to_tsvector('english')``: stemmed, no stop words), sorted,
+    in the texts' order; and, with ``collection_of``, that model's :func:`served_collection`
+    (else None). One statement for all of it."""
     row = conn.execute(
-        "SELECT array(SELECT lexeme FROM unnest(to_tsvector('english', %s)) ORDER BY lexeme)"
-        " AS lexemes",
-        (text,),
+        f"""SELECT l.lexemes, c.chunks, c.text_length
+            FROM (SELECT coalesce(jsonb_agg(array(SELECT lexeme
+                                                  FROM unnest(to_tsvector('english', t.text))
+                                                  ORDER BY lexeme) ORDER BY t.ord),
+                                  '[]') AS lexemes
+                  FROM unnest(%(texts)s::text[]) WITH ORDINALITY AS t (text, ord)) AS l
+            CROSS JOIN ({_COLLECTION}) AS c""",
+        # no model: the collection's index scan for NULL finds no row
+        {"texts": list(texts), "model": collection_of.id if collection_of else None},
     ).fetchone()
-    lexemes: list[str] = row["lexemes"] if row else []
-    return lexemes
+    assert row is not None
+    collection = Collection(row["chunks"], row["text_length"]) if collection_of else None
+    return [list(lexemes) for lexemes in row["lexemes"]], collection
 
 
 def marked_texts(
-    conn: Connection, texts: Sequence[str], query: str, start: str, stop: str
+    conn: Connection, marking: Sequence[tuple[str, str]], start: str, stop: str
 ) -> list[str]:
-    """Each text with the words ``query`` (a ``tsquery``) matches between ``start`` and
-    ``stop`` (``ts_headline`` over the whole text, ``english``: the stems and prefixes text
-    search matches)."""
+    """Each ``(text, query)`` pair's text with the words its ``query`` (a ``tsquery``) matches
+    between ``start`` and ``stop`` (``ts_headline`` over the whole text, ``english``: the stems
+    and prefixes text search matches), in order: one statement for all of them."""
     rows = conn.execute(
-        """SELECT ts_headline('english', t.text, %(query)s::tsquery,
+        """SELECT ts_headline('english', t.text, t.query::tsquery,
                               'HighlightAll=true, StartSel=' || %(start)s
                               || ', StopSel=' || %(stop)s) AS marked
-           FROM unnest(%(texts)s::text[]) WITH ORDINALITY AS t (text, ord) ORDER BY t.ord""",
-        {"query": query, "texts": list(texts), "start": start, "stop": stop},
+           FROM unnest(%(texts)s::text[], %(queries)s::text[]) WITH ORDINALITY
+                AS t (text, query, ord)
+           ORDER BY t.ord""",
+        {
+            "texts": [text for text, _ in marking],
+            "queries": [query for _, query in marking],
+            "start": start,
+            "stop": stop,
+        },
     ).fetchall()
     return [row["marked"] for row in rows]

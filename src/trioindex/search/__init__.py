@@ -49,7 +49,9 @@ from trioindex.search.ranking import (
     hangul_terms,
     hybrid_fusion,
     hybrid_ranking,
+    queries_terms,
     query_terms,
+    terms_ranking,
     text_ranking,
     vector_ranking,
 )
@@ -97,9 +99,11 @@ __all__ = [
     "hybrid_ranking",
     "json_text",
     "prepare_query",
+    "queries_terms",
     "query_terms",
     "ranked_chunks",
     "snippet",
+    "terms_ranking",
     "text_ranking",
     "vector_ranking",
 ]

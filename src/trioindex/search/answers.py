@@ -19,7 +19,8 @@ import trio
 
 from trioindex.config import SearchSettings
 from trioindex.db.models import EmbeddingModel, check_serving, serving_model
-from trioindex.db.pool import Database
+from trioindex.db.pool import Connection, Database
+from trioindex.db.search import Collection
 from trioindex.embedding import Embedder
 from trioindex.search import (
     SEARCH_MODES,
@@ -36,11 +37,12 @@ from trioindex.search import (
     embed_queries,
     hybrid_fusion,
     prepare_query,
-    text_ranking,
+    terms_ranking,
     vector_ranking,
 )
-from trioindex.search.marking import marked_chunk_hits, marked_document_hits
+from trioindex.search.marking import Terms, mark_chunk_answers, mark_document_answers
 from trioindex.search.query import filter_text
+from trioindex.search.ranking import queries_terms_and_collection
 
 if TYPE_CHECKING:
     from trioindex.search.rerank import Reranker
@@ -119,14 +121,14 @@ class QueryAnswerer:
             raise ValueError("top_k and chunks_per_document must be at least 1")
         depth = max(MIN_CANDIDATES, top_k * chunks_per_document * CANDIDATES_PER_DOCUMENT)
         filters = _filters(key_prefix, content_types, low_confidence)
-        ranked = await self._rank_many(queries, min(depth, MAX_CANDIDATES), mode, filters, hnsw)
-        db = self.db
-        return [
-            r
-            if isinstance(r, QueryRefused)
-            else await db.run(marked_document_hits, q, document_hits(r, top_k, chunks_per_document))
-            for q, r in zip(queries, ranked, strict=True)
+        ranked, terms = await self._rank_many(
+            queries, min(depth, MAX_CANDIDATES), mode, filters, hnsw
+        )
+        grouped = [
+            r if isinstance(r, QueryRefused) else document_hits(r, top_k, chunks_per_document)
+            for r in ranked
         ]
+        return await _marked(self.db, mark_document_answers, terms, grouped)
 
     async def chunks(
         self,
@@ -152,7 +154,7 @@ class QueryAnswerer:
         else:
             depth = vector_depth = top_k if mode == "vector" else max(top_k, MIN_CANDIDATES)
         filters = _filters(key_prefix, content_types, low_confidence)
-        ranked = await self._rank_many(
+        ranked, terms = await self._rank_many(
             queries,
             min(depth, MAX_CANDIDATES),
             mode,
@@ -161,13 +163,12 @@ class QueryAnswerer:
             vector_depth=min(vector_depth, depth, MAX_CANDIDATES),
             vector_candidates_for=top_k if vector_depth > top_k else None,
         )
-        db = self.db
-        return [
-            r
-            if isinstance(r, QueryRefused)
-            else await db.run(marked_chunk_hits, q, chunk_hits(r, top_k))
-            for q, r in zip(queries, ranked, strict=True)
-        ]
+        return await _marked(
+            self.db,
+            mark_chunk_answers,
+            terms,
+            [r if isinstance(r, QueryRefused) else chunk_hits(r, top_k) for r in ranked],
+        )
 
     async def _rank_many(
         self,
@@ -179,27 +180,37 @@ class QueryAnswerer:
         *,
         vector_depth: int | None = None,
         vector_candidates_for: int | None = None,
-    ) -> list[Answer[RankedChunk]]:
+    ) -> tuple[list[Answer[RankedChunk]], list[Terms]]:
         """The ``depth`` best chunks per query in ``mode``, or why that query was refused;
         hybrid fuses both rankings, the text one ``depth`` deep and the vector one
         ``vector_depth`` deep (``depth`` when None), from the candidates of a vector list
-        ``vector_candidates_for`` deep (its own depth when None)."""
+        ``vector_candidates_for`` deep (its own depth when None). And each query's text terms
+        (:func:`~trioindex.search.ranking.queries_terms`), read once for the batch on the
+        connection that checks the serving model: the text ranking's, and what the hits are
+        marked with."""
         if mode not in SEARCH_MODES:
             raise ValueError(f"unknown search mode {mode!r}")
         db = self.db
-        if mode == "text":
-            model = await db.run(serving_model) or self.model
-        else:
-            # the query is embedded with the configured model: it must be the serving one
-            model = await db.run(check_serving, self.model)
+        model, terms, collection = await db.run(self._model_and_terms, mode, queries)
         texts = [_prepared(q) for q in queries]
         prepared = [(i, t) for i, t in enumerate(texts) if isinstance(t, str)]
         by_text: list[Answer[RankedChunk]] = [[] for _ in queries]
         by_vector: list[Answer[RankedChunk]] = [[] for _ in queries]
 
-        async def rank_text(i: int, text: str) -> None:
+        async def rank_text(i: int, text_terms: Terms) -> None:
+            if isinstance(text_terms, QueryRefused):
+                by_text[i] = text_terms
+                return
             by_text[i] = await _answer(
-                db.run(text_ranking, model, text, depth, filters=filters, bm25=self.bm25)
+                db.run(
+                    terms_ranking,
+                    model,
+                    text_terms,
+                    depth,
+                    filters=filters,
+                    bm25=self.bm25,
+                    collection=collection,
+                )
             )
 
         async def rank_vector(i: int, vector: list[float]) -> None:
@@ -227,8 +238,8 @@ class QueryAnswerer:
         # hybrid: the text rankings run while the queries are embedded and ranked by vector
         async with trio.open_nursery() as nursery:
             if mode != "vector":
-                for i, prepared_text in prepared:
-                    nursery.start_soon(rank_text, i, prepared_text)
+                for i, _ in prepared:
+                    nursery.start_soon(rank_text, i, terms[i])
             if mode != "text" and prepared:
                 nursery.start_soon(embed_then_rank, nursery)
         answers: list[Answer[RankedChunk]] = []
@@ -245,7 +256,20 @@ class QueryAnswerer:
                 answers.append(by_txt if mode == "text" else by_vec)
         if mode == "hybrid" and self.reranker is not None:
             await self._rerank(queries, answers, self.reranker)
-        return answers
+        return answers, terms
+
+    def _model_and_terms(
+        self, conn: Connection, mode: SearchMode, queries: Sequence[str]
+    ) -> tuple[EmbeddingModel, list[Terms], Collection | None]:
+        """The model to rank with, each query's terms and, for a text ranking, the model's
+        collection (read with the terms), on one connection."""
+        if mode == "text":
+            model = serving_model(conn) or self.model
+        else:
+            # the query is embedded with the configured model: it must be the serving one
+            model = check_serving(conn, self.model)
+        terms, collection = _queries_terms(conn, queries, None if mode == "vector" else model)
+        return model, terms, collection
 
     async def _rerank(
         self, queries: Sequence[str], answers: list[Answer[RankedChunk]], reranker: Reranker
@@ -270,6 +294,37 @@ def raise_refused(answer: Answer[H]) -> list[H]:
     if isinstance(answer, QueryRefused):
         raise answer
     return answer
+
+
+def _queries_terms(
+    conn: Connection, queries: Sequence[str], model: EmbeddingModel | None
+) -> tuple[list[Terms], Collection | None]:
+    """Each query's terms and ``model``'s collection
+    (:func:`~trioindex.search.ranking.queries_terms_and_collection`, one statement); when the
+    database refuses that statement for its input, each query's terms asked alone, so that only
+    the query at fault is refused (the rankings then read the collection themselves)."""
+    try:
+        terms, collection = queries_terms_and_collection(conn, queries, model)
+        return list(terms), collection
+    except psycopg.Error as exc:
+        refused = QueryRefused.for_database(exc)
+        if refused is None:
+            raise
+        if len(queries) == 1:
+            return [refused], None
+        return [t for query in queries for t in _queries_terms(conn, [query], None)[0]], None
+
+
+async def _marked(
+    db: Database,
+    mark: Callable[[Connection, Sequence[tuple[Terms, Sequence[H]]]], list[list[H]]],
+    terms: Sequence[Terms],
+    answers: Sequence[Answer[H]],
+) -> list[Answer[H]]:
+    """``answers`` with their hits marked by ``mark`` in one call, refusals in place."""
+    hits = [(t, a) for t, a in zip(terms, answers, strict=True) if not isinstance(a, QueryRefused)]
+    marked = iter(await db.run(mark, hits) if any(a for _, a in hits) else [a for _, a in hits])
+    return [a if isinstance(a, QueryRefused) else next(marked) for a in answers]
 
 
 def _prepared(query: str) -> str | QueryRefused:

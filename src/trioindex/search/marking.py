@@ -3,9 +3,10 @@ chunk text (:attr:`~trioindex.search.results.ChunkHit.matches`), so that snippet
 passage at the match (:mod:`trioindex.search.passages`) in every mode.
 
 The words are the ones text search matches — the query's English stems and its Korean words
-as prefixes (:func:`~trioindex.search.ranking.query_terms`) — marked by PostgreSQL. A query
+as prefixes (:func:`~trioindex.search.ranking.queries_terms`) — marked by PostgreSQL. A query
 without such terms, or with more than text search accepts (a long vector query), marks
-nothing: its snippets are the chunks' starts.
+nothing: its snippets are the chunks' starts. The hits of every query of a batch are marked in
+one statement, with the terms their rankings already used.
 """
 
 from __future__ import annotations
@@ -16,39 +17,75 @@ import attrs
 
 from trioindex.db import search as db_search
 from trioindex.db.pool import Connection
+from trioindex.db.search import TextTerm
 from trioindex.search.passages import MARK_START, MARK_STOP, match_offsets
 from trioindex.search.query import QueryRefused
-from trioindex.search.ranking import query_terms
+from trioindex.search.ranking import queries_terms
 from trioindex.search.results import ChunkHit, DocumentHit
+
+#: A query's terms (:func:`~trioindex.search.ranking.queries_terms`), or why it has none.
+Terms = Sequence[TextTerm] | QueryRefused
 
 
 def marked_chunk_hits(conn: Connection, text: str, hits: Sequence[ChunkHit]) -> list[ChunkHit]:
     """``hits`` with the offsets of ``text``'s matched words in each chunk."""
-    if not hits:
-        return []
-    try:
-        terms = query_terms(conn, text)
-    except QueryRefused:
-        terms = []
-    if not terms:
-        return list(hits)
-    query = " | ".join(t.query for t in terms)
-    marked = db_search.marked_texts(conn, [h.text for h in hits], query, MARK_START, MARK_STOP)
-    found = []
-    for hit, marks in zip(hits, marked, strict=True):
-        unmarked, spans = match_offsets(marks)
-        # ts_headline returns the text it was given; anything else marks nothing
-        found.append(attrs.evolve(hit, matches=spans) if unmarked == hit.text else hit)
-    return found
+    (terms,) = queries_terms(conn, [text]) if hits else [[]]
+    (marked,) = mark_chunk_answers(conn, [(terms, hits)])
+    return marked
 
 
 def marked_document_hits(
     conn: Connection, text: str, hits: Sequence[DocumentHit]
 ) -> list[DocumentHit]:
-    """``hits`` with their chunks marked (:func:`marked_chunk_hits`), in one query."""
-    chunks = marked_chunk_hits(conn, text, [c for h in hits for c in h.chunks])
-    found, at = [], 0
-    for hit in hits:
-        found.append(attrs.evolve(hit, chunks=tuple(chunks[at : at + len(hit.chunks)])))
-        at += len(hit.chunks)
+    """``hits`` with their chunks marked (:func:`marked_chunk_hits`)."""
+    (terms,) = queries_terms(conn, [text]) if hits else [[]]
+    (marked,) = mark_document_answers(conn, [(terms, hits)])
+    return marked
+
+
+def mark_chunk_answers(
+    conn: Connection, answers: Sequence[tuple[Terms, Sequence[ChunkHit]]]
+) -> list[list[ChunkHit]]:
+    """Each answer's hits with the offsets of its query's matched words in each chunk, in
+    order: one statement for all of them (none when no answer has terms and hits)."""
+    queries = [
+        " | ".join(t.query for t in terms) if not isinstance(terms, QueryRefused) else ""
+        for terms, _ in answers
+    ]
+    asked = [
+        (h.text, query)
+        for query, (_, hits) in zip(queries, answers, strict=True)
+        if query
+        for h in hits
+    ]
+    marked = iter(db_search.marked_texts(conn, asked, MARK_START, MARK_STOP) if asked else [])
+    found: list[list[ChunkHit]] = []
+    for query, (_, hits) in zip(queries, answers, strict=True):
+        if not query:
+            found.append(list(hits))
+            continue
+        answer = []
+        for hit in hits:
+            unmarked, spans = match_offsets(next(marked))
+            # ts_headline returns the text it was given; anything else marks nothing
+            answer.append(attrs.evolve(hit, matches=spans) if unmarked == hit.text else hit)
+        found.append(answer)
+    return found
+
+
+def mark_document_answers(
+    conn: Connection, answers: Sequence[tuple[Terms, Sequence[DocumentHit]]]
+) -> list[list[DocumentHit]]:
+    """Each answer's document hits with their chunks marked (:func:`mark_chunk_answers`), in
+    one statement."""
+    chunks = mark_chunk_answers(
+        conn, [(terms, [c for h in hits for c in h.chunks]) for terms, hits in answers]
+    )
+    found: list[list[DocumentHit]] = []
+    for (_, hits), marked in zip(answers, chunks, strict=True):
+        answer, at = [], 0
+        for hit in hits:
+            answer.append(attrs.evolve(hit, chunks=tuple(marked[at : at + len(hit.chunks)])))
+            at += len(hit.chunks)
+        found.append(answer)
     return found

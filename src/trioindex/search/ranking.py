@@ -52,11 +52,12 @@ from trioindex.db.search import (
     NO_FILTERS,
     Bm25,
     CandidateBranch,
+    Collection,
     Filters,
     HnswSettings,
     TextTerm,
 )
-from trioindex.search.query import check_terms, prepare_query
+from trioindex.search.query import QueryRefused, check_terms, prepare_query
 from trioindex.search.results import RankedChunk, ranked_chunks
 from trioindex.search.statistics import TermStatistics, term_statistics
 
@@ -102,13 +103,29 @@ def text_ranking(
 ) -> list[RankedChunk]:
     """The ``limit`` chunks of the versions ``model`` serves, in its chunk sets (the chunks it
     has vectors for: a version may hold one set per chunking), that best match ``text`` by BM25
-    (:func:`bm25_scores`), best first, chosen from :func:`candidate_branches`' candidates.
-    ``text`` goes through :func:`prepare_query` and its terms through :func:`check_terms`:
-    either may raise :class:`~trioindex.search.query.QueryRefused`."""
-    terms = query_terms(conn, text)
+    (:func:`terms_ranking` of its :func:`query_terms`), best first. ``text`` goes through
+    :func:`prepare_query` and its terms through :func:`check_terms`: either may raise
+    :class:`~trioindex.search.query.QueryRefused`."""
+    return terms_ranking(conn, model, query_terms(conn, text), limit, filters=filters, bm25=bm25)
+
+
+def terms_ranking(
+    conn: Connection,
+    model: EmbeddingModel,
+    terms: Sequence[TextTerm],
+    limit: int,
+    *,
+    filters: Filters = NO_FILTERS,
+    bm25: Bm25 = DEFAULT_BM25,
+    collection: Collection | None = None,
+) -> list[RankedChunk]:
+    """The ``limit`` chunks of the versions ``model`` serves, in its chunk sets, that best match
+    a query's ``terms`` (:func:`queries_terms`) by BM25 (:func:`bm25_scores`), best first,
+    chosen from :func:`candidate_branches`' candidates; scored in ``collection`` when given
+    (:func:`queries_terms_and_collection`), else in the collection read now."""
     if not terms:
         return []
-    statistics = term_statistics(conn, model, terms)
+    statistics = term_statistics(conn, model, terms, collection)
     branches, fill = candidate_branches(terms, statistics.document_frequencies, limit)
     # the whole vector when a prefix term must see every lexeme, else the query's lexemes only
     lexemes = None if any(t.prefix for t in terms) else [t.lexeme for t in terms]
@@ -257,20 +274,69 @@ def vector_counts(vector: str) -> dict[str, int]:
 
 
 def query_terms(conn: Connection, text: str) -> list[TextTerm]:
-    """``text``'s search terms, prepared and bounded: its English lexemes (stemmed, stop words
-    dropped), then its Hangul words as prefixes (:func:`hangul_terms`)."""
-    text = prepare_query(text)
-    english = [
-        TextTerm(_quoted(lexeme), lexeme)
-        for lexeme in db_search.english_lexemes(conn, text)
-        # Hangul words are hangul_terms' (as prefixes): counted once, not twice, in a tier
-        if not _HANGUL_WORD.search(lexeme)
-    ]
-    terms = english + [
-        TextTerm(operand, stem or word, prefix=True) for word, stem, operand in _hangul_words(text)
-    ]
-    check_terms([t.query for t in terms])
+    """``text``'s search terms, prepared and bounded (:func:`queries_terms`); raises
+    :class:`~trioindex.search.query.QueryRefused` for a text it refuses."""
+    (terms,) = queries_terms(conn, [text])
+    if isinstance(terms, QueryRefused):
+        raise terms
     return terms
+
+
+def queries_terms(conn: Connection, texts: Sequence[str]) -> list[list[TextTerm] | QueryRefused]:
+    """Each text's search terms, prepared and bounded: its English lexemes (stemmed, stop words
+    dropped), then its Hangul words as prefixes (:func:`hangul_terms`); or why that text is
+    refused (:func:`prepare_query`, :func:`check_terms`). One statement for all the texts."""
+    terms, _ = queries_terms_and_collection(conn, texts, None)
+    return terms
+
+
+def queries_terms_and_collection(
+    conn: Connection, texts: Sequence[str], model: EmbeddingModel | None
+) -> tuple[list[list[TextTerm] | QueryRefused], Collection | None]:
+    """:func:`queries_terms`, and with ``model`` the collection BM25 scores that model's chunks
+    in (:func:`db.search.served_collection`; None without a model), read in the same
+    statement: a batch of text queries reads its collection once."""
+    prepared: list[str | QueryRefused] = []
+    for raw in texts:
+        try:
+            prepared.append(prepare_query(raw))
+        except QueryRefused as refused:
+            prepared.append(refused)
+    asked = [t for t in prepared if isinstance(t, str)]
+    lexemes: list[list[str]] = []
+    collection = None
+    if asked or model is not None:
+        lexemes, collection = db_search.english_lexemes(conn, asked, collection_of=model)
+    found: list[list[TextTerm] | QueryRefused] = []
+    for text, text_lexemes in zip(prepared, _each_asked(prepared, lexemes), strict=True):
+        if isinstance(text, QueryRefused):
+            found.append(text)
+            continue
+        english = [
+            TextTerm(_quoted(lexeme), lexeme)
+            for lexeme in text_lexemes
+            # Hangul words are hangul_terms' (as prefixes): counted once, not twice, in a tier
+            if not _HANGUL_WORD.search(lexeme)
+        ]
+        terms = english + [
+            TextTerm(operand, stem or word, prefix=True)
+            for word, stem, operand in _hangul_words(text)
+        ]
+        try:
+            check_terms([t.query for t in terms])
+        except QueryRefused as refused:
+            found.append(refused)
+        else:
+            found.append(terms)
+    return found, collection
+
+
+def _each_asked(
+    prepared: Sequence[str | QueryRefused], lexemes: Sequence[list[str]]
+) -> list[list[str]]:
+    """The lexemes of each prepared text in turn (none for a refused one)."""
+    asked = iter(lexemes)
+    return [[] if isinstance(text, QueryRefused) else next(asked) for text in prepared]
 
 
 def _quoted(lexeme: str) -> str:

@@ -1,6 +1,6 @@
 """BM25's statistics for one query: N and the average length of the chunks the ranking model
-serves, read for every query (one row per served document, summed), and each term's document
-frequency, kept between queries while the collection stays as it was.
+serves, read for every batch of queries (one row per served document, summed), and each term's
+document frequency, kept between queries while the collection stays as it was.
 
 Counting a term's chunks is the dear part (a GIN index pass and a probe of each match's served
 row and vector, or ANALYZE's list read), and the same terms come back query after query. A
@@ -43,11 +43,16 @@ _lock = threading.Lock()
 
 
 def term_statistics(
-    conn: Connection, model: EmbeddingModel, terms: Sequence[TextTerm]
+    conn: Connection,
+    model: EmbeddingModel,
+    terms: Sequence[TextTerm],
+    collection: Collection | None = None,
 ) -> TermStatistics:
-    """The statistics BM25 scores ``terms`` with: the collection read now, each term's df as
-    kept for this collection state or counted (:func:`db.search.document_frequencies`)."""
-    collection = db_search.served_collection(conn, model)
+    """The statistics BM25 scores ``terms`` with: ``collection`` (read now when None: a batch
+    of queries reads it once, with their terms), each term's df as kept for this collection
+    state or counted (:func:`db.search.document_frequencies`)."""
+    if collection is None:
+        collection = db_search.served_collection(conn, model)
     keys = [(model.id, collection, term) for term in terms]
     with _lock:
         found = {key: _kept[key] for key in keys if key in _kept}
