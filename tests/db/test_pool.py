@@ -3,7 +3,6 @@ once; a server refusing connections for too many clients is waited out, said in 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import socket
 import threading
@@ -15,6 +14,7 @@ import pytest
 import trio
 from psycopg.conninfo import conninfo_to_dict
 
+from testkit.chaos.faults import _Pipe as Pipe  # the chaos proxies' two pump threads
 from testkit.postgres import admin
 from trioindex.db.pool import (
     DEFAULT_MAX_IDLE,
@@ -221,20 +221,7 @@ class SlowProxy:
             return
         server = socket.socket(self.upstream[0])
         server.connect(self.upstream[1])
-        for source, sink in ((client, server), (server, client)):
-            threading.Thread(target=_pipe, args=(source, sink), daemon=True).start()
-
-
-def _pipe(source: socket.socket, sink: socket.socket) -> None:
-    try:
-        while data := source.recv(65536):
-            sink.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for end in (source, sink):
-            with contextlib.suppress(OSError):
-                end.shutdown(socket.SHUT_RDWR)
+        Pipe(client, server, on_close=lambda _pipe: None).start()
 
 
 @pytest.fixture
