@@ -4,6 +4,7 @@ once; a server refusing connections for too many clients is waited out, said in 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -11,7 +12,9 @@ from typing import Any
 
 import pytest
 import trio
+from psycopg.conninfo import conninfo_to_dict
 
+from testkit.chaos.faults import _Pipe as Pipe  # the chaos proxies' two pump threads
 from testkit.postgres import admin
 from trioindex.db.pool import (
     DEFAULT_MAX_IDLE,
@@ -174,3 +177,108 @@ def test_session_work_goes_to_the_direct_url_and_a_pooler_without_one_means_poll
     assert session_conninfo("host=pg", pooler=False, direct=None) == "host=pg"
     assert session_conninfo("host=bouncer", pooler=True, direct=None) is None
     assert session_conninfo("host=bouncer", pooler=True, direct="host=pg") == "host=pg"
+
+
+class SlowProxy:
+    """A loopback TCP proxy in front of PostgreSQL that holds each new connection for ``delay``
+    seconds before passing it on (a server or machine too loaded to connect quickly); the
+    delay can change while it runs."""
+
+    def __init__(self, upstream_url: str, delay: float) -> None:
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        parts = conninfo_to_dict(upstream_url)
+        host, port = str(parts.get("host") or "localhost"), int(parts.get("port") or 5432)
+        self.upstream: tuple[int, Any] = (
+            (socket.AF_UNIX, f"{host}/.s.PGSQL.{port}")
+            if host.startswith("/")
+            else (socket.AF_INET, (host, port))
+        )
+        self.delay = delay
+        self.accepted = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        parts.update(host="127.0.0.1", port=str(self._listener.getsockname()[1]))
+        self.url = make_conninfo("", **parts)
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            threading.Thread(target=self._serve, args=(client, self.delay), daemon=True).start()
+
+    def _serve(self, client: socket.socket, delay: float) -> None:
+        if self._closed.wait(delay):
+            client.close()
+            return
+        server = socket.socket(self.upstream[0])
+        server.connect(self.upstream[1])
+        Pipe(client, server, on_close=lambda _pipe: None).start()
+
+
+@pytest.fixture
+def slow_proxy(database_url: str) -> Iterator[SlowProxy]:
+    proxy = SlowProxy(database_url, delay=1.0)
+    yield proxy
+    proxy.close()
+
+
+async def test_a_pool_too_slow_to_open_is_tried_again_until_the_server_answers_in_time(
+    slow_proxy: SlowProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first plain connection gets through (slowly), the pool's does not within its open
+    timeout: one warning line per try, and the worker opens once connections are quick."""
+    caplog.set_level(logging.WARNING, logger="trioindex.db.pool")
+
+    class _Watch(logging.Handler):
+        """At the second warning the proxy speeds up: the third try opens."""
+
+        seen = 0
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.seen += 1
+            if self.seen == 2:
+                slow_proxy.delay = 0.0
+
+    handler = _Watch(logging.WARNING)
+    logging.getLogger("trioindex.db.pool").addHandler(handler)
+    try:
+        with trio.fail_after(60):
+            async with open_database(
+                slow_proxy.url, pool_size=2, run_migrations=False, open_timeout=0.3, open_tries=5
+            ) as db:
+                answer = await db.run(lambda conn: conn.execute("SELECT 1 AS one").fetchone())
+    finally:
+        logging.getLogger("trioindex.db.pool").removeHandler(handler)
+    assert answer == {"one": 1}
+    warnings = [r.getMessage() for r in caplog.records if r.name == "trioindex.db.pool"]
+    assert len(warnings) == 2
+    for n, line in enumerate(warnings, start=2):
+        assert "\n" not in line
+        assert "no connection within 0.3s" in line and f"(try {n} of 5)" in line
+    password = str(conninfo_to_dict(slow_proxy.url).get("password") or "no password")
+    assert password not in " ".join(warnings)
+
+
+async def test_a_pool_that_never_opens_in_time_gives_up_with_one_line(
+    slow_proxy: SlowProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="trioindex.db.pool")
+    with trio.fail_after(60), pytest.raises(DatabaseUnavailable) as raised:
+        async with open_database(
+            slow_proxy.url, pool_size=2, run_migrations=False, open_timeout=0.3, open_tries=3
+        ):
+            pass
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "no connection within 0.3s" in message and "gave up after 3 tries" in message
+    warnings = [r.getMessage() for r in caplog.records if r.name == "trioindex.db.pool"]
+    assert len(warnings) == 2  # tries 2 and 3; the third's failure is the error itself

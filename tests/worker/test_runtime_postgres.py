@@ -19,6 +19,7 @@ import psycopg
 import psycopg_pool
 import pytest
 import trio
+from psycopg.conninfo import make_conninfo
 
 from tests import helpers
 from trioindex.config import WorkerSettings, default_settings
@@ -566,3 +567,56 @@ async def test_completions_that_arrive_together_commit_as_one_group(db: Database
     assert isinstance(results.pop(2), OwnershipLost)
     assert set(results.values()) == {CompleteResult(became_current=True)}
     assert statuses(db) == Counter({"SUCCEEDED": 4, "PROCESSING": 1})
+
+
+# --- an idle worker's connections -------------------------------------------------------------
+
+
+def _backends_named(admin_url: str, name: str) -> int:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (name,)
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+class ClaimCountingQueue(JobQueue):
+    """The real queue; ``enough`` is set once ``target`` claims have returned."""
+
+    def __init__(self, db: Database, target: int) -> None:
+        super().__init__(db, lease_seconds=30, backoff=FAST)
+        self.target, self.claims, self.enough = target, 0, trio.Event()
+
+    async def claim(self, worker_id: UUID, k: int, model_id: UUID | None = None) -> list[Claim]:
+        claims = await super().claim(worker_id, k, model_id)
+        self.claims += 1
+        if self.claims >= self.target:
+            self.enough.set()
+        return claims
+
+
+async def test_an_idle_worker_keeps_to_its_pools_one_connection(
+    database_url: str, pg_server_url: str, autojump_clock: trio.abc.Clock
+) -> None:
+    """Claims, heartbeats and lease recovery come from separate timers that often fire at
+    once; they take turns, so an idle worker never makes its pool open a second connection
+    (one it would keep for ``database.pool-max-idle``). The virtual clock jumps while each
+    statement runs in its thread, so the timers coincide far more often than in real time."""
+    name = f"ti-idle-{uuid.uuid4().hex[:8]}"
+    db = Database(make_conninfo(database_url, application_name=name), pool_size=8, max_idle=3600)
+    db.open()
+    try:
+        queue = ClaimCountingQueue(db, target=60)
+        timers = settings(polling_interval=1.0, heartbeat_interval=2.0, recovery_interval=3.0)
+        worker = Worker(queue=queue, steps=StagedSteps(db), settings=timers)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.serve)
+            await queue.enough.wait()
+            opened = db._pool.get_stats()["connections_num"]
+            held = await trio.to_thread.run_sync(_backends_named, pg_server_url, name)
+            worker.request_stop()
+    finally:
+        db.close()
+    assert worker.counters.empty_polls >= 60
+    assert (opened, held) == (1, 1)

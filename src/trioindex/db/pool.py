@@ -11,8 +11,12 @@ Owns three things:
   ``database.pool-max-idle`` is closed (one per such period). Behind a transaction-pooling
   proxy (``database.pooler = transaction``, PgBouncer's ``pool_mode = transaction``) it
   prepares no statements and keeps no session state;
-* waiting out a server that refuses connections because it has too many clients
-  (:func:`open_database` retries, logging one line that names the settings to change);
+* waiting out a server that refuses connections because it has too many clients, or that
+  cannot give the pool its first connection within ``open_timeout`` (an overloaded machine):
+  :func:`open_database` retries, logging one line per try, and gives up on a slow server
+  after ``open_tries`` tries with one line;
+* naming its connections: ``application_name`` is ``trioindex`` unless the URL (or
+  ``PGAPPNAME``) names them, so ``pg_stat_activity`` shows whose they are;
 * :meth:`Database.run`, the only place database work crosses into a thread. One call runs one
   synchronous function on one pooled connection, and the functions it runs open exactly one
   transaction each, so no transaction ever spans an ``await``.
@@ -33,7 +37,7 @@ import trio
 from pgvector.psycopg import register_vector
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from trioindex.db.migrations import migrate
 from trioindex.errors import ConfigError, DatabaseUnavailable
@@ -160,12 +164,22 @@ def _embedded_import() -> Iterator[None]:
             ) from None
 
 
+#: ``application_name`` of trioindex's connections when the URL names none (libpq's
+#: ``fallback_application_name``: the URL's own name, or ``PGAPPNAME``, wins).
+APPLICATION_NAME = "trioindex"
+
+
 def connect(conninfo: str, *, autocommit: bool = True) -> Connection:
     """One blocking connection with pgvector registered; :class:`DatabaseUnavailable` if down,
     :class:`ConfigError` if ``conninfo`` cannot be parsed."""
     check_conninfo(conninfo)
     try:
-        conn = psycopg.connect(conninfo, autocommit=autocommit, row_factory=dict_row)
+        conn = psycopg.connect(
+            conninfo,
+            autocommit=autocommit,
+            row_factory=dict_row,
+            fallback_application_name=APPLICATION_NAME,
+        )
     except psycopg.Error as exc:
         raise DatabaseUnavailable(
             f"cannot connect to PostgreSQL at {describe_conninfo(conninfo)}: {_first_line(exc)}"
@@ -232,6 +246,17 @@ def migrate_or_explain(conninfo: str) -> list[int]:
 #: closed after this long, one per period, so an idle worker is back to one within a minute or so.
 DEFAULT_MAX_IDLE = 10.0
 
+#: Seconds the pool may take to open its first connection before :func:`open_database` counts
+#: the try as failed (the server or the network is too slow) and tries again.
+OPEN_TIMEOUT = 10.0
+#: Tries :func:`open_database` gives a server too slow to open the pool within
+#: :data:`OPEN_TIMEOUT`, before it gives up.
+OPEN_TRIES = 5
+
+
+class PoolOpenTimedOut(DatabaseUnavailable):
+    """The first plain connection succeeded, but the pool had none within its open timeout."""
+
 
 class Database:
     """The blocking connection pool and the one thread facade in front of it.
@@ -255,7 +280,11 @@ class Database:
     ) -> None:
         self.conninfo = conninfo
         self.description = describe_conninfo(conninfo)
-        kwargs: dict[str, Any] = {"autocommit": True, "row_factory": dict_row}
+        kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "row_factory": dict_row,
+            "fallback_application_name": APPLICATION_NAME,
+        }
         if pooler:
             kwargs["prepare_threshold"] = None
         self._pool = ConnectionPool(
@@ -270,15 +299,22 @@ class Database:
         )
         self.limiter = trio.CapacityLimiter(pool_size)
 
-    def open(self) -> None:
+    def open(self, timeout: float = OPEN_TIMEOUT) -> None:
+        """Open the pool with its one connection; :class:`PoolOpenTimedOut` when that takes
+        longer than ``timeout`` seconds, :class:`DatabaseUnavailable` when refused."""
         check_conninfo(self.conninfo)  # before the pool logs libpq's message, which quotes it
         # one plain connection first: a refusal is then the server's own message at once, not
         # the pool's timeout after its retries
         connect(self.conninfo).close()
         try:
-            self._pool.open(wait=True, timeout=10)
+            self._pool.open(wait=True, timeout=timeout)
         except Exception as exc:  # psycopg_pool raises PoolTimeout with the cause chained
             self._pool.close()
+            if isinstance(exc, PoolTimeout) and not refused_for_clients(exc):
+                raise PoolOpenTimedOut(
+                    f"cannot connect to PostgreSQL at {self.description}: the pool had no"
+                    f" connection within {timeout:g}s (the server or the network is slow)"
+                ) from None
             raise DatabaseUnavailable(
                 f"cannot connect to PostgreSQL at {self.description}: {_first_line(exc)}"
             ) from None
@@ -412,30 +448,44 @@ async def open_database(
     pooler: bool = False,
     direct_conninfo: str | None = None,
     retry_refused: bool = True,
+    open_timeout: float = OPEN_TIMEOUT,
+    open_tries: int = OPEN_TRIES,
 ) -> AsyncIterator[Database]:
     """Migrate (unless told not to), open the pool, and close it on exit.
 
     Migrations take a session-level lock, so they run on ``direct_conninfo`` (PostgreSQL itself)
     when given. While the server refuses connections for having too many clients, this waits
     and tries again (pauses doubling up to :data:`REFUSED_RETRY_MAX`), one warning per try,
-    unless ``retry_refused`` is false.
+    unless ``retry_refused`` is false. A pool that gets no connection within ``open_timeout``
+    seconds (a server or machine so loaded that connecting is slow) is tried again the same
+    way, ``open_tries`` times in all; then the last try's error is raised, saying how many.
     """
     pause = 1.0
+    migrated = not run_migrations
+    slow_tries = 0
     while True:
         try:
-            if run_migrations:
+            if not migrated:
                 await trio.to_thread.run_sync(migrate_or_explain, direct_conninfo or conninfo)
+                migrated = True
             db = Database(conninfo, pool_size=pool_size, max_idle=max_idle, pooler=pooler)
-            await trio.to_thread.run_sync(db.open)
+            await trio.to_thread.run_sync(db.open, open_timeout)
             break
+        except PoolOpenTimedOut as exc:
+            slow_tries += 1
+            if slow_tries >= open_tries:
+                raise PoolOpenTimedOut(f"{exc}; gave up after {slow_tries} tries") from None
+            logger.warning(
+                "%s; retrying in %.0fs (try %d of %d)", exc, pause, slow_tries + 1, open_tries
+            )
         except DatabaseUnavailable as exc:
             if not (retry_refused and refused_for_clients(exc)):
                 raise
             logger.warning(
                 "%s; retrying in %.0fs", refused_message(describe_conninfo(conninfo)), pause
             )
-            await trio.sleep(pause)
-            pause = min(REFUSED_RETRY_MAX, pause * 2)
+        await trio.sleep(pause)
+        pause = min(REFUSED_RETRY_MAX, pause * 2)
     try:
         yield db
     finally:

@@ -24,6 +24,10 @@ from trioindex.ingest import NOTIFY_CHANNEL
 
 logger = logging.getLogger(__name__)
 
+#: ``application_name`` of the LISTEN connection when the URL names none: an operator counting
+#: a worker's connections in ``pg_stat_activity`` tells it from the pool's (``trioindex``).
+LISTEN_APPLICATION_NAME = "trioindex listen"
+
 
 async def listen_for_jobs(
     conninfo: str,
@@ -68,7 +72,12 @@ async def listen(
         try:
             # abandoned if cancelled mid-connect: the thread's connection is closed when dropped
             conn = await trio.to_thread.run_sync(
-                functools.partial(psycopg.connect, conninfo, autocommit=True),
+                functools.partial(
+                    psycopg.connect,
+                    conninfo,
+                    autocommit=True,
+                    fallback_application_name=LISTEN_APPLICATION_NAME,
+                ),
                 abandon_on_cancel=True,
             )
             try:

@@ -10,6 +10,13 @@ one transaction and one thread call (:func:`trioindex.db.jobs.complete_many`), e
 and refused on its own. :meth:`JobQueue.serve` runs that committer; the worker runtime starts
 it in its background nursery, which outlives every job.
 
+A worker's own upkeep statements — claims, heartbeats, lease recovery, drain checks — take
+turns (one :class:`trio.Lock`): they come from separate timers that often fire together, and
+each is a millisecond's statement, so taking turns costs a claim at most one such statement
+while it keeps an idle worker on the pool's one connection (two at once would make the pool
+open a second, kept for ``database.pool-max-idle`` and opened again at the next coincidence).
+Jobs' own writes (completions, steps, lease renewals) do not wait for it.
+
 The writes a worker makes while it stops — its STOPPING/STOPPED status, handing claims back,
 a final failure report — go through :meth:`Database.run_bounded`: they give up after
 ``cleanup_timeout`` seconds even when PostgreSQL is down or hangs (lease recovery then owns
@@ -18,12 +25,15 @@ whatever they could not write).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
+from typing import Concatenate, ParamSpec, TypeVar
 from uuid import UUID
 
+import trio
+
 from trioindex.db import jobs as lifecycle
-from trioindex.db.pool import Database
+from trioindex.db.pool import Connection, Database
 from trioindex.errors import FailureType
 from trioindex.values import (
     BackoffPolicy,
@@ -36,6 +46,9 @@ from trioindex.values import (
 )
 from trioindex.worker.committer import GroupCommitter
 from trioindex.worker.job import CLEANUP_TIMEOUT
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class JobQueue:
@@ -58,6 +71,14 @@ class JobQueue:
         self.completions: GroupCommitter[Claim, CompleteResult] = GroupCommitter(
             "completion", db, lifecycle.complete_many, linger=0.0
         )
+        self._upkeep = trio.Lock()
+
+    async def _upkeep_run(
+        self, fn: Callable[Concatenate[Connection, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """:meth:`Database.run` for an upkeep statement, one at a time (module docstring)."""
+        async with self._upkeep:
+            return await self.db.run(fn, *args, **kwargs)
 
     async def serve(self) -> None:
         """Run the completion committer until cancelled (after the worker's last job)."""
@@ -76,7 +97,7 @@ class JobQueue:
         )
 
     async def heartbeat(self, worker_id: UUID) -> bool:
-        return await self.db.run(lifecycle.heartbeat, worker_id)
+        return await self._upkeep_run(lifecycle.heartbeat, worker_id)
 
     async def set_worker_status(self, worker_id: UUID, status: WorkerStatus) -> None:
         await self.db.run_bounded(
@@ -84,7 +105,7 @@ class JobQueue:
         )
 
     async def claim(self, worker_id: UUID, k: int, model_id: UUID | None = None) -> list[Claim]:
-        return await self.db.run(
+        return await self._upkeep_run(
             lifecycle.claim_jobs, worker_id, k, self.lease_seconds, model_id=model_id
         )
 
@@ -103,12 +124,12 @@ class JobQueue:
         await self.db.run_bounded(self.cleanup_timeout, lifecycle.release_job, claim)
 
     async def recover(self) -> list[RecoveredJob]:
-        return await self.db.run(lifecycle.recover_expired, self.backoff)
+        return await self._upkeep_run(lifecycle.recover_expired, self.backoff)
 
     async def drain_state(
         self, worker_id: UUID, model_id: UUID | None, heartbeat_timeout: float
     ) -> DrainState:
-        return await self.db.run(
+        return await self._upkeep_run(
             lifecycle.drain_state,
             model_id,
             heartbeat_timeout=heartbeat_timeout,
