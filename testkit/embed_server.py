@@ -395,6 +395,10 @@ class FakeEmbedServer:
 
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's default listen backlog is 5: dozens of workers opening their pooled
+    # connections at once would overflow it and see resets no real embedding server gives
+    # (TEI's listener takes 1,024).
+    request_queue_size = 1024
     fake: FakeEmbedServer
 
 
