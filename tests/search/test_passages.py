@@ -10,10 +10,11 @@ import pytest
 
 from testkit.search_corpus import IndexedDocument, store_indexed
 from trioindex.db.models import EmbeddingModel, ensure_model
-from trioindex.db.pool import Database
-from trioindex.search import ChunkHit, document_hits, ranked_chunks
-from trioindex.search.marking import marked_chunk_hits, marked_document_hits
+from trioindex.db.pool import Connection, Database
+from trioindex.search import ChunkHit, DocumentHit, document_hits, ranked_chunks
+from trioindex.search.marking import mark_chunk_answers, mark_document_answers
 from trioindex.search.passages import MARK_START, MARK_STOP, Passage, match_offsets, passage
+from trioindex.search.ranking import queries_terms
 
 ANSWER = "Running git rebase --update-refs deletes references it cannot move."
 CHUNK = (
@@ -21,6 +22,19 @@ CHUNK = (
     "The sequencer keeps its state in the repository while it runs.\n\n"
     f"{ANSWER} Nothing else here is about it."
 )
+
+
+def marked_chunk_hits(conn: Connection, text: str, hits: list[ChunkHit]) -> list[ChunkHit]:
+    """One query's hits marked through the batch marking (as a search of one query does)."""
+    (terms,) = queries_terms(conn, [text])
+    (marked,) = mark_chunk_answers(conn, [(terms, hits)])
+    return marked
+
+
+def marked_document_hits(conn: Connection, text: str, hits: list[DocumentHit]) -> list[DocumentHit]:
+    (terms,) = queries_terms(conn, [text])
+    (marked,) = mark_document_answers(conn, [(terms, hits)])
+    return marked
 
 
 def shown(p: Passage) -> list[str]:

@@ -20,27 +20,10 @@ from trioindex.db.pool import Connection
 from trioindex.db.search import TextTerm
 from trioindex.search.passages import MARK_START, MARK_STOP, match_offsets
 from trioindex.search.query import QueryRefused
-from trioindex.search.ranking import queries_terms
 from trioindex.search.results import ChunkHit, DocumentHit
 
 #: A query's terms (:func:`~trioindex.search.ranking.queries_terms`), or why it has none.
 Terms = Sequence[TextTerm] | QueryRefused
-
-
-def marked_chunk_hits(conn: Connection, text: str, hits: Sequence[ChunkHit]) -> list[ChunkHit]:
-    """``hits`` with the offsets of ``text``'s matched words in each chunk."""
-    (terms,) = queries_terms(conn, [text]) if hits else [[]]
-    (marked,) = mark_chunk_answers(conn, [(terms, hits)])
-    return marked
-
-
-def marked_document_hits(
-    conn: Connection, text: str, hits: Sequence[DocumentHit]
-) -> list[DocumentHit]:
-    """``hits`` with their chunks marked (:func:`marked_chunk_hits`)."""
-    (terms,) = queries_terms(conn, [text]) if hits else [[]]
-    (marked,) = mark_document_answers(conn, [(terms, hits)])
-    return marked
 
 
 def mark_chunk_answers(
