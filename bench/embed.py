@@ -72,7 +72,7 @@ from trioindex.db.pool import Database, connect
 from trioindex.db.vector_index import build_vector_index
 from trioindex.embedding import Embedder, EmbedderInfo, open_embedder
 from trioindex.embedding.local import DEFAULT_MODEL
-from trioindex.embedding.vectors import validate_vectors
+from trioindex.embedding.vectors import Vectors, validate_vectors
 from trioindex.storage import AsyncObjectStore, FolderStore
 from trioindex.values import Claim
 from trioindex.worker.wiring import PipelineSteps, build_chunker
@@ -481,7 +481,7 @@ class InProcessEmbedder:
             max_input_tokens=None,
         )
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    async def embed(self, texts: Sequence[str]) -> Vectors:
         body = b"[" + b",".join(self._fragments[t] for t in texts) + b"]"
         return validate_vectors(
             orjson.loads(body), expected_count=len(texts), dimension=self.dimension

@@ -78,8 +78,8 @@ def vector_costs(dimension: int, batch: int = 32) -> dict[str, float]:
 
     from testkit.embed_server import fake_vector
     from trioindex.db.steps import ChunkRef, EmbedSnapshot
-    from trioindex.embedding.vectors import validate_vectors
-    from trioindex.pipeline.embed_step import build_drafts
+    from trioindex.embedding.vectors import Vectors, validate_vectors
+    from trioindex.pipeline.embed_step import drafts_from_matrix
 
     vectors = [fake_vector(f"breakdown {i}", dimension) for i in range(batch)]
     body = ("[" + ",".join(json.dumps(v) for v in vectors) + "]").encode()
@@ -115,6 +115,10 @@ def vector_costs(dimension: int, batch: int = 32) -> dict[str, float]:
         return current / batch / 1024, peak / batch / 1024
 
     validated = validate_vectors(parsed, expected_count=batch, dimension=dimension)
+
+    def build_drafts(snapshot: EmbedSnapshot, vectors: Vectors) -> object:
+        return drafts_from_matrix(snapshot, vectors.matrix().copy())
+
     drafts_kib, drafts_peak_kib = retained_kib(lambda: build_drafts(snapshot, validated))
     return {
         "response_bytes_per_vector": len(body) / batch,

@@ -134,7 +134,7 @@ async def evaluate(
     started = time.monotonic()
     chunked = [await trio.to_thread.run_sync(chunker.chunk, text) for _, text in labelled.documents]
     texts = [c.text for chunks in chunked for c in chunks]
-    vectors = iter(await embedder.embed(texts))
+    vectors = iter((await embedder.embed(texts)).matrix())
     await embedder.aclose()
     print(
         f"eval {labelled.name}: {len(labelled.documents)} documents, {len(texts)} chunks embedded"

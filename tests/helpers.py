@@ -21,6 +21,7 @@ from trioindex.db.models import EmbeddingModel, ensure_model
 from trioindex.db.operations.job_timeline import job_events
 from trioindex.db.pool import Connection, Database
 from trioindex.embedding import Embedder, EmbedderInfo
+from trioindex.embedding.vectors import Vectors, validate_vectors
 from trioindex.ingest import IngestResult
 from trioindex.pipeline.chunking import Chunker
 from trioindex.storage import AsyncObjectStore
@@ -209,11 +210,12 @@ class FakeEmbedder:
     def info(self) -> EmbedderInfo:
         return EmbedderInfo.configured(self.model, self.dimension, self.batch_size)
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    async def embed(self, texts: Sequence[str]) -> Vectors:
         await trio.lowlevel.checkpoint()
         self.calls += 1
         self.texts += len(texts)
-        return [fake_vector(text, self.dimension) for text in texts]
+        vectors = [fake_vector(text, self.dimension) for text in texts]
+        return validate_vectors(vectors, expected_count=len(texts), dimension=self.dimension)
 
     async def aclose(self) -> None:
         return None

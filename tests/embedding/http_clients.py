@@ -52,7 +52,8 @@ async def openai_through(transport: httpx.AsyncBaseTransport) -> Embedder:
 
 
 def served(text: str, api: str) -> list[float]:
-    """The vector a client reads for ``text``: the server's, rounded to float32 when it
-    travelled as OpenAI's base64 (the openai client asks for it)."""
-    vector = fake_vector(text, DIM)
-    return np.float32(vector).tolist() if api == "openai" else vector
+    """The vector a client reads for ``text``: the server's, rounded to float32 (every
+    embedder answers float32, whether it travelled as OpenAI's base64 or as JSON numbers)."""
+    del api  # the same for every API
+    rounded: list[float] = np.float32(fake_vector(text, DIM)).tolist()
+    return rounded

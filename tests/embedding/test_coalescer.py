@@ -14,6 +14,7 @@ import trio
 import trio.testing
 
 from trioindex.embedding.batching import EmbeddingCoalescer
+from trioindex.embedding.vectors import Vectors, validate_vectors
 from trioindex.errors import ProviderRejectedInput
 
 DIM = 3
@@ -32,7 +33,7 @@ class FakeServer:
     in_flight: int = 0
     max_in_flight: int = 0
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    async def embed(self, texts: Sequence[str]) -> Vectors:
         self.sent.append((trio.current_time(), list(texts)))
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -42,7 +43,9 @@ class FakeServer:
             self.in_flight -= 1
         if "bad" in texts:
             raise ProviderRejectedInput("the server rejected the input")
-        return [vector(t) for t in texts]
+        return validate_vectors(
+            [vector(t) for t in texts], expected_count=len(texts), dimension=DIM
+        )
 
 
 def coalescer(server: FakeServer, **changes: object) -> EmbeddingCoalescer:

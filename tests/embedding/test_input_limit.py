@@ -18,6 +18,7 @@ from tests.cjk_texts import KOREAN_PARAGRAPHS, document, minilm_tokenizer, real_
 from tests.embedding.http_clients import DIM, open_http, openai_through, served
 from trioindex.embedding.fitting import MAX_PIECES, mean_vector
 from trioindex.embedding.transport import InputTooLong, parse_json
+from trioindex.embedding.vectors import validate_vectors
 from trioindex.errors import FailureType, ProviderRejectedInput
 
 LIMIT = 512
@@ -70,7 +71,7 @@ async def test_a_chunk_over_the_limit_is_embedded_in_pieces(
             server, api, batch_size=8, request_timeout=10, transport=recording
         )
         try:
-            vectors = await embedder.embed(items)
+            vectors = (await embedder.embed(items)).matrix()
         finally:
             await embedder.aclose()
     assert len(vectors) == len(items)
@@ -88,7 +89,10 @@ async def test_a_chunk_over_the_limit_is_embedded_in_pieces(
     ]
     assert "".join(pieces) == long
     assert all(real_count(counter, piece) <= LIMIT for piece in pieces)
-    expected = mean_vector([served(p, api) for p in pieces], [len(p) for p in pieces])
+    served_pieces = validate_vectors(
+        [served(p, api) for p in pieces], expected_count=len(pieces), dimension=DIM
+    )
+    expected = mean_vector(served_pieces, [len(p) for p in pieces]).matrix()[0]
     assert np.allclose(vectors[5], expected, atol=1e-6)
     assert np.isclose(np.linalg.norm(vectors[5]), 1.0)
     # found by halving the refused request, then cut by the server's stated count
@@ -193,7 +197,7 @@ async def test_an_openai_compatible_400_stating_the_limit_is_split_too() -> None
     with trio.fail_after(10):
         embedder = await openai_through(_vllm(400))
         try:
-            [vector] = await embedder.embed([text])
+            [vector] = (await embedder.embed([text])).matrix()
         finally:
             await embedder.aclose()
     assert np.isclose(np.linalg.norm(vector), 1.0)

@@ -43,14 +43,15 @@ async def test_local_model_embeds_offline_with_unit_vectors() -> None:
             request_timeout=5.0,
         )
         try:
-            vectors = await embedder.embed(
+            answer = await embedder.embed(
                 [
                     "The cat sat on the mat.",
                     "A cat is sitting on a rug.",
                     "Quarterly revenue grew by eight percent.",
                 ]
             )
-            assert await embedder.embed([]) == []
+            assert (await embedder.embed([])).tolist() == []
+            vectors = answer.tolist()
         finally:
             await embedder.aclose()
     assert isinstance(embedder, LocalEmbedder)

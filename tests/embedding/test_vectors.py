@@ -1,7 +1,7 @@
 """A vector without a direction (all zeros, or a norm below MIN_NORM) is refused as
 EMBEDDING_RESULT_INVALID wherever an embedder's answer comes in: JSON numbers (the fast and the
-exact pass), base64 (OpenAI), the worker's embed step, and a TEI client talking to a server that
-answers zeros."""
+exact pass), base64 (OpenAI), a matrix (the local model's answer, a mean of pieces' vectors), and a
+TEI client talking to a server that answers zeros."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ import trio
 
 from tests.search.zero_embedder import ZERO_MARK, ZeroEmbedServer
 from trioindex.embedding import open_embedder
-from trioindex.embedding.vectors import MIN_NORM, SMALL_ANSWER, validate_vectors
+from trioindex.embedding.vectors import MIN_NORM, SMALL_ANSWER, Vectors, validate_vectors
 from trioindex.errors import FailureType, ResultInvalid
-from trioindex.pipeline.embed_step import as_float32
 
 UNIT = [0.6, 0.8, 0.0]
 
@@ -72,14 +71,18 @@ def test_the_line_is_min_norm() -> None:
     smallest = [MIN_NORM * 1.01, 0.0, 0.0]
     spread = [MIN_NORM / math.sqrt(3) * 1.01] * 3
     for vectors in ([smallest, spread, UNIT], [[3e38, 0.0, 0.0], UNIT]):
-        assert validate_vectors(vectors, expected_count=len(vectors), dimension=3) == vectors
+        checked = validate_vectors(vectors, expected_count=len(vectors), dimension=3)
+        assert np.array_equal(checked.matrix(), np.asarray(vectors, dtype=np.float32))
     with pytest.raises(ResultInvalid, match="vector 1 has a zero or near-zero norm"):
         validate_vectors([smallest, [MIN_NORM * 0.99, 0.0, 0.0]], expected_count=2, dimension=3)
 
 
-def test_the_embed_step_refuses_a_zero_vector_before_it_is_stored() -> None:
+@pytest.mark.parametrize("short", SHORT)
+def test_a_matrix_answer_without_a_direction_is_refused(short: list[float]) -> None:
+    """A local model's answer (a numpy matrix) meets the norm rule as a server's does."""
+    matrix = np.asarray([UNIT, UNIT, short], dtype=np.float64)
     with pytest.raises(ResultInvalid, match="vector 2 has a zero or near-zero norm"):
-        as_float32([UNIT, UNIT, [0.0, 0.0, 0.0]], expected_count=3, dimension=3)
+        Vectors.checked(matrix, expected_count=3, dimension=3)
 
 
 async def test_an_embedder_answering_zeros_fails_the_call() -> None:
@@ -108,5 +111,5 @@ def test_a_large_base64_answer_decodes_as_a_small_one() -> None:
         dimension=3,
         base64_allowed=True,
     )
-    assert small == [pytest.approx(v, rel=1e-6) for v in values]
-    assert large == small * many
+    assert small.tolist() == [pytest.approx(v, rel=1e-6) for v in values]
+    assert large.tolist() == small.tolist() * many

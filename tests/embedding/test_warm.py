@@ -25,6 +25,7 @@ import trio.testing
 from testkit.embed_server import fake_vector
 from tests.helpers import FakeEmbedder
 from trioindex.embedding import Embedder, EmbedderInfo
+from trioindex.embedding.vectors import Vectors
 from trioindex.embedding.warm import (
     ANSWER_TIMEOUT,
     HOW_TO_WARM,
@@ -62,10 +63,10 @@ class OwnModel:
         return self.embedder
 
 
-def close_to(vectors: list[list[float]], texts: list[str]) -> bool:
+def close_to(vectors: Vectors, texts: list[str]) -> bool:
     return all(
         v == pytest.approx(fake_vector(t, DIM), abs=1e-6)
-        for v, t in zip(vectors, texts, strict=True)
+        for v, t in zip(vectors.tolist(), texts, strict=True)
     )
 
 
@@ -89,7 +90,7 @@ async def test_a_lent_model_embeds_a_borrowers_queries(home: Path) -> None:
 
 async def test_concurrent_borrowers_each_get_their_own_vectors(home: Path) -> None:
     lender = FakeEmbedder(dimension=DIM, model=MODEL)
-    answers: dict[int, list[list[float]]] = {}
+    answers: dict[int, Vectors] = {}
 
     async def borrow(path: Path, i: int) -> None:
         answers[i] = await borrow_vectors(path, MODEL, DIM, [f"query {i}", f"other {i}"])

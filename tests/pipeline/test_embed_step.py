@@ -34,6 +34,7 @@ from trioindex.db.steps import (
     store_embeddings_many,
 )
 from trioindex.embedding import Embedder, open_embedder
+from trioindex.embedding.vectors import validate_vectors
 from trioindex.errors import (
     OwnershipLost,
     ProviderRejectedInput,
@@ -44,7 +45,6 @@ from trioindex.errors import (
 from trioindex.pipeline.embed_step import (
     HASH_SLICE_ROWS,
     SLICE_ROWS,
-    as_float32,
     drafts_from_matrix,
 )
 from trioindex.storage import AsyncObjectStore, FolderStore
@@ -136,7 +136,9 @@ def _snapshot(db: Database, claim: Claim) -> EmbedSnapshot:
 
 def build_drafts(snapshot: EmbedSnapshot, vectors: object) -> list[EmbeddingDraft]:
     """The worker's two steps from an embedder's answer: validate it, then hash each row."""
-    matrix = as_float32(vectors, expected_count=len(snapshot.chunks), dimension=snapshot.dimension)
+    matrix = validate_vectors(
+        vectors, expected_count=len(snapshot.chunks), dimension=snapshot.dimension
+    ).matrix()
     return drafts_from_matrix(snapshot, matrix)
 
 

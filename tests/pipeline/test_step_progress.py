@@ -13,14 +13,16 @@ import trio
 import trio.testing
 
 from trioindex.embedding.batching import EmbeddingCoalescer
+from trioindex.embedding.vectors import Vectors, validate_vectors
 from trioindex.pipeline.step_progress import StepProgress
 
 BATCH_SECONDS = 4.0
 
 
-async def slow_embedder(texts: Sequence[str]) -> list[list[float]]:
+async def slow_embedder(texts: Sequence[str]) -> Vectors:
     await trio.sleep(BATCH_SECONDS)
-    return [[float(len(t)), 1.0, 0.5] for t in texts]
+    vectors = [[float(len(t)), 1.0, 0.5] for t in texts]
+    return validate_vectors(vectors, expected_count=len(texts), dimension=3)
 
 
 async def embed_with_progress(count: int, job_id: uuid.UUID, every: float) -> StepProgress:

@@ -20,6 +20,8 @@ from trioindex.errors import ConfigError
 if TYPE_CHECKING:  # the HTTP client is imported with the provider that uses it
     import httpx
 
+    from trioindex.embedding.vectors import Vectors
+
 logger = logging.getLogger(__name__)
 
 #: Every ``embedding.api`` value; the registry in :mod:`trioindex.config.keys` owns the list.
@@ -57,8 +59,10 @@ class Embedder(Protocol):
         """The current limits (a TEI server that was down at start may tighten them later)."""
         ...
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        """One validated vector per text, in the order of ``texts``.
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        """One checked vector per text, in the order of ``texts``, as
+        :class:`~trioindex.embedding.vectors.Vectors`: float32 rows in one buffer, which the
+        worker takes as a matrix without a copy and a search as one list per query.
 
         Splits the texts into batches (by count, and by estimated tokens when the server has a
         token limit) and runs them with at most ``max_in_flight`` requests in flight across every

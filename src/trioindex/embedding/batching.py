@@ -27,6 +27,7 @@ import numpy.typing as npt
 import trio
 
 from trioindex.embedding.fitting import EmbedBatch, LimitFitter
+from trioindex.embedding.vectors import Vectors
 from trioindex.errors import ResultInvalid, StepFailure
 
 if TYPE_CHECKING:
@@ -78,17 +79,18 @@ async def embed_in_batches(
     info: EmbedderInfo,
     embed_batch: EmbedBatch,
     limiter: trio.CapacityLimiter,
-) -> list[list[float]]:
+) -> Vectors:
     """A provider's ``Embedder.embed``: batches planned by ``info``'s limits, run under
     ``limiter``, one vector per text in order; a batch refused as too long is fitted
     (:mod:`trioindex.embedding.fitting`)."""
     if not texts:
-        return []
+        return Vectors.empty(info.dimension or 0)
     plan = functools.partial(
         plan_batches, max_batch_size=info.max_batch_size, max_batch_tokens=info.max_batch_tokens
     )
     fitter = LimitFitter(embed_batch, plan, info.max_input_tokens)
-    vectors = await run_batches(texts, plan(texts), fitter.embed, limiter)
+    parts = await run_batches(texts, plan(texts), fitter.embed, limiter)
+    vectors = Vectors.joined(parts, parts[0].dimension)
     if fitter.cut:
         limit = f" ({fitter.limit} tokens)" if fitter.limit else ""
         logger.warning(
@@ -106,8 +108,9 @@ async def run_batches(
     batches: Sequence[range],
     embed_batch: EmbedBatch,
     limiter: trio.CapacityLimiter,
-) -> list[list[float]]:
-    """Run ``embed_batch`` on every batch, each holding a ``limiter`` token, results in order.
+) -> list[Vectors]:
+    """Run ``embed_batch`` on every batch, each holding a ``limiter`` token: each batch's
+    vectors, in the order of ``batches``.
 
     At most ``limiter.total_tokens`` tasks per call pull batches in order, so one call with
     thousands of chunks queues a few batches on the shared limiter, not all of them, and
@@ -120,9 +123,9 @@ async def run_batches(
         return []
     if len(batches) == 1:
         async with limiter:
-            return await embed_batch(texts[batches[0].start : batches[0].stop])
+            return [await embed_batch(texts[batches[0].start : batches[0].stop])]
 
-    results: list[list[list[float]]] = [[] for _ in batches]
+    results: list[Vectors | None] = [None for _ in batches]
     pending = iter(enumerate(batches))
     failure: StepFailure | None = None
 
@@ -145,13 +148,13 @@ async def run_batches(
             nursery.start_soon(pull, nursery.cancel_scope)
     if failure is not None:
         raise failure
-    return [vector for batch in results for vector in batch]
+    return [vectors for vectors in results if vectors is not None]
 
 
 # ---------------------------------------------------------------------------------------------
 # the worker-wide coalescer
 
-EmbedOne = Callable[[Sequence[str]], Awaitable[list[list[float]]]]
+EmbedOne = Callable[[Sequence[str]], Awaitable[Vectors]]
 
 # How long a request that is not full waits for more texts once a request slot is free.
 DEFAULT_LINGER = 0.005
@@ -201,7 +204,9 @@ class EmbeddingCoalescer:
     estimated tokens when the server has a budget) or until the oldest pending text has waited
     ``linger``, and sends one request of texts taken from the callers in turn (a caller with
     more texts left goes to the back of the line, so a long document does not hold up short
-    ones). Each answer is checked (count, dimension, finite) and kept as float32 at once.
+    ones). Each answer (:class:`~trioindex.embedding.vectors.Vectors`, checked by the
+    embedder that made it) is checked for its count and dimension and its float32 rows are
+    copied straight into each caller's matrix.
     While callers are :meth:`expect`-ed (jobs in flight that will call :meth:`embed` soon), a
     request that is not full waits up to ``backlog_linger`` instead of ``linger``: a backlog
     fills requests, and a lone caller, expecting no one, waits only ``linger``.
@@ -362,14 +367,13 @@ class EmbeddingCoalescer:
             self.requests += 1
             try:
                 answer = await self.embed_one(texts)
-                matrix = np.asarray(answer, dtype=np.float32)
-                del answer
-                if matrix.ndim != 2 or matrix.shape[0] != len(texts):
+                if len(answer) != len(texts):
                     raise ResultInvalid(
-                        f"embedding response has {len(matrix)} vectors for {len(texts)} inputs"
+                        f"embedding response has {len(answer)} vectors for {len(texts)} inputs"
                     )
-                if not np.isfinite(matrix).all():
-                    raise ResultInvalid("embedding response has a non-finite value")
+                # checked when it was made (Vectors): finite, and each row has a direction
+                matrix = answer.matrix()
+                del answer
             except Exception as exc:
                 self._failed(live, exc)
                 return

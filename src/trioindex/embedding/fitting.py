@@ -27,11 +27,12 @@ import attrs
 import numpy as np
 
 from trioindex.embedding.transport import InputTooLong
+from trioindex.embedding.vectors import Vectors
 from trioindex.errors import ProviderRejectedInput, ResultInvalid
 from trioindex.pipeline.text_cuts import segments
 
 #: Embeds one request's texts: one vector per text, in order.
-EmbedBatch = Callable[[Sequence[str]], Awaitable[list[list[float]]]]
+EmbedBatch = Callable[[Sequence[str]], Awaitable[Vectors]]
 Plan = Callable[[Sequence[str]], list[range]]
 
 #: The most pieces a text is asked to be cut into (a cut may make up to twice as many) before
@@ -53,11 +54,11 @@ class LimitFitter:
     limit: int | None = None
     cut: int = 0  # texts embedded in pieces
 
-    async def embed(self, batch: Sequence[str]) -> list[list[float]]:
+    async def embed(self, batch: Sequence[str]) -> Vectors:
         """One vector per text of ``batch``, in order."""
         return await self._send(batch, cut_refused=True)
 
-    async def _send(self, batch: Sequence[str], *, cut_refused: bool) -> list[list[float]]:
+    async def _send(self, batch: Sequence[str], *, cut_refused: bool) -> Vectors:
         try:
             return await self.embed_batch(batch)
         except InputTooLong as exc:
@@ -66,12 +67,14 @@ class LimitFitter:
                 raise
             refused = exc
         if len(batch) == 1:
-            return [await self._in_pieces(batch[0], refused)]
+            return await self._in_pieces(batch[0], refused)
         half = len(batch) // 2
         first = await self._send(batch[:half], cut_refused=cut_refused)
-        return [*first, *await self._send(batch[half:], cut_refused=cut_refused)]
+        second = await self._send(batch[half:], cut_refused=cut_refused)
+        return Vectors.joined([first, second], first.dimension)
 
-    async def _in_pieces(self, text: str, refused: InputTooLong) -> list[float]:
+    async def _in_pieces(self, text: str, refused: InputTooLong) -> Vectors:
+        """``text``'s one vector, from the vectors of its pieces."""
         parts = 2
         if refused.limit and refused.given:
             parts = max(parts, math.ceil(_MARGIN * refused.given / refused.limit))
@@ -81,16 +84,17 @@ class LimitFitter:
             if len(pieces) <= cut:  # no finer cut than the last one
                 raise _final(text, refused, self.limit, cut)
             cut = len(pieces)
-            vectors: list[list[float]] = []
+            answers: list[Vectors] = []
             try:
                 for span in self.plan(pieces):
                     batch = pieces[span.start : span.stop]
-                    vectors.extend(await self._send(batch, cut_refused=False))
+                    answers.append(await self._send(batch, cut_refused=False))
             except InputTooLong as again:
                 refused = again
                 parts = 2 * cut
                 continue
             self.cut += 1
+            vectors = Vectors.joined(answers, answers[0].dimension)
             return mean_vector(vectors, [len(piece) for piece in pieces])
 
 
@@ -114,14 +118,15 @@ def cut_in_pieces(text: str, parts: int) -> list[str]:
     return [text[lo:hi] for lo, hi in segments(text, size) if text[lo:hi].strip()]
 
 
-def mean_vector(vectors: Sequence[Sequence[float]], weights: Sequence[int]) -> list[float]:
-    """The ``weights``-weighted mean of ``vectors``, scaled to their weighted mean norm."""
-    matrix = np.asarray(vectors, dtype=np.float64)
+def mean_vector(vectors: Vectors, weights: Sequence[int]) -> Vectors:
+    """The ``weights``-weighted mean of ``vectors``, scaled to their weighted mean norm: one
+    vector."""
+    matrix = vectors.matrix().astype(np.float64)
     w = np.asarray(weights, dtype=np.float64)
     mean = w @ matrix / w.sum()
     norm = float(np.linalg.norm(mean))
     if not norm > 0.0:
         raise ResultInvalid("the vectors of an input's pieces cancel out")
     target = float(w @ np.linalg.norm(matrix, axis=1) / w.sum())
-    result: list[float] = (mean * (target / norm)).tolist()
-    return result
+    scaled = (mean * (target / norm)).reshape(1, vectors.dimension)
+    return Vectors.checked(scaled, expected_count=1, dimension=vectors.dimension)

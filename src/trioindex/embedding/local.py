@@ -13,15 +13,19 @@ import logging
 import time  # sync-ok: perf_counter only (the model loads in a thread)
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
 from trioindex.embedding.base import EmbedderInfo
 from trioindex.embedding.batching import embed_in_batches
-from trioindex.embedding.vectors import validate_vectors
+from trioindex.embedding.vectors import Vectors
 from trioindex.errors import ConfigError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 logger = logging.getLogger(__name__)
 
@@ -103,21 +107,21 @@ class LocalEmbedder:
         """The model's own (Hugging Face) tokenizer."""
         return self._model.tokenizer
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    async def embed(self, texts: Sequence[str]) -> Vectors:
         return await embed_in_batches(texts, self._info, self._embed_batch, self._limiter)
 
     async def aclose(self) -> None:
         # Nothing to release but memory, which goes with the object.
         return
 
-    async def _embed_batch(self, batch: Sequence[str]) -> list[list[float]]:
+    async def _embed_batch(self, batch: Sequence[str]) -> Vectors:
         # abandon_on_cancel stays False: a cancelled call waits for the batch being encoded, so
         # the model is never used by two threads at once.
         vectors = await trio.to_thread.run_sync(
             _encode, self._model, list(batch), limiter=self._thread_limiter
         )
         assert self._info.dimension is not None
-        return validate_vectors(vectors, expected_count=len(batch), dimension=self._info.dimension)
+        return Vectors.checked(vectors, expected_count=len(batch), dimension=self._info.dimension)
 
 
 def _load(model: str) -> _Loaded:
@@ -175,14 +179,13 @@ def _model_dir(model: str) -> Path | None:
         return None
 
 
-def _encode(model: Any, texts: list[str]) -> list[list[float]]:
-    """Runs in a thread: unit-length vectors as Python floats."""
-    array = model.encode(
+def _encode(model: Any, texts: list[str]) -> npt.NDArray[np.float32]:
+    """Runs in a thread: unit-length vectors, one row per text."""
+    matrix: npt.NDArray[np.float32] = model.encode(
         texts,
         batch_size=len(texts),
         normalize_embeddings=True,
         convert_to_numpy=True,
         show_progress_bar=False,
     )
-    vectors: list[list[float]] = array.tolist()
-    return vectors
+    return matrix

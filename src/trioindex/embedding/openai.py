@@ -20,7 +20,7 @@ import trio
 from trioindex.embedding.base import EmbedderInfo
 from trioindex.embedding.batching import embed_in_batches
 from trioindex.embedding.transport import HttpTransport
-from trioindex.embedding.vectors import validate_vectors
+from trioindex.embedding.vectors import Vectors, validate_vectors
 from trioindex.errors import ResultInvalid
 
 logger = logging.getLogger(__name__)
@@ -64,13 +64,13 @@ class OpenAIEmbedder:
     def info(self) -> EmbedderInfo:
         return self._info
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    async def embed(self, texts: Sequence[str]) -> Vectors:
         return await embed_in_batches(texts, self._info, self._embed_batch, self._limiter)
 
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _embed_batch(self, batch: Sequence[str]) -> list[list[float]]:
+    async def _embed_batch(self, batch: Sequence[str]) -> Vectors:
         body = await self._http.post_json(
             self._path, {"model": self._model, "input": list(batch), "encoding_format": "base64"}
         )

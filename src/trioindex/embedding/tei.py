@@ -17,7 +17,7 @@ import trio
 from trioindex.embedding.base import EmbedderInfo
 from trioindex.embedding.batching import embed_in_batches
 from trioindex.embedding.transport import HttpTransport, parse_json
-from trioindex.embedding.vectors import validate_vectors
+from trioindex.embedding.vectors import Vectors, validate_vectors
 from trioindex.errors import StepFailure
 
 logger = logging.getLogger(__name__)
@@ -69,9 +69,9 @@ class TeiEmbedder:
     def info(self) -> EmbedderInfo:
         return self._info
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    async def embed(self, texts: Sequence[str]) -> Vectors:
         if not texts:
-            return []
+            return Vectors.empty(self._dimension)
         # Only one caller re-asks; the others go on with the configured limits meanwhile.
         if not self._limits_known and not self._probe_lock.locked():
             await self._probe_info()
@@ -80,7 +80,7 @@ class TeiEmbedder:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _embed_batch(self, batch: Sequence[str]) -> list[list[float]]:
+    async def _embed_batch(self, batch: Sequence[str]) -> Vectors:
         body = await self._http.post_json(
             "/embed", {"inputs": list(batch), "truncate": False, "normalize": True}
         )

@@ -37,7 +37,7 @@ import attrs
 import trio
 
 from trioindex.embedding.base import Embedder, EmbedderInfo
-from trioindex.embedding.vectors import validate_vectors
+from trioindex.embedding.vectors import Vectors, validate_vectors
 from trioindex.errors import ResultInvalid
 
 logger = logging.getLogger(__name__)
@@ -200,16 +200,14 @@ async def _embed_request(request: Any, embedder: Embedder) -> dict[str, Any]:
         vectors = await embedder.embed(texts)
     except Exception as exc:
         return {"error": f"embedding failed ({type(exc).__name__})"}
-    packed = [base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode() for v in vectors]
+    packed = [base64.b64encode(vectors.little_endian(i)).decode() for i in range(len(vectors))]
     return {"model": info.model, "dimension": info.dimension, "vectors": packed}
 
 
 # --- the borrower --------------------------------------------------------------------------------
 
 
-async def borrow_vectors(
-    path: Path, model: str, dimension: int, texts: Sequence[str]
-) -> list[list[float]]:
+async def borrow_vectors(path: Path, model: str, dimension: int, texts: Sequence[str]) -> Vectors:
     """``texts`` embedded by the lender at ``path``, checked; :class:`WarmUnavailable` when it
     is not private to this user, does not answer within :data:`ANSWER_TIMEOUT`, or answers
     anything but ``len(texts)`` valid vectors of ``model``."""
@@ -234,9 +232,7 @@ async def borrow_vectors(
     return _checked_answer(path, answer, model, dimension, len(texts))
 
 
-def _checked_answer(
-    path: Path, answer: Any, model: str, dimension: int, count: int
-) -> list[list[float]]:
+def _checked_answer(path: Path, answer: Any, model: str, dimension: int, count: int) -> Vectors:
     if not isinstance(answer, dict):
         raise WarmUnavailable(f"{path} answered something that is not a JSON object")
     if "error" in answer:
@@ -281,7 +277,7 @@ class BorrowingEmbedder:
     def info(self) -> EmbedderInfo:
         return self._info
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    async def embed(self, texts: Sequence[str]) -> Vectors:
         if self._own is None and self._sockets:
             assert self._info.dimension is not None
             reasons = []

@@ -1,8 +1,9 @@
 """Embedding step: the job's chunks → validated vectors (docs/design/architecture.md, "Embed").
 
 The worker embeds a job's chunk texts through its embedding coalescer
-(:class:`~trioindex.embedding.batching.EmbeddingCoalescer`), then this module validates every
-vector (:func:`as_float32`), hashes it and builds immutable drafts (:func:`drafts_from_matrix`),
+(:class:`~trioindex.embedding.batching.EmbeddingCoalescer`), which hands back one float32 row per
+chunk, checked by the embedder that answered (:class:`~trioindex.embedding.vectors.Vectors`);
+this module hashes each row and builds immutable drafts (:func:`drafts_from_matrix`),
 which the worker stores with :func:`trioindex.db.steps.store_embeddings_many` in slices of at
 most :data:`SLICE_ROWS` vectors: the slice that ends the set completes the job in the same
 transaction.
@@ -16,7 +17,6 @@ import numpy as np
 import numpy.typing as npt
 
 from trioindex.db.steps import EmbeddingDraft, EmbedSnapshot
-from trioindex.embedding.vectors import validate_vectors
 from trioindex.errors import StateInconsistent
 
 # Vectors stored per slice (one call of the group function): a larger set is stored in several
@@ -25,13 +25,6 @@ SLICE_ROWS = 4096
 
 # Rows converted to big-endian at a time to hash them (4 MiB at 1024 dimensions).
 HASH_SLICE_ROWS = 1024
-
-
-def as_float32(vectors: object, *, expected_count: int, dimension: int) -> npt.NDArray[np.float32]:
-    """Validate an embedder's answer and keep it as a float32 matrix (4 bytes per element;
-    a list of Python floats costs ~32)."""
-    checked = validate_vectors(vectors, expected_count=expected_count, dimension=dimension)
-    return np.asarray(checked, dtype=np.float32).reshape(len(checked), dimension)
 
 
 def drafts_from_matrix(

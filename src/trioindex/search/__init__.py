@@ -28,7 +28,6 @@ from trioindex.db.search import (
     TextTerm,
 )
 from trioindex.embedding import Embedder
-from trioindex.embedding.vectors import validate_vectors
 from trioindex.errors import ResultInvalid
 from trioindex.search.query import (
     MAX_QUERY_CHARS,
@@ -141,5 +140,16 @@ async def embed_queries(
 async def _embed_checked(
     embedder: Embedder, model: EmbeddingModel, texts: Sequence[str]
 ) -> list[list[float]]:
+    """Each text's vector as the floats a ranking binds; the embedder checked each value and
+    norm when it made them (:class:`~trioindex.embedding.vectors.Vectors`), the count and the
+    dimension (the serving model's) are checked here."""
     vectors = await embedder.embed(list(texts))
-    return validate_vectors(vectors, expected_count=len(texts), dimension=model.dimension)
+    if len(vectors) != len(texts):
+        raise ResultInvalid(
+            f"embedding response has {len(vectors)} vectors for {len(texts)} inputs"
+        )
+    if vectors.dimension != model.dimension:
+        raise ResultInvalid(
+            f"embedding has dimension {vectors.dimension}, expected {model.dimension}"
+        )
+    return vectors.tolist()
