@@ -2,9 +2,11 @@
 ``chromium-driver``) driven through Selenium, against ``trioindex serve`` as a process, a real
 worker process, the embedded PostgreSQL, a real S3 server and the fake embedding server.
 
-One service, one worker and one browser for the whole module (the tests run in file order and
-build on each other's documents). Every URL the page requested is read from Chromium's
-performance log, and the last test checks that none left the service's origin. Screenshots of
+One service, one worker and one browser for the whole module (started once: they cost seconds);
+each test signs in, uploads the documents it looks at under a key prefix of its own and counts
+only those (or what it added), so any test passes alone and in any order. Every URL the page
+requested is read from Chromium's performance log, and the last test checks that none left the
+service's origin. Screenshots of
 every page at 1280x800 and at a phone's width are written to ``$TRIOINDEX_SCREENSHOTS`` (e.g.
 ``docs/console``) when it is set, else to a temporary folder.
 """
@@ -94,8 +96,7 @@ class Console:
         return str(self.find(css).text)
 
     def sign_in(self, role: str) -> None:
-        self.browser.get(f"{self.service.url}/console/")
-        self.until(lambda: self.find("#api-key"), "the sign-in form")
+        self.signed_out()
         field = self.find("#api-key")
         field.clear()
         field.send_keys(self.tokens[role])
@@ -139,7 +140,39 @@ class Console:
                 self.requested.append(message["params"]["request"]["url"])
 
     def start_worker(self) -> None:
-        self.worker = spawn(self.service.env, "worker", log=self.service.log.with_name("w.log"))
+        if self.worker is None:
+            log = self.service.log.with_name("w.log")
+            self.worker = spawn(self.service.env, "worker", log=log)
+
+    def stop_worker(self) -> None:
+        if self.worker is not None:
+            stop_process(self.worker)
+            self.worker = None
+
+    def signed_out(self) -> None:
+        """The browser without a session, on the console's sign-in form."""
+        self.browser.delete_all_cookies()
+        self.browser.get(f"{self.service.url}/console")  # redirects to /console/
+        self.until(lambda: self.find("#api-key"), "the sign-in form")
+
+    def count(self, status: str) -> int:
+        """The overview's count of jobs in ``status`` (the overview is open)."""
+        return int(self.text(f"#count-{status} .n"))
+
+    def indexed(self, key: str, body: bytes) -> None:
+        """``key`` uploaded and indexed (the worker runs)."""
+        self.upload(key, body)
+        wait_for(lambda: self.job(key)["status"] == "SUCCEEDED", WAIT, f"{key} indexed")
+
+    def failed(self, key: str, body: bytes) -> str:
+        """``key`` uploaded while the embedding server answers NaN: its failed job's id."""
+        self.embed.set_mode("nan")  # an invalid embedding: EMBEDDING_RESULT_INVALID, not retried
+        try:
+            self.upload(key, body)
+            wait_for(lambda: self.job(key)["status"] == "FAILED", WAIT, f"{key} failed")
+        finally:
+            self.embed.set_mode("normal")
+        return str(self.job(key)["id"])
 
     def job(self, key: str) -> dict[str, Any]:
         (row,) = query(
@@ -208,9 +241,19 @@ def console(pg_server_url: str, template_database: str, s3_server: S3Server) -> 
         assert not any(token in logged for token in tokens.values())
 
 
+@pytest.fixture
+def admin(console: Console) -> Console:
+    """The console signed in as admin, its worker running, the embedding server answering."""
+    console.embed.set_mode("normal")
+    console.start_worker()
+    console.sign_in("admin")
+    return console
+
+
 def test_sign_in_and_the_overview_changes_while_a_worker_indexes(console: Console) -> None:
-    console.browser.get(f"{console.service.url}/console")  # redirects to /console/
-    console.until(lambda: console.find("#api-key"), "the sign-in form")
+    console.stop_worker()  # the uploads below stay pending until it starts
+    console.embed.set_mode("normal")
+    console.signed_out()
     assert not console.find("#nav").is_displayed() and not console.find("#who").is_displayed()
     console.screenshot("sign-in")
     console.find("#api-key").send_keys("ti_" + "0" * 32 + "_" + "x" * 43)
@@ -221,15 +264,16 @@ def test_sign_in_and_the_overview_changes_while_a_worker_indexes(console: Consol
     cookie = console.browser.get_cookie("trioindex_session")
     assert cookie is not None and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
     assert console.browser.execute_script("return document.cookie") == ""
-    console.until(lambda: console.text("#count-SUCCEEDED .n") == "0", "the overview's counts")
+    console.until(lambda: console.text("#count-SUCCEEDED .n").isdigit(), "the overview's counts")
+    succeeded, pending = console.count("SUCCEEDED"), console.count("PENDING")
 
     for i in range(6):
         console.upload(f"notes/tide-{i}.md", TOPIC + f"Entry {i}: calm water.\n".encode())
-    console.until(lambda: console.text("#count-PENDING .n") == "6", "six pending jobs, live")
+    console.until(lambda: console.count("PENDING") == pending + 6, "six pending jobs, live")
     assert console.text("#oldest-pending") != "—"
     console.start_worker()
-    console.until(lambda: console.text("#count-SUCCEEDED .n") == "6", "six indexed, live")
-    assert console.text("#count-PENDING .n") == "0"
+    console.until(lambda: console.count("SUCCEEDED") == succeeded + 6, "six indexed, live")
+    assert console.count("PENDING") == pending
     # the documents chart has a bar now (a rect per non-empty bucket)
     console.until(
         lambda: console.browser.find_elements(By.CSS_SELECTOR, "#charts .panel:first-child rect"),
@@ -241,25 +285,24 @@ def test_sign_in_and_the_overview_changes_while_a_worker_indexes(console: Consol
     console.drain_log()
 
 
-def test_filter_jobs_open_a_failed_one_and_retry_it_as_admin(console: Console) -> None:
-    console.embed.set_mode("nan")  # an invalid embedding: EMBEDDING_RESULT_INVALID, not retried
-    console.upload("inbox/broken.md", b"# Broken\n\nThis one meets a bad embedding.\n")
-    wait_for(lambda: console.job("inbox/broken.md")["status"] == "FAILED", WAIT, "the failure")
-    console.embed.set_mode("normal")
-    failed = str(console.job("inbox/broken.md")["id"])
+def test_filter_jobs_open_a_failed_one_and_retry_it_as_admin(admin: Console) -> None:
+    console = admin
+    console.indexed("inbox/fine.md", b"# Fine\n\nThis one is embedded.\n")
+    failed = console.failed("inbox/broken.md", b"# Broken\n\nThis one meets a bad embedding.\n")
 
-    console.open("jobs")
-    console.until(lambda: "of 7 jobs" in console.text("#jobs-count"), "seven jobs listed")
+    console.open("jobs?prefix=inbox/")
+    console.until(lambda: "of 2 jobs" in console.text("#jobs-count"), "the folder's two jobs")
     Select(console.find("#filter-status")).select_by_value("FAILED")  # submits on change
     console.until(lambda: "of 1 job" in console.text("#jobs-count"), "only the failed job")
     assert "status=FAILED" in console.browser.current_url
     rows = console.browser.find_elements(By.CSS_SELECTOR, "#jobs-table tbody tr")
     assert [r.get_attribute("data-job") for r in rows] == [failed]
     prefix = console.find("#filter-prefix")
+    prefix.clear()
     prefix.send_keys("notes/")
     console.find("#apply-filters").click()
     console.until(lambda: "0 of 0 jobs" in console.text("#jobs-count"), "no failed notes/ job")
-    console.open("jobs?status=FAILED")
+    console.open("jobs?status=FAILED&prefix=inbox/")
     console.until(lambda: "of 1 job" in console.text("#jobs-count"), "the failed job again")
     console.screenshot("jobs")
 
@@ -277,12 +320,10 @@ def test_filter_jobs_open_a_failed_one_and_retry_it_as_admin(console: Console) -
     console.drain_log()
 
 
-def test_a_read_key_is_refused_every_action(console: Console) -> None:
-    console.embed.set_mode("nan")
-    console.upload("inbox/broken-again.md", b"# Broken\n\nAnother bad embedding.\n")
-    wait_for(lambda: console.job("inbox/broken-again.md")["status"] == "FAILED", WAIT, "failure")
-    console.embed.set_mode("normal")
-    failed = str(console.job("inbox/broken-again.md")["id"])
+def test_a_read_key_is_refused_every_action(admin: Console) -> None:
+    console = admin
+    key = "refused/broken.md"
+    failed = console.failed(key, b"# Broken\n\nAnother bad embedding.\n")
     console.sign_out()
     assert console.browser.get_cookie("trioindex_session") is None
     console.sign_in("read")
@@ -294,8 +335,8 @@ def test_a_read_key_is_refused_every_action(console: Console) -> None:
     console.until(
         lambda: "Refused: this needs a admin key" in console.text("#job-actions"), "refusal"
     )
-    assert console.job("inbox/broken-again.md")["status"] == "FAILED"
-    console.open("document/inbox/broken-again.md")
+    assert console.job(key)["status"] == "FAILED"
+    console.open(f"document/{key}")
     console.until(lambda: console.find("#delete-document"), "the delete button")
     console.find("#delete-document").click()
     console.confirm()
@@ -314,57 +355,81 @@ def test_a_read_key_is_refused_every_action(console: Console) -> None:
     assert answer == [403, "csrf_failed"]
     console.sign_out()
     console.sign_in("admin")
+    # no failure left behind for the other tests' counts
+    assert console.api("POST", f"/v1/jobs/{failed}/retry").status_code == 200
+    wait_for(lambda: console.job(key)["status"] == "SUCCEEDED", WAIT, "the retried job")
     console.drain_log()
 
 
-def test_retry_all_failed_of_a_type_with_a_count_and_a_confirmation(console: Console) -> None:
+def failed_of_type(console: Console, failure_type: str) -> int:
+    """How many jobs failed with ``failure_type``, as the overview's failures table counts."""
+    (row,) = query(
+        console.service.database_url,
+        "SELECT count(*) AS n FROM embedding_jobs"
+        " WHERE status = 'FAILED' AND last_failure_type = %s",
+        failure_type,
+    )
+    return int(row["n"])
+
+
+def test_retry_all_failed_of_a_type_with_a_count_and_a_confirmation(admin: Console) -> None:
+    console = admin
+    key = "retry-all/broken.md"
+    console.failed(key, b"# Broken\n\nA bad embedding, retried with its type.\n")
+    n = failed_of_type(console, "EMBEDDING_RESULT_INVALID")
     console.open("overview")
     button = 'button[data-retry-type="EMBEDDING_RESULT_INVALID"]'
-    console.until(lambda: console.find(button).text == "Retry all 1", "the failures table")
+    console.until(lambda: console.find(button).text == f"Retry all {n}", "the failures table")
     console.screenshot("overview")
     console.find(button).click()
-    console.until(lambda: "Send 1 FAILED job" in console.text("#confirm-text"), "the count")
+    console.until(lambda: f"Send {n} FAILED job" in console.text("#confirm-text"), "the count")
     console.find("#confirm-ok").click()
-    console.until(lambda: "1 job of type" in console.text("#retry-notice"), "the answer")
-    wait_for(lambda: console.job("inbox/broken-again.md")["status"] == "SUCCEEDED", WAIT, "done")
+    console.until(lambda: f"{n} job" in console.text("#retry-notice"), "the answer")
+    wait_for(lambda: console.job(key)["status"] == "SUCCEEDED", WAIT, "done")
     console.drain_log()
 
 
-def test_workers_and_documents_then_delete_as_admin(console: Console) -> None:
+def test_workers_and_documents_then_delete_as_admin(admin: Console) -> None:
+    console = admin
+    console.indexed("shelf/kept.md", b"# Kept\n\nA document that stays.\n")
+    console.indexed("shelf/gone.md", b"# Gone\n\nA document deleted from the console.\n")
     console.embed.set_mode("slow", latency=3.0)  # the worker is busy while the page looks
-    console.upload("notes/slow.md", b"# Slow\n\nA document the embedding server takes time on.\n")
+    console.upload("shelf/slow.md", b"# Slow\n\nA document the embedding server takes time on.\n")
     console.open("workers")
-    console.until(lambda: "notes/slow.md" in console.text("#workers-table"), "its running job")
+    console.until(lambda: "shelf/slow.md" in console.text("#workers-table"), "its running job")
     assert "RUNNING" in console.text("#workers-table")
     assert "1 / " in console.text("#workers-table")  # slots used / max
     console.screenshot("workers")
     console.embed.set_mode("normal")
+    wait_for(lambda: console.job("shelf/slow.md")["status"] == "SUCCEEDED", WAIT, "slow.md")
 
     console.open("documents")
-    console.until(lambda: "notes/tide-0.md" in console.text("#documents-table"), "documents")
+    console.until(lambda: "shelf/kept.md" in console.text("#documents-table"), "documents")
     field = console.find("#document-prefix")
-    field.send_keys("inbox/")
+    field.send_keys("shelf/g")
     field.submit()
 
-    def only_inbox() -> bool:
+    def only_gone() -> bool:
         shown = console.text("#documents-table")
-        return "inbox/broken.md" in shown and "notes/" not in shown
+        return "shelf/gone.md" in shown and "shelf/kept.md" not in shown
 
-    console.until(only_inbox, "the prefix search")
+    console.until(only_gone, "the prefix search")
     console.screenshot("documents")
 
-    console.find('a[href="#/document/inbox%2Fbroken.md"]').click()
+    console.find('a[href="#/document/shelf%2Fgone.md"]').click()
     console.until(lambda: "serves v1" in console.text("#document-detail"), "its models' state")
     console.screenshot("document")
     console.find("#delete-document").click()
     console.confirm()
     console.until(lambda: "#/documents" in console.browser.current_url, "back to the list")
-    assert console.api("GET", "/v1/documents/inbox/broken.md").status_code == 404
+    assert console.api("GET", "/v1/documents/shelf/gone.md").status_code == 404
     console.drain_log()
 
 
-def test_search_shows_a_highlighted_passage(console: Console) -> None:
-    console.open("search")
+def test_search_shows_a_highlighted_passage(admin: Console) -> None:
+    console = admin
+    console.indexed("harbour/ledger.md", TOPIC + b"Entry 0: calm water.\n")
+    console.open("search?prefix=harbour/")
     field = console.until(lambda: console.find("#search-query"), "the query box")
     field.send_keys("lighthouse ledger")
     Select(console.find("#filter-mode")).select_by_value("text")
@@ -373,12 +438,16 @@ def test_search_shows_a_highlighted_passage(console: Console) -> None:
     marks = [m.text.lower() for m in console.browser.find_elements(By.CSS_SELECTOR, "mark")]
     assert "lighthouse" in marks and "ledger" in marks, console.text("#search-results")
     assert "ms" in console.text("#search-latency")
-    assert "notes/tide-" in console.text("#search-results")
+    assert "harbour/ledger.md" in console.text("#search-results")
     console.screenshot("search")
     console.drain_log()
 
 
-def test_no_request_leaves_the_machine_and_every_page_has_the_policy(console: Console) -> None:
+def test_no_request_leaves_the_machine_and_every_page_has_the_policy(admin: Console) -> None:
+    console = admin
+    for page in ("overview", "jobs", "workers", "documents", "search"):  # requests of its own
+        console.open(page)
+        console.until(lambda: console.find("#who-name"), f"the {page} page")
     for path in ("/console/", "/console/console.js", "/console/console.css", "/console/icon.svg"):
         answer = httpx.get(console.service.url + path)
         assert answer.status_code == 200, path
