@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -113,3 +114,37 @@ def test_a_large_base64_answer_decodes_as_a_small_one() -> None:
     )
     assert small.tolist() == [pytest.approx(v, rel=1e-6) for v in values]
     assert large.tolist() == small.tolist() * many
+
+
+@pytest.mark.parametrize(
+    ("matrix", "fragment"),
+    [
+        (np.asarray([UNIT, [0.6, math.nan, 0.0]]), "vector 1 holds NaN or Infinity"),
+        (np.asarray([[math.inf, 0.0, 0.0], UNIT]), "vector 0 holds NaN or Infinity"),
+        (np.asarray([UNIT, [3.5e38, 0.0, 0.0]]), "a value beyond float32"),
+        (np.asarray([UNIT]), "has 1 vectors for 2 inputs"),
+        (np.asarray([[*UNIT, 0.0], [*UNIT, 0.0]]), "has dimension 4, expected 3"),
+        (np.asarray(UNIT), "has 3 vectors for 2 inputs"),  # one vector, not a matrix
+    ],
+)
+def test_a_matrix_answer_is_checked_like_a_server_answer(matrix: Any, fragment: str) -> None:
+    """A local model's answer: the count, the dimension, finite values within float32."""
+    with pytest.raises(ResultInvalid, match=fragment) as caught:
+        Vectors.checked(matrix, expected_count=2, dimension=3)
+    assert caught.value.failure_type is FailureType.EMBEDDING_RESULT_INVALID
+
+
+def test_vectors_hand_on_their_rows_without_a_copy() -> None:
+    """A checked float32 matrix is the answer's buffer: the worker's matrix is a view of it,
+    a query's row its values as floats, the lender's bytes little-endian float32."""
+    matrix = np.asarray([UNIT, [0.0, 0.28, 0.96]], dtype=np.float32)
+    vectors = Vectors.checked(matrix, expected_count=2, dimension=3)
+    view = vectors.matrix()
+    assert np.shares_memory(view, matrix) and not view.flags.writeable
+    assert vectors.row(1) == matrix[1].tolist()
+    assert vectors.little_endian(0) == matrix[0].astype("<f4").tobytes()
+    joined = Vectors.joined([vectors, vectors], 3)
+    assert joined.tolist() == matrix.tolist() * 2
+    assert Vectors.joined([vectors], 3) is vectors
+    with pytest.raises(IndexError):
+        vectors.row(2)
