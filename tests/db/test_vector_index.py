@@ -18,6 +18,7 @@ from tests import helpers
 from trioindex.db import jobs as lifecycle
 from trioindex.db.models import INDEX_BUILD_LOCK, EmbeddingModel, ensure_model, remove_model
 from trioindex.db.pool import Connection, Database
+from trioindex.db.search import NO_FILTERS, HnswSettings, IterativeScan, nearest_chunks
 from trioindex.db.vector_index import (
     DEFER_FACTOR,
     IndexState,
@@ -28,7 +29,6 @@ from trioindex.db.vector_index import (
     has_vectors,
     hnsw_parameters,
     index_parameters,
-    index_ready,
     index_state,
     pending_jobs,
     quantized_sql,
@@ -193,7 +193,11 @@ def test_narrow_vectors_take_twice_the_candidates_per_result_up_to_the_ceiling()
     assert candidate_count(2000, 384) == 2000  # never fewer than the results asked for
 
 
-def test_the_readiness_check_sets_the_scan_for_its_transaction_only(db: Database) -> None:
+def test_the_ranking_sets_the_scan_for_its_transaction_once_indexed(db: Database) -> None:
+    """The ranking statement makes pgvector's scan settings for its own transaction, and only
+    while it ranks through the index: read back inside an explicit transaction, and gone after
+    it (an autocommit ranking leaves the pooled connection as it found it)."""
+
     def scan_settings() -> tuple[str, str]:
         row = conn.execute(
             """SELECT current_setting('hnsw.ef_search') AS ef,
@@ -202,6 +206,10 @@ def test_the_readiness_check_sets_the_scan_for_its_transaction_only(db: Database
         assert row is not None
         return row["ef"], row["scan"]
 
+    def rank(ef_search: int | None, scan: IterativeScan) -> int:
+        hnsw = HnswSettings(ef_search=ef_search, iterative_scan=scan)
+        return len(nearest_chunks(conn, model, [0.1] * DIM, 3, filters=NO_FILTERS, hnsw=hnsw))
+
     with db.connection() as conn:
         model = ensure_model(conn, "m", DIM)
         _store(conn, model, 5)
@@ -209,13 +217,14 @@ def test_the_readiness_check_sets_the_scan_for_its_transaction_only(db: Database
         server = scan_settings()
         assert server == ("40", "off")
         with conn.transaction():
-            assert not index_ready(conn, model, ef_search=200, iterative_scan="relaxed_order")
-            assert scan_settings() == ("200", "relaxed_order")
-        assert scan_settings() == server
+            assert rank(200, "relaxed_order") == 3
+            assert scan_settings() == server  # exact search: nothing to set
         assert build_vector_index(conn, model, min_vectors=5)
         with conn.transaction():
-            assert index_ready(conn, model, ef_search=None, iterative_scan="strict_order")
-            assert scan_settings() == ("40", "strict_order")  # None: the server's ef_search
+            assert rank(200, "relaxed_order") == 3
+            assert scan_settings() == ("200", "relaxed_order")
+        assert scan_settings() == server
+        assert rank(300, "relaxed_order") == 3  # autocommit: its own transaction
         assert scan_settings() == server
 
 

@@ -17,7 +17,7 @@ from pgvector import Vector
 
 from trioindex.db.models import EmbeddingModel
 from trioindex.db.pool import Connection
-from trioindex.db.vector_index import candidate_count, index_ready, quantized_sql
+from trioindex.db.vector_index import candidate_count
 
 IterativeScan = Literal["strict_order", "relaxed_order", "off"]
 
@@ -76,7 +76,9 @@ def nearest_chunks(
     hnsw: HnswSettings,
     candidates_for: int | None = None,
 ) -> list[dict[str, Any]]:
-    """The ``limit`` chunks closest to ``vector`` by cosine, best first, with ``score``.
+    """The ``limit`` chunks closest to ``vector`` by cosine, best first, with ``score``, in one
+    statement (``trioindex_nearest_chunks``): under load every round trip waits for the server
+    process to be scheduled again.
 
     Exact while the model has no valid index; once it has, the
     :func:`~trioindex.db.vector_index.candidate_count` nearest by the Hamming distance of their
@@ -87,51 +89,30 @@ def nearest_chunks(
     and versions only when a filter needs them); the chunk's text, document and version are
     read for the ``limit`` kept."""
     dim = int(model.dimension)
-    where, params = filters.sql()
-    exact = f"e.vector::vector({dim}) <=> %(q)s::vector({dim})"
-    # a filter reads the document and the version of each candidate; without one, none is read
-    filtered = (
-        """JOIN documents d ON d.id = s.document_id
-                JOIN document_versions v ON v.id = e.document_version_id"""
-        if where
-        else ""
-    )
-    with conn.transaction():
-        candidates = max(limit, candidate_count(candidates_for or limit, dim))
-        # the graph returns at most ef_search rows per scan: never fewer than the candidates
-        # asked for (pgvector's ceiling is 1000; the iterative scan goes on past it)
-        ef = max(hnsw.ef_search or 0, min(candidates, 1000))
-        explicit = ef > 40 or hnsw.ef_search is not None  # 40: pgvector's default
-        indexed = index_ready(
-            conn,
-            model,
-            ef_search=ef if explicit else None,
-            iterative_scan=hnsw.iterative_scan,
-        )
-        if not indexed:
-            candidates = limit
-        order = f"{quantized_sql(dim, 'e.vector')} <~> {quantized_sql(dim, '%(q)s')}"
-        nearest = f"""SELECT e.chunk_id, 1 - ({exact}) AS score
-                FROM embeddings e
-                JOIN served_versions s ON s.document_version_id = e.document_version_id
-                                      AND s.embedding_model_id = %(model)s
-                {filtered}
-                WHERE e.embedding_model_id = %(model)s{where}
-                ORDER BY {order if indexed else exact}
-                LIMIT %(candidates)s"""
-        if indexed:
-            nearest = f"SELECT * FROM ({nearest}) AS n ORDER BY score DESC LIMIT %(limit)s"
-        return conn.execute(
-            f"""SELECT {_COLUMNS}, r.score
-                FROM ({nearest}) AS r
-                JOIN document_chunks c ON c.id = r.chunk_id
-                JOIN documents d ON d.id = c.document_id
-                JOIN document_versions v ON v.id = c.document_version_id
-                ORDER BY r.score DESC""",
-            {"q": Vector(list(vector)), "model": model.id, "limit": limit}
-            | {"candidates": candidates}
-            | params,
-        ).fetchall()
+    candidates = max(limit, candidate_count(candidates_for or limit, dim))
+    # the graph returns at most ef_search rows per scan: never fewer than the candidates asked
+    # for (pgvector's ceiling is 1000; the iterative scan goes on past it)
+    ef = max(hnsw.ef_search or 0, min(candidates, 1000))
+    explicit = ef > 40 or hnsw.ef_search is not None  # 40: pgvector's default
+    return conn.execute(
+        """SELECT * FROM trioindex_nearest_chunks(
+               %(q)s::vector, %(model)s::uuid, %(dim)s::int, %(index)s::text, %(limit)s::int,
+               %(candidates)s::int, %(ef)s::int, %(scan)s::text, %(key_prefix)s::text,
+               %(content_types)s::text[], %(low_confidence)s::boolean)""",
+        {
+            "q": Vector(list(vector)),
+            "model": model.id,
+            "dim": dim,
+            "index": model.index_name,
+            "limit": limit,
+            "candidates": candidates,
+            "ef": ef if explicit else None,
+            "scan": hnsw.iterative_scan,
+            "key_prefix": filters.key_prefix or None,
+            "content_types": list(filters.content_types),
+            "low_confidence": filters.low_confidence,
+        },
+    ).fetchall()
 
 
 @attrs.frozen

@@ -28,7 +28,8 @@ model's jobs pending) waits for the load to end, up to :data:`DEFER_FACTOR` time
 (:func:`build_deferred`): past the build every vector pays the graph's upkeep row by row, about
 1 ms of PostgreSQL CPU per 768-dimension vector between 10,000 and 20,000, against about
 0.25 ms per vector for a build over the loaded rows. Search ranks exactly (``ORDER BY
-vector::vector(dim) <=> query``) until the index is valid (:func:`index_ready`): at 768
+vector::vector(dim) <=> query``) until the index is valid (``trioindex_nearest_chunks``
+checks, in the ranking's own statement): at 768
 dimensions on a loaded machine ~135 ms a ranking at 10,000 vectors, ~250 at 20,000 and ~780 at
 50,000 (docs/test-results/peer.md), which is what bounds the wait.
 
@@ -116,28 +117,6 @@ def _named_state(conn: Connection, name: str) -> IndexState:
     if row is None:
         return IndexState.MISSING
     return IndexState.VALID if row["indisvalid"] else IndexState.INVALID
-
-
-def index_ready(
-    conn: Connection, model: EmbeddingModel, *, ef_search: int | None, iterative_scan: str
-) -> bool:
-    """Whether search may rank through the model's bit index (it exists and is valid), with
-    pgvector's scan settings made for the current transaction in the same round trip:
-    ``hnsw.iterative_scan`` (pgvector 0.8 and later) and ``hnsw.ef_search`` (None keeps the
-    server's). A ranking is a few round trips in all, and under load each one waits for the
-    server process to be scheduled again."""
-    row = conn.execute(
-        f"""SELECT coalesce(({_VALIDITY_SQL}), false) AS ready,
-                   set_config('hnsw.iterative_scan', %(iterative_scan)s, true),
-                   CASE WHEN %(ef_search)s::text IS NOT NULL
-                        THEN set_config('hnsw.ef_search', %(ef_search)s::text, true) END""",
-        {
-            "name": model.index_name,
-            "iterative_scan": iterative_scan,
-            "ef_search": None if ef_search is None else str(int(ef_search)),
-        },
-    ).fetchone()
-    return row is not None and bool(row["ready"])
 
 
 def quantized_sql(dimension: int, vector: str) -> str:

@@ -1284,6 +1284,86 @@ CREATE TRIGGER follow_models AFTER INSERT ON embedding_jobs
     REFERENCING NEW TABLE AS inserted_jobs
     FOR EACH STATEMENT EXECUTE FUNCTION trioindex_jobs_follow_models();
 
+-- search -------------------------------------------------------------------------------------
+
+-- The p_limit chunks of the versions p_model serves nearest p_query by cosine, best first, with
+-- score = 1 - cosine distance: one statement, so one round trip (db/search.py says why the
+-- ranking has this shape). Exact while the model's bit index p_index is missing or invalid;
+-- once it is valid, the p_candidates nearest by the Hamming distance of their sign bits
+-- (through the index, with hnsw.iterative_scan = p_iterative_scan and, unless p_ef_search is
+-- NULL, hnsw.ef_search = p_ef_search, both for this transaction only) ordered by exact cosine.
+-- The candidates are ranked from the vectors and the served rows alone; documents and
+-- versions are read for them only when a filter needs them: a key prefix p_key_prefix, content
+-- types p_content_types (a type, or its family: "text"), and OCR's low-confidence mark
+-- p_low_confidence (NULL: either). The text, document and version are read for the p_limit
+-- kept. The dimension is written into the statement: the index is on that expression.
+CREATE FUNCTION trioindex_nearest_chunks(
+    p_query vector, p_model uuid, p_dimension integer, p_index text, p_limit integer,
+    p_candidates integer, p_ef_search integer, p_iterative_scan text,
+    p_key_prefix text, p_content_types text[], p_low_confidence boolean
+) RETURNS TABLE (
+    chunk_id uuid, external_key text, document_id uuid, version_no integer, content_type text,
+    chunk_index integer, content text, ocr_low_confidence_pages integer[],
+    score double precision
+) LANGUAGE plpgsql AS $$
+DECLARE
+    indexed boolean;
+    exact text := format('e.vector::vector(%1$s) <=> $1::vector(%1$s)', p_dimension);
+    filters text := '';
+    nearest text;
+BEGIN
+    SELECT i.indisvalid INTO indexed FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
+    WHERE c.relname = p_index AND c.relnamespace = current_schema()::regnamespace;
+    IF coalesce(indexed, false) THEN
+        PERFORM set_config('hnsw.iterative_scan', p_iterative_scan, true);
+        IF p_ef_search IS NOT NULL THEN
+            PERFORM set_config('hnsw.ef_search', p_ef_search::text, true);
+        END IF;
+    END IF;
+    IF coalesce(p_key_prefix, '') <> '' THEN
+        filters := filters || ' AND starts_with(d.external_key, $5)';
+    END IF;
+    IF coalesce(cardinality(p_content_types), 0) > 0 THEN
+        filters := filters || ' AND (v.content_type = ANY($6)'
+                           || ' OR split_part(v.content_type, ''/'', 1) = ANY($6))';
+    END IF;
+    IF p_low_confidence IS NOT NULL THEN
+        filters := filters || ' AND (v.ocr_low_confidence_pages IS NOT NULL) = $7';
+    END IF;
+    nearest := format(
+        'SELECT e.chunk_id, 1 - (%s) AS score
+         FROM embeddings e
+         JOIN served_versions s ON s.document_version_id = e.document_version_id
+                               AND s.embedding_model_id = $2
+         %s
+         WHERE e.embedding_model_id = $2%s
+         ORDER BY %s
+         LIMIT %s',
+        exact,
+        CASE WHEN filters <> '' THEN 'JOIN documents d ON d.id = s.document_id
+         JOIN document_versions v ON v.id = e.document_version_id' ELSE '' END,
+        filters,
+        CASE WHEN indexed
+             THEN format('binary_quantize(e.vector::vector(%1$s))::bit(%1$s)'
+                         ' <~> binary_quantize($1::vector(%1$s))::bit(%1$s)', p_dimension)
+             ELSE exact END,
+        CASE WHEN indexed THEN '$4' ELSE '$3' END);
+    IF indexed THEN
+        nearest := format('SELECT * FROM (%s) AS n ORDER BY score DESC LIMIT $3', nearest);
+    END IF;
+    RETURN QUERY EXECUTE format(
+        'SELECT c.id, d.external_key, d.id, v.version_no, v.content_type, c.chunk_index,
+                c.content, v.ocr_low_confidence_pages, r.score
+         FROM (%s) AS r
+         JOIN document_chunks c ON c.id = r.chunk_id
+         JOIN documents d ON d.id = c.document_id
+         JOIN document_versions v ON v.id = c.document_version_id
+         ORDER BY r.score DESC', nearest)
+    USING p_query, p_model, p_limit, p_candidates, p_key_prefix, p_content_types,
+          p_low_confidence;
+END;
+$$;
+
 -- plans ----------------------------------------------------------------------------------------
 
 -- Key lookups only. plpgsql caches a generic plan per connection after five calls; when that
