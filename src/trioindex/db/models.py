@@ -133,8 +133,10 @@ def serving_model(conn: Connection) -> EmbeddingModel | None:
     transaction (the switch is its own transaction) or accept that it only reads.
     """
     if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-        finish_switch(conn)
-    row = conn.execute("SELECT * FROM embedding_models WHERE is_active").fetchone()
+        # one statement: the switch's end (trioindex_finish_switch), then the serving row
+        row = conn.execute("SELECT * FROM trioindex_serving_model()").fetchone()
+    else:
+        row = conn.execute("SELECT * FROM embedding_models WHERE is_active").fetchone()
     return EmbeddingModel.from_row(row) if row else None
 
 

@@ -1286,6 +1286,18 @@ CREATE TRIGGER follow_models AFTER INSERT ON embedding_jobs
 
 -- search -------------------------------------------------------------------------------------
 
+-- The serving model's row (no row before a model is registered), read after a switch that is
+-- complete has ended (trioindex_finish_switch, its own statement inside: its update is seen),
+-- so the switch takes effect at the first search after it: what a search reads first, in one
+-- round trip.
+CREATE FUNCTION trioindex_serving_model() RETURNS SETOF embedding_models
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM trioindex_finish_switch();
+    RETURN QUERY SELECT * FROM embedding_models WHERE is_active;
+END;
+$$;
+
 -- The p_limit chunks of the versions p_model serves nearest p_query by cosine, best first, with
 -- score = 1 - cosine distance: one statement, so one round trip (db/search.py says why the
 -- ranking has this shape). Exact while the model's bit index p_index is missing or invalid;
