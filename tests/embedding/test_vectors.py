@@ -143,8 +143,8 @@ def test_vectors_hand_on_their_rows_without_a_copy() -> None:
     assert np.shares_memory(view, matrix) and not view.flags.writeable
     assert vectors.row(1) == matrix[1].tolist()
     assert vectors.little_endian(0) == matrix[0].astype("<f4").tobytes()
-    joined = Vectors.joined([vectors, vectors], 3)
+    joined = Vectors.joined([vectors, vectors])
     assert joined.tolist() == matrix.tolist() * 2
-    assert Vectors.joined([vectors], 3) is vectors
+    assert Vectors.joined([vectors]) is vectors
     with pytest.raises(IndexError):
         vectors.row(2)

@@ -90,7 +90,7 @@ async def embed_in_batches(
     )
     fitter = LimitFitter(embed_batch, plan, info.max_input_tokens)
     parts = await run_batches(texts, plan(texts), fitter.embed, limiter)
-    vectors = Vectors.joined(parts, parts[0].dimension)
+    vectors = Vectors.joined(parts)
     if fitter.cut:
         limit = f" ({fitter.limit} tokens)" if fitter.limit else ""
         logger.warning(

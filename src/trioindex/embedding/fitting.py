@@ -71,7 +71,7 @@ class LimitFitter:
         half = len(batch) // 2
         first = await self._send(batch[:half], cut_refused=cut_refused)
         second = await self._send(batch[half:], cut_refused=cut_refused)
-        return Vectors.joined([first, second], first.dimension)
+        return Vectors.joined([first, second])
 
     async def _in_pieces(self, text: str, refused: InputTooLong) -> Vectors:
         """``text``'s one vector, from the vectors of its pieces."""
@@ -94,7 +94,7 @@ class LimitFitter:
                 parts = 2 * cut
                 continue
             self.cut += 1
-            vectors = Vectors.joined(answers, answers[0].dimension)
+            vectors = Vectors.joined(answers)
             return mean_vector(vectors, [len(piece) for piece in pieces])
 
 

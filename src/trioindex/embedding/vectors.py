@@ -107,11 +107,12 @@ class Vectors:
         return cls(count, dimension, memoryview(matrix.reshape(-1)))  # type: ignore[arg-type]
 
     @classmethod
-    def joined(cls, parts: Sequence[Vectors], dimension: int) -> Vectors:
-        """``parts`` one after the other (one part: itself, no copy)."""
+    def joined(cls, parts: Sequence[Vectors]) -> Vectors:
+        """``parts`` (at least one) one after the other (one part: itself, no copy)."""
         if len(parts) == 1:
             return parts[0]
-        if any(part.dimension != dimension for part in parts if part.count):
+        dimension = parts[0].dimension
+        if any(part.dimension != dimension for part in parts):
             raise ResultInvalid("embedding responses of different dimensions")
         joined = array.array("f")
         for part in parts:
