@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import os
 import subprocess
+import sys
 import time
 import types
 from collections.abc import Callable
@@ -162,15 +163,28 @@ def sql_variant(
     return Variant(name, run, _process(conn))
 
 
-def search_at(revision: str) -> Any:
-    """``trioindex.db.search`` as git revision ``revision`` has it; one from before the
-    readiness check set the scan gets that check as it was (the index's state alone)."""
+def module_at(revision: str, name: str) -> tuple[types.ModuleType, str]:
+    """Module ``name`` (``trioindex.db.search``) as git revision ``revision`` has it, and its
+    text."""
+    path = "src/" + name.replace(".", "/") + ".py"
     text = subprocess.run(
-        ["git", "show", f"{revision}:src/trioindex/db/search.py"],
-        check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
-    module = types.ModuleType(f"search_at_{revision}")
-    exec(compile(text, f"{revision}:src/trioindex/db/search.py", "exec"), module.__dict__)
+        ["git", "show", f"{revision}:{path}"], check=True, capture_output=True, text=True
+    ).stdout
+    module = types.ModuleType(f"{name}_at_{revision}")
+    exec(compile(text, f"{revision}:{path}", "exec"), module.__dict__)
+    return module, text
+
+
+def search_at(revision: str) -> Any:
+    """``trioindex.db.search`` as git revision ``revision`` has it, over that revision's
+    ``vector_index`` (its readiness check lived there); one from before the readiness check
+    set the scan gets that check as it was (the index's state alone)."""
+    here = sys.modules["trioindex.db.vector_index"]
+    sys.modules["trioindex.db.vector_index"] = module_at(revision, "trioindex.db.vector_index")[0]
+    try:
+        module, text = module_at(revision, "trioindex.db.search")
+    finally:
+        sys.modules["trioindex.db.vector_index"] = here
     if "index_ready(conn, model)\n" in text:
         module.index_ready = lambda conn, model: index_state(conn, model) is IndexState.VALID
     return module
