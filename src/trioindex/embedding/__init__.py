@@ -3,7 +3,7 @@ in-process sentence-transformers model, chosen by :func:`open_embedder` from con
 
 Modules: ``base`` (the contract and the factory), ``transport`` (HTTP and its error translation),
 ``tei`` / ``openai`` / ``local`` (the providers), ``batching`` (batches and the in-flight cap),
-``vectors`` (validation and the vector hash).
+``vectors`` (what every embedder answers, :class:`Vectors`: its checks and the vector hash).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from trioindex.embedding.base import APIS, Embedder, EmbedderInfo, open_embedder
 if TYPE_CHECKING:
     from trioindex.embedding.batching import estimate_tokens, plan_batches
     from trioindex.embedding.local import DEFAULT_MODEL, LocalEmbedder, packaged_model_path
-    from trioindex.embedding.vectors import validate_vectors, vector_sha256
+    from trioindex.embedding.vectors import Vectors, validate_vectors, vector_sha256
 
 # Imported when first used: batching brings numpy and the HTTP client, which a search that
 # borrows a loaded model (or runs text-only) never needs, and every CLI start would pay for.
@@ -26,6 +26,7 @@ _LAZY = {
     "DEFAULT_MODEL": "local",
     "LocalEmbedder": "local",
     "packaged_model_path": "local",
+    "Vectors": "vectors",
     "validate_vectors": "vectors",
     "vector_sha256": "vectors",
 }
@@ -43,6 +44,7 @@ __all__ = [
     "Embedder",
     "EmbedderInfo",
     "LocalEmbedder",
+    "Vectors",
     "estimate_tokens",
     "open_embedder",
     "packaged_model_path",

@@ -1,8 +1,10 @@
-"""Vector checks and the vector hash: the only gate between an embedder's answer and a caller.
+"""What every embedder answers (:class:`Vectors`), its checks, and the vector hash: the only
+gate between an embedder's answer and a caller.
 
-Every provider passes its raw, parsed answer through :func:`validate_vectors`; a vector that fails
-is never returned, cached or skipped (skipping one would shift every later vector onto the wrong
-chunk), the whole call fails with :class:`~trioindex.errors.ResultInvalid`.
+Every provider passes its raw, parsed answer through :func:`validate_vectors` (a local model's
+matrix through :meth:`Vectors.checked`); a vector that fails is never returned, cached or
+skipped (skipping one would shift every later vector onto the wrong chunk), the whole call
+fails with :class:`~trioindex.errors.ResultInvalid`.
 
 A vector must also have a direction: one whose Euclidean norm is below :data:`MIN_NORM` (an
 all-zero answer, say) has no cosine with anything, and pgvector would score it NaN against every
