@@ -112,6 +112,10 @@ class SizeResult:
     claims: ClaimStats
     main_thread_cpu_ms_per_job: float = 0.0
     embedder_cpu_ms_per_job: float = 0.0
+    # of the wall time from the release to the last job seen done, per worker: its main
+    # thread on a CPU, and runnable waiting for one
+    main_thread_running: float = 0.0
+    main_thread_runnable: float = 0.0
 
     @property
     def jobs_per_s(self) -> float:
@@ -163,6 +167,21 @@ def main_threads_cpu(processes: Sequence[subprocess.Popen[bytes]]) -> float:
             continue
         total += sum(t.user_time + t.system_time for t in threads if t.id == process.pid)
     return total
+
+
+def main_threads_sched(processes: Sequence[subprocess.Popen[bytes]]) -> tuple[float, float]:
+    """Seconds the main threads of the live ``processes`` have run on a CPU, and waited
+    runnable for one (Linux's ``schedstat``; zeros elsewhere): what is left of the wall time
+    the thread slept, waiting for work."""
+    ran = waited = 0.0
+    for process in processes:
+        try:
+            fields = Path(f"/proc/{process.pid}/task/{process.pid}/schedstat").read_text().split()
+        except OSError:
+            continue
+        ran += int(fields[0]) / 1e9
+        waited += int(fields[1]) / 1e9
+    return ran, waited
 
 
 #: how the claim statement starts in ``pg_stat_statements`` (see trioindex.db.jobs)
@@ -325,6 +344,8 @@ def run_size(
         cpu_before = server_cpu_now(pg)
         workers_before = processes_cpu(processes)
         main_before = main_threads_cpu(processes)
+        sched_before = main_threads_sched(processes)
+        window_from = time.monotonic()
         embedder_before = embedder.cpu_seconds()
         pg.reset_statements()
         with sampler:
@@ -346,6 +367,8 @@ def run_size(
             cpu_after = server_cpu_now(pg)
             workers_after = processes_cpu(processes)
             main_after = main_threads_cpu(processes)
+            sched_after = main_threads_sched(processes)
+            window = time.monotonic() - window_from
             embedder_after = embedder.cpu_seconds()
             load_after = os.getloadavg()[0]
             claims = claim_stats(pg.admin_url, dbname, max(1, done))
@@ -393,6 +416,8 @@ def run_size(
         claims=claims,
         main_thread_cpu_ms_per_job=(main_after - main_before) * 1000 / max(1, done),
         embedder_cpu_ms_per_job=(embedder_after - embedder_before) * 1000 / max(1, done),
+        main_thread_running=(sched_after[0] - sched_before[0]) / n / window,
+        main_thread_runnable=(sched_after[1] - sched_before[1]) / n / window,
     )
 
 
@@ -449,9 +474,10 @@ def cpu_table(results: Sequence[SizeResult], cores: int) -> list[str]:
     (workers + PostgreSQL + embedder)`` (every process here shares the same cores)."""
     lines = [
         "| code | workers | jobs/s | main threads' CPU ms/job | workers' CPU ms/job"
-        " | PG CPU ms/job | embedder CPU ms/job | cores busy | main thread busy a worker"
+        " | PG CPU ms/job | embedder CPU ms/job | cores busy"
+        " | a worker's main thread running / runnable / asleep"
         " | one-process ceiling (jobs/s) | machine ceiling (jobs/s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in results:
         per_job = r.worker_cpu_ms_per_job + r.server_cpu_ms_per_job + r.embedder_cpu_ms_per_job
@@ -460,7 +486,8 @@ def cpu_table(results: Sequence[SizeResult], cores: int) -> list[str]:
             f"| {r.code} | {r.workers} | {r.jobs_per_s:.0f} | {main:.2f}"
             f" | {r.worker_cpu_ms_per_job:.2f} | {r.server_cpu_ms_per_job:.2f}"
             f" | {r.embedder_cpu_ms_per_job:.2f} | {r.jobs_per_s * per_job / 1000:.2f}"
-            f" | {r.jobs_per_s * main / 1000 / r.workers:.2f}"
+            f" | {r.main_thread_running:.2f} / {r.main_thread_runnable:.2f}"
+            f" / {max(0.0, 1 - r.main_thread_running - r.main_thread_runnable):.2f}"
             f" | {1000 / main if main > 0 else 0:.0f}"
             f" | {cores * 1000 / per_job if per_job > 0 else 0:.0f} |"
         )
