@@ -155,24 +155,11 @@ def processes_cpu(processes: Sequence[subprocess.Popen[bytes]]) -> float:
     return total
 
 
-def main_threads_cpu(processes: Sequence[subprocess.Popen[bytes]]) -> float:
-    """CPU seconds used so far by the main thread (its id is the process id) of the live
-    ``processes``: a worker's Trio thread, which runs all of its Python work but the thread
-    calls."""
-    total = 0.0
-    for process in processes:
-        try:
-            threads = psutil.Process(process.pid).threads()
-        except psutil.Error:
-            continue
-        total += sum(t.user_time + t.system_time for t in threads if t.id == process.pid)
-    return total
-
-
 def main_threads_sched(processes: Sequence[subprocess.Popen[bytes]]) -> tuple[float, float]:
-    """Seconds the main threads of the live ``processes`` have run on a CPU, and waited
-    runnable for one (Linux's ``schedstat``; zeros elsewhere): what is left of the wall time
-    the thread slept, waiting for work."""
+    """Seconds the main threads (thread id = process id) of the live ``processes`` have run
+    on a CPU, and waited runnable for one (Linux's ``schedstat``; zeros elsewhere): what is
+    left of the wall time the thread slept, waiting for work. A worker's main thread is its
+    Trio thread, which runs all of its Python work but the database calls."""
     ran = waited = 0.0
     for process in processes:
         try:
@@ -343,7 +330,6 @@ def run_size(
         idle_cpu = (processes_cpu(processes) - idle_cpu_from) / (time.monotonic() - idle_from)
         cpu_before = server_cpu_now(pg)
         workers_before = processes_cpu(processes)
-        main_before = main_threads_cpu(processes)
         sched_before = main_threads_sched(processes)
         window_from = time.monotonic()
         embedder_before = embedder.cpu_seconds()
@@ -366,7 +352,6 @@ def run_size(
                 time.sleep(0.2)
             cpu_after = server_cpu_now(pg)
             workers_after = processes_cpu(processes)
-            main_after = main_threads_cpu(processes)
             sched_after = main_threads_sched(processes)
             window = time.monotonic() - window_from
             embedder_after = embedder.cpu_seconds()
@@ -414,7 +399,7 @@ def run_size(
         worker_cpu_ms_per_job=(workers_after - workers_before) * 1000 / max(1, done),
         idle_cpu_ms_per_s_per_worker=idle_cpu * 1000 / n,
         claims=claims,
-        main_thread_cpu_ms_per_job=(main_after - main_before) * 1000 / max(1, done),
+        main_thread_cpu_ms_per_job=(sched_after[0] - sched_before[0]) * 1000 / max(1, done),
         embedder_cpu_ms_per_job=(embedder_after - embedder_before) * 1000 / max(1, done),
         main_thread_running=(sched_after[0] - sched_before[0]) / n / window,
         main_thread_runnable=(sched_after[1] - sched_before[1]) / n / window,
