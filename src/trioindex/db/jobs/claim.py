@@ -45,6 +45,8 @@ WITH worker AS (
         worker_id = %(worker)s,
         claim_token = gen_random_uuid(),
         locked_at = now(),
+        -- set here, so the touch trigger is not called (its WHEN)
+        updated_at = now(),
         lease_expires_at = now() + make_interval(secs => %(lease)s),
         attempt_count = j.attempt_count + 1,
         chunking = worker.chunking,
