@@ -1194,15 +1194,28 @@ BEGIN
                     AND f.version_no = f.newest AS current
         FROM finishing f
     ), served AS (
+        -- the first version the model serves of a document: a plain insert, no speculative
+        -- one (ON CONFLICT's probe and confirmation record). No other transaction can insert
+        -- the row meanwhile: its only writer is this statement, which holds the document's
+        -- row lock (taken above) and began after it was granted.
         INSERT INTO served_versions
             (document_id, embedding_model_id, document_version_id, chunks, text_length)
         SELECT d.doc, d.model, d.version, t.chunks, t.text_length
         FROM decided d
         CROSS JOIN LATERAL trioindex_served_statistics(d.version, d.model) AS t
-        WHERE d.current
+        WHERE d.current AND d.served_no IS NULL
+    ), moved AS (
+        -- a served row moving to a newer version, found by its key (the conflict)
+        INSERT INTO served_versions
+            (document_id, embedding_model_id, document_version_id, chunks, text_length)
+        SELECT d.doc, d.model, d.version, t.chunks, t.text_length
+        FROM decided d
+        CROSS JOIN LATERAL trioindex_served_statistics(d.version, d.model) AS t
+        WHERE d.current AND d.served_no IS NOT NULL
         ON CONFLICT (embedding_model_id, document_id)
         DO UPDATE SET document_version_id = EXCLUDED.document_version_id,
-                      chunks = EXCLUDED.chunks, text_length = EXCLUDED.text_length
+                      chunks = EXCLUDED.chunks, text_length = EXCLUDED.text_length,
+                      updated_at = now()
     ), attempts AS (
         -- the attempt's row, written once as it ends: the success's record (finished_at,
         -- became_current), with the steps run in this transaction; no event
