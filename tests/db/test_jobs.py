@@ -10,6 +10,7 @@ condition and completion guard has a case that changes that one fact and nothing
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import Counter
@@ -1163,4 +1164,4 @@ def test_every_write_of_a_job_row_moves_its_updated_at(db: Database, worker: Any
         helpers.stage_embedded(conn, last)
         write(lambda: lifecycle.complete_many(conn, [last]))
         assert helpers.job_row(conn, claim.job_id)["status"] == "SUCCEEDED"
-    assert all(b > a for a, b in zip(stamps, stamps[1:], strict=False)), stamps
+    assert all(b > a for a, b in itertools.pairwise(stamps)), stamps
