@@ -224,6 +224,15 @@ _MODEL_WORKER_DOCUMENT = """WITH
     d AS (INSERT INTO documents (external_key) VALUES ('a.txt') RETURNING id),"""
 
 
+def _versions(count: int) -> str:
+    """A CTE ``v``: versions 1 to ``count`` of the document ``d``, for a test's later CTEs."""
+    return f"""
+    v AS (INSERT INTO document_versions (document_id, version_no, storage_key, original_name,
+                                         byte_size, sha256)
+          SELECT d.id, n, 'k' || n, 'a.txt', 3, repeat(n::text, 64)
+          FROM d, generate_series(1, {int(count)}) AS n RETURNING id, version_no),"""
+
+
 def test_version_15_folds_the_step_events_into_their_attempts(pg_server_url: str) -> None:
     """A database at version 14 with a job's step events: version 15 records them on the
     attempt (times, counts, slices) and deletes them; the other events stay."""
@@ -359,11 +368,8 @@ def test_version_17_folds_each_running_attempt_into_its_job_row(pg_server_url: s
             _migrate_to(conn, 16)
             claim = conn.execute(
                 _MODEL_WORKER_DOCUMENT
+                + _versions(count=2)
                 + """
-                   v AS (INSERT INTO document_versions (document_id, version_no, storage_key,
-                                                        original_name, byte_size, sha256)
-                         SELECT d.id, n, 'k' || n, 'a.txt', 3, repeat(n::text, 64)
-                         FROM d, generate_series(1, 2) AS n RETURNING id, version_no),
                    j AS (INSERT INTO embedding_jobs
                              (document_version_id, embedding_model_id, max_attempts, status,
                               attempt_count, worker_id, claim_token, locked_at,
@@ -419,11 +425,8 @@ def test_version_18_indexes_the_open_jobs_of_every_state_in_one_index(pg_server_
             _migrate_to(conn, 17)
             model = conn.execute(
                 _MODEL_WORKER_DOCUMENT
+                + _versions(count=4)
                 + """
-                   v AS (INSERT INTO document_versions (document_id, version_no, storage_key,
-                                                        original_name, byte_size, sha256)
-                         SELECT d.id, n, 'k' || n, 'a.txt', 3, repeat(n::text, 64)
-                         FROM d, generate_series(1, 4) AS n RETURNING id, version_no),
                    j AS (INSERT INTO embedding_jobs
                              (document_version_id, embedding_model_id, max_attempts, status,
                               attempt_count, worker_id, claim_token, locked_at,
