@@ -10,6 +10,7 @@ condition and completion guard has a case that changes that one fact and nothing
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import Counter
@@ -1126,3 +1127,41 @@ def test_a_rescued_attempt_is_recorded_with_the_steps_it_ran(db: Database, worke
         }
     ]
     assert (job["status"], job["attempt_id"]) == ("PENDING", None)
+
+
+# --- updated_at ------------------------------------------------------------------------------
+
+
+def test_every_write_of_a_job_row_moves_its_updated_at(db: Database, worker: Any) -> None:
+    """The claim and the completion set updated_at themselves (the touch trigger is then not
+    called); every other writer leaves it to the trigger. Each write is its own transaction,
+    so each must leave a later updated_at than the one before."""
+    claim = _claim_one(db, worker, max_attempts=5)
+    with db.connection() as conn:
+        stamps = [helpers.job_row(conn, claim.job_id)["updated_at"]]
+
+        def write(fn: Callable[[], object]) -> None:
+            fn()
+            stamps.append(helpers.job_row(conn, claim.job_id)["updated_at"])
+
+        write(lambda: helpers.renew_one(conn, claim, 600))
+        write(
+            lambda: lifecycle.fail_job(
+                conn, claim, FailureType.STORAGE_UNAVAILABLE, "down", helpers.BACKOFF
+            )
+        )
+        write(lambda: helpers.make_available(conn, claim.job_id))
+        (again,) = lifecycle.claim_jobs(conn, worker, 1, 300)
+        stamps.append(helpers.job_row(conn, claim.job_id)["updated_at"])
+        write(lambda: lifecycle.release_job(conn, again))
+        (third,) = lifecycle.claim_jobs(conn, worker, 1, 300)
+        stamps.append(helpers.job_row(conn, claim.job_id)["updated_at"])
+        write(lambda: helpers.expire_lease(conn, third.job_id))
+        write(lambda: lifecycle.recover_expired(conn, helpers.BACKOFF))
+        write(lambda: helpers.make_available(conn, claim.job_id))
+        (last,) = lifecycle.claim_jobs(conn, worker, 1, 300)
+        stamps.append(helpers.job_row(conn, claim.job_id)["updated_at"])
+        helpers.stage_embedded(conn, last)
+        write(lambda: lifecycle.complete_many(conn, [last]))
+        assert helpers.job_row(conn, claim.job_id)["status"] == "SUCCEEDED"
+    assert all(b > a for a, b in itertools.pairwise(stamps)), stamps

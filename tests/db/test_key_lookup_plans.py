@@ -146,3 +146,31 @@ def test_claims_and_completions_read_no_more_rows_when_one_document_holds_thousa
     assert len(read) == 4
     # a few rows per job (its own chunks, vectors and key lookups), not the large set's thousands
     assert all(n <= 20 * group for step in read for n in step.values()), read
+
+
+def test_lease_recovery_reads_the_leased_jobs_not_the_backlog_beside_them(db: Database) -> None:
+    """The open-jobs index holds the PENDING and FAILED jobs too; recovery reads only the
+    entries with a lease (the PROCESSING jobs), however many jobs wait beside them."""
+    backlog = 400
+    with db.connection() as conn:
+        model = helpers.model(conn)
+        conn.execute(
+            """WITH d AS (INSERT INTO documents (external_key)
+                          SELECT 'backlog-' || g FROM generate_series(1, %s) AS g RETURNING id),
+                    v AS (INSERT INTO document_versions (document_id, version_no, storage_key,
+                                                         original_name, byte_size, sha256)
+                          SELECT id, 1, 'k', 'a.txt', 1, repeat('a', 64) FROM d RETURNING id)
+               INSERT INTO embedding_jobs (document_version_id, embedding_model_id, max_attempts)
+               SELECT id, %s, 3 FROM v""",
+            (backlog, model.id),
+        )
+        claims = lifecycle.claim_jobs(conn, helpers.worker(conn), 3, 300)
+        helpers.expire_lease(conn, claims[0].job_id)
+        conn.execute("ANALYZE embedding_jobs")
+        with conn.transaction():
+            before = rows_read(conn, "embedding_jobs")
+            recovered = lifecycle.recover_expired(conn, helpers.BACKOFF)
+            read = rows_read(conn, "embedding_jobs") - before
+    assert [r.job_id for r in recovered] == [claims[0].job_id]
+    # the three leased jobs and the recovered one's update, not the 397 waiting
+    assert read <= 10, read

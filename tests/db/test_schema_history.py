@@ -224,6 +224,15 @@ _MODEL_WORKER_DOCUMENT = """WITH
     d AS (INSERT INTO documents (external_key) VALUES ('a.txt') RETURNING id),"""
 
 
+def _versions(count: int) -> str:
+    """A CTE ``v``: versions 1 to ``count`` of the document ``d``, for a test's later CTEs."""
+    return f"""
+    v AS (INSERT INTO document_versions (document_id, version_no, storage_key, original_name,
+                                         byte_size, sha256)
+          SELECT d.id, n, 'k' || n, 'a.txt', 3, repeat(n::text, 64)
+          FROM d, generate_series(1, {int(count)}) AS n RETURNING id, version_no),"""
+
+
 def test_version_15_folds_the_step_events_into_their_attempts(pg_server_url: str) -> None:
     """A database at version 14 with a job's step events: version 15 records them on the
     attempt (times, counts, slices) and deletes them; the other events stay."""
@@ -260,7 +269,7 @@ def test_version_15_folds_the_step_events_into_their_attempts(pg_server_url: str
                        AS u(e, x, s)""",
                 (job, attempt),
             )
-        assert migrate(url) == [15, 16, 17]
+        assert migrate(url)[:3] == [15, 16, 17]
         with psycopg.connect(url) as conn:
             row = conn.execute(
                 """SELECT extract(epoch FROM parse_started_at - started_at) IS NOT NULL AS t,
@@ -335,7 +344,7 @@ def test_version_16_moves_statistics_onto_served_rows_and_claims_onto_attempts(
                        ('JOB_SUCCEEDED', '{"attempt_no": 1, "chunks": 2,
                                            "became_current": false}')) AS u(e, x)"""
             )
-        assert migrate(url) == [16, 17]
+        assert migrate(url)[:2] == [16, 17]
         with psycopg.connect(url) as conn:
             served = conn.execute("SELECT chunks, text_length FROM served_versions").fetchall()
             table = conn.execute("SELECT to_regclass('served_text_statistics')").fetchone()
@@ -359,11 +368,8 @@ def test_version_17_folds_each_running_attempt_into_its_job_row(pg_server_url: s
             _migrate_to(conn, 16)
             claim = conn.execute(
                 _MODEL_WORKER_DOCUMENT
+                + _versions(count=2)
                 + """
-                   v AS (INSERT INTO document_versions (document_id, version_no, storage_key,
-                                                        original_name, byte_size, sha256)
-                         SELECT d.id, n, 'k' || n, 'a.txt', 3, repeat(n::text, 64)
-                         FROM d, generate_series(1, 2) AS n RETURNING id, version_no),
                    j AS (INSERT INTO embedding_jobs
                              (document_version_id, embedding_model_id, max_attempts, status,
                               attempt_count, worker_id, claim_token, locked_at,
@@ -385,7 +391,7 @@ def test_version_17_folds_each_running_attempt_into_its_job_row(pg_server_url: s
                    FROM j JOIN a ON a.embedding_job_id = j.id WHERE j.worker_id IS NOT NULL"""
             ).fetchone()
             assert claim is not None
-        assert migrate(url) == [17]
+        assert migrate(url)[:1] == [17]
         with psycopg.connect(url) as conn:
             job = conn.execute(
                 """SELECT attempt_id, attempt_chunks, attempt_characters
@@ -408,3 +414,72 @@ def test_version_17_folds_each_running_attempt_into_its_job_row(pg_server_url: s
     assert rows == [("EXPIRED",)]
     assert seen[0] == (claim[3], "STARTED", 4) and seen[1][1] == "EXPIRED"
     assert renewed == (True,)
+
+
+def test_version_18_indexes_the_open_jobs_of_every_state_in_one_index(pg_server_url: str) -> None:
+    """A database at version 17 with a job in each state, the PROCESSING one's lease run out:
+    version 18 replaces the lease index and the by-model index with one index of the jobs
+    not SUCCEEDED, built over the rows already there, which recovery and the switch read."""
+    with fresh_database(pg_server_url, "trioindex_v17") as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            _migrate_to(conn, 17)
+            model = conn.execute(
+                _MODEL_WORKER_DOCUMENT
+                + _versions(count=4)
+                + """
+                   j AS (INSERT INTO embedding_jobs
+                             (document_version_id, embedding_model_id, max_attempts, status,
+                              attempt_count, worker_id, claim_token, locked_at,
+                              lease_expires_at, attempt_id, finished_at, last_failure_type)
+                         SELECT v.id, m.id, 3, s.status, 1,
+                                CASE WHEN s.claimed THEN w.id END,
+                                CASE WHEN s.claimed THEN gen_random_uuid() END,
+                                CASE WHEN s.claimed THEN now() - interval '1 hour' END,
+                                CASE WHEN s.claimed THEN now() - interval '1 minute' END,
+                                CASE WHEN s.claimed THEN gen_random_uuid() END,
+                                CASE WHEN s.status IN ('SUCCEEDED', 'FAILED') THEN now() END,
+                                CASE WHEN s.status = 'FAILED' THEN 'WORKER_INTERNAL_ERROR' END
+                         FROM v JOIN (VALUES (1, 'PENDING', false), (2, 'PROCESSING', true),
+                                             (3, 'SUCCEEDED', false), (4, 'FAILED', false))
+                                     AS s(no, status, claimed) ON s.no = v.version_no,
+                              m, w
+                         RETURNING embedding_model_id)
+                   SELECT DISTINCT embedding_model_id FROM j"""
+            ).fetchone()
+            assert model is not None
+        assert migrate(url)[:1] == [18]
+        with psycopg.connect(url) as conn:
+            indexes = conn.execute(
+                """SELECT indexname FROM pg_indexes WHERE tablename = 'embedding_jobs'
+                   ORDER BY indexname"""
+            ).fetchall()
+            # read through the new index alone
+            conn.execute("SET enable_seqscan = off")
+            conn.execute("SET enable_bitmapscan = off")
+            open_jobs = conn.execute(
+                """SELECT status FROM embedding_jobs
+                   WHERE embedding_model_id = %s AND status IN ('PENDING', 'PROCESSING', 'FAILED')
+                   ORDER BY status""",
+                model,
+            ).fetchall()
+            plan = conn.execute(
+                """EXPLAIN SELECT id FROM embedding_jobs
+                   WHERE status = 'PROCESSING' AND lease_expires_at IS NOT NULL
+                     AND lease_expires_at <= clock_timestamp()"""
+            ).fetchall()
+            expired = conn.execute(
+                """SELECT status FROM embedding_jobs
+                   WHERE status = 'PROCESSING' AND lease_expires_at IS NOT NULL
+                     AND lease_expires_at <= clock_timestamp()"""
+            ).fetchall()
+            owes = conn.execute("SELECT trioindex_switch_jobs_left(%s)", model).fetchone()
+    assert indexes == [
+        ("embedding_jobs_claim",),
+        ("embedding_jobs_document_version_id_embedding_model_id_key",),
+        ("embedding_jobs_open_by_model",),
+        ("embedding_jobs_pkey",),
+    ]
+    assert open_jobs == [("FAILED",), ("PENDING",), ("PROCESSING",)]
+    assert "embedding_jobs_open_by_model" in str(plan)
+    assert expired == [("PROCESSING",)]
+    assert owes == (True,)

@@ -45,6 +45,8 @@ WITH worker AS (
         worker_id = %(worker)s,
         claim_token = gen_random_uuid(),
         locked_at = now(),
+        -- set here, so the touch trigger is not called (its WHEN)
+        updated_at = now(),
         lease_expires_at = now() + make_interval(secs => %(lease)s),
         attempt_count = j.attempt_count + 1,
         chunking = worker.chunking,
@@ -112,9 +114,12 @@ def claim_jobs(
     """
     if k <= 0:
         return []
+    # prepared at its first execution, not psycopg's sixth: a connection plans it five times
+    # fewer before the generic plan (each a plan of the whole statement)
     rows = conn.execute(
         claim_statement(_CLAIM_SQL, k),
         {"worker": worker_id, "lease": lease_seconds, "model": model_id},
+        prepare=True,
     ).fetchall()
     if rows[0]["job_id"] is None:
         if not rows[0]["model_found"]:

@@ -14,7 +14,10 @@ WITH expired AS (
     -- the locked row as it is now (a step committed after this statement began included):
     -- what the attempt's row records
     SELECT j.id, j AS job FROM embedding_jobs j
-    WHERE j.status = 'PROCESSING' AND j.lease_expires_at <= clock_timestamp()
+    -- IS NOT NULL, a condition the open-jobs index can use (the clock's is not): only the
+    -- PROCESSING jobs' entries are read, not those of the PENDING and FAILED jobs beside them
+    WHERE j.status = 'PROCESSING' AND j.lease_expires_at IS NOT NULL
+      AND j.lease_expires_at <= clock_timestamp()
     ORDER BY j.lease_expires_at
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
