@@ -5,13 +5,13 @@ rows, the statement's parameters) and keeps several hundred jobs in flight, so w
 default first threshold (700 allocations) collections come every few jobs, and the survivors
 they promote (jobs still in flight) make the older generations' collections, which walk every
 object tracked since start-up, come often too: 12 % of a worker's CPU over 3,000 small
-documents (docs/test-results/peer.md, 2026-12-06 19:20). :func:`settle` is called once the
-worker's modules, settings and services are loaded: what exists then lives as long as the
-process, so it is moved out of the collector's view (``gc.freeze``), and the first threshold is
-raised so most of a job's objects are freed by their reference counts before a collection
-looks at them. Cycles are still collected (trio's tasks and tracebacks make some), only less
-often: the youngest generation holds at most :data:`YOUNG_THRESHOLD` more objects between
-collections.
+documents (docs/test-results/peer.md, "Where a 20,000-document run's wall time goes").
+:func:`settle` is called once the worker's modules, settings and services are loaded: what
+exists then lives as long as the process, so it is moved out of the collector's view
+(``gc.freeze``), and the first threshold is raised so most of a job's objects are freed by
+their reference counts before a collection looks at them. Cycles are still collected (trio's
+tasks and tracebacks make some), only less often: the youngest generation holds at most
+:data:`YOUNG_THRESHOLD` more objects between collections.
 """
 
 from __future__ import annotations
