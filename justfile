@@ -97,14 +97,16 @@ setup:
     set -euo pipefail
     stamp=.venv/.setup-stamp
     key() {
-        { cat uv.lock pyproject.toml requirements-local.txt
+        { echo "bytecode compiled"; cat uv.lock pyproject.toml requirements-local.txt
           {{bin}}/python -I -S -c 'import sys; print(sys.version)' 2>/dev/null || true
         } | sha256sum | cut -d' ' -f1
     }
     [[ -f $stamp && "$(<$stamp)" == "$(key)" ]] && exit 0
     echo "setting up .venv: the locked environment and CPU-only torch (about a minute, once)" >&2
     command -v uv >/dev/null || python3 -m pip install -q uv
-    uv sync --frozen --inexact --python 3.11 -q
+    # bytecode compiled once here (as the Dockerfile does): PYTHONDONTWRITEBYTECODE, set in some
+    # environments, would otherwise make every process compile every module it imports
+    uv sync --frozen --inexact --python 3.11 -q --compile-bytecode
     pip=(python3.11 -m pip --python {{bin}}/python install -q -r requirements-local.txt)
     "${pip[@]}" 2>/dev/null || "${pip[@]}" --extra-index-url {{torch_cpu_index}}
     key > "$stamp"

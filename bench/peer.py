@@ -27,7 +27,12 @@ Figures: chunks/s *steady* (the middle 80 % of rows by write time: both destinat
 the same extra column, ``DEFAULT clock_timestamp()``) and *wall* (worker process start to exit); CPU ms per chunk of the worker process (and
 its children) and of PostgreSQL (the postmaster and every backend it reaped); transactions per
 chunk (``pg_stat_database.xact_commit``); requests per chunk and the mean request batch, counted
-at the mock.
+at the mock. Each run's *timeline* (printed with its figures, kept in the JSON) says when, in
+seconds after the worker process started, its log said each step (services open, registered,
+first job, index build, queue drained, stopped: :data:`TIMELINE_MARKS`), when its first, 10th
+and 90th percentile and last rows were written, and when it exited: the wall time outside the
+steady window, by step. Both systems run with their modules compiled to bytecode
+(:func:`compile_bytecode`).
 
 Run ``.venv/bin/python -m bench.peer`` (``just bench-peer``); ``--quick`` runs 500 documents once
 each and writes to a temporary folder. ``--baseline-tree DIR`` also runs trioindex from another
@@ -54,6 +59,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -66,6 +72,7 @@ import psutil  # type: ignore[import-untyped]
 import psycopg
 
 from bench.common import (
+    REPO_ROOT,
     BenchPostgres,
     Session,
     add_out,
@@ -100,7 +107,8 @@ PGAI_NEEDS = (
     "tokenizers",  # imported by its voyageai embedder at import time
     "numpy",
 )
-PGAI_HOME = Path.home() / ".cache" / "trioindex-bench" / "pgai-0.12.1"
+# (a folder of its own since its modules are compiled to bytecode: the one before was not)
+PGAI_HOME = Path.home() / ".cache" / "trioindex-bench" / "pgai-0.12.1-bytecode"
 
 
 @attrs.frozen
@@ -117,6 +125,7 @@ class Run:
     inputs: int
     ingest_per_s: float | None = None
     recall_at_10: float | None = None
+    timeline: dict[str, float] = attrs.field(factory=dict)
 
     @property
     def wall_per_s(self) -> float:
@@ -171,23 +180,71 @@ def process_tree_cpu(process: psutil.Process) -> float:
     return total
 
 
-def run_measured(
-    args: Sequence[str], env: dict[str, str], log: Path, limit_s: float
-) -> tuple[float, float]:
-    """Run a worker command to its end; (wall seconds, CPU seconds of it and its children)."""
-    began = time.monotonic()
-    with log.open("ab") as out:
-        process = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
+# What a trioindex worker's log lines say, in the order a drain run says them: the timeline's
+# marks (the first line matching each pattern).
+TIMELINE_MARKS = (
+    ("services open", "trioindex.services: database:"),
+    ("registered", " registered (max-concurrency"),
+    ("ready", " ready: waiting for jobs"),
+    ("first job done", "': succeeded"),
+    ("index build due", "HNSW index due"),
+    ("index build starts", "building the vector index"),
+    ("queue drained", ": queue drained"),
+    ("index built", "HNSW index built"),
+    ("stopped", " stopped; counters"),
+)
+
+
+@attrs.frozen
+class Measured:
+    """One worker process run to its end: wall seconds, CPU seconds of it and its children,
+    its start on the epoch clock, and when (seconds after its start) each line was read."""
+
+    wall_s: float
+    cpu_s: float
+    started_at: float
+    lines: tuple[tuple[float, str], ...]
+
+    def marks(self) -> dict[str, float]:
+        """Seconds after start of each :data:`TIMELINE_MARKS` line seen."""
+        found: dict[str, float] = {}
+        for name, needle in TIMELINE_MARKS:
+            for at, line in self.lines:
+                if needle in line:
+                    found[name] = at
+                    break
+        return found
+
+
+def run_measured(args: Sequence[str], env: dict[str, str], log: Path, limit_s: float) -> Measured:
+    """Run a worker command to its end, its output read line by line as it comes (each line
+    stamped with the seconds since the start, in ``log`` too)."""
+    started_at, began = time.time(), time.monotonic()
+    process = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines: list[tuple[float, str]] = []
+
+    def read() -> None:
+        assert process.stdout is not None
+        with log.open("a") as out:
+            for raw in process.stdout:
+                at = time.monotonic() - began
+                line = raw.decode(errors="replace").rstrip("\n")
+                lines.append((at, line))
+                out.write(f"{at:9.3f} {line}\n")
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     watched = psutil.Process(process.pid)
     cpu = 0.0
     while process.poll() is None:
         cpu = max(cpu, process_tree_cpu(watched))
         time.sleep(0.05)
     wall = time.monotonic() - began
+    reader.join(10)
     if process.returncode != 0:
         raise RuntimeError(f"{args[0]} exited {process.returncode}:\n{log_tail(log)}")
     # the last sample misses at most 50 ms of the process itself; children reaped by it count
-    return wall, cpu
+    return Measured(wall, cpu, started_at, tuple(lines))
 
 
 def warm_mock(server: EmbedServerProcess, texts: Sequence[str]) -> None:
@@ -212,17 +269,16 @@ def warm_mock(server: EmbedServerProcess, texts: Sequence[str]) -> None:
 
 def measure(
     pg: BenchPostgres, url: str, server: EmbedServerProcess, work: Any
-) -> tuple[float, float, float, int, int, int]:
-    """Run ``work()`` → (wall, worker CPU); returns those plus DB CPU, transactions, requests
-    and inputs counted around it."""
+) -> tuple[Measured, float, int, int, int]:
+    """Run ``work()`` (a :class:`Measured`); returns it plus DB CPU, transactions, requests and
+    inputs counted around it."""
     server.reset_stats()
     before = pg.counters(url)
-    wall, cpu = work()
+    measured = work()
     after = pg.counters(url)
     stats = server.stats()
     return (
-        wall,
-        cpu,
+        measured,
         after.server_cpu_s - before.server_cpu_s,
         after.xact_commit - before.xact_commit,
         stats["embed_requests"],
@@ -288,6 +344,7 @@ def run_trioindex(
             env["TRIOINDEX_EMBEDDING_INDEX_MIN_VECTORS"] = str(index_min_vectors)
         if tree is not None:
             env["PYTHONPATH"] = str(tree / "src")
+        compile_bytecode((tree or REPO_ROOT) / "src" / "trioindex")
         began = time.monotonic()
         created = ingest_folder(env, corpus)
         ingest_rate = created / (time.monotonic() - began)
@@ -315,10 +372,10 @@ def _run(  # noqa: PLR0917 - one row of the table
     label: str,
     url: str,
     table: str,
-    figures: tuple[float, float, float, int, int, int],
+    figures: tuple[Measured, float, int, int, int],
     ingest_rate: float | None = None,
 ) -> Run:
-    wall, cpu, db_cpu, xacts, requests, inputs = figures
+    measured, db_cpu, xacts, requests, inputs = figures
     with psycopg.connect(url, autocommit=True) as conn:
         done = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
     assert done is not None
@@ -326,25 +383,56 @@ def _run(  # noqa: PLR0917 - one row of the table
         system=system,
         label=label,
         chunks=int(done[0]),
-        wall_s=wall,
+        wall_s=measured.wall_s,
         steady_per_s=steady_rate(url, table),
-        worker_cpu_s=cpu,
+        worker_cpu_s=measured.cpu_s,
         db_cpu_s=db_cpu,
         xacts=xacts,
         requests=requests,
         inputs=inputs,
         ingest_per_s=ingest_rate,
+        timeline=timeline(measured, url, table),
     )
 
 
+def timeline(measured: Measured, url: str, table: str) -> dict[str, float]:
+    """Seconds after the process started: each log mark (:data:`TIMELINE_MARKS`), the first,
+    10th-percentile, 90th-percentile and last row written (the steady window is between the
+    middle two), and the exit."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            f"""SELECT extract(epoch FROM min({WRITTEN_AT}))::float8,
+                       extract(epoch FROM percentile_disc(0.1) WITHIN GROUP (ORDER BY {WRITTEN_AT}))::float8,
+                       extract(epoch FROM percentile_disc(0.9) WITHIN GROUP (ORDER BY {WRITTEN_AT}))::float8,
+                       extract(epoch FROM max({WRITTEN_AT}))::float8
+                FROM {table}"""
+        ).fetchone()
+    marks = measured.marks()
+    if row is not None and row[0] is not None:
+        for name, at in zip(("first row", "10 % rows", "90 % rows", "last row"), row, strict=True):
+            marks[name] = at - measured.started_at
+    marks["exit"] = measured.wall_s
+    return {name: round(at, 3) for name, at in sorted(marks.items(), key=lambda kv: kv[1])}
+
+
 def pgai_bin() -> Path:
-    """pgai's command in its own virtual environment, made with uv on first use."""
+    """pgai's command in its own virtual environment, made with uv on first use, its modules
+    compiled to bytecode (:func:`compile_bytecode` says why)."""
     binary = PGAI_HOME / "bin" / "pgai"
     if not binary.exists():
         subprocess.run(["uv", "venv", "-q", "-p", sys.executable, str(PGAI_HOME)], check=True)
         env = {**os.environ, "VIRTUAL_ENV": str(PGAI_HOME)}
-        subprocess.run(["uv", "pip", "install", "-q", *PGAI_NEEDS], check=True, env=env)
+        install = ["uv", "pip", "install", "-q", "--compile-bytecode", *PGAI_NEEDS]
+        subprocess.run(install, check=True, env=env)
     return binary
+
+
+def compile_bytecode(folder: Path) -> None:
+    """Compile every module under ``folder`` that has no up-to-date bytecode. Both systems run
+    compiled, as installed packages are (``just setup`` and the Dockerfile for trioindex's
+    dependencies, :func:`pgai_bin` for pgai's): with ``PYTHONDONTWRITEBYTECODE`` set, as here,
+    a process would otherwise compile every module it imports at each start."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", str(folder)], check=True)
 
 
 def run_pgai(

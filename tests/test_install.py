@@ -124,6 +124,7 @@ def test_setup_installs_once_and_again_only_when_a_lock_file_changes(project: Pa
     first = setup(project, LOCAL_CPU_WHEEL="1")
     assert [c.split()[:2] for c in first] == [["uv", "sync"], ["python3.11", "-m"]]
     assert "-r requirements-local.txt" in first[1] and "--extra-index-url" not in first[1]
+    assert "--compile-bytecode" in first[0].split()  # no process compiles modules at its start
     assert setup(project) == []  # set up: nothing runs
     assert setup(project) == []
     with (project / "requirements-local.txt").open("a") as out:

@@ -30,11 +30,12 @@ from trioindex.db.vector_index import (
     hnsw_parameters,
     index_parameters,
     index_state,
-    pending_jobs,
+    loading,
     quantized_sql,
 )
 from trioindex.errors import TrioindexError
 from trioindex.search import vector_ranking
+from trioindex.values import BackoffPolicy, FailOutcome, FailureType
 
 DIM = 8
 
@@ -85,33 +86,43 @@ def test_registration_creates_no_index_and_the_build_waits_for_enough_vectors(
         assert build_vector_index(conn, model, min_vectors=0) is False
 
 
-def test_a_first_build_waits_while_a_backlog_is_pending_up_to_defer_factor_times_the_threshold(
+def test_a_first_build_waits_while_a_job_is_under_way_or_due_up_to_defer_factor_times_the_threshold(
     db: Database,
 ) -> None:
     with db.connection() as conn:
         model = ensure_model(conn, "m", DIM)
         _store(conn, model, 20)
-        jobs = [helpers.enqueue(conn, model.id, f"pending-{i}") for i in range(3)]
-        assert all(j.job_id is not None for j in jobs)
-        assert pending_jobs(conn, model, 3) and not pending_jobs(conn, model, 4)
+        assert not loading(conn, model) and not build_deferred(conn, model, min_vectors=20)
+        jobs = [helpers.enqueue(conn, model.id, f"pending-{i}") for i in range(2)]
+        assert all(j.job_id is not None for j in jobs) and loading(conn, model)
         # not due yet (21 vectors wanted): nothing to defer
-        assert not build_deferred(conn, model, min_vectors=21, backlog=3)
-        # due, three jobs pending: the build waits
-        assert build_deferred(conn, model, min_vectors=20, backlog=3)
-        assert build_deferred(conn, model, min_vectors=20 // DEFER_FACTOR + 1, backlog=1)
+        assert not build_deferred(conn, model, min_vectors=21)
+        # due, jobs pending: the build waits
+        assert build_deferred(conn, model, min_vectors=20)
+        assert build_deferred(conn, model, min_vectors=20 // DEFER_FACTOR + 1)
         # index-min-vectors 0 asks for the index from the first vector: never deferred
-        assert not build_deferred(conn, model, min_vectors=0, backlog=1)
-        # a backlog smaller than asked: build now
-        assert not build_deferred(conn, model, min_vectors=20, backlog=4)
+        assert not build_deferred(conn, model, min_vectors=0)
         # the model already has DEFER_FACTOR times the threshold: build now
-        assert not build_deferred(conn, model, min_vectors=20 // DEFER_FACTOR, backlog=3)
-        # the backlog claimed (PROCESSING is not pending): build now
-        lifecycle.claim_jobs(conn, helpers.worker(conn), 2, 300, model_id=model.id)
-        assert build_deferred(conn, model, min_vectors=20, backlog=1)
-        assert not build_deferred(conn, model, min_vectors=20, backlog=2)
+        assert not build_deferred(conn, model, min_vectors=20 // DEFER_FACTOR)
+        # both claimed, then one fails and is retried in an hour: the other, PROCESSING, is
+        # still the load
+        retried, running = lifecycle.claim_jobs(
+            conn, helpers.worker(conn), 2, 300, model_id=model.id
+        )
+        later = BackoffPolicy(initial=3600, maximum=3600, jitter=0)
+        unavailable = FailureType.EMBEDDING_PROVIDER_UNAVAILABLE
+        outcome = lifecycle.fail_job(conn, retried, unavailable, "down", later).outcome
+        assert outcome is FailOutcome.RETRY_SCHEDULED
+        assert build_deferred(conn, model, min_vectors=20)
+        # the other ended: a retry due later is not a load, build now
+        lifecycle.fail_job(conn, running, FailureType.EMBEDDING_RESULT_INVALID, "NaN", later)
+        assert not loading(conn, model) and not build_deferred(conn, model, min_vectors=20)
+        # the retry came due: a load again
+        helpers.make_available(conn, retried.job_id)
+        assert build_deferred(conn, model, min_vectors=20)
         _float32_index(conn, model)
         # an index to replace is never deferred
-        assert not build_deferred(conn, model, min_vectors=20, backlog=1)
+        assert not build_deferred(conn, model, min_vectors=20)
 
 
 def test_vector_search_ranks_the_same_exactly_and_through_the_index(db: Database) -> None:

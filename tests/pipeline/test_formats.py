@@ -515,6 +515,15 @@ def test_detection_prefers_content_to_name() -> None:
     assert detect_format(utf16_html, "a.txt") is DocumentFormat.HTML
 
 
+def test_the_name_hint_is_the_suffix_of_the_names_last_component() -> None:
+    title = b"# title"
+    for name in ("notes.MD", "a/b.txt/notes.md", "a\\b.txt\\notes.md", "x.tar.md"):
+        assert detect_format(title, name) is DocumentFormat.MARKDOWN, name
+    # a folder's suffix, a hidden file's leading dot and a trailing dot are no suffix
+    for name in ("notes.md/readme", ".md", "a/.md", "notes.md.", "", "."):
+        assert detect_format(title, name) is DocumentFormat.TEXT, name
+
+
 def test_the_worker_starts_without_the_document_parsers() -> None:
     """pypdf, python-docx, bs4 and lxml are imported with the first document that needs them:
     a worker process parsing small text files inline never pays ~0.3 s of CPU to load them."""

@@ -1,8 +1,8 @@
 """The worker's index keeper on a real PostgreSQL (worker/index_keeper.py): it builds the model's
 vector index when it is due, wakes after enough stored vectors, stops once the index is valid,
 replaces an older release's float32 index and rebuilds a graph with other parameters at its
-first check, waits for a backlog of pending jobs to drain before a first build (and looks again
-by itself meanwhile), and a worker stopping mid-build does not wait for the build."""
+first check, waits for the model's jobs under way or due to end before a first build (and looks
+again by itself meanwhile), and a worker stopping mid-build does not wait for the build."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from trioindex.db.vector_index import (
     index_state,
     quantized_sql,
 )
+from trioindex.values import FailureType
 from trioindex.worker.index_keeper import DEFERRED_RECHECK, VectorIndexKeeper
 
 DIM = 8
@@ -63,7 +64,7 @@ async def test_the_keeper_builds_once_the_stored_vectors_reach_the_threshold(
 
 
 def _due_with_a_backlog(db: Database) -> EmbeddingModel:
-    """A model with 6 vectors (the tests' threshold) and 3 jobs pending (their check_every)."""
+    """A model with 6 vectors (the tests' threshold) and 3 jobs pending."""
     with db.connection() as conn:
         model = ensure_model(conn, "m", DIM)
         for i in range(3):
@@ -72,20 +73,32 @@ def _due_with_a_backlog(db: Database) -> EmbeddingModel:
     return model
 
 
-def _claim_all(db: Database, model: EmbeddingModel) -> None:
+def _finish_all(db: Database, model: EmbeddingModel) -> None:
+    """Claim and end every job of the model (a failure is an end as good as a success)."""
     with db.connection() as conn:
-        lifecycle.claim_jobs(conn, helpers.worker(conn), 100, 300, model_id=model.id)
+        for claim in lifecycle.claim_jobs(conn, helpers.worker(conn), 100, 300, model_id=model.id):
+            lifecycle.fail_job(
+                conn, claim, FailureType.EMBEDDING_RESULT_INVALID, "NaN", helpers.BACKOFF
+            )
 
 
-async def test_a_due_build_waits_until_the_models_pending_jobs_are_fewer_than_check_every(
+async def test_a_due_build_waits_until_the_models_jobs_under_way_or_due_have_ended(
     db: Database, database_url: str
 ) -> None:
     model = _due_with_a_backlog(db)
     keeper = VectorIndexKeeper(database_url, model, min_vectors=6, check_every=3)
     assert not await keeper.check()
     assert keeper.deferred and keeper.built == 0
-    assert _state(db, model) is IndexState.MISSING
-    _claim_all(db, model)  # the backlog is being worked on: nothing is pending
+    with db.connection() as conn:  # claimed, not finished: still the load
+        claims = lifecycle.claim_jobs(conn, helpers.worker(conn), 100, 300, model_id=model.id)
+    assert len(claims) == 3
+    assert not await keeper.check()
+    assert keeper.deferred and _state(db, model) is IndexState.MISSING
+    with db.connection() as conn:
+        for claim in claims:
+            lifecycle.fail_job(
+                conn, claim, FailureType.EMBEDDING_RESULT_INVALID, "NaN", helpers.BACKOFF
+            )
     assert await keeper.check()
     assert (keeper.built, keeper.indexed, keeper.deferred) == (1, True, False)
     assert _state(db, model) is IndexState.VALID
@@ -199,7 +212,7 @@ async def test_a_deferred_build_is_checked_again_without_a_wake_up(
         nursery.start_soon(keeper.serve)
         await keeper.checked.wait()
         assert keeper.deferred and _state(db, model) is IndexState.MISSING
-        _claim_all(db, model)  # no vector is stored after this, so nothing wakes the keeper
+        _finish_all(db, model)  # no vector is stored after this, so nothing wakes the keeper
         keeper.checked = trio.Event()
         mock_clock.jump(DEFERRED_RECHECK - 1)
         await trio.testing.wait_all_tasks_blocked()

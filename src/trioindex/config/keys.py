@@ -215,7 +215,7 @@ KEYS: Final[tuple[KeySpec, ...]] = (
         Kind.INT,
         ">= 0",
         "vectors of a model before a worker builds its HNSW index (exact search below; "
-        "during a bulk load the build waits for it to drain, up to 3x this)",
+        "during a bulk load the build waits for it to end, up to 3x this)",
         field="embedding.index_min_vectors",
         bound=_NON_NEGATIVE,
     ),

@@ -23,15 +23,16 @@ recall 1. So a model is registered without an index (:func:`trioindex.db.models.
 and once it has ``embedding.index-min-vectors`` vectors a worker builds one
 (:func:`build_vector_index`, called by :class:`trioindex.worker.index_keeper.VectorIndexKeeper`)
 — as pgai does, and as pgvector advises (an index built over loaded rows is faster to build
-than one grown row by row). A first build that comes due during a bulk load (a backlog of the
-model's jobs pending) waits for the load to end, up to :data:`DEFER_FACTOR` times the threshold
-(:func:`build_deferred`): past the build every vector pays the graph's upkeep row by row, about
-1 ms of PostgreSQL CPU per 768-dimension vector between 10,000 and 20,000, against about
-0.25 ms per vector for a build over the loaded rows. Search ranks exactly (``ORDER BY
-vector::vector(dim) <=> query``) until the index is valid (``trioindex_nearest_chunks``
-checks, in the ranking's own statement): at 768
-dimensions on a loaded machine ~135 ms a ranking at 10,000 vectors, ~250 at 20,000 and ~780 at
-50,000 (docs/test-results/peer.md), which is what bounds the wait.
+than one grown row by row). A first build that comes due during a bulk load (a job of the
+model under way or due) waits for the load to end, up to :data:`DEFER_FACTOR` times the
+threshold (:func:`build_deferred`): every vector stored after the build starts pays the graph's
+upkeep row by row, about 2 ms of PostgreSQL CPU per 768-dimension vector between 18,000 and
+20,000, against about 0.34 ms per vector for a build over the loaded rows
+(docs/test-results/peer.md, "Where a 20,000-document run's wall time goes"). Search ranks
+exactly (``ORDER BY vector::vector(dim) <=> query``) until the index is valid
+(``trioindex_nearest_chunks`` checks, in the ranking's own statement): at 768 dimensions on a loaded machine ~135 ms a ranking at 10,000
+vectors, ~250 at 20,000 and ~780 at 50,000 (docs/test-results/peer.md), which is what bounds
+the wait.
 
 The build is ``CREATE INDEX CONCURRENTLY``: writers (other workers' commits) go on meanwhile.
 One process builds at a time (a session advisory lock per model; the others skip). A build that
@@ -135,28 +136,29 @@ def has_vectors(conn: Connection, model: EmbeddingModel, count: int) -> bool:
     return row is not None and row["n"] >= count
 
 
-def pending_jobs(conn: Connection, model: EmbeddingModel, count: int) -> bool:
-    """Whether at least ``count`` of the model's jobs are PENDING (reads at most ``count``)."""
+def loading(conn: Connection, model: EmbeddingModel) -> bool:
+    """Whether the model has a job under way or due: PROCESSING, or PENDING and available now
+    (a retry scheduled for later is not a load). Reads at most one row."""
     row = conn.execute(
-        """SELECT count(*) AS n FROM (SELECT 1 FROM embedding_jobs
-                                     WHERE embedding_model_id = %s AND status = 'PENDING'
-                                     LIMIT %s) s""",
-        (model.id, count),
+        """SELECT EXISTS (SELECT 1 FROM embedding_jobs
+                          WHERE embedding_model_id = %s
+                            AND (status = 'PROCESSING'
+                                 OR (status = 'PENDING' AND available_at <= now()))) AS busy""",
+        (model.id,),
     ).fetchone()
-    return row is not None and row["n"] >= count
+    return row is not None and bool(row["busy"])
 
 
-def build_deferred(
-    conn: Connection, model: EmbeddingModel, *, min_vectors: int, backlog: int
-) -> bool:
+def build_deferred(conn: Connection, model: EmbeddingModel, *, min_vectors: int) -> bool:
     """Whether the model's first build, due by its vector count, waits for a bulk load to end:
-    it has no index of any kind (none to replace or finish), at least ``backlog`` of its jobs
-    are pending, and fewer than :data:`DEFER_FACTOR` × ``min_vectors`` vectors are stored.
-    Never with ``min_vectors`` 0 (the index from the first vector, as asked).
+    it has no index of any kind (none to replace or finish), a job of the model is under way or
+    due (:func:`loading`), and fewer than :data:`DEFER_FACTOR` × ``min_vectors`` vectors are
+    stored. Never with ``min_vectors`` 0 (the index from the first vector, as asked).
 
-    Every vector stored after the build pays the graph's upkeep row by row; a build over the
-    loaded rows costs a quarter of that (the module docstring, "When"). Search stays exact
-    meanwhile, and an exact scan slows with the vectors, hence the limit."""
+    Every vector stored after the build starts pays the graph's upkeep row by row (a concurrent
+    build's late rows too); a build over the loaded rows costs a sixth of that (the module
+    docstring, "When"). Search stays exact meanwhile, and an exact scan slows with the vectors,
+    hence the limit."""
     return (
         min_vectors > 0
         and all(
@@ -164,7 +166,7 @@ def build_deferred(
             for name in (model.index_name, model.retired_index_name, model.next_index_name)
         )
         and has_vectors(conn, model, count=min_vectors)
-        and pending_jobs(conn, model, max(1, backlog))
+        and loading(conn, model)
         and not has_vectors(conn, model, DEFER_FACTOR * min_vectors)
     )
 

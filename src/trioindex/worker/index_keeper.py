@@ -7,11 +7,11 @@ parameters than today's (the new index is built beside it, then the old one drop
 keeper checks at worker start, then again after every ``check_every`` vectors this worker
 stores, and builds the index concurrently (other workers keep committing) when the count is
 reached. Once a valid index exists it stops checking.
-A first build that is due while another check's worth of the model's jobs (``check_every``)
-is still pending waits for that backlog to drain (:func:`~trioindex.db.vector_index.build_deferred`:
-a bulk load is indexed in one build over its rows instead of row by row, up to three times the
-threshold); while it waits the keeper also checks every :data:`DEFERRED_RECHECK` seconds, so the
-index comes soon after the load ends even if this worker stores nothing more.
+A first build that is due while a job of the model is under way or due waits for the load to
+end (:func:`~trioindex.db.vector_index.build_deferred`: a bulk load is indexed in one build over
+all its rows instead of partly row by row, up to three times the threshold); while it waits the
+keeper also checks every :data:`DEFERRED_RECHECK` seconds, so the index comes soon after the
+load ends even if this worker stores nothing more.
 A draining worker checks once more at the end (:meth:`VectorIndexKeeper.check`, after waiting
 for a build under way), so a bulk load run with ``worker --drain`` ends with its index built.
 
@@ -46,7 +46,7 @@ from trioindex.errors import DatabaseUnavailable
 
 logger = logging.getLogger(__name__)
 
-# How often a keeper whose build waits for a backlog looks again without being woken.
+# How often a keeper whose build waits for a load to end looks again without being woken.
 DEFERRED_RECHECK = 30.0
 
 
@@ -105,9 +105,7 @@ class VectorIndexKeeper:
             try:
                 with connect(self.conninfo) as conn:
                     sessions.append(conn)
-                    if build_deferred(
-                        conn, self.model, min_vectors=self.min_vectors, backlog=self.check_every
-                    ):
+                    if build_deferred(conn, self.model, min_vectors=self.min_vectors):
                         return False, False, True
                     built = build_vector_index(conn, self.model, min_vectors=self.min_vectors)
                     return built, index_state(conn, self.model) is IndexState.VALID, False
@@ -131,9 +129,7 @@ class VectorIndexKeeper:
             )
             return False
         if deferred and not self.deferred:
-            logger.info(
-                "model %s: HNSW index due, built once its pending jobs drain", self.model.name
-            )
+            logger.info("model %s: HNSW index due, built once its load ends", self.model.name)
         self.deferred = deferred
         if built:
             self.built += 1

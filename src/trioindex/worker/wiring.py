@@ -56,6 +56,7 @@ from trioindex.values import (
     ParseSnapshot,
     token_chunking,
 )
+from trioindex.worker import collector
 from trioindex.worker.committer import GroupCommitter
 from trioindex.worker.document_budget import DocumentBudget
 from trioindex.worker.index_keeper import VectorIndexKeeper
@@ -325,6 +326,7 @@ def build_worker(
 async def run_worker(settings: Settings, *, drain: bool = False, listen: bool = True) -> Worker:
     """Run one worker to the end; return it (its counters say what happened)."""
     async with open_services(settings, embedder=True) as services:
+        collector.settle()  # what is loaded now lives as long as the process
         keeper = VectorIndexKeeper(
             services.direct_url or services.database_url,
             services.model,
