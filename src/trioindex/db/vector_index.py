@@ -30,9 +30,9 @@ upkeep row by row, about 2 ms of PostgreSQL CPU per 768-dimension vector between
 20,000, against about 0.34 ms per vector for a build over the loaded rows
 (docs/test-results/peer.md, "Where a 20,000-document run's wall time goes"). Search ranks
 exactly (``ORDER BY vector::vector(dim) <=> query``) until the index is valid
-(``trioindex_nearest_chunks`` checks, in the ranking's own statement): at 768 dimensions on a loaded machine ~135 ms a ranking at 10,000
-vectors, ~250 at 20,000 and ~780 at 50,000 (docs/test-results/peer.md), which is what bounds
-the wait.
+(``trioindex_nearest_chunks`` checks, in the ranking's own statement): at 768 dimensions on
+a loaded machine ~135 ms a ranking at 10,000 vectors, ~250 at 20,000 and ~780 at 50,000
+(docs/test-results/peer.md), which is what bounds the wait.
 
 The build is ``CREATE INDEX CONCURRENTLY``: writers (other workers' commits) go on meanwhile.
 One process builds at a time (a session advisory lock per model; the others skip). A build that
