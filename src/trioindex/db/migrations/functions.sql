@@ -1323,10 +1323,10 @@ $$;
 -- (through the index, with hnsw.iterative_scan = p_iterative_scan and, unless p_ef_search is
 -- NULL, hnsw.ef_search = p_ef_search, both for this transaction only) ordered by exact cosine.
 -- The candidates are ranked from the vectors and the served rows alone; documents and
--- versions are read for them only when a filter needs them: a key prefix p_key_prefix, content
--- types p_content_types (a type, or its family: "text"), and OCR's low-confidence mark
--- p_low_confidence (NULL: either). The text, document and version are read for the p_limit
--- kept. The dimension is written into the statement: the index is on that expression.
+-- versions are read for them only when a filter is given (p_key_prefix, p_content_types,
+-- p_low_confidence: trioindex_search_filters_pass says what each keeps; NULL: no filter). The
+-- text, document and version are read for the p_limit kept. The dimension is written into the
+-- statement: the index is on that expression.
 CREATE FUNCTION trioindex_nearest_chunks(
     p_query vector, p_model uuid, p_dimension integer, p_index text, p_limit integer,
     p_candidates integer, p_ef_search integer, p_iterative_scan text,
