@@ -84,6 +84,17 @@ def test_vector_ranking_orders_by_cosine_over_current_versions_only(
     assert ranked[2].score == pytest.approx(0.0, abs=1e-6)
 
 
+def found_by_both(conn: Connection, model: EmbeddingModel, filters: Filters) -> set[str]:
+    """The documents the vector and the text ranking both return under ``filters`` (for a
+    chunk "x" of vector (1, 0, 0, 0)): the two rankings keep the same."""
+    by_vector = {
+        r.document_key for r in vector_ranking(conn, model, unit(1, 0, 0, 0), 10, filters=filters)
+    }
+    by_text = {r.document_key for r in text_ranking(conn, model, "x", 10, filters=filters)}
+    assert by_vector == by_text
+    return by_vector
+
+
 def test_filters_keep_a_key_prefix_and_content_types(db: Database, model: EmbeddingModel) -> None:
     v = unit(1, 0, 0, 0)
     store(
@@ -98,12 +109,7 @@ def test_filters_keep_a_key_prefix_and_content_types(db: Database, model: Embedd
     with db.connection() as conn:
 
         def found(filters: Filters) -> set[str]:
-            by_vector = {
-                r.document_key for r in vector_ranking(conn, model, v, 10, filters=filters)
-            }
-            by_text = {r.document_key for r in text_ranking(conn, model, "x", 10, filters=filters)}
-            assert by_vector == by_text
-            return by_vector
+            return found_by_both(conn, model, filters)
 
         assert found(Filters()) == {
             "papers/a.md",
@@ -150,12 +156,7 @@ def test_hostile_filter_values_keep_what_they_say_in_both_rankings(
         )
 
         def found(filters: Filters) -> set[str]:
-            by_vector = {
-                r.document_key for r in vector_ranking(conn, model, v, 10, filters=filters)
-            }
-            by_text = {r.document_key for r in text_ranking(conn, model, "x", 10, filters=filters)}
-            assert by_vector == by_text
-            return by_vector
+            return found_by_both(conn, model, filters)
 
         everything = set(keys_)
         for prefix in keys_:
