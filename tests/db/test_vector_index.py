@@ -6,11 +6,13 @@ the one search uses, and vector search answering the exact top k before and afte
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator
 
 import numpy as np
+import psycopg
 import pytest
 
 from testkit.search_corpus import IndexedDocument, store_indexed
@@ -18,7 +20,7 @@ from tests import helpers
 from trioindex.db import jobs as lifecycle
 from trioindex.db.models import INDEX_BUILD_LOCK, EmbeddingModel, ensure_model, remove_model
 from trioindex.db.pool import Connection, Database
-from trioindex.db.search import NO_FILTERS, HnswSettings, IterativeScan, nearest_chunks
+from trioindex.db.search import NO_FILTERS, Filters, HnswSettings, IterativeScan, nearest_chunks
 from trioindex.db.vector_index import (
     DEFER_FACTOR,
     IndexState,
@@ -34,7 +36,7 @@ from trioindex.db.vector_index import (
     quantized_sql,
 )
 from trioindex.errors import TrioindexError
-from trioindex.search import vector_ranking
+from trioindex.search import text_ranking, vector_ranking
 from trioindex.values import BackoffPolicy, FailOutcome, FailureType
 
 DIM = 8
@@ -195,6 +197,56 @@ def test_a_deeper_list_ranked_from_a_shorter_lists_candidates(
     assert [r.document_key for r in deeper[:5]] == top
     assert len(deeper) == 10 and len(short) == 10
     assert [r.score for r in deeper] == sorted((r.score for r in deeper), reverse=True)
+
+
+@contextlib.contextmanager
+def _plans_run(conn: Connection) -> Iterator[list[str]]:
+    """The plans of every statement run inside (those a function runs too), as auto_explain
+    sends them to this session."""
+    plans: list[str] = []
+
+    def keep(diagnostic: psycopg.errors.Diagnostic) -> None:
+        if "plan:" in (diagnostic.message_primary or ""):
+            plans.append(diagnostic.message_primary or "")
+
+    conn.execute("LOAD 'auto_explain'")
+    for setting in ("log_min_duration = 0", "log_nested_statements = on", "log_verbose = on"):
+        conn.execute(f"SET auto_explain.{setting}")
+    conn.execute("SET client_min_messages = log")
+    conn.add_notice_handler(keep)
+    try:
+        yield plans
+    finally:
+        conn.remove_notice_handler(keep)
+        conn.execute("RESET client_min_messages")
+
+
+def test_the_filters_are_inlined_and_the_ranking_still_scans_the_index(db: Database) -> None:
+    # the one text of the filters (trioindex_search_filters_pass) is expanded in place by the
+    # planner, in the vector ranking's statement as in the text ranking's, the filters given
+    # folded into constants and those not given gone: no function call per row, and the
+    # vector ranking's candidates still come from the bit index
+    dim, n = 64, 600
+    rng = np.random.default_rng(7)
+    filters = Filters(content_types=("text",), low_confidence=False)
+    with db.connection() as conn:
+        model, centres, _ = _store_clusters(conn, rng, dim, n)
+        assert build_vector_index(conn, model, min_vectors=n)
+        with _plans_run(conn) as plans:
+            hits = vector_ranking(conn, model, centres[12], 5, filters=filters)
+            texts = text_ranking(conn, model, "125", 5, filters=filters)
+    assert {h.document_key for h in hits} <= {f"doc-{i}" for i in range(120, 130)}
+    assert [h.document_key for h in texts] == ["doc-125"]
+    # (the query's text, then its plan)
+    calling = [p.split("(cost=", 1) for p in plans if "trioindex_search_filters_pass(" in p]
+    ranking = [body for text, body in calling if "<~>" in text]
+    assert len(calling) == 2 and len(ranking) == 1  # the vector and the text ranking's
+    for _, body in calling:
+        assert "trioindex_search_filters_pass" not in body
+        assert re.search(r"split_part\(v(_\d+)?\.content_type, '/'::text, 1\) = ANY", body)
+        assert re.search(r"v(_\d+)?\.ocr_low_confidence_pages IS NULL", body)
+        assert "starts_with" not in body
+    assert f"Index Scan using {model.index_name}" in ranking[0]
 
 
 def test_narrow_vectors_take_twice_the_candidates_per_result_up_to_the_ceiling() -> None:

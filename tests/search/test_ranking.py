@@ -84,6 +84,17 @@ def test_vector_ranking_orders_by_cosine_over_current_versions_only(
     assert ranked[2].score == pytest.approx(0.0, abs=1e-6)
 
 
+def found_by_both(conn: Connection, model: EmbeddingModel, filters: Filters) -> set[str]:
+    """The documents the vector and the text ranking both return under ``filters`` (for a
+    chunk "x" of vector (1, 0, 0, 0)): the two rankings keep the same."""
+    by_vector = {
+        r.document_key for r in vector_ranking(conn, model, unit(1, 0, 0, 0), 10, filters=filters)
+    }
+    by_text = {r.document_key for r in text_ranking(conn, model, "x", 10, filters=filters)}
+    assert by_vector == by_text
+    return by_vector
+
+
 def test_filters_keep_a_key_prefix_and_content_types(db: Database, model: EmbeddingModel) -> None:
     v = unit(1, 0, 0, 0)
     store(
@@ -98,12 +109,7 @@ def test_filters_keep_a_key_prefix_and_content_types(db: Database, model: Embedd
     with db.connection() as conn:
 
         def found(filters: Filters) -> set[str]:
-            by_vector = {
-                r.document_key for r in vector_ranking(conn, model, v, 10, filters=filters)
-            }
-            by_text = {r.document_key for r in text_ranking(conn, model, "x", 10, filters=filters)}
-            assert by_vector == by_text
-            return by_vector
+            return found_by_both(conn, model, filters)
 
         assert found(Filters()) == {
             "papers/a.md",
@@ -125,6 +131,49 @@ def test_filters_keep_a_key_prefix_and_content_types(db: Database, model: Embedd
         }
         # LIKE wildcards in a prefix are plain characters
         assert found(Filters(key_prefix="papers_")) == set()
+
+
+def test_hostile_filter_values_keep_what_they_say_in_both_rankings(
+    db: Database, model: EmbeddingModel
+) -> None:
+    # a prefix is plain characters (no LIKE wildcard or escape, quotes as written, any
+    # unicode), an empty prefix or type list is no filter, a long type list is one value, and
+    # the OCR mark is kept or left out alike by the vector and the text ranking
+    v = unit(1, 0, 0, 0)
+    keys_ = ["a%b/1", "a_b/2", "a\\b/3", "it's/4", 'q"/5', "ünï 한/6", "axb/7"]
+    ids = store(
+        db,
+        model,
+        *(
+            IndexedDocument(k, ["x"], [v], "text/plain" if i % 2 else "image/png")
+            for i, k in enumerate(keys_)
+        ),
+    )
+    with db.connection() as conn:
+        conn.execute(
+            "UPDATE document_versions SET ocr_low_confidence_pages = '{1}' WHERE document_id = %s",
+            (ids["axb/7"],),
+        )
+
+        def found(filters: Filters) -> set[str]:
+            return found_by_both(conn, model, filters)
+
+        everything = set(keys_)
+        for prefix in keys_:
+            assert found(Filters(key_prefix=prefix[:-2])) == {prefix}
+        assert found(Filters(key_prefix="a")) == {"a%b/1", "a_b/2", "a\\b/3", "axb/7"}
+        assert found(Filters(key_prefix="%")) == set()
+        assert found(Filters(key_prefix="")) == everything
+        assert found(Filters(content_types=())) == everything
+        many = tuple(f"type/{i}" for i in range(5000))
+        assert found(Filters(content_types=many)) == set()
+        assert found(Filters(content_types=(*many, "image"))) == {
+            k for i, k in enumerate(keys_) if not i % 2
+        }
+        assert found(Filters(content_types=("image/png'",))) == set()
+        assert found(Filters(low_confidence=True)) == {"axb/7"}
+        assert found(Filters(low_confidence=False)) == everything - {"axb/7"}
+        assert found(Filters("a", ("image",), low_confidence=False)) == {"a%b/1", "a\\b/3"}
 
 
 def test_vector_ranking_through_the_index_returns_each_chunks_own_rows_under_filters(

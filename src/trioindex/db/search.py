@@ -33,22 +33,14 @@ class Filters:
     content_types: tuple[str, ...] = ()
     low_confidence: bool | None = None
 
-    def sql(self) -> tuple[str, dict[str, Any]]:
-        """``AND ...`` conditions over ``d`` (documents) and ``v`` (versions), and their params."""
-        where, params = "", dict[str, Any]()
-        if self.key_prefix:
-            where += " AND starts_with(d.external_key, %(key_prefix)s)"
-            params["key_prefix"] = self.key_prefix
-        if self.content_types:
-            where += (
-                " AND (v.content_type = ANY(%(content_types)s)"
-                " OR split_part(v.content_type, '/', 1) = ANY(%(content_types)s))"
-            )
-            params["content_types"] = list(self.content_types)
-        if self.low_confidence is not None:
-            where += " AND (v.ocr_low_confidence_pages IS NOT NULL) = %(low_confidence)s"
-            params["low_confidence"] = self.low_confidence
-        return where, params
+    def params(self) -> dict[str, Any]:
+        """The filters as the parameters of ``trioindex_search_filters_pass`` (``functions.sql``:
+        the one text of what they keep), NULL for each filter not given."""
+        return {
+            "key_prefix": self.key_prefix or None,
+            "content_types": list(self.content_types) or None,
+            "low_confidence": self.low_confidence,
+        }
 
 
 @attrs.frozen
@@ -108,10 +100,8 @@ def nearest_chunks(
             "candidates": candidates,
             "ef": ef if explicit else None,
             "scan": hnsw.iterative_scan,
-            "key_prefix": filters.key_prefix or None,
-            "content_types": list(filters.content_types),
-            "low_confidence": filters.low_confidence,
-        },
+        }
+        | filters.params(),
     ).fetchall()
 
 
@@ -250,7 +240,6 @@ def served_chunks(
     serves, in its chunk set (the chunks it has vectors for), and pass ``filters``: the result
     columns with their ``score``, in that order. Checked in order until ``limit`` pass: a few
     index probes per returned chunk, not per candidate."""
-    where, params = filters.sql()
     return conn.execute(
         f"""SELECT {_COLUMNS}, t.score
             FROM unnest(%(ids)s::uuid[], %(scores)s::float8[]) WITH ORDINALITY
@@ -260,7 +249,10 @@ def served_chunks(
                                   AND s.embedding_model_id = %(model)s
             JOIN documents d ON d.id = s.document_id
             JOIN document_versions v ON v.id = c.document_version_id
-            WHERE {_HAS_VECTOR}{where}
+            WHERE {_HAS_VECTOR}
+              AND trioindex_search_filters_pass(
+                      d.external_key, v.content_type, v.ocr_low_confidence_pages,
+                      %(key_prefix)s::text, %(content_types)s::text[], %(low_confidence)s::boolean)
             ORDER BY t.ord
             LIMIT %(limit)s""",
         {
@@ -269,7 +261,7 @@ def served_chunks(
             "model": model.id,
             "limit": limit,
         }
-        | params,
+        | filters.params(),
     ).fetchall()
 
 

@@ -1343,6 +1343,24 @@ BEGIN
 END;
 $$;
 
+-- Whether a version's document passes a search's filters: its key starts with p_key_prefix
+-- (plain characters, no LIKE wildcards), its content type is one of p_content_types or of
+-- their family (a type's part before the "/": "text"), and OCR marked it of low confidence
+-- (p_low_confidence true) or did not (false). A NULL or empty filter keeps every version. One
+-- SQL expression, IMMUTABLE and not STRICT, so the planner inlines it into the rankings that
+-- call it (an absent filter folds to true when its value is known at planning).
+CREATE FUNCTION trioindex_search_filters_pass(
+    p_external_key text, p_content_type text, p_ocr_low_confidence_pages integer[],
+    p_key_prefix text, p_content_types text[], p_low_confidence boolean
+) RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT (p_key_prefix IS NULL OR starts_with(p_external_key, p_key_prefix))
+       AND (coalesce(cardinality(p_content_types), 0) = 0
+            OR p_content_type = ANY(p_content_types)
+            OR split_part(p_content_type, '/', 1) = ANY(p_content_types))
+       AND (p_low_confidence IS NULL
+            OR (p_ocr_low_confidence_pages IS NOT NULL) = p_low_confidence)
+$$;
+
 -- The p_limit chunks of the versions p_model serves nearest p_query by cosine, best first, with
 -- score = 1 - cosine distance: one statement, so one round trip (db/search.py says why the
 -- ranking has this shape). Exact while the model's bit index p_index is missing or invalid;
@@ -1350,10 +1368,10 @@ $$;
 -- (through the index, with hnsw.iterative_scan = p_iterative_scan and, unless p_ef_search is
 -- NULL, hnsw.ef_search = p_ef_search, both for this transaction only) ordered by exact cosine.
 -- The candidates are ranked from the vectors and the served rows alone; documents and
--- versions are read for them only when a filter needs them: a key prefix p_key_prefix, content
--- types p_content_types (a type, or its family: "text"), and OCR's low-confidence mark
--- p_low_confidence (NULL: either). The text, document and version are read for the p_limit
--- kept. The dimension is written into the statement: the index is on that expression.
+-- versions are read for them only when a filter is given (p_key_prefix, p_content_types,
+-- p_low_confidence: trioindex_search_filters_pass says what each keeps; NULL: no filter). The
+-- text, document and version are read for the p_limit kept. The dimension is written into the
+-- statement: the index is on that expression.
 CREATE FUNCTION trioindex_nearest_chunks(
     p_query vector, p_model uuid, p_dimension integer, p_index text, p_limit integer,
     p_candidates integer, p_ef_search integer, p_iterative_scan text,
@@ -1377,15 +1395,11 @@ BEGIN
             PERFORM set_config('hnsw.ef_search', p_ef_search::text, true);
         END IF;
     END IF;
-    IF coalesce(p_key_prefix, '') <> '' THEN
-        filters := filters || ' AND starts_with(d.external_key, $5)';
-    END IF;
-    IF coalesce(cardinality(p_content_types), 0) > 0 THEN
-        filters := filters || ' AND (v.content_type = ANY($6)'
-                           || ' OR split_part(v.content_type, ''/'', 1) = ANY($6))';
-    END IF;
-    IF p_low_confidence IS NOT NULL THEN
-        filters := filters || ' AND (v.ocr_low_confidence_pages IS NOT NULL) = $7';
+    -- which rows the filters read, not what they keep (trioindex_search_filters_pass says
+    -- that): joined whenever a filter is given at all, so an empty one costs a join, no row
+    IF num_nonnulls(p_key_prefix, p_content_types, p_low_confidence) > 0 THEN
+        filters := ' AND trioindex_search_filters_pass(d.external_key, v.content_type,'
+                   ' v.ocr_low_confidence_pages, $5, $6, $7)';
     END IF;
     nearest := format(
         'SELECT e.chunk_id, 1 - (%s) AS score
