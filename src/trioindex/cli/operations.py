@@ -51,7 +51,7 @@ def worker(
         from trioindex.worker.metrics import start_metrics_server
 
         start_metrics_server(metrics_port)
-    done = run(functools.partial(run_worker, settings, drain=drain))
+    done = run(functools.partial(run_worker, settings, drain=drain, own_process=True))
     logger.info("worker exited: %s", done.counters.snapshot())
 
 

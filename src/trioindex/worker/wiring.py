@@ -323,10 +323,18 @@ def build_worker(
     )
 
 
-async def run_worker(settings: Settings, *, drain: bool = False, listen: bool = True) -> Worker:
-    """Run one worker to the end; return it (its counters say what happened)."""
+async def run_worker(
+    settings: Settings, *, drain: bool = False, listen: bool = True, own_process: bool = False
+) -> Worker:
+    """Run one worker to the end; return it (its counters say what happened).
+
+    ``own_process`` says the process exists to run this worker (the ``worker`` command): once
+    the services are open, the garbage collector is tuned for it (:func:`collector.settle`).
+    A caller that runs a worker inside a process of its own (a test, an application) keeps its
+    collector as it was."""
     async with open_services(settings, embedder=True) as services:
-        collector.settle()  # what is loaded now lives as long as the process
+        if own_process:
+            collector.settle()  # what is loaded now lives as long as the process
         keeper = VectorIndexKeeper(
             services.direct_url or services.database_url,
             services.model,
