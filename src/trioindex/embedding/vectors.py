@@ -93,10 +93,7 @@ class Vectors:
             raise ResultInvalid(
                 f"embedding vector 0 has dimension {matrix.shape[1]}, expected {dimension}"
             )
-        finite = np.isfinite(matrix).all(axis=1)
-        if not finite.all():
-            position = int(np.argmin(finite))
-            raise ResultInvalid(f"embedding vector {position} holds NaN or Infinity")
+        _check_finite(matrix)
         if expected_count and float(np.abs(matrix).max()) > FLOAT32_MAX:
             raise ResultInvalid("embedding response holds a value beyond float32")
         _check_norms(matrix)
@@ -211,6 +208,17 @@ def validate_vectors(
     return Vectors(len(vectors), dimension, memoryview(flat))
 
 
+def _check_finite(matrix: npt.NDArray[np.floating[Any]], *, first: int = 0) -> None:
+    """:class:`ResultInvalid` naming the first row of ``matrix`` (numbered from ``first``) that
+    holds a NaN or an infinity."""
+    import numpy as np
+
+    finite = np.isfinite(matrix).all(axis=1)
+    if not finite.all():
+        position = first + int(np.argmin(finite))
+        raise ResultInvalid(f"embedding vector {position} holds NaN or Infinity")
+
+
 def _short_message(position: int) -> str:
     return (
         f"embedding vector {position} has a zero or near-zero norm "
@@ -290,10 +298,7 @@ def _from_base64(vectors: list[object], dimension: int, *, first: int = 0) -> Ve
     import numpy as np
 
     matrix = np.frombuffer(b"".join(raw), dtype="<f4").reshape(len(raw), dimension)
-    finite = np.isfinite(matrix).all(axis=1)
-    if not finite.all():
-        position = first + int(np.argmin(finite))
-        raise ResultInvalid(f"embedding vector {position} holds NaN or Infinity")
+    _check_finite(matrix, first=first)
     _check_norms(matrix, first=first)
     return Vectors._of_matrix(matrix.astype(np.float32, copy=False))
 

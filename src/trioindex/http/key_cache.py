@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
+import time  # sync-ok: monotonic only, nothing sleeps
 from collections.abc import Callable
 from typing import Final
 

@@ -6,7 +6,7 @@ the status: a bounded set.
 
 from __future__ import annotations
 
-import time
+import time  # sync-ok: perf_counter only, nothing sleeps
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,

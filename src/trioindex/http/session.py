@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hmac
 import secrets
-import time
+import time  # sync-ok: monotonic only, nothing sleeps
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Final
