@@ -1165,3 +1165,75 @@ def test_every_write_of_a_job_row_moves_its_updated_at(db: Database, worker: Any
         write(lambda: lifecycle.complete_many(conn, [last]))
         assert helpers.job_row(conn, claim.job_id)["status"] == "SUCCEEDED"
     assert all(b > a for a, b in itertools.pairwise(stamps)), stamps
+
+
+# --- the running attempt's steps after it ends -------------------------------------------------
+
+_STEP_COLUMNS = (
+    "attempt_parse_started_at",
+    "attempt_chunks_stored_at",
+    "attempt_chunks",
+    "attempt_characters",
+    "attempt_replaced_sequences",
+    "attempt_embedding_started_at",
+    "attempt_embeddings_stored_at",
+    "attempt_embeddings",
+    "attempt_embedding_slices",
+)
+
+
+def _end_by_retry(conn: Any, claim: Claim) -> None:
+    lifecycle.fail_job(conn, claim, FailureType.STORAGE_UNAVAILABLE, "down", helpers.BACKOFF)
+
+
+def _end_by_failure(conn: Any, claim: Claim) -> None:
+    lifecycle.fail_job(conn, claim, FailureType.DOCUMENT_CONTENT_INVALID, "bad", helpers.BACKOFF)
+
+
+def _end_by_recovery(conn: Any, claim: Claim) -> None:
+    helpers.expire_lease(conn, claim.job_id)
+    lifecycle.recover_expired(conn, helpers.BACKOFF)
+
+
+def _end_by_completion(conn: Any, claim: Claim) -> None:
+    lifecycle.complete_job(conn, claim)
+
+
+def _end_by_group_completion(conn: Any, claim: Claim) -> None:
+    [result] = lifecycle.complete_many(conn, [claim])
+    assert not isinstance(result, Exception), result
+
+
+@pytest.mark.parametrize(
+    "end",
+    [
+        _end_by_retry,
+        _end_by_failure,
+        lifecycle.release_job,
+        _end_by_recovery,
+        _end_by_completion,
+        _end_by_group_completion,
+    ],
+    ids=["retry", "failed", "hand-back", "recovery", "completion", "group-completion"],
+)
+def test_an_ended_attempt_leaves_its_steps_in_its_row_and_none_on_the_job_row(
+    db: Database, worker: Any, end: Callable[[Any, Claim], object]
+) -> None:
+    """Every end of an attempt (failure with a retry, failure, hand-back, lease recovery,
+    completion alone and in a group) writes the steps the attempt ran into its row and empties
+    them on the job row in the same update: a job that runs no attempt carries none."""
+    claim = _claim_one(db, worker, max_attempts=3)
+    with db.connection() as conn:
+        helpers.stage_embedded(conn, claim)
+        begin_embedding(conn, claim)
+        running = helpers.job_row(conn, claim.job_id)
+        assert running["attempt_embedding_started_at"] is not None
+        end(conn, claim)
+        job = helpers.job_row(conn, claim.job_id)
+        ended = conn.execute(
+            "SELECT embedding_started_at FROM embedding_job_attempts WHERE id = %s",
+            (claim.attempt_id,),
+        ).fetchone()
+    assert job["status"] != "PROCESSING"
+    assert ended == {"embedding_started_at": running["attempt_embedding_started_at"]}
+    assert {column: job[column] for column in _STEP_COLUMNS} == dict.fromkeys(_STEP_COLUMNS)

@@ -9,6 +9,7 @@ from datetime import datetime
 from uuid import UUID
 
 from trioindex.db.fence import claim_arrays, refusal_error
+from trioindex.db.jobs.attempt_steps import ATTEMPT_STEPS_CLEARED
 from trioindex.db.pool import Connection
 from trioindex.errors import ModelRemoved
 from trioindex.values import Claim
@@ -53,10 +54,7 @@ WITH worker AS (
         -- the attempt runs on the job row (its start is locked_at); its row is written when
         -- it ends, under this id. No event is written for the claim.
         attempt_id = gen_random_uuid(),
-        attempt_parse_started_at = NULL, attempt_chunks_stored_at = NULL, attempt_chunks = NULL,
-        attempt_characters = NULL, attempt_replaced_sequences = NULL,
-        attempt_embedding_started_at = NULL, attempt_embeddings_stored_at = NULL,
-        attempt_embeddings = NULL, attempt_embedding_slices = NULL
+        {attempt_steps_cleared}
     FROM picked, worker
     WHERE j.id = picked.id
     RETURNING j.id, j.worker_id, j.claim_token, j.document_version_id, j.embedding_model_id,
@@ -82,7 +80,7 @@ FROM (SELECT %(model)s::uuid IS NULL
 LEFT JOIN (claimed c
            JOIN document_versions v ON v.id = c.document_version_id
            JOIN documents d ON d.id = v.document_id) ON true
-"""
+""".replace("{attempt_steps_cleared}", ATTEMPT_STEPS_CLEARED)
 
 
 @functools.lru_cache(maxsize=64)

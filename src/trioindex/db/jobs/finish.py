@@ -9,6 +9,7 @@ from datetime import datetime
 
 from trioindex.db.events import record_claim_event
 from trioindex.db.fence import claim_arrays, fenced_errors, lock_owned_job, refusal_error
+from trioindex.db.jobs.attempt_steps import ATTEMPT_STEPS_CLEARED
 from trioindex.db.pool import Connection
 from trioindex.errors import FailureType, bounded
 from trioindex.values import BackoffPolicy, Claim, CompleteResult, FailOutcome, FailResult
@@ -105,12 +106,12 @@ def fail_job(
         retry = failure_type.retryable and owned.attempt_count < owned.max_attempts
         if retry:
             row = conn.execute(
-                """UPDATE embedding_jobs
+                f"""UPDATE embedding_jobs
                    SET status = 'PENDING',
                        available_at = now() + make_interval(secs => trioindex_retry_delay(
                            attempt_count, %s, %s, %s, %s)),
                        worker_id = NULL, claim_token = NULL, locked_at = NULL,
-                       lease_expires_at = NULL, attempt_id = NULL,
+                       lease_expires_at = NULL, attempt_id = NULL, {ATTEMPT_STEPS_CLEARED},
                        last_failure_type = %s, last_failure_message = %s
                    WHERE id = %s RETURNING available_at""",
                 (
@@ -128,10 +129,10 @@ def fail_job(
             event, outcome = "JOB_RETRY_SCHEDULED", FailOutcome.RETRY_SCHEDULED
         else:
             conn.execute(
-                """UPDATE embedding_jobs
+                f"""UPDATE embedding_jobs
                    SET status = 'FAILED', finished_at = now(),
                        worker_id = NULL, claim_token = NULL, locked_at = NULL,
-                       lease_expires_at = NULL, attempt_id = NULL,
+                       lease_expires_at = NULL, attempt_id = NULL, {ATTEMPT_STEPS_CLEARED},
                        last_failure_type = %s, last_failure_message = %s
                    WHERE id = %s""",
                 (failure_type.value, safe_message, claim.job_id),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from uuid import UUID
 
+from trioindex.db.jobs.attempt_steps import ATTEMPT_STEPS_CLEARED
 from trioindex.db.pool import Connection
 from trioindex.values import BackoffPolicy, DrainState, FailOutcome, RecoveredJob
 
@@ -41,7 +42,7 @@ WITH expired AS (
             THEN j.last_failure_message
             ELSE 'the lease expired on the last attempt (worker stopped renewing it)' END,
         worker_id = NULL, claim_token = NULL, locked_at = NULL, lease_expires_at = NULL,
-        attempt_id = NULL
+        attempt_id = NULL, {attempt_steps_cleared}
     FROM expired e
     WHERE j.id = e.id
     RETURNING j.id, j.status, j.document_version_id, j.attempt_count
@@ -55,7 +56,7 @@ WITH expired AS (
     FROM job LEFT JOIN attempt ON attempt.embedding_job_id = job.id
 )
 SELECT id, status, attempt_count FROM job
-"""
+""".replace("{attempt_steps_cleared}", ATTEMPT_STEPS_CLEARED)
 
 
 def recover_expired(

@@ -280,7 +280,12 @@ BEGIN
     UPDATE embedding_jobs
     SET status = 'PENDING', available_at = now(), max_attempts = max_attempts + 1,
         worker_id = NULL, claim_token = NULL, locked_at = NULL, lease_expires_at = NULL,
-        attempt_id = NULL
+        attempt_id = NULL,
+        -- the ended attempt's steps are in its row now
+        attempt_parse_started_at = NULL, attempt_chunks_stored_at = NULL,
+        attempt_chunks = NULL, attempt_characters = NULL, attempt_replaced_sequences = NULL,
+        attempt_embedding_started_at = NULL, attempt_embeddings_stored_at = NULL,
+        attempt_embeddings = NULL, attempt_embedding_slices = NULL
     WHERE id = p_job;
     INSERT INTO indexing_events
         (event_type, embedding_job_id, document_version_id, attempt_id, worker_id, detail)
@@ -1234,7 +1239,13 @@ BEGIN
         SET status = 'SUCCEEDED', progress = 100, finished_at = now(), chunk_count = d.n_chunks,
             worker_id = NULL, claim_token = NULL, locked_at = NULL, lease_expires_at = NULL,
             attempt_id = NULL, last_failure_type = NULL, last_failure_message = NULL,
-            updated_at = now()
+            updated_at = now(),
+            -- the ended attempt's steps are in its row now (written by the CTE above, which
+            -- reads the job row as the statement found it)
+            attempt_parse_started_at = NULL, attempt_chunks_stored_at = NULL,
+            attempt_chunks = NULL, attempt_characters = NULL, attempt_replaced_sequences = NULL,
+            attempt_embedding_started_at = NULL, attempt_embeddings_stored_at = NULL,
+            attempt_embeddings = NULL, attempt_embedding_slices = NULL
         FROM decided d WHERE j.id = d.job
     )
     SELECT g.job, g.code, g.msg, d.current, d.n_chunks
