@@ -81,6 +81,27 @@ def test_the_pool_grows_for_concurrent_work_and_shrinks_back_to_one_when_idle(
         db.close()
 
 
+def _backend_pid(conn: Connection) -> int:
+    row = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()
+    assert row is not None
+    return int(row["pid"])
+
+
+def test_one_caller_at_a_time_gets_the_connection_returned_last(database_url: str) -> None:
+    """After three connections were busy at once, work done one call at a time runs on one
+    backend (the connection returned last), not on each of the three in turn: every backend
+    pays its own catalog caches and plans."""
+    db = Database(database_url, pool_size=3, max_idle=60)
+    db.open()
+    try:
+        _hold_all(db, 3)
+        assert db.connections_open() == 3
+        backends = [db.call(_backend_pid) for _ in range(6)]
+    finally:
+        db.close()
+    assert len(set(backends)) == 1, backends
+
+
 def test_the_default_idle_time_closes_a_spare_connection_within_seconds(database_url: str) -> None:
     db = Database(database_url, pool_size=2)
     assert db._pool.max_idle == DEFAULT_MAX_IDLE <= 30
