@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from testkit.embed_server import FakeEmbedServer
-from testkit.processes import FAST_WORKER, base_env, cli, query
+from testkit.processes import FAST_WORKER, cli, query, tei_env
 from trioindex.config import load_settings
 from trioindex.worker import gil
 from trioindex.worker.wiring import run_worker
@@ -33,16 +33,7 @@ def interpreter_settings() -> tuple[tuple[int, int, int], int, float]:
 def test_a_worker_run_in_process_indexes_and_leaves_the_interpreter_settings_alone(
     database_url: str, tmp_path: Path, embed_server: FakeEmbedServer
 ) -> None:
-    env = base_env(
-        TRIOINDEX_DATABASE_URL=database_url,
-        TRIOINDEX_STORAGE_URL=(tmp_path / "blobs").as_uri(),
-        TRIOINDEX_EMBEDDING_API="tei",
-        TRIOINDEX_EMBEDDING_URL=embed_server.url,
-        TRIOINDEX_EMBEDDING_MODEL="BAAI/bge-m3",
-        TRIOINDEX_EMBEDDING_DIMENSION="1024",
-        TRIOINDEX_HOME=str(tmp_path / "home"),
-        **FAST_WORKER,
-    )
+    env = tei_env(database_url, tmp_path, embed_server.url, **FAST_WORKER)
     docs = tmp_path / "docs"
     docs.mkdir()
     for i in range(DOCUMENTS):
