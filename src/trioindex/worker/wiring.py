@@ -56,7 +56,7 @@ from trioindex.values import (
     ParseSnapshot,
     token_chunking,
 )
-from trioindex.worker import collector, gil
+from trioindex.worker import collector
 from trioindex.worker.committer import GroupCommitter
 from trioindex.worker.document_budget import DocumentBudget
 from trioindex.worker.index_keeper import VectorIndexKeeper
@@ -329,14 +329,12 @@ async def run_worker(
     """Run one worker to the end; return it (its counters say what happened).
 
     ``own_process`` says the process exists to run this worker (the ``worker`` command): once
-    the services are open, the garbage collector is tuned for it (:func:`collector.settle`)
-    and the interpreter lock's switch interval shortened (:func:`gil.shorten`). A caller that
-    runs a worker inside a process of its own (a test, an application) keeps both as they
-    were."""
+    the services are open, the garbage collector is tuned for it (:func:`collector.settle`).
+    A caller that runs a worker inside a process of its own (a test, an application) keeps its
+    collector as it was."""
     async with open_services(settings, embedder=True) as services:
         if own_process:
             collector.settle()  # what is loaded now lives as long as the process
-            gil.shorten()
         keeper = VectorIndexKeeper(
             services.direct_url or services.database_url,
             services.model,
