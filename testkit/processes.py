@@ -84,6 +84,22 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def tei_env(database_url: str, root: Path, embed_url: str, **extra: str) -> dict[str, str]:
+    """:func:`base_env` for trioindex commands on ``database_url`` with a folder store and
+    ``TRIOINDEX_HOME`` under ``root`` and a TEI embedder (the fake server's 1024 dimensions)
+    at ``embed_url``; ``extra`` adds or overrides settings (full names)."""
+    return base_env(
+        TRIOINDEX_DATABASE_URL=database_url,
+        TRIOINDEX_STORAGE_URL=(root / "blobs").as_uri(),
+        TRIOINDEX_EMBEDDING_API="tei",
+        TRIOINDEX_EMBEDDING_URL=embed_url,
+        TRIOINDEX_EMBEDDING_MODEL="BAAI/bge-m3",
+        TRIOINDEX_EMBEDDING_DIMENSION="1024",
+        TRIOINDEX_HOME=str(root / "home"),
+        **extra,
+    )
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -20,7 +20,7 @@ import pytest
 from testkit.claim_tokens import install_token_trap, seen_tokens
 from testkit.documents import write_corpus
 from testkit.embed_server import FakeEmbedServer
-from testkit.processes import FAST_WORKER, base_env, cli, query, spawn, wait_for
+from testkit.processes import FAST_WORKER, base_env, cli, query, spawn, tei_env, wait_for
 from trioindex.db.pool import start_embedded, stop_embedded, with_dbname
 
 pytestmark = pytest.mark.slow
@@ -31,15 +31,11 @@ def fake_tei_env(
     database_url: str, tmp_path: Path, embed_server: FakeEmbedServer
 ) -> dict[str, str]:
     install_token_trap(database_url)
-    return base_env(
-        TRIOINDEX_DATABASE_URL=database_url,
-        TRIOINDEX_STORAGE_URL=(tmp_path / "blobs").as_uri(),
-        TRIOINDEX_EMBEDDING_API="tei",
-        TRIOINDEX_EMBEDDING_URL=embed_server.url,
-        TRIOINDEX_EMBEDDING_MODEL="BAAI/bge-m3",
-        TRIOINDEX_EMBEDDING_DIMENSION="1024",
+    return tei_env(
+        database_url,
+        tmp_path,
+        embed_server.url,
         TRIOINDEX_EMBEDDING_REQUEST_TIMEOUT="120s",
-        TRIOINDEX_HOME=str(tmp_path / "home"),
         **FAST_WORKER,
     )
 

@@ -587,6 +587,109 @@ async def test_a_notify_wakes_the_poller_before_the_interval(
         worker.request_stop()
 
 
+def staggered(queue: FakeQueue) -> FakeSteps:
+    """Steps where the n-th job claimed (from 0) embeds for n more seconds than the first."""
+    extra: dict[uuid.UUID, int] = {}
+
+    async def embed(claim: Claim) -> None:
+        await trio.sleep(extra.setdefault(claim.job_id, len(extra)))
+
+    return FakeSteps(queue, duration=1.0, behaviour={"embed": embed})
+
+
+def claims_made(queue: FakeQueue) -> list[tuple[float, int]]:
+    """(virtual time, jobs claimed) of every claim."""
+    made: list[tuple[float, int]] = []
+    for t, detail in queue.of("claim"):
+        _asked, got = detail
+        made.append((t, got))
+    return made
+
+
+async def test_after_an_empty_claim_jobs_ending_claim_again_only_when_the_last_one_ends(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A freed slot says nothing of a queue the last claim found empty: in a fleet, each worker
+    holding the last jobs of a backlog would otherwise claim (and find nothing) per job."""
+    queue = FakeQueue(pending=[CHUNKED] * 5)
+    worker = make_worker(queue, staggered(queue), max_concurrency=8, polling_interval=60.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.serve)
+        await trio.sleep(10)
+        worker.request_stop()
+    assert len(queue.of("complete")) == 5  # at 1, 2, 3, 4 and 5 s
+    # the first job's end freed a slot after a partial claim: one claim, empty; the next three
+    # ends claim nothing; the last one's (nothing running) claims once more
+    assert claims_made(queue) == [(0.0, 5), (1.0, 0), (5.0, 0)]
+
+
+async def test_after_an_empty_claim_a_notify_claims_at_once_while_jobs_run(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    queue = FakeQueue(pending=[CHUNKED] * 5)
+    worker = make_worker(queue, staggered(queue), max_concurrency=8, polling_interval=60.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.serve)
+        await trio.sleep(2.5)
+        queue.pending.append(CHUNKED)
+        worker.wake()
+        await trio.sleep(0.1)
+        assert claims_made(queue)[-1] == (2.5, 1)
+        worker.request_stop()
+
+
+@attrs.define(eq=False)
+class SlowClaimQueue(FakeQueue):
+    """A claim's statement sees the queue when it starts and returns ``claim_seconds`` later."""
+
+    claim_seconds: float = 0.5
+
+    async def claim(self, worker_id: uuid.UUID, k: int, model_id: uuid.UUID | None = None) -> Any:
+        claims = await super().claim(worker_id, k, model_id)
+        await trio.sleep(self.claim_seconds)
+        return claims
+
+
+def ending_at(queue: FakeQueue, extra: list[float]) -> FakeSteps:
+    """Steps where the n-th job claimed embeds ``extra[n]`` seconds longer than the first."""
+    seen: dict[uuid.UUID, float] = {}
+
+    async def embed(claim: Claim) -> None:
+        await trio.sleep(seen.setdefault(claim.job_id, extra[len(seen)]))
+
+    return FakeSteps(queue, duration=1.0, behaviour={"embed": embed})
+
+
+async def test_slots_freed_while_a_claim_finds_nothing_do_not_claim_again(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    queue = SlowClaimQueue(pending=[CHUNKED] * 5)
+    steps = ending_at(queue, [0, 0.25, 2, 3, 4])  # the jobs end at 1.5, 1.75, 3.5, 4.5, 5.5
+    worker = make_worker(queue, steps, max_concurrency=8, polling_interval=60.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.serve)
+        await trio.sleep(10)
+        worker.request_stop()
+    # the second job ends while the claim its predecessor started is in flight (1.5-2.0)
+    assert claims_made(queue) == [(0.0, 5), (1.5, 0), (5.5, 0)]
+
+
+async def test_a_notify_during_a_claim_that_finds_nothing_claims_again_at_once(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    queue = SlowClaimQueue(pending=[CHUNKED] * 5)
+    steps = ending_at(queue, [0, 2, 3, 4, 5])
+    worker = make_worker(queue, steps, max_concurrency=8, polling_interval=60.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.serve)
+        await trio.sleep(1.6)  # a claim started at 1.5 saw an empty queue
+        queue.pending.append(CHUNKED)  # enqueued after that claim's statement began
+        worker.wake()
+        await trio.sleep(1)
+        assert claims_made(queue)[1:] == [(1.5, 0), (2.0, 1)]
+        worker.request_stop()
+
+
 @attrs.define(eq=False)
 class RowLockQueue(FakeQueue):
     """Models the job row lock the final write holds: a renewal that reaches the database while

@@ -29,6 +29,14 @@ cannot be made, lease recovery returns it to the queue later. Every write made w
 STOPPING, STOPPED, a hand-back, a final failure report — is shielded from cancellation and
 bounded in time.
 
+When the poller claims: at once again after a claim that filled every slot it asked for
+(after waiting up to ``CLAIM_LINGER`` for a quarter of the slots to free up); after a claim that
+filled some, as soon as a job frees a slot; after one that found nothing, only on a NOTIFY,
+recovered leases, the polling interval, or the worker's last running job ending. A job freeing
+its slot says nothing about the queue that claim found empty, and in a fleet the workers that
+hold the last jobs of a backlog would otherwise each claim again, finding nothing, as every
+job of theirs ends (docs/test-results/fleet.md, run 14).
+
 Drain (``serve(drain=True)``) returns only when no job of the worker's model is PENDING (due
 now or later) and none is PROCESSING except under a live worker (RUNNING, heartbeat within
 ``heartbeat-timeout``); until then it waits for retries to come due and for the leases of
@@ -133,7 +141,23 @@ class _Run:
     intake: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     running: set[JobContext] = attrs.field(factory=set)
     wakeup: trio.Event = attrs.field(factory=trio.Event)
+    # the last claim found nothing: a freed slot is no reason to claim again (module docstring)
+    queue_empty: bool = False
+    # woken by a NOTIFY or recovered leases since the current claim began
+    notified: bool = False
     drain_logged_at: float = -math.inf
+
+    def wake(self) -> None:
+        """Jobs may be claimable (a NOTIFY, recovered leases): the poller claims at once."""
+        self.notified = True
+        self.wakeup.set()
+
+    def slot_freed(self) -> None:
+        """A job left its slot or its finishing place: the poller claims at once, unless its
+        last claim found the queue empty and jobs are still running (the last job to end
+        wakes it, so a drain is checked at once)."""
+        if not self.queue_empty or not self.running:
+            self.wakeup.set()
 
 
 @attrs.define(eq=False)
@@ -183,9 +207,9 @@ class Worker:
             self._run.intake.cancel()
 
     def wake(self) -> None:
-        """Wake the poller early (a NOTIFY arrived, or a slot was freed)."""
+        """Wake the poller early: jobs may be claimable (a NOTIFY arrived)."""
         if self._run is not None:
-            self._run.wakeup.set()
+            self._run.wake()
 
     # -- the tree -----------------------------------------------------------------------------
 
@@ -295,6 +319,7 @@ class Worker:
                 slots.acquire_on_behalf_of_nowait(token)
                 reserved.append(token)
             run.wakeup = trio.Event()
+            run.notified = False
             claims: list[Claim] = []
             claim_failed = False
             try:
@@ -315,6 +340,9 @@ class Worker:
                 for token in reserved[len(claims) :]:
                     slots.release_on_behalf_of(token)
             self.counters.polls += 1
+            run.queue_empty = not claims and not claim_failed and not run.notified
+            if run.queue_empty:
+                run.wakeup = trio.Event()  # slots freed during the claim say nothing of the queue
             busy = bool(claims) and len(claims) == len(reserved)
             if busy:
                 continue  # busy drain: every slot asked for was filled, claim again at once
@@ -357,7 +385,7 @@ class Worker:
         twice ``max-concurrency`` completions at a time: a job waits here, in its slot, for
         one)."""
         await place.move_to(run.finishing)
-        run.wakeup.set()  # a slot is free: the poller may claim at once
+        run.slot_freed()
 
     async def _run_job(self, run: _Run, context: JobContext, place: _Place) -> None:
         try:
@@ -365,7 +393,7 @@ class Worker:
         finally:
             run.running.discard(context)
             place.release()
-            run.wakeup.set()  # a slot (or a finishing place) is free: the poller may claim
+            run.slot_freed()
             if self.on_job_done is not None:
                 self.on_job_done(context.claim, context.outcome)
 
@@ -450,7 +478,7 @@ class Worker:
                 len(recovered),
                 ", ".join(f"{r.job_id} -> {r.outcome}" for r in recovered),
             )
-            run.wakeup.set()
+            run.wake()
 
     @staticmethod
     async def _every(
