@@ -552,26 +552,30 @@ FROM PUBLIC;
 -- p_docs[i], chunk set p_chunkings[i]) is elements p_first[i] .. p_first[i] + p_count[i] - 1 of
 -- the c_* arrays, in chunk order (chunk_index 0, 1, ...). Returns the rows inserted. The
 -- callers decide which sets are stored (fenced, checked, under their versions' locks).
+-- PL/pgSQL, not SQL: its statement's plan is kept for the session, not made at every call.
 CREATE FUNCTION trioindex_insert_chunk_sets(
     p_docs uuid[], p_versions uuid[], p_chunkings text[], p_first integer[], p_count integer[],
     c_ids uuid[], c_content text[], c_start integer[], c_end integer[], c_tokens integer[],
     c_sha256s text[])
-RETURNS bigint LANGUAGE sql AS $$
-    WITH inserted AS (
-        INSERT INTO document_chunks
-            (id, document_id, document_version_id, chunking, chunk_index, content,
-             char_start, char_end, token_count, content_sha256)
-        SELECT c.id, s.doc, s.version, s.chunking, (c.k - 1)::integer, c.content,
-               c.s, c.e, c.t, c.h
-        FROM unnest(p_docs, p_versions, p_chunkings, p_first, p_count)
-             AS s(doc, version, chunking, first, n)
-        CROSS JOIN LATERAL unnest(
-            c_ids[s.first : s.first + s.n - 1], c_content[s.first : s.first + s.n - 1],
-            c_start[s.first : s.first + s.n - 1], c_end[s.first : s.first + s.n - 1],
-            c_tokens[s.first : s.first + s.n - 1], c_sha256s[s.first : s.first + s.n - 1])
-            WITH ORDINALITY AS c(id, content, s, e, t, h, k)
-        RETURNING 1)
-    SELECT count(*) FROM inserted
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    inserted bigint;
+BEGIN
+    INSERT INTO document_chunks
+        (id, document_id, document_version_id, chunking, chunk_index, content,
+         char_start, char_end, token_count, content_sha256)
+    SELECT c.id, s.doc, s.version, s.chunking, (c.k - 1)::integer, c.content,
+           c.s, c.e, c.t, c.h
+    FROM unnest(p_docs, p_versions, p_chunkings, p_first, p_count)
+         AS s(doc, version, chunking, first, n)
+    CROSS JOIN LATERAL unnest(
+        c_ids[s.first : s.first + s.n - 1], c_content[s.first : s.first + s.n - 1],
+        c_start[s.first : s.first + s.n - 1], c_end[s.first : s.first + s.n - 1],
+        c_tokens[s.first : s.first + s.n - 1], c_sha256s[s.first : s.first + s.n - 1])
+        WITH ORDINALITY AS c(id, content, s, e, t, h, k);
+    GET DIAGNOSTICS inserted = ROW_COUNT;
+    RETURN inserted;
+END;
 $$;
 
 -- The parse step's commit and the embed step's start, for many claims: store the job's chunk
