@@ -270,8 +270,8 @@ def _from_base64(vectors: list[object], dimension: int, *, first: int = 0) -> Ve
     for offset, vector in enumerate(vectors):
         position = first + offset
         try:
-            # pybase64: the same strict decoding as the standard library's, with SIMD (a
-            # tenth of its CPU for a 768-dimension vector)
+            # pybase64: the standard library's strict decoding (and padding past the end
+            # refused), with SIMD: 0.6 against 9 µs for a 768-dimension vector
             decoded = pybase64.b64decode(str(vector), validate=True)
         except ValueError:  # binascii.Error is a ValueError
             raise ResultInvalid(f"embedding vector {position} is not valid base64") from None
