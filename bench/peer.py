@@ -25,7 +25,8 @@ both.
 
 Figures: chunks/s *steady* (the middle 80 % of rows by write time: both destination tables get
 the same extra column, ``DEFAULT clock_timestamp()``) and *wall* (worker process start to exit); CPU ms per chunk of the worker process (and
-its children) and of PostgreSQL (the postmaster and every backend it reaped); transactions per
+its children), of PostgreSQL (the postmaster and every backend it reaped) and of the mock
+(its process: it shares the machine's cores, and its CPU grows with the requests); transactions per
 chunk (``pg_stat_database.xact_commit``); requests per chunk and the mean request batch, counted
 at the mock. Each run's *timeline* (printed with its figures, kept in the JSON) says when, in
 seconds after the worker process started, its log said each step (services open, registered,
@@ -124,6 +125,7 @@ class Run:
     requests: int
     inputs: int
     ingest_per_s: float | None = None
+    embedder_cpu_s: float | None = None
     recall_at_10: float | None = None
     timeline: dict[str, float] = attrs.field(factory=dict)
 
@@ -267,15 +269,17 @@ def warm_mock(server: EmbedServerProcess, texts: Sequence[str]) -> None:
                 answer.raise_for_status()
 
 
-def measure(
-    pg: BenchPostgres, url: str, server: EmbedServerProcess, work: Any
-) -> tuple[Measured, float, int, int, int]:
-    """Run ``work()`` (a :class:`Measured`); returns it plus DB CPU, transactions, requests and
-    inputs counted around it."""
+Figures = tuple[Measured, float, int, int, int, float]
+
+
+def measure(pg: BenchPostgres, url: str, server: EmbedServerProcess, work: Any) -> Figures:
+    """Run ``work()`` (a :class:`Measured`); returns it plus DB CPU, transactions, requests,
+    inputs and the mock's own CPU seconds (it shares the machine's cores) counted around it."""
     server.reset_stats()
-    before = pg.counters(url)
+    mock = psutil.Process(server.pid)
+    before, mock_before = pg.counters(url), process_tree_cpu(mock)
     measured = work()
-    after = pg.counters(url)
+    after, mock_after = pg.counters(url), process_tree_cpu(mock)
     stats = server.stats()
     return (
         measured,
@@ -283,6 +287,7 @@ def measure(
         after.xact_commit - before.xact_commit,
         stats["embed_requests"],
         stats["inputs"],
+        mock_after - mock_before,
     )
 
 
@@ -372,10 +377,10 @@ def _run(  # noqa: PLR0917 - one row of the table
     label: str,
     url: str,
     table: str,
-    figures: tuple[Measured, float, int, int, int],
+    figures: Figures,
     ingest_rate: float | None = None,
 ) -> Run:
-    measured, db_cpu, xacts, requests, inputs = figures
+    measured, db_cpu, xacts, requests, inputs, embedder_cpu = figures
     with psycopg.connect(url, autocommit=True) as conn:
         done = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
     assert done is not None
@@ -391,6 +396,7 @@ def _run(  # noqa: PLR0917 - one row of the table
         requests=requests,
         inputs=inputs,
         ingest_per_s=ingest_rate,
+        embedder_cpu_s=embedder_cpu,
         timeline=timeline(measured, url, table),
     )
 
@@ -616,10 +622,15 @@ def markdown(runs: Sequence[Run], head: list[str]) -> str:
                 ),
             ),
             (
-                "CPU ms/chunk worker + PG",
+                "CPU ms/chunk worker + PG (+ mock)",
                 lambda r: (
                     f"{_f(r.per_chunk(r.worker_cpu_s) * 1e3, 2)} + "
                     f"{_f(r.per_chunk(r.db_cpu_s) * 1e3, 2)}"
+                    + (
+                        ""
+                        if r.embedder_cpu_s is None
+                        else f" (+ {_f(r.per_chunk(r.embedder_cpu_s) * 1e3, 2)})"
+                    )
                 ),
             ),
             ("xacts/chunk", lambda r: _f(r.per_chunk(r.xacts), 2)),

@@ -554,6 +554,11 @@ def test_base64_vectors_read_as_their_float32_values() -> None:
         (_b64([0.0, 1.0, 2.0, 3.0]), "vector 1 has dimension 4, expected 3"),
         ("AAAAAAAAAAAAAAA=", "vector 1 is not a whole number of float32 values"),
         ("not base64!", "vector 1 is not valid base64"),
+        # only the standard alphabet, whole: no other characters, space or padding past the end
+        ("AAAAAAAA\u00e9AAA", "vector 1 is not valid base64"),
+        ("AAAAAAAA AAA", "vector 1 is not valid base64"),
+        ("AAAAAAAA-_AA", "vector 1 is not valid base64"),
+        (_b64([0.0, 1.0, 2.0]) + "====", "vector 1 is not valid base64"),
         (_b64([0.0, math.nan, 1.0]), "vector 1 holds NaN or Infinity"),
         (_b64([0.0, 1.0, -math.inf]), "vector 1 holds NaN or Infinity"),
     ],

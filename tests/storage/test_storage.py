@@ -464,6 +464,27 @@ def test_folder_put_is_atomic_and_leaves_no_temp_files(tmp_path: Path) -> None:
     assert names == [".c.txt.meta.json", "c.txt"]
 
 
+def test_folder_get_reads_a_file_that_grew_after_its_size_was_taken(
+    folder: FolderStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    put_bytes(folder, "grown", b"x" * 100)
+    real = os.fstat
+
+    class Smaller:
+        """The file's status as it was before 90 bytes were appended."""
+
+        def __init__(self, fd: int) -> None:
+            self.st_size = real(fd).st_size - 90
+
+    monkeypatch.setattr(os, "fstat", Smaller)
+    assert folder.get("grown", max_bytes=1000) == b"x" * 100
+    assert folder.get("grown", max_bytes=100) == b"x" * 100
+    with pytest.raises(ContentInvalid, match="maximum size"):
+        folder.get("grown", max_bytes=99)
+    with pytest.raises(ContentInvalid, match="maximum size"):
+        folder.get("grown", max_bytes=10)  # as large as the size first seen
+
+
 class FsyncLog:
     """What ``os.fsync`` was called on (the system call the folder store's durability rests
     on), as (inode, is a directory), in order; the call itself still runs."""

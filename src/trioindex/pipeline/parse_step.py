@@ -69,6 +69,8 @@ def _request(
     max_bytes: int,
     ocr: bool = True,
     ocr_low_confidence: float = DEFAULT_OCR.low_confidence,
+    *,
+    detected: DocumentFormat | None = None,
 ) -> ParseRequest:
     return ParseRequest(
         data=data,
@@ -78,6 +80,7 @@ def _request(
         max_bytes=max_bytes,
         ocr=ocr,
         ocr_low_confidence=ocr_low_confidence,
+        detected=detected,
     )
 
 
@@ -109,10 +112,15 @@ async def parse_and_store(
     if admit is not None:
         await admit(snapshot)
     data = await store.get(snapshot.storage_key, max_bytes=max_bytes)
-    request = _request(data, snapshot, max_bytes, ocr, ocr_low_confidence)
-    inline = len(data) <= INLINE_PARSE_BYTES and (
-        detect_format(data, snapshot.original_name, snapshot.content_type) in _INLINE_FORMATS
+    # a small file's format decides where it is parsed; the parse is given it, not judging the
+    # same bytes again
+    detected = (
+        detect_format(data, snapshot.original_name, snapshot.content_type)
+        if len(data) <= INLINE_PARSE_BYTES
+        else None
     )
+    inline = detected in _INLINE_FORMATS
+    request = _request(data, snapshot, max_bytes, ocr, ocr_low_confidence, detected=detected)
     del data
     parsed: ParsedDocument
     if inline:

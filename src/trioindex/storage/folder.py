@@ -220,7 +220,12 @@ class FolderStore:
                 size = os.fstat(f.fileno()).st_size
                 if size > max_bytes:
                     raise too_large(key, size, max_bytes)
-                body = f.read(max_bytes + 1)
+                # a read allocates what it is asked for before it reads: the size fstat saw
+                # and a byte, not the limit (50 MB by default, for a file of 600 bytes); a
+                # file that grew since is read on, up to the limit and a byte
+                body = f.read(size + 1)
+                if len(body) > size:
+                    body += f.read(max_bytes - size)
         except OSError as exc:
             raise self._missing(key, exc) from exc
         if len(body) > max_bytes:  # the file grew after fstat

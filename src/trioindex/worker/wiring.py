@@ -205,8 +205,10 @@ class PipelineSteps:
             return len(snapshot.chunks)
         # the texts go to the coalescer alone, which drops each one once its vector arrived:
         # a large document's text is freed while it is embedded, and never held with its drafts
+        # (a document stored whole holds its chunks, texts included, until that store anyway)
         texts = snapshot.texts()
-        snapshot = snapshot.without_texts()
+        if claim.job_id not in self._unstored:
+            snapshot = snapshot.without_texts()
         progress = StepProgress(claim.job_id, len(texts))
         matrix = await self.coalescer.embed(
             texts, snapshot.dimension, release=True, on_arrived=progress.add, key=claim.job_id

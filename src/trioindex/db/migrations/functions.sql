@@ -553,6 +553,36 @@ FROM PUBLIC;
 -- step's one update of the job row), not as an event; events are written for the transitions
 -- an operator must see.
 
+-- The chunk rows of the sets given, in one statement: set i (version p_versions[i] of document
+-- p_docs[i], chunk set p_chunkings[i]) is elements p_first[i] .. p_first[i] + p_count[i] - 1 of
+-- the c_* arrays, in chunk order (chunk_index 0, 1, ...). Returns the rows inserted. The
+-- callers decide which sets are stored (fenced, checked, under their versions' locks).
+-- PL/pgSQL, not SQL: its statement's plan is kept for the session, not made at every call.
+CREATE FUNCTION trioindex_insert_chunk_sets(
+    p_docs uuid[], p_versions uuid[], p_chunkings text[], p_first integer[], p_count integer[],
+    c_ids uuid[], c_content text[], c_start integer[], c_end integer[], c_tokens integer[],
+    c_sha256s text[])
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    inserted bigint;
+BEGIN
+    INSERT INTO document_chunks
+        (id, document_id, document_version_id, chunking, chunk_index, content,
+         char_start, char_end, token_count, content_sha256)
+    SELECT c.id, s.doc, s.version, s.chunking, (c.k - 1)::integer, c.content,
+           c.s, c.e, c.t, c.h
+    FROM unnest(p_docs, p_versions, p_chunkings, p_first, p_count)
+         AS s(doc, version, chunking, first, n)
+    CROSS JOIN LATERAL unnest(
+        c_ids[s.first : s.first + s.n - 1], c_content[s.first : s.first + s.n - 1],
+        c_start[s.first : s.first + s.n - 1], c_end[s.first : s.first + s.n - 1],
+        c_tokens[s.first : s.first + s.n - 1], c_sha256s[s.first : s.first + s.n - 1])
+        WITH ORDINALITY AS c(id, content, s, e, t, h, k);
+    GET DIAGNOSTICS inserted = ROW_COUNT;
+    RETURN inserted;
+END;
+$$;
+
 -- The parse step's commit and the embed step's start, for many claims: store the job's chunk
 -- set (job i's chunks are elements p_first[i] .. p_first[i] + p_count[i] - 1 of the c_* arrays,
 -- in chunk order), recorded on the attempt (parse_started_at, the time p_parse_started[i] the
@@ -618,18 +648,12 @@ BEGIN
         WHERE p.stored = 0
           AND p.ord = (SELECT min(q.ord) FROM passed q
                        WHERE q.version = p.version AND q.chunking = p.chunking)
-    ), new_chunks AS (
-        INSERT INTO document_chunks
-            (id, document_id, document_version_id, chunking, chunk_index, content,
-             char_start, char_end, token_count, content_sha256)
-        SELECT c.id, s.doc, s.version, s.chunking, (c.k - 1)::integer, c.content,
-               c.s, c.e, c.t, c.h
+    ), new_chunks AS MATERIALIZED (
+        -- read by the final SELECT, so it runs (a SELECT in WITH runs only when read)
+        SELECT trioindex_insert_chunk_sets(
+            array_agg(s.doc), array_agg(s.version), array_agg(s.chunking), array_agg(s.first),
+            array_agg(s.n), c_ids, c_content, c_start, c_end, c_tokens, c_sha256s) AS stored_rows
         FROM storing s
-        CROSS JOIN LATERAL unnest(
-            c_ids[s.first : s.first + s.n - 1], c_content[s.first : s.first + s.n - 1],
-            c_start[s.first : s.first + s.n - 1], c_end[s.first : s.first + s.n - 1],
-            c_tokens[s.first : s.first + s.n - 1], c_sha256s[s.first : s.first + s.n - 1])
-            WITH ORDINALITY AS c(id, content, s, e, t, h, k)
     ), progressed AS (
         -- the step, recorded on the running attempt (on the job row): no indexed column
         UPDATE embedding_jobs j
@@ -659,7 +683,7 @@ BEGIN
            CASE WHEN g.refused IS NULL THEN g.model END,
            CASE WHEN g.refused IS NULL THEN g.mname END,
            CASE WHEN g.refused IS NULL THEN g.dim END
-    FROM given g
+    FROM given g CROSS JOIN new_chunks
     ORDER BY g.ord;
 END;
 $$;
@@ -972,19 +996,12 @@ BEGIN
         FROM placed p
     ), writing AS (
         SELECT d.* FROM decided d WHERE d.twin_code IS NULL
-    ), new_chunks AS (
-        INSERT INTO document_chunks
-            (id, document_id, document_version_id, chunking, chunk_index, content,
-             char_start, char_end, token_count, content_sha256)
-        SELECT c.id, w.doc, w.version, w.chunking, (c.k - 1)::integer, c.content,
-               c.s, c.e, c.t, c.h
-        FROM writing w
-        CROSS JOIN LATERAL unnest(
-            c_ids[w.first : w.first + w.n - 1], c_content[w.first : w.first + w.n - 1],
-            c_start[w.first : w.first + w.n - 1], c_end[w.first : w.first + w.n - 1],
-            c_tokens[w.first : w.first + w.n - 1], c_sha256s[w.first : w.first + w.n - 1])
-            WITH ORDINALITY AS c(id, content, s, e, t, h, k)
-        WHERE w.storing
+    ), new_chunks AS MATERIALIZED (
+        -- read by the final SELECT, so it runs (a SELECT in WITH runs only when read)
+        SELECT trioindex_insert_chunk_sets(
+            array_agg(w.doc), array_agg(w.version), array_agg(w.chunking), array_agg(w.first),
+            array_agg(w.n), c_ids, c_content, c_start, c_end, c_tokens, c_sha256s) AS stored_rows
+        FROM writing w WHERE w.storing
     ), new_vectors AS (
         INSERT INTO embeddings
             (chunk_id, document_id, document_version_id, embedding_model_id, vector,
@@ -1006,7 +1023,7 @@ BEGIN
            coalesce(array_agg(c_end[g.first + g.n - 1] ORDER BY g.ord)
                     FILTER (WHERE g.refused IS NULL AND d.twin_code IS NULL), '{}')
     INTO codes, messages, kept, kept_chunks, kept_characters
-    FROM given g LEFT JOIN decided d ON d.ord = g.ord;
+    FROM given g LEFT JOIN decided d ON d.ord = g.ord CROSS JOIN new_chunks;
     -- fenced and locked above, every chunk with its vector: the completion refuses none (if
     -- it did, the whole call fails: no job's set is kept without its completion), and each
     -- set's count is the p_count it was written with, so the completion is given it

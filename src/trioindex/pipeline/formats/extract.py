@@ -86,8 +86,11 @@ def extract_text(
     *,
     max_bytes: int,
     ocr: OcrPolicy = DEFAULT_OCR,
+    detected: DocumentFormat | None = None,
 ) -> ExtractedText:
-    """Detect the format of ``data`` and return its normalised text.
+    """Detect the format of ``data`` and return its normalised text. ``detected``: what
+    :func:`detect_format` already answered for these same ``data``, ``name`` and
+    ``content_type`` (a caller that needed the format first), so it is not judged twice.
 
     Synchronous and CPU-bound (run it in a worker thread). Raises :class:`ContentInvalid` for
     every content problem and nothing else for any input bytes — except ``MemoryError``,
@@ -103,7 +106,7 @@ def extract_text(
     if size == 0:
         raise ContentInvalid("empty file")
 
-    fmt = detect_format(data, name, content_type)
+    fmt = detected if detected is not None else detect_format(data, name, content_type)
     if fmt is DocumentFormat.GZIP:
         from trioindex.pipeline.formats.compressed import GZIP_MEDIA_TYPES, gunzip, inner_name
 
