@@ -251,8 +251,8 @@ def run_measured(args: Sequence[str], env: dict[str, str], log: Path, limit_s: f
 
 def warm_mock(server: EmbedServerProcess, texts: Sequence[str]) -> None:
     """Ask the mock for every text once before any run. It caches the JSON of each text's
-    vector (8,192 of them): a text's first answer costs it ~0.4 ms of CPU on these two shared
-    cores, a later one nothing. Without this, whichever run came first (trioindex, in round
+    vector (``testkit.embed_server.VECTOR_CACHE_TEXTS``, 32,768 of them): a text's first
+    answer costs it ~0.4 ms of CPU on these two shared cores, a later one nothing. Without this, whichever run came first (trioindex, in round
     one) shared the machine with that work; the requests are not counted (``measure`` resets
     the mock's figures)."""
     with httpx.Client(timeout=60) as client:
