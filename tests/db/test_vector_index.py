@@ -51,7 +51,7 @@ def _store(conn: Connection, model: EmbeddingModel, n: int, seed: int = 1) -> np
 
 def _plan(conn: Connection, model: EmbeddingModel) -> str:
     """The plan of the indexed candidate query (sign bits by Hamming distance)."""
-    order = f"{quantized_sql(DIM, 'vector')} <~> {quantized_sql(DIM, '%s')}"
+    order = f"{quantized_sql(conn, DIM, 'vector')} <~> {quantized_sql(conn, DIM, '%s')}"
     with conn.transaction():
         conn.execute("SET LOCAL enable_seqscan = off")
         rows = conn.execute(
@@ -308,7 +308,7 @@ def _index_with(conn: Connection, model: EmbeddingModel, name: str, m: int, efc:
     assert (m, efc) != hnsw_parameters(model.dimension)
     conn.execute(
         f"""CREATE INDEX {name} ON embeddings
-            USING hnsw (({quantized_sql(model.dimension, "vector")}) bit_hamming_ops)
+            USING hnsw (({quantized_sql(conn, model.dimension, "vector")}) bit_hamming_ops)
             WITH (m = {m}, ef_construction = {efc}) WHERE embedding_model_id = '{model.id}'"""
     )
 
@@ -349,7 +349,7 @@ def test_an_index_without_build_parameters_has_pgvectors_defaults(db: Database) 
         assert index_parameters(conn, model.index_name) is None
         conn.execute(
             f"""CREATE INDEX {model.index_name} ON embeddings
-                USING hnsw (({quantized_sql(DIM, "vector")}) bit_hamming_ops)"""
+                USING hnsw (({quantized_sql(conn, DIM, "vector")}) bit_hamming_ops)"""
         )
         assert index_parameters(conn, model.index_name) == (16, 64)
 
@@ -362,7 +362,7 @@ def test_a_rebuild_stopped_after_its_build_takes_the_name_at_the_next_check(
         _store(conn, model, 6)
         _index_with(conn, model, model.index_name, 4, 10)
         # the new graph was built, the process stopped before the names were swapped
-        conn.execute(create_index_sql(model, concurrently=False, name=model.next_index_name))
+        conn.execute(create_index_sql(conn, model, concurrently=False, name=model.next_index_name))
         next_oid = conn.execute("SELECT %s::regclass::oid AS o", (model.next_index_name,))
         built_oid = next_oid.fetchone()
         assert build_vector_index(conn, model, min_vectors=1) is True
@@ -376,7 +376,7 @@ def test_a_rebuild_interrupted_during_its_build_is_built_again(db: Database) -> 
         model = ensure_model(conn, "m", DIM)
         _store(conn, model, 6)
         _index_with(conn, model, model.index_name, 4, 10)
-        conn.execute(create_index_sql(model, concurrently=False, name=model.next_index_name))
+        conn.execute(create_index_sql(conn, model, concurrently=False, name=model.next_index_name))
         conn.execute(
             "UPDATE pg_index SET indisvalid = false WHERE indexrelid = %s::regclass",
             (model.next_index_name,),
@@ -411,7 +411,7 @@ def test_removing_a_model_drops_a_rebuild_left_beside_its_index(db: Database) ->
         model = ensure_model(conn, "m", DIM)
         _store(conn, model, 4)
         _index_with(conn, model, model.index_name, 4, 10)
-        conn.execute(create_index_sql(model, concurrently=False, name=model.next_index_name))
+        conn.execute(create_index_sql(conn, model, concurrently=False, name=model.next_index_name))
         remove_model(conn, "m")
         for name in (model.index_name, model.next_index_name):
             assert index_state(conn, model, name) is IndexState.MISSING

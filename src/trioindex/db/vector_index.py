@@ -120,10 +120,14 @@ def _named_state(conn: Connection, name: str) -> IndexState:
     return IndexState.VALID if row["indisvalid"] else IndexState.INVALID
 
 
-def quantized_sql(dimension: int, vector: str) -> str:
-    """The indexed expression of ``vector`` (an SQL expression of type vector): its sign bits."""
-    dim = int(dimension)
-    return f"binary_quantize({vector}::vector({dim}))::bit({dim})"
+def quantized_sql(conn: Connection, dimension: int, vector: str) -> str:
+    """The indexed expression of ``vector`` (an SQL expression of type vector): its sign bits,
+    in the one text the ranking orders by too (``trioindex_sign_bits_sql``)."""
+    row = conn.execute(
+        "SELECT trioindex_sign_bits_sql(%s, %s) AS sql", (int(dimension), vector)
+    ).fetchone()
+    assert row is not None  # a function of its arguments: always one row
+    return str(row["sql"])
 
 
 def has_vectors(conn: Connection, model: EmbeddingModel, count: int) -> bool:
@@ -186,7 +190,7 @@ def index_parameters(conn: Connection, name: str) -> tuple[int, int] | None:
 
 
 def create_index_sql(
-    model: EmbeddingModel, *, concurrently: bool = True, name: str | None = None
+    conn: Connection, model: EmbeddingModel, *, concurrently: bool = True, name: str | None = None
 ) -> str:
     """The model's partial HNSW index over its vectors' sign bits (module docstring), called
     ``name`` (default: the model's index)."""
@@ -194,7 +198,7 @@ def create_index_sql(
     return (
         f"CREATE INDEX {'CONCURRENTLY ' if concurrently else ''}IF NOT EXISTS"
         f" {name or model.index_name} ON embeddings"
-        f" USING hnsw (({quantized_sql(model.dimension, 'vector')}) bit_hamming_ops)"
+        f" USING hnsw (({quantized_sql(conn, model.dimension, 'vector')}) bit_hamming_ops)"
         f" WITH (m = {m}, ef_construction = {ef_construction})"
         f" WHERE embedding_model_id = '{model.id}'"
     )
@@ -248,7 +252,7 @@ def _build(conn: Connection, model: EmbeddingModel, min_vectors: int) -> bool:
             logger.info("dropping the interrupted index build of model %s", model.name)
             _drop(conn, model.index_name)
         logger.info("building the vector index of model %s (%s+ vectors)", model.name, min_vectors)
-        conn.execute(create_index_sql(model))
+        conn.execute(create_index_sql(conn, model))
         built = True
     if built or state is IndexState.VALID:
         # what the valid index replaced, or a rebuild interrupted before it took the name
@@ -269,7 +273,7 @@ def _rebuild(conn: Connection, model: EmbeddingModel) -> None:
         logger.info(
             "rebuilding the vector index of model %s (m, ef_construction = %s)", model.name, wanted
         )
-        conn.execute(create_index_sql(model, name=model.next_index_name))
+        conn.execute(create_index_sql(conn, model, name=model.next_index_name))
     _drop(conn, model.retired_index_name)  # frees its name
     with conn.transaction():
         # renaming takes a SHARE UPDATE EXCLUSIVE lock: writers and searches go on
