@@ -5,7 +5,9 @@ A fresh database of one embedded PostgreSQL 18 + pgvector gets ``--n`` (20,000) 
 ``--dim`` (768) dimensions stored as one model's vectors in trioindex's own ``embeddings``
 table (``bench.index_store``'s loader: one document, one chunk per vector), like the peer
 benchmark's drain leaves them: ``--data random`` draws them as the peer benchmark's mock does
-(seeded standard normal), ``clustered`` around 1,000 centres (``bench.index_scale``). Then
+(seeded standard normal), ``clustered`` around 1,000 centres (``bench.index_scale``),
+``real`` the local model's cached vectors of real text (``bench.index_corpus``: 384
+dimensions, whatever ``--dim`` says). Then
 the model's default index (:func:`~trioindex.db.vector_index.create_index_sql`: HNSW over the
 sign bits) is built in each *form* asked for (``--forms``), dropped after each, the forms taking
 turns ``--rounds`` times:
@@ -201,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.index_build", description=__doc__)
     parser.add_argument("--n", type=int, default=20_000)
     parser.add_argument("--dim", type=int, default=768)
-    parser.add_argument("--data", choices=("random", "clustered"), default="random")
+    parser.add_argument("--data", choices=("random", "clustered", "real"), default="random")
     parser.add_argument("--forms", default="keeper,plain,serial,mem")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--late", type=int, default=2000, help="vectors stored after a build")
@@ -211,12 +213,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown forms: {sorted(unknown)}")
     if args.data == "random":
         vectors = random_vectors(args.n, args.dim)
-    else:
+    elif args.data == "clustered":
         vectors = clustered(args.n, extra=0, dimension=args.dim).base
+    else:
+        from bench.index_corpus import real_vectors
+
+        vectors = real_vectors(args.n).astype(np.float32)
     with BenchPostgres() as pg, pg.fresh_database("index_build") as url:
         print("\n".join(format_machine(machine_info(url))))
         model = load(url, vectors, args.late)
-        print(f"{args.n} {args.data} vectors of {args.dim} dimensions loaded")
+        print(f"{args.n} {args.data} vectors of {model.dimension} dimensions loaded")
         for _ in range(2):
             print(f"the indexed expression alone: {expression_cpu(url, model):.2f} s backend CPU")
         for round_ in range(1, args.rounds + 1):

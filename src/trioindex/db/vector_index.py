@@ -2,11 +2,13 @@
 vectors, with an exact re-rank at query time; exact search below that.
 
 **What is indexed.** Each vector's ``binary_quantize(vector::vector(dim))::bit(dim)`` (one
-bit per dimension: its sign) in an HNSW graph under Hamming distance (``bit_hamming_ops``;
-m = 16, ef_construction = 64, and m = 12, ef_construction = 48 below 768 dimensions:
-:func:`hnsw_parameters`). A query takes the :data:`RERANK_FACTOR` (20) × k nearest by
-Hamming distance through the graph (:data:`NARROW_RERANK_FACTOR`, 40, below 768 dimensions)
-and orders them by the exact cosine distance of the stored float32 vectors
+bit per dimension: its sign; the SQL function ``trioindex_sign_bits_sql`` writes that text for
+the index and for the ranking alike, :func:`quantized_sql`) in an HNSW graph under Hamming
+distance (``bit_hamming_ops``; m = 16, ef_construction = 64, and m = 12,
+ef_construction = 48 below 768 dimensions: :func:`hnsw_parameters`). A query takes the
+:data:`RERANK_FACTOR` (20) × k nearest by Hamming distance through the graph
+(:data:`NARROW_RERANK_FACTOR`, 40, below 768 dimensions) and orders them by the exact
+cosine distance of the stored float32 vectors
 (:func:`trioindex.db.search.nearest_chunks`). Chosen by the at-scale benchmark
 (docs/test-results/index-scale.md: clustered 1024-dimension vectors and the local model's
 vectors of real text): the bit graph is a twentieth of the float32 one's size and costs a fifth
