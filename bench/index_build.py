@@ -16,7 +16,9 @@ turns ``--rounds`` times:
 * ``concurrent``: ``CREATE INDEX CONCURRENTLY`` with the keeper's session settings;
 * ``plain``: ``CREATE INDEX`` (a SHARE lock on the table: writers wait);
 * ``serial``: ``concurrent`` without parallel workers (``max_parallel_maintenance_workers``
-  0), ``one`` with one; ``mem``: ``concurrent`` with ``maintenance_work_mem`` 512 MB.
+  0), ``one`` with one; ``mem``: ``concurrent`` with ``maintenance_work_mem`` 512 MB;
+  ``efN``: ``concurrent`` with ef_construction N (what a thinner build would save; recall is
+  ``bench.index_scale``'s to check).
 
 A second connection samples ``pg_stat_progress_create_index`` every 50 ms (the phase, the
 building backend's CPU from ``/proc``, the parallel workers it leads): each phase's seconds and
@@ -30,6 +32,7 @@ docs/test-results/peer.md by hand).
 from __future__ import annotations
 
 import argparse
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -46,7 +49,12 @@ from bench.index_store import MODEL, Version, add_chunks, copy_embeddings
 from testkit.jobs import enqueue_text
 from trioindex.db.models import EmbeddingModel, ensure_model
 from trioindex.db.pool import connect
-from trioindex.db.vector_index import build_vector_index, create_index_sql, quantized_sql
+from trioindex.db.vector_index import (
+    build_vector_index,
+    create_index_sql,
+    hnsw_parameters,
+    quantized_sql,
+)
 
 SAMPLE_EVERY = 0.05
 LATE_BATCH = 32
@@ -163,6 +171,13 @@ def build_once(pg: BenchPostgres, url: str, model: EmbeddingModel, form: str) ->
         if form == "keeper":
             if not build_vector_index(conn, model, min_vectors=1):
                 raise RuntimeError("the keeper built nothing")
+        elif form.startswith("ef"):
+            _, ef_construction = hnsw_parameters(model.dimension)
+            conn.execute(
+                create_index_sql(conn, model).replace(
+                    f"ef_construction = {ef_construction}", f"ef_construction = {int(form[2:])}"
+                )
+            )
         else:
             conn.execute(create_index_sql(conn, model, concurrently=form != "plain"))
         seconds = time.monotonic() - began
@@ -209,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--late", type=int, default=2000, help="vectors stored after a build")
     args = parser.parse_args(argv)
     forms = [f for f in args.forms.split(",") if f]
-    if unknown := set(forms) - set(FORMS):
+    if unknown := {f for f in forms if not (f in FORMS or re.fullmatch(r"ef\d+", f))}:
         parser.error(f"unknown forms: {sorted(unknown)}")
     if args.data == "random":
         vectors = random_vectors(args.n, args.dim)
