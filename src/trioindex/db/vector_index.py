@@ -37,6 +37,8 @@ a loaded machine ~135 ms a ranking at 10,000 vectors, ~250 at 20,000 and ~780 at
 (docs/test-results/peer.md), which is what bounds the wait.
 
 The build is ``CREATE INDEX CONCURRENTLY``: writers (other workers' commits) go on meanwhile.
+A draining worker may send a first build and leave it to PostgreSQL (:func:`send_first_build`,
+docs/design/architecture.md says when).
 One process builds at a time (a session advisory lock per model; the others skip). A build that
 was interrupted leaves an INVALID index, which PostgreSQL still maintains on every insert but
 never uses: the next check drops it and builds again. A database indexed by an older release
@@ -167,11 +169,7 @@ def build_deferred(conn: Connection, model: EmbeddingModel, *, min_vectors: int)
     hence the limit."""
     return (
         min_vectors > 0
-        and all(
-            _named_state(conn, name) is IndexState.MISSING
-            for name in (model.index_name, model.retired_index_name, model.next_index_name)
-        )
-        and has_vectors(conn, model, count=min_vectors)
+        and first_build_due(conn, model, min_vectors=min_vectors)
         and loading(conn, model)
         and not has_vectors(conn, model, DEFER_FACTOR * min_vectors)
     )
@@ -215,6 +213,51 @@ def build_vector_index(conn: Connection, model: EmbeddingModel, *, min_vectors: 
     allowed in one); the build lets PostgreSQL give it parallel workers on that session
     whatever the table's size. Returns False at once when another session is building it.
     """
+    if not _lock_for_build(conn, model):
+        return False
+    try:
+        return _build(conn, model, min_vectors)
+    finally:
+        if not conn.closed:  # a lost session released its lock with it
+            _unlock(conn, model)
+
+
+def send_first_build(conn: Connection, model: EmbeddingModel, *, min_vectors: int) -> bool:
+    """Send the model's first build, if it is due (``min_vectors`` vectors and no index of
+    any kind: nothing to drop, finish or replace), without waiting for it; True when sent.
+
+    The caller must then close ``conn`` without another statement: PostgreSQL finishes the
+    build on its own. A backend notices that its client left only when it next reads from or
+    writes to it, so the build runs to its end and commits; the session's advisory lock (one
+    builder per model) goes with the backend when it exits. This session sets
+    ``client_connection_check_interval`` to 0, so a server that polls its clients does not
+    cancel the build. A build that fails anyway (the server stopped, an error) leaves an
+    INVALID index, which the next check drops and builds again (:func:`build_vector_index`).
+    ``conn`` as for :func:`build_vector_index`; when False is returned it can be used on.
+    """
+    if not _lock_for_build(conn, model):
+        return False
+    if not first_build_due(conn, model, min_vectors=min_vectors):
+        _unlock(conn, model)
+        return False
+    conn.execute("SET client_connection_check_interval = 0")
+    logger.info("building the vector index of model %s (%s+ vectors)", model.name, min_vectors)
+    conn.pgconn.send_query(create_index_sql(conn, model).encode())
+    return True
+
+
+def first_build_due(conn: Connection, model: EmbeddingModel, *, min_vectors: int) -> bool:
+    """Whether the model has no index of any kind (none to replace, finish or rename) and at
+    least ``min_vectors`` vectors."""
+    return all(
+        _named_state(conn, name) is IndexState.MISSING
+        for name in (model.index_name, model.retired_index_name, model.next_index_name)
+    ) and has_vectors(conn, model, count=min_vectors)
+
+
+def _lock_for_build(conn: Connection, model: EmbeddingModel) -> bool:
+    """Take the model's build lock for this session if no other session holds it and the model
+    is still registered, with the session set for a build; False (nothing held) otherwise."""
     if model.dimension > BIT_HNSW_MAX_DIMENSION:
         return False
     lock = conn.execute(
@@ -223,21 +266,21 @@ def build_vector_index(conn: Connection, model: EmbeddingModel, *, min_vectors: 
     ).fetchone()
     if lock is None or not lock["got"]:
         return False
-    try:
-        still = conn.execute("SELECT 1 FROM embedding_models WHERE id = %s", (model.id,)).fetchone()
-        if still is None:
-            return False  # removed (under this lock, so no removal runs now)
-        # PostgreSQL sizes a build's parallel workers by the table's main fork, which is small
-        # (the vectors live in TOAST): without this a build of 20,000 vectors gets none (with
-        # it: 4.6-4.9 s against 7.0-7.6 s).
-        conn.execute("SET min_parallel_table_scan_size = 0")
-        return _build(conn, model, min_vectors)
-    finally:
-        if not conn.closed:  # a lost session released its lock with it
-            conn.execute(
-                "SELECT pg_advisory_unlock(%s::int, hashtext(%s))",
-                (INDEX_BUILD_LOCK, str(model.id)),
-            )
+    still = conn.execute("SELECT 1 FROM embedding_models WHERE id = %s", (model.id,)).fetchone()
+    if still is None:  # removed (under this lock, so no removal runs now)
+        _unlock(conn, model)
+        return False
+    # PostgreSQL sizes a build's parallel workers by the table's main fork, which is small
+    # (the vectors live in TOAST): without this a build of 20,000 vectors gets none (with
+    # it: 4.6-4.9 s against 7.0-7.6 s).
+    conn.execute("SET min_parallel_table_scan_size = 0")
+    return True
+
+
+def _unlock(conn: Connection, model: EmbeddingModel) -> None:
+    conn.execute(
+        "SELECT pg_advisory_unlock(%s::int, hashtext(%s))", (INDEX_BUILD_LOCK, str(model.id))
+    )
 
 
 def _build(conn: Connection, model: EmbeddingModel, min_vectors: int) -> bool:

@@ -352,6 +352,9 @@ async def run_worker(
             )
             await serve_until_signalled(worker, drain=drain)
             if drain:
-                await keeper.check()  # a bulk load ends with its index, if it is due
+                # a bulk load ends with its index, if it is due: a first build is left to a
+                # PostgreSQL of the user's own to finish; the embedded one stops with its last
+                # user, so there the drain waits for it
+                await keeper.check(hand_off=bool(settings.database.url))
             nursery.cancel_scope.cancel()
         return worker
