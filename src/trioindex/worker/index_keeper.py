@@ -128,7 +128,7 @@ class VectorIndexKeeper:
             built, valid, deferred = await trio.to_thread.run_sync(build, abandon_on_cancel=True)
         except trio.Cancelled:
             with trio.CancelScope(shield=True):
-                for conn in sessions:
+                for conn in (c for c in sessions if not c.closed):  # closed: sent, or done
                     cancel = functools.partial(conn.cancel_safe, timeout=2.0)
                     await trio.to_thread.run_sync(cancel)
                 await trio.to_thread.run_sync(finished.wait, 5.0)
