@@ -352,9 +352,11 @@ async def run_worker(
             )
             await serve_until_signalled(worker, drain=drain)
             if drain:
-                # a bulk load ends with its index, if it is due: a first build is left to a
-                # PostgreSQL of the user's own to finish; the embedded one stops with its last
-                # user, so there the drain waits for it
-                await keeper.check(hand_off=bool(settings.database.url))
+                # a bulk load ends with its index, if it is due: a first build sent to a
+                # PostgreSQL of the user's own, on a session of its own (not through a
+                # transaction pooler), is left to the server to finish; the embedded one stops
+                # with its last user, so there the drain waits for it
+                direct = bool(settings.database.url) and services.direct_url is not None
+                await keeper.check(hand_off=direct)
             nursery.cancel_scope.cancel()
         return worker
