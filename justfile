@@ -194,6 +194,12 @@ bench-index-scale *ARGS: setup
 bench-index-ranking *ARGS: setup
     {{bin}}/python -m bench.index_ranking "$@"
 
+# The first vector-index build by phase (pg_stat_progress_create_index every 50 ms) in several
+# build forms, and what a vector stored after a build starts costs; prints only (figures in
+# docs/test-results/peer.md, "The first index build by phase").
+bench-index-build *ARGS: setup
+    {{bin}}/python -m bench.index_build "$@"
+
 # Search quality: nDCG@10 and recall@10 per mode (vector, text, hybrid) on a labelled English +
 # Korean set built from this machine's manual pages and Vim tutor, with the local model (about
 # 10 min on 2 cores), beside a reference BM25 (bm25s, the `bench` dependency group, installed

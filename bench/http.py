@@ -100,7 +100,7 @@ def load_corpus(url: str, chunks: int) -> list[str]:
         )
         store_indexed(conn, model, docs)
         conn.execute("SET maintenance_work_mem = '512MB'")
-        conn.execute(create_index_sql(model, concurrently=False))
+        conn.execute(create_index_sql(conn, model, concurrently=False))
         conn.execute("VACUUM ANALYZE")
     print(f"loaded {chunks:,} chunks and built the HNSW index in {time.monotonic() - began:.0f} s")
     return [" ".join(words[i][:5]) for i in rng.integers(0, chunks, 64)]

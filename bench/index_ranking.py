@@ -114,11 +114,12 @@ def load(url: str, base: Matrix, *, inline: bool) -> tuple[EmbeddingModel, dict[
     return model, {str(chunk): row for row, chunk in enumerate(ids)}
 
 
-def candidate_sql(model: EmbeddingModel, candidates: int, *, rerank: bool) -> str:
+def candidate_sql(url: str, model: EmbeddingModel, candidates: int, *, rerank: bool) -> str:
     """The candidate statement of ``nearest_chunks`` without a filter: re-ranked by the exact
     cosine of the stored vector, or (``rerank`` False) in the graph's order only."""
     dim = model.dimension
-    order = f"{quantized_sql(dim, 'e.vector')} <~> {quantized_sql(dim, '%(q)s')}"
+    with connect(url) as conn:
+        order = f"{quantized_sql(conn, dim, 'e.vector')} <~> {quantized_sql(conn, dim, '%(q)s')}"
     graph = f"""SELECT e.chunk_id{{score}} FROM embeddings e
                 JOIN served_versions s ON s.document_version_id = e.document_version_id
                                       AND s.embedding_model_id = '{model.id}'
@@ -239,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
         toast = urls["toast"]
         for storage, url in urls.items():
             print(f"EXPLAIN, {storage}, R {default // K}, ef_search {default}:")
-            sql = candidate_sql(models[storage], default, rerank=True)
+            sql = candidate_sql(url, models[storage], default, rerank=True)
             explain(url, sql, queries[0], default)
         baseline = search_at(args.baseline)
         variants = [
@@ -251,10 +252,10 @@ def main(argv: list[str] | None = None) -> None:
         settings = [(20, 200), (20, 100), (15, 150), (15, 100), (10, 100)]
         for storage, url in urls.items():
             for r, ef in settings:
-                sql = candidate_sql(models[storage], r * K, rerank=True)
+                sql = candidate_sql(url, models[storage], r * K, rerank=True)
                 name = f"SQL re-rank ({storage}), R {r}, ef {ef}"
                 variants.append(sql_variant(stack, url, name, sql, ef))
-        graph = candidate_sql(models["toast"], default, rerank=False)
+        graph = candidate_sql(toast, models["toast"], default, rerank=False)
         name = f"SQL graph only, {default} candidates, ef {default}"
         variants.append(sql_variant(stack, toast, name, graph, default))
         for v in variants:  # warm each connection's cache and plan

@@ -30,7 +30,9 @@ its children), of PostgreSQL (the postmaster and every backend it reaped) and of
 chunk (``pg_stat_database.xact_commit``); requests per chunk and the mean request batch, counted
 at the mock. Each run's *timeline* (printed with its figures, kept in the JSON) says when, in
 seconds after the worker process started, its log said each step (services open, registered,
-first job, index build, queue drained, stopped: :data:`TIMELINE_MARKS`), when its first, 10th
+first job, index build, queue drained, stopped: :data:`TIMELINE_MARKS`; and when an index build
+the worker left to PostgreSQL ended after its exit, which the figures wait for, its CPU
+included in PostgreSQL's), when its first, 10th
 and 90th percentile and last rows were written, and when it exited: the wall time outside the
 steady window, by step. Both systems run with their modules compiled to bytecode
 (:func:`compile_bytecode`).
@@ -182,6 +184,9 @@ def process_tree_cpu(process: psutil.Process) -> float:
     return total
 
 
+# The line measure() adds when a build the worker left to PostgreSQL ends after its exit.
+BUILD_ENDED = "bench: the index build left to PostgreSQL ended"
+
 # What a trioindex worker's log lines say, in the order a drain run says them: the timeline's
 # marks (the first line matching each pattern).
 TIMELINE_MARKS = (
@@ -193,7 +198,9 @@ TIMELINE_MARKS = (
     ("index build starts", "building the vector index"),
     ("queue drained", ": queue drained"),
     ("index built", "HNSW index built"),
+    ("index build handed off", "HNSW index build handed to PostgreSQL"),
     ("stopped", " stopped; counters"),
+    ("index build ended (server)", BUILD_ENDED),
 )
 
 
@@ -278,7 +285,7 @@ def measure(pg: BenchPostgres, url: str, server: EmbedServerProcess, work: Any) 
     server.reset_stats()
     mock = psutil.Process(server.pid)
     before, mock_before = pg.counters(url), process_tree_cpu(mock)
-    measured = work()
+    measured = await_builds(url, work())
     after, mock_after = pg.counters(url), process_tree_cpu(mock)
     stats = server.stats()
     return (
@@ -289,6 +296,28 @@ def measure(pg: BenchPostgres, url: str, server: EmbedServerProcess, work: Any) 
         stats["inputs"],
         mock_after - mock_before,
     )
+
+
+def await_builds(url: str, measured: Measured, limit_s: float = 900.0) -> Measured:
+    """Wait until no index build runs in the database (a build ``worker --drain`` left to
+    PostgreSQL goes on after the worker's exit): the figures then count its CPU, and the
+    timeline says when it ended (a :data:`BUILD_ENDED` line, if one was still running)."""
+    deadline = time.monotonic() + limit_s
+    waited = False
+    with psycopg.connect(url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                """SELECT count(*) FROM pg_stat_progress_create_index
+                   WHERE datname = current_database()"""
+            ).fetchone()
+            if row is None or row[0] == 0:
+                break
+            waited = True
+            time.sleep(0.05)
+    if not waited:
+        return measured
+    ended = (time.time() - measured.started_at, BUILD_ENDED)
+    return attrs.evolve(measured, lines=(*measured.lines, ended))
 
 
 def recall_at_10(url: str, queries: int = 50) -> float:

@@ -280,7 +280,7 @@ async def speed(
         conn.execute("SET maintenance_work_mem = '512MB'")
         index_ms, _ = timed(
             conn.execute,
-            create_index_sql(registered, concurrently=False),
+            create_index_sql(conn, registered, concurrently=False),
         )
         # what migration 0007 costs on a table this size: the column computed for every row
         conn.execute("ALTER TABLE document_chunks DROP COLUMN search_vector")

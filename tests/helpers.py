@@ -17,7 +17,7 @@ from testkit.embed_server import fake_vector
 from testkit.jobs import enqueue_text
 from trioindex.config import default_settings
 from trioindex.db import jobs as lifecycle
-from trioindex.db.models import EmbeddingModel, ensure_model
+from trioindex.db.models import INDEX_BUILD_LOCK, EmbeddingModel, ensure_model
 from trioindex.db.operations.job_timeline import job_events
 from trioindex.db.pool import Connection, Database
 from trioindex.embedding import Embedder, EmbedderInfo
@@ -190,6 +190,16 @@ def waits_on_a_lock(conn: Connection, pid: int) -> bool:
         "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
     ).fetchone()
     return row is not None and row["wait_event_type"] == "Lock"
+
+
+def build_lock_held(conn: Connection, model: EmbeddingModel) -> bool:
+    """Whether some session holds the model's index build lock (a build under way)."""
+    row = conn.execute(
+        """SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
+                          AND classid = %s AND objid = hashtext(%s)::oid) AS held""",
+        (INDEX_BUILD_LOCK, str(model.id)),
+    ).fetchone()
+    return row is not None and bool(row["held"])
 
 
 # -- the worker's own pipeline steps ----------------------------------------------------------

@@ -19,7 +19,7 @@ from testkit.search_corpus import IndexedDocument, store_indexed
 from tests import helpers
 from trioindex.db import jobs as lifecycle
 from trioindex.db.models import INDEX_BUILD_LOCK, EmbeddingModel, ensure_model, remove_model
-from trioindex.db.pool import Connection, Database
+from trioindex.db.pool import Connection, Database, connect
 from trioindex.db.search import NO_FILTERS, Filters, HnswSettings, IterativeScan, nearest_chunks
 from trioindex.db.vector_index import (
     DEFER_FACTOR,
@@ -34,6 +34,7 @@ from trioindex.db.vector_index import (
     index_state,
     loading,
     quantized_sql,
+    send_first_build,
 )
 from trioindex.errors import TrioindexError
 from trioindex.search import text_ranking, vector_ranking
@@ -51,7 +52,7 @@ def _store(conn: Connection, model: EmbeddingModel, n: int, seed: int = 1) -> np
 
 def _plan(conn: Connection, model: EmbeddingModel) -> str:
     """The plan of the indexed candidate query (sign bits by Hamming distance)."""
-    order = f"{quantized_sql(DIM, 'vector')} <~> {quantized_sql(DIM, '%s')}"
+    order = f"{quantized_sql(conn, DIM, 'vector')} <~> {quantized_sql(conn, DIM, '%s')}"
     with conn.transaction():
         conn.execute("SET LOCAL enable_seqscan = off")
         rows = conn.execute(
@@ -308,7 +309,7 @@ def _index_with(conn: Connection, model: EmbeddingModel, name: str, m: int, efc:
     assert (m, efc) != hnsw_parameters(model.dimension)
     conn.execute(
         f"""CREATE INDEX {name} ON embeddings
-            USING hnsw (({quantized_sql(model.dimension, "vector")}) bit_hamming_ops)
+            USING hnsw (({quantized_sql(conn, model.dimension, "vector")}) bit_hamming_ops)
             WITH (m = {m}, ef_construction = {efc}) WHERE embedding_model_id = '{model.id}'"""
     )
 
@@ -349,7 +350,7 @@ def test_an_index_without_build_parameters_has_pgvectors_defaults(db: Database) 
         assert index_parameters(conn, model.index_name) is None
         conn.execute(
             f"""CREATE INDEX {model.index_name} ON embeddings
-                USING hnsw (({quantized_sql(DIM, "vector")}) bit_hamming_ops)"""
+                USING hnsw (({quantized_sql(conn, DIM, "vector")}) bit_hamming_ops)"""
         )
         assert index_parameters(conn, model.index_name) == (16, 64)
 
@@ -362,7 +363,7 @@ def test_a_rebuild_stopped_after_its_build_takes_the_name_at_the_next_check(
         _store(conn, model, 6)
         _index_with(conn, model, model.index_name, 4, 10)
         # the new graph was built, the process stopped before the names were swapped
-        conn.execute(create_index_sql(model, concurrently=False, name=model.next_index_name))
+        conn.execute(create_index_sql(conn, model, concurrently=False, name=model.next_index_name))
         next_oid = conn.execute("SELECT %s::regclass::oid AS o", (model.next_index_name,))
         built_oid = next_oid.fetchone()
         assert build_vector_index(conn, model, min_vectors=1) is True
@@ -376,7 +377,7 @@ def test_a_rebuild_interrupted_during_its_build_is_built_again(db: Database) -> 
         model = ensure_model(conn, "m", DIM)
         _store(conn, model, 6)
         _index_with(conn, model, model.index_name, 4, 10)
-        conn.execute(create_index_sql(model, concurrently=False, name=model.next_index_name))
+        conn.execute(create_index_sql(conn, model, concurrently=False, name=model.next_index_name))
         conn.execute(
             "UPDATE pg_index SET indisvalid = false WHERE indexrelid = %s::regclass",
             (model.next_index_name,),
@@ -411,7 +412,7 @@ def test_removing_a_model_drops_a_rebuild_left_beside_its_index(db: Database) ->
         model = ensure_model(conn, "m", DIM)
         _store(conn, model, 4)
         _index_with(conn, model, model.index_name, 4, 10)
-        conn.execute(create_index_sql(model, concurrently=False, name=model.next_index_name))
+        conn.execute(create_index_sql(conn, model, concurrently=False, name=model.next_index_name))
         remove_model(conn, "m")
         for name in (model.index_name, model.next_index_name):
             assert index_state(conn, model, name) is IndexState.MISSING
@@ -436,6 +437,62 @@ def test_a_session_already_building_makes_another_skip(db: Database) -> None:
             (INDEX_BUILD_LOCK, str(model.id)),
         ).fetchone()
         assert free is not None and free["got"]
+
+
+def test_a_first_build_sent_and_left_is_finished_by_postgresql(
+    db: Database, database_url: str
+) -> None:
+    # What a draining worker does at its end: the build is sent, and its connection closed
+    # while the build still waits (on an open snapshot); the server finishes it alone, its
+    # build lock held until then, and the index ends valid, even on a server that polls its
+    # clients for a lost connection (which cancels a statement whose client left)
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+        vectors = _store(conn, model, 6)
+        conn.execute(
+            f'ALTER DATABASE "{conn.info.dbname}" SET client_connection_check_interval = 10'
+        )
+    with db.connection() as blocker, db.connection() as watcher:
+        blocker.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        blocker.execute("SELECT count(*) FROM embedding_models")  # a snapshot the build waits on
+        sender = connect(database_url)
+        pid = sender.info.backend_pid
+        assert send_first_build(sender, model, min_vectors=6) is True
+        sender.close()
+        while not helpers.waits_on_a_lock(watcher, pid):
+            assert _backend_alive(watcher, pid), "the build ended with its client"
+        assert index_state(watcher, model) is IndexState.INVALID
+        assert helpers.build_lock_held(watcher, model)
+        assert build_vector_index(watcher, model, min_vectors=1) is False  # another skips
+        blocker.execute("COMMIT")
+        while _backend_alive(watcher, pid):
+            pass
+        assert index_state(watcher, model) is IndexState.VALID
+        assert index_parameters(watcher, model.index_name) == hnsw_parameters(DIM)
+        assert not helpers.build_lock_held(watcher, model)
+        assert model.index_name in _plan(watcher, model)
+        top = [r.document_key for r in vector_ranking(watcher, model, vectors[4], 1)]
+        assert top == ["doc-004"]
+
+
+def _backend_alive(conn: Connection, pid: int) -> bool:
+    row = conn.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE pid = %s", (pid,))
+    found = row.fetchone()
+    return found is not None and found["n"] > 0
+
+
+def test_only_a_due_first_build_is_sent_and_otherwise_the_session_goes_on(db: Database) -> None:
+    # too few vectors, or an index of any kind (to finish, replace or rename): nothing is
+    # sent, the build lock is let go and the connection answers the next statement
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+        _store(conn, model, 3)
+        assert send_first_build(conn, model, min_vectors=4) is False
+        assert not helpers.build_lock_held(conn, model)
+        _index_with(conn, model, model.index_name, 4, 10)
+        assert send_first_build(conn, model, min_vectors=1) is False
+        assert not helpers.build_lock_held(conn, model)
+        assert index_parameters(conn, model.index_name) == (4, 10)
 
 
 def test_an_interrupted_build_is_dropped_and_built_again(db: Database) -> None:

@@ -17,7 +17,7 @@ from testkit.search_corpus import IndexedDocument, store_indexed
 from tests import helpers
 from trioindex.db import jobs as lifecycle
 from trioindex.db.models import EmbeddingModel, ensure_model
-from trioindex.db.pool import Database
+from trioindex.db.pool import Connection, Database
 from trioindex.db.vector_index import (
     IndexState,
     hnsw_parameters,
@@ -63,6 +63,41 @@ async def test_the_keeper_builds_once_the_stored_vectors_reach_the_threshold(
     assert _state(db, model) is IndexState.VALID
 
 
+async def test_a_check_that_hands_off_sends_a_first_build_that_postgresql_finishes(
+    db: Database, database_url: str
+) -> None:
+    # a drain's last check: the first build is sent and left; the keeper does not know it
+    # valid, and the next check finds it built by the server alone
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+    _store(db, model, 0, 6)
+    keeper = VectorIndexKeeper(database_url, model, min_vectors=6)
+    assert not await keeper.check(hand_off=True)
+    assert (keeper.sent, keeper.built, keeper.indexed) == (1, 0, False)
+    with db.connection() as conn:
+        while helpers.build_lock_held(conn, model):
+            pass
+    assert await keeper.check(hand_off=True)
+    assert (keeper.sent, keeper.built, keeper.indexed) == (1, 0, True)
+    assert _state(db, model) is IndexState.VALID
+
+
+async def test_a_check_that_hands_off_still_runs_a_rebuild_to_its_end(
+    db: Database, database_url: str
+) -> None:
+    # only a first build is left to the server: a rebuild renames and drops after its build
+    with db.connection() as conn:
+        model = ensure_model(conn, "m", DIM)
+    _store(db, model, 0, 4)
+    with db.connection() as conn:
+        conn.execute(_bit_index_with_other_parameters(conn, model))
+    keeper = VectorIndexKeeper(database_url, model, min_vectors=4)
+    assert await keeper.check(hand_off=True)
+    assert (keeper.sent, keeper.built) == (0, 1)
+    with db.connection() as conn:
+        assert index_parameters(conn, model.index_name) == hnsw_parameters(DIM)
+
+
 def _due_with_a_backlog(db: Database) -> EmbeddingModel:
     """A model with 6 vectors (the tests' threshold) and 3 jobs pending."""
     with db.connection() as conn:
@@ -104,27 +139,27 @@ async def test_a_due_build_waits_until_the_models_jobs_under_way_or_due_have_end
     assert _state(db, model) is IndexState.VALID
 
 
-def _float32_index(model: EmbeddingModel) -> str:
+def _float32_index(_conn: Connection, model: EmbeddingModel) -> str:
     return f"""CREATE INDEX {model.retired_index_name} ON embeddings
                USING hnsw ((vector::vector({DIM})) vector_cosine_ops)
                WHERE embedding_model_id = '{model.id}'"""
 
 
-def _bit_index_with_other_parameters(model: EmbeddingModel) -> str:
+def _bit_index_with_other_parameters(conn: Connection, model: EmbeddingModel) -> str:
     return f"""CREATE INDEX {model.index_name} ON embeddings
-               USING hnsw (({quantized_sql(DIM, "vector")}) bit_hamming_ops)
+               USING hnsw (({quantized_sql(conn, DIM, "vector")}) bit_hamming_ops)
                WITH (m = 4, ef_construction = 10) WHERE embedding_model_id = '{model.id}'"""
 
 
 @pytest.mark.parametrize("older", [_float32_index, _bit_index_with_other_parameters])
 async def test_the_keeper_replaces_an_older_releases_index_at_its_first_check(
-    db: Database, database_url: str, older: Callable[[EmbeddingModel], str]
+    db: Database, database_url: str, older: Callable[[Connection, EmbeddingModel], str]
 ) -> None:
     with db.connection() as conn:
         model = ensure_model(conn, "m", DIM)
     _store(db, model, 0, 4)
     with db.connection() as conn:
-        conn.execute(older(model))
+        conn.execute(older(conn, model))
     # far below the threshold, but the model had an index: it keeps one
     keeper = VectorIndexKeeper(database_url, model, min_vectors=10_000)
     assert await keeper.check()

@@ -306,8 +306,8 @@ def remove_model(conn: Connection, name: str) -> Removal:
         ).fetchone()
         if free is None or not free["got"]:
             raise TrioindexError(
-                f"a worker is building the HNSW index of model {name!r}; remove it when the"
-                ' build has ended (the worker logs "HNSW index built")'
+                f"PostgreSQL is building the HNSW index of model {name!r}; remove it when"
+                " the build has ended"
             )
         # Locks in the order a completion takes them (its job row, then the embeddings it
         # reads), so removing never deadlocks with one.

@@ -2,11 +2,13 @@
 vectors, with an exact re-rank at query time; exact search below that.
 
 **What is indexed.** Each vector's ``binary_quantize(vector::vector(dim))::bit(dim)`` (one
-bit per dimension: its sign) in an HNSW graph under Hamming distance (``bit_hamming_ops``;
-m = 16, ef_construction = 64, and m = 12, ef_construction = 48 below 768 dimensions:
-:func:`hnsw_parameters`). A query takes the :data:`RERANK_FACTOR` (20) × k nearest by
-Hamming distance through the graph (:data:`NARROW_RERANK_FACTOR`, 40, below 768 dimensions)
-and orders them by the exact cosine distance of the stored float32 vectors
+bit per dimension: its sign; the SQL function ``trioindex_sign_bits_sql`` writes that text for
+the index and for the ranking alike, :func:`quantized_sql`) in an HNSW graph under Hamming
+distance (``bit_hamming_ops``; m = 16, ef_construction = 64, and m = 12,
+ef_construction = 48 below 768 dimensions: :func:`hnsw_parameters`). A query takes the
+:data:`RERANK_FACTOR` (20) × k nearest by Hamming distance through the graph
+(:data:`NARROW_RERANK_FACTOR`, 40, below 768 dimensions) and orders them by the exact
+cosine distance of the stored float32 vectors
 (:func:`trioindex.db.search.nearest_chunks`). Chosen by the at-scale benchmark
 (docs/test-results/index-scale.md: clustered 1024-dimension vectors and the local model's
 vectors of real text): the bit graph is a twentieth of the float32 one's size and costs a fifth
@@ -35,6 +37,8 @@ a loaded machine ~135 ms a ranking at 10,000 vectors, ~250 at 20,000 and ~780 at
 (docs/test-results/peer.md), which is what bounds the wait.
 
 The build is ``CREATE INDEX CONCURRENTLY``: writers (other workers' commits) go on meanwhile.
+A draining worker may send a first build and leave it to PostgreSQL (:func:`send_first_build`,
+docs/design/architecture.md says when).
 One process builds at a time (a session advisory lock per model; the others skip). A build that
 was interrupted leaves an INVALID index, which PostgreSQL still maintains on every insert but
 never uses: the next check drops it and builds again. A database indexed by an older release
@@ -120,10 +124,14 @@ def _named_state(conn: Connection, name: str) -> IndexState:
     return IndexState.VALID if row["indisvalid"] else IndexState.INVALID
 
 
-def quantized_sql(dimension: int, vector: str) -> str:
-    """The indexed expression of ``vector`` (an SQL expression of type vector): its sign bits."""
-    dim = int(dimension)
-    return f"binary_quantize({vector}::vector({dim}))::bit({dim})"
+def quantized_sql(conn: Connection, dimension: int, vector: str) -> str:
+    """The indexed expression of ``vector`` (an SQL expression of type vector): its sign bits,
+    in the one text the ranking orders by too (``trioindex_sign_bits_sql``)."""
+    row = conn.execute(
+        "SELECT trioindex_sign_bits_sql(%s, %s) AS sql", (int(dimension), vector)
+    ).fetchone()
+    assert row is not None  # a function of its arguments: always one row
+    return str(row["sql"])
 
 
 def has_vectors(conn: Connection, model: EmbeddingModel, count: int) -> bool:
@@ -161,11 +169,7 @@ def build_deferred(conn: Connection, model: EmbeddingModel, *, min_vectors: int)
     hence the limit."""
     return (
         min_vectors > 0
-        and all(
-            _named_state(conn, name) is IndexState.MISSING
-            for name in (model.index_name, model.retired_index_name, model.next_index_name)
-        )
-        and has_vectors(conn, model, count=min_vectors)
+        and first_build_due(conn, model, min_vectors=min_vectors)
         and loading(conn, model)
         and not has_vectors(conn, model, DEFER_FACTOR * min_vectors)
     )
@@ -186,7 +190,7 @@ def index_parameters(conn: Connection, name: str) -> tuple[int, int] | None:
 
 
 def create_index_sql(
-    model: EmbeddingModel, *, concurrently: bool = True, name: str | None = None
+    conn: Connection, model: EmbeddingModel, *, concurrently: bool = True, name: str | None = None
 ) -> str:
     """The model's partial HNSW index over its vectors' sign bits (module docstring), called
     ``name`` (default: the model's index)."""
@@ -194,7 +198,7 @@ def create_index_sql(
     return (
         f"CREATE INDEX {'CONCURRENTLY ' if concurrently else ''}IF NOT EXISTS"
         f" {name or model.index_name} ON embeddings"
-        f" USING hnsw (({quantized_sql(model.dimension, 'vector')}) bit_hamming_ops)"
+        f" USING hnsw (({quantized_sql(conn, model.dimension, 'vector')}) bit_hamming_ops)"
         f" WITH (m = {m}, ef_construction = {ef_construction})"
         f" WHERE embedding_model_id = '{model.id}'"
     )
@@ -209,6 +213,51 @@ def build_vector_index(conn: Connection, model: EmbeddingModel, *, min_vectors: 
     allowed in one); the build lets PostgreSQL give it parallel workers on that session
     whatever the table's size. Returns False at once when another session is building it.
     """
+    if not _lock_for_build(conn, model):
+        return False
+    try:
+        return _build(conn, model, min_vectors)
+    finally:
+        if not conn.closed:  # a lost session released its lock with it
+            _unlock(conn, model)
+
+
+def send_first_build(conn: Connection, model: EmbeddingModel, *, min_vectors: int) -> bool:
+    """Send the model's first build, if it is due (``min_vectors`` vectors and no index of
+    any kind: nothing to drop, finish or replace), without waiting for it; True when sent.
+
+    The caller must then close ``conn`` without another statement: PostgreSQL finishes the
+    build on its own. A backend notices that its client left only when it next reads from or
+    writes to it, so the build runs to its end and commits; the session's advisory lock (one
+    builder per model) goes with the backend when it exits. This session sets
+    ``client_connection_check_interval`` to 0, so a server that polls its clients does not
+    cancel the build. A build that fails anyway (the server stopped, an error) leaves an
+    INVALID index, which the next check drops and builds again (:func:`build_vector_index`).
+    ``conn`` as for :func:`build_vector_index`; when False is returned it can be used on.
+    """
+    if not _lock_for_build(conn, model):
+        return False
+    if not first_build_due(conn, model, min_vectors=min_vectors):
+        _unlock(conn, model)
+        return False
+    conn.execute("SET client_connection_check_interval = 0")
+    logger.info("building the vector index of model %s (%s+ vectors)", model.name, min_vectors)
+    conn.pgconn.send_query(create_index_sql(conn, model).encode())
+    return True
+
+
+def first_build_due(conn: Connection, model: EmbeddingModel, *, min_vectors: int) -> bool:
+    """Whether the model has no index of any kind (none to replace, finish or rename) and at
+    least ``min_vectors`` vectors."""
+    return all(
+        _named_state(conn, name) is IndexState.MISSING
+        for name in (model.index_name, model.retired_index_name, model.next_index_name)
+    ) and has_vectors(conn, model, count=min_vectors)
+
+
+def _lock_for_build(conn: Connection, model: EmbeddingModel) -> bool:
+    """Take the model's build lock for this session if no other session holds it and the model
+    is still registered, with the session set for a build; False (nothing held) otherwise."""
     if model.dimension > BIT_HNSW_MAX_DIMENSION:
         return False
     lock = conn.execute(
@@ -217,21 +266,21 @@ def build_vector_index(conn: Connection, model: EmbeddingModel, *, min_vectors: 
     ).fetchone()
     if lock is None or not lock["got"]:
         return False
-    try:
-        still = conn.execute("SELECT 1 FROM embedding_models WHERE id = %s", (model.id,)).fetchone()
-        if still is None:
-            return False  # removed (under this lock, so no removal runs now)
-        # PostgreSQL sizes a build's parallel workers by the table's main fork, which is small
-        # (the vectors live in TOAST): without this a build of 20,000 vectors gets none (with
-        # it: 4.6-4.9 s against 7.0-7.6 s).
-        conn.execute("SET min_parallel_table_scan_size = 0")
-        return _build(conn, model, min_vectors)
-    finally:
-        if not conn.closed:  # a lost session released its lock with it
-            conn.execute(
-                "SELECT pg_advisory_unlock(%s::int, hashtext(%s))",
-                (INDEX_BUILD_LOCK, str(model.id)),
-            )
+    still = conn.execute("SELECT 1 FROM embedding_models WHERE id = %s", (model.id,)).fetchone()
+    if still is None:  # removed (under this lock, so no removal runs now)
+        _unlock(conn, model)
+        return False
+    # PostgreSQL sizes a build's parallel workers by the table's main fork, which is small
+    # (the vectors live in TOAST): without this a build of 20,000 vectors gets none (with
+    # it: 4.6-4.9 s against 7.0-7.6 s).
+    conn.execute("SET min_parallel_table_scan_size = 0")
+    return True
+
+
+def _unlock(conn: Connection, model: EmbeddingModel) -> None:
+    conn.execute(
+        "SELECT pg_advisory_unlock(%s::int, hashtext(%s))", (INDEX_BUILD_LOCK, str(model.id))
+    )
 
 
 def _build(conn: Connection, model: EmbeddingModel, min_vectors: int) -> bool:
@@ -248,7 +297,7 @@ def _build(conn: Connection, model: EmbeddingModel, min_vectors: int) -> bool:
             logger.info("dropping the interrupted index build of model %s", model.name)
             _drop(conn, model.index_name)
         logger.info("building the vector index of model %s (%s+ vectors)", model.name, min_vectors)
-        conn.execute(create_index_sql(model))
+        conn.execute(create_index_sql(conn, model))
         built = True
     if built or state is IndexState.VALID:
         # what the valid index replaced, or a rebuild interrupted before it took the name
@@ -269,7 +318,7 @@ def _rebuild(conn: Connection, model: EmbeddingModel) -> None:
         logger.info(
             "rebuilding the vector index of model %s (m, ef_construction = %s)", model.name, wanted
         )
-        conn.execute(create_index_sql(model, name=model.next_index_name))
+        conn.execute(create_index_sql(conn, model, name=model.next_index_name))
     _drop(conn, model.retired_index_name)  # frees its name
     with conn.transaction():
         # renaming takes a SHARE UPDATE EXCLUSIVE lock: writers and searches go on

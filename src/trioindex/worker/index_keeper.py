@@ -13,7 +13,10 @@ all its rows instead of partly row by row, up to three times the threshold); whi
 keeper also checks every :data:`DEFERRED_RECHECK` seconds, so the index comes soon after the
 load ends even if this worker stores nothing more.
 A draining worker checks once more at the end (:meth:`VectorIndexKeeper.check`, after waiting
-for a build under way), so a bulk load run with ``worker --drain`` ends with its index built.
+for a build under way), so a bulk load run with ``worker --drain`` ends with its index built
+or, on a PostgreSQL of its own (not the embedded one, which stops with its last user), with
+its first build handed to the server: sent, and left to PostgreSQL to finish after the worker
+exits (:func:`~trioindex.db.vector_index.send_first_build`; search ranks exactly until then).
 
 The build runs on a connection of its own, in a thread, with PostgreSQL's parallel workers
 for index builds (``max_parallel_maintenance_workers``) whatever the table's size; on
@@ -41,6 +44,7 @@ from trioindex.db.vector_index import (
     build_deferred,
     build_vector_index,
     index_state,
+    send_first_build,
 )
 from trioindex.errors import DatabaseUnavailable
 
@@ -68,6 +72,7 @@ class VectorIndexKeeper:
     check_every: int = attrs.field(default=attrs.Factory(_check_every, takes_self=True))
     indexed: bool = False  # a valid index exists: no more checks
     built: int = 0  # builds this keeper ran (for tests and logs)
+    sent: int = 0  # first builds this keeper handed to PostgreSQL (check(hand_off=True))
     deferred: bool = False  # the last check found the build due but waiting for a backlog
     _since_check: int = 0
     _wake: trio.Event = attrs.field(factory=trio.Event)
@@ -87,13 +92,15 @@ class VectorIndexKeeper:
             with trio.move_on_after(DEFERRED_RECHECK if self.deferred else math.inf):
                 await self._wake.wait()
 
-    async def check(self) -> bool:
+    async def check(self, *, hand_off: bool = False) -> bool:
         """Build the index if it is due; True once a valid index exists. A check already under
-        way (a build) is waited for first."""
+        way (a build) is waited for first. With ``hand_off`` a first build is sent and left to
+        PostgreSQL to finish (:func:`~trioindex.db.vector_index.send_first_build`; False is
+        returned: the index is not valid yet); any other build runs to its end."""
         async with self._one_at_a_time:
-            return await self._check()
+            return await self._check(hand_off)
 
-    async def _check(self) -> bool:
+    async def _check(self, hand_off: bool) -> bool:
         if self.indexed:
             return True
         self._since_check = 0
@@ -101,12 +108,17 @@ class VectorIndexKeeper:
         sessions: list[Connection] = []
         finished = threading.Event()
 
-        def build() -> tuple[bool, bool, bool]:
+        def build() -> tuple[bool | None, bool, bool]:
             try:
                 with connect(self.conninfo) as conn:
                     sessions.append(conn)
                     if build_deferred(conn, self.model, min_vectors=self.min_vectors):
                         return False, False, True
+                    if hand_off and send_first_build(
+                        conn, self.model, min_vectors=self.min_vectors
+                    ):
+                        conn.close()  # no other statement: the server finishes the build
+                        return None, False, False
                     built = build_vector_index(conn, self.model, min_vectors=self.min_vectors)
                     return built, index_state(conn, self.model) is IndexState.VALID, False
             finally:
@@ -116,7 +128,7 @@ class VectorIndexKeeper:
             built, valid, deferred = await trio.to_thread.run_sync(build, abandon_on_cancel=True)
         except trio.Cancelled:
             with trio.CancelScope(shield=True):
-                for conn in sessions:
+                for conn in (c for c in sessions if not c.closed):  # closed: sent, or done
                     cancel = functools.partial(conn.cancel_safe, timeout=2.0)
                     await trio.to_thread.run_sync(cancel)
                 await trio.to_thread.run_sync(finished.wait, 5.0)
@@ -131,7 +143,13 @@ class VectorIndexKeeper:
         if deferred and not self.deferred:
             logger.info("model %s: HNSW index due, built once its load ends", self.model.name)
         self.deferred = deferred
-        if built:
+        if built is None:
+            self.sent += 1
+            logger.info(
+                "model %s: HNSW index build handed to PostgreSQL (search is exact until it ends)",
+                self.model.name,
+            )
+        elif built:
             self.built += 1
             logger.info("model %s: HNSW index built", self.model.name)
         self.indexed = valid

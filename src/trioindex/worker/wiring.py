@@ -354,6 +354,11 @@ async def run_worker(
             )
             await serve_until_signalled(worker, drain=drain)
             if drain:
-                await keeper.check()  # a bulk load ends with its index, if it is due
+                # a bulk load ends with its index, if it is due: a first build sent to a
+                # PostgreSQL of the user's own, on a session of its own (not through a
+                # transaction pooler), is left to the server to finish; the embedded one stops
+                # with its last user, so there the drain waits for it
+                direct = bool(settings.database.url) and services.direct_url is not None
+                await keeper.check(hand_off=direct)
             nursery.cancel_scope.cancel()
         return worker

@@ -1389,6 +1389,15 @@ CREATE FUNCTION trioindex_search_filters_pass(
             OR (p_ocr_low_confidence_pages IS NOT NULL) = p_low_confidence)
 $$;
 
+-- The sign bits of the vector expression p_vector (SQL text) of a model of p_dimension
+-- dimensions, as SQL text: the expression a model's HNSW index is built on
+-- (trioindex.db.vector_index.create_index_sql) and the one the ranking below orders by, one
+-- text for both, since the planner uses the index only for the very expression it holds.
+CREATE FUNCTION trioindex_sign_bits_sql(p_dimension integer, p_vector text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT format('binary_quantize(%2$s::vector(%1$s))::bit(%1$s)', p_dimension, p_vector)
+$$;
+
 -- The p_limit chunks of the versions p_model serves nearest p_query by cosine, best first, with
 -- score = 1 - cosine distance: one statement, so one round trip (db/search.py says why the
 -- ranking has this shape). Exact while the model's bit index p_index is missing or invalid;
@@ -1443,8 +1452,8 @@ BEGIN
          JOIN document_versions v ON v.id = e.document_version_id' ELSE '' END,
         filters,
         CASE WHEN indexed
-             THEN format('binary_quantize(e.vector::vector(%1$s))::bit(%1$s)'
-                         ' <~> binary_quantize($1::vector(%1$s))::bit(%1$s)', p_dimension)
+             THEN trioindex_sign_bits_sql(p_dimension, 'e.vector') || ' <~> '
+                  || trioindex_sign_bits_sql(p_dimension, '$1')
              ELSE exact END,
         CASE WHEN indexed THEN '$4' ELSE '$3' END);
     IF indexed THEN
