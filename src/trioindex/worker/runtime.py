@@ -44,9 +44,10 @@ stopped or silent workers to expire, recovering them itself.
 
 A :class:`Worker` is complete when built; what belongs to one ``serve()`` call — the worker id
 it registered, its slots, the running jobs, the poller's wake-up event, the intake scope — lives
-in a :class:`_Run` made once registration returns, so a worker can be served again. How each
-job runs, and the :class:`~trioindex.worker.job.JobOutcome` it ends with, is
-:mod:`trioindex.worker.job`. docs/design/architecture.md ("The Trio runtime") walks the tree.
+in a :class:`~trioindex.worker.serve_run.ServeRun` made once registration returns, so a worker
+can be served again. How each job runs, and the :class:`~trioindex.worker.job.JobOutcome` it
+ends with, is :mod:`trioindex.worker.job`. docs/design/architecture.md ("The Trio runtime")
+walks the tree.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ from trioindex.worker.job import (
     Steps,
 )
 from trioindex.worker.leases import LeaseRenewer
+from trioindex.worker.serve_run import JobPlace, ServeRun
 
 logger = logging.getLogger(__name__)
 
@@ -111,56 +113,6 @@ class Queue(JobWrites, Protocol):
 
 
 @attrs.define(eq=False)
-class _Place:
-    """The place one job holds, by its token: a slot while it runs its steps, then a finishing
-    place while its completion is written."""
-
-    limiter: trio.CapacityLimiter
-    token: object
-
-    async def move_to(self, other: trio.CapacityLimiter) -> None:
-        """Take a place in ``other`` (waiting for one), then give this one back. Cancelled
-        while waiting, the job keeps the place it had."""
-        await other.acquire_on_behalf_of(self.token)
-        self.limiter.release_on_behalf_of(self.token)
-        self.limiter = other
-
-    def release(self) -> None:
-        self.limiter.release_on_behalf_of(self.token)
-
-
-@attrs.define(eq=False)
-class _Run:
-    """What one :meth:`Worker.serve` call owns, from registration to STOPPED."""
-
-    worker_id: UUID
-    slots: trio.CapacityLimiter
-    # jobs whose completion is being written hold one of these instead of a slot
-    finishing: trio.CapacityLimiter
-    jobs: JobRunner
-    intake: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    running: set[JobContext] = attrs.field(factory=set)
-    wakeup: trio.Event = attrs.field(factory=trio.Event)
-    # the last claim found nothing: a freed slot is no reason to claim again (module docstring)
-    queue_empty: bool = False
-    # woken by a NOTIFY or recovered leases since the current claim began
-    notified: bool = False
-    drain_logged_at: float = -math.inf
-
-    def wake(self) -> None:
-        """Jobs may be claimable (a NOTIFY, recovered leases): the poller claims at once."""
-        self.notified = True
-        self.wakeup.set()
-
-    def slot_freed(self) -> None:
-        """A job left its slot or its finishing place: the poller claims at once, unless its
-        last claim found the queue empty and jobs are still running (the last job to end
-        wakes it, so a drain is checked at once)."""
-        if not self.queue_empty or not self.running:
-            self.wakeup.set()
-
-
-@attrs.define(eq=False)
 class Worker:
     """A worker: its job queue, steps and settings. :meth:`serve` runs it (again if called
     again); ``on_job_done`` hears how every job ended."""
@@ -178,7 +130,7 @@ class Worker:
     model_removed: bool = attrs.field(default=False, init=False)
     listener: Callable[[Callable[[], None]], Awaitable[None]] | None = None
     # the current run, or the last one once serve() has returned; None before the first
-    _run: _Run | None = attrs.field(default=None, init=False)
+    _run: ServeRun | None = attrs.field(default=None, init=False)
     # a stop asked for the current run, or (asked before it registered) for the next one
     _stop_requested: bool = attrs.field(default=False, init=False)
 
@@ -228,7 +180,7 @@ class Worker:
         logger.info(
             "worker %s registered (max-concurrency %d)", worker_id, settings.max_concurrency
         )
-        run = self._run = _Run(
+        run = self._run = ServeRun(
             worker_id=worker_id,
             slots=trio.CapacityLimiter(settings.max_concurrency),
             finishing=trio.CapacityLimiter(FINISHING_PLACES_PER_SLOT * settings.max_concurrency),
@@ -281,7 +233,7 @@ class Worker:
             self._stop_requested = False  # it was this run's; a later serve() starts afresh
             logger.info("worker %s stopped; counters %s", worker_id, self.counters.snapshot())
 
-    def _log_ready(self, run: _Run, *, drain: bool) -> None:
+    def _log_ready(self, run: ServeRun, *, drain: bool) -> None:
         """Once per run, when the background tasks are started and the first poll is next."""
         if run.intake.cancel_called:
             return  # stopped before it started: it claims nothing
@@ -295,7 +247,7 @@ class Worker:
             "; exits once the queue is drained" if drain else "",
         )
 
-    async def _set_status(self, run: _Run, status: WorkerStatus) -> None:
+    async def _set_status(self, run: ServeRun, status: WorkerStatus) -> None:
         try:
             await self.queue.set_worker_status(run.worker_id, status)
         except Exception as exc:
@@ -305,7 +257,7 @@ class Worker:
 
     # -- intake -------------------------------------------------------------------------------
 
-    async def _poll(self, run: _Run, jobs: trio.Nursery, *, drain: bool) -> None:
+    async def _poll(self, run: ServeRun, jobs: trio.Nursery, *, drain: bool) -> None:
         slots = run.slots
         busy = False
         while True:
@@ -358,7 +310,7 @@ class Worker:
                     continue
             await self._idle(run)
 
-    async def _gather_slots(self, run: _Run) -> None:
+    async def _gather_slots(self, run: ServeRun) -> None:
         """While busy, let a few slots free up (at most ``CLAIM_LINGER``) so one claim fills
         several: jobs finishing in the same group commit free their slots together. Nothing is
         reserved while waiting, so a stop request finds nothing to release."""
@@ -368,9 +320,9 @@ class Worker:
                 run.wakeup = trio.Event()
                 await run.wakeup.wait()
 
-    def _start_job(self, run: _Run, jobs: trio.Nursery, claim: Claim, slot: object) -> None:
+    def _start_job(self, run: ServeRun, jobs: trio.Nursery, claim: Claim, slot: object) -> None:
         self.counters.claimed += 1
-        place = _Place(run.slots, slot)
+        place = JobPlace(run.slots, slot)
         context = JobContext(
             claim=claim,
             lease_deadline=trio.current_time() + self.settings.lease_duration,
@@ -380,14 +332,14 @@ class Worker:
         run.running.add(context)
         jobs.start_soon(self._run_job, run, context, place, name=f"job {claim.job_id}")
 
-    async def _to_finishing(self, run: _Run, place: _Place) -> None:
+    async def _to_finishing(self, run: ServeRun, place: JobPlace) -> None:
         """Give the job's slot to the next claim while its completion is written (at most
         twice ``max-concurrency`` completions at a time: a job waits here, in its slot, for
         one)."""
         await place.move_to(run.finishing)
         run.slot_freed()
 
-    async def _run_job(self, run: _Run, context: JobContext, place: _Place) -> None:
+    async def _run_job(self, run: ServeRun, context: JobContext, place: JobPlace) -> None:
         try:
             await run.jobs.run(context)
         finally:
@@ -397,14 +349,14 @@ class Worker:
             if self.on_job_done is not None:
                 self.on_job_done(context.claim, context.outcome)
 
-    async def _idle(self, run: _Run, pause: float | None = None) -> None:
+    async def _idle(self, run: ServeRun, pause: float | None = None) -> None:
         """Wait for the polling interval (or ``pause``, if shorter), a NOTIFY, or a finished
         job — whichever is first."""
         interval = self.settings.polling_interval
         with trio.move_on_after(interval if pause is None else min(pause, interval)):
             await run.wakeup.wait()
 
-    async def _drain_pause(self, run: _Run) -> float | None:
+    async def _drain_pause(self, run: ServeRun) -> float | None:
         """None when draining is done; otherwise how long to wait before claiming again.
 
         Called with nothing running and nothing claimable now. Expired leases of stopped or
@@ -429,7 +381,7 @@ class Worker:
         self._log_drain_wait(run, state)
         return state.next_due_in
 
-    def _log_drain_wait(self, run: _Run, state: DrainState) -> None:
+    def _log_drain_wait(self, run: ServeRun, state: DrainState) -> None:
         now = trio.current_time()
         if now - run.drain_logged_at < DRAIN_LOG_INTERVAL:
             return
@@ -446,22 +398,22 @@ class Worker:
 
     # -- background loops -----------------------------------------------------------------------
 
-    async def _heartbeat_loop(self, run: _Run) -> None:
+    async def _heartbeat_loop(self, run: ServeRun) -> None:
         heartbeat = functools.partial(self._heartbeat_once, run)
         await self._every(self.settings.heartbeat_interval, heartbeat)
 
-    async def _heartbeat_once(self, run: _Run) -> None:
+    async def _heartbeat_once(self, run: ServeRun) -> None:
         try:
             if not await self.queue.heartbeat(run.worker_id):
                 logger.warning("worker %s: heartbeat found the worker row stopped", run.worker_id)
         except Exception as exc:
             logger.warning("worker %s: heartbeat failed: %s", run.worker_id, type(exc).__name__)
 
-    async def _recovery_loop(self, run: _Run) -> None:
+    async def _recovery_loop(self, run: ServeRun) -> None:
         recover = functools.partial(self._recover_once, run)
         await self._every(self.settings.recovery_interval, recover, first_now=True)
 
-    async def _recover_once(self, run: _Run) -> None:
+    async def _recover_once(self, run: ServeRun) -> None:
         try:
             recovered = await self.queue.recover()
         except Exception as exc:
