@@ -28,6 +28,7 @@ check.
 
 from __future__ import annotations
 
+import enum
 import functools
 import logging
 import math
@@ -60,6 +61,15 @@ def _check_every(keeper: VectorIndexKeeper) -> int:
     # other models' rows (a model switch over a large table: 1M of them cost ~500 row reads,
     # some tens of microseconds, per stored vector until the index exists).
     return max(100, keeper.min_vectors // 5)
+
+
+class _Checked(enum.Enum):
+    """What one check did."""
+
+    NOTHING = "nothing"  # not due, already valid, or another session is building it
+    DEFERRED = "deferred"  # due, but waiting for the model's load to end
+    SENT = "sent"  # a first build handed to PostgreSQL to finish
+    BUILT = "built"  # a build (or rebuild) ran to its end here
 
 
 @attrs.define(eq=False)
@@ -108,24 +118,26 @@ class VectorIndexKeeper:
         sessions: list[Connection] = []
         finished = threading.Event()
 
-        def build() -> tuple[bool | None, bool, bool]:
+        def build() -> tuple[_Checked, bool]:
+            """What this check did, and whether the index is valid now."""
             try:
                 with connect(self.conninfo) as conn:
                     sessions.append(conn)
                     if build_deferred(conn, self.model, min_vectors=self.min_vectors):
-                        return False, False, True
+                        return _Checked.DEFERRED, False
                     if hand_off and send_first_build(
                         conn, self.model, min_vectors=self.min_vectors
                     ):
                         conn.close()  # no other statement: the server finishes the build
-                        return None, False, False
+                        return _Checked.SENT, False
                     built = build_vector_index(conn, self.model, min_vectors=self.min_vectors)
-                    return built, index_state(conn, self.model) is IndexState.VALID, False
+                    valid = index_state(conn, self.model) is IndexState.VALID
+                    return (_Checked.BUILT if built else _Checked.NOTHING), valid
             finally:
                 finished.set()
 
         try:
-            built, valid, deferred = await trio.to_thread.run_sync(build, abandon_on_cancel=True)
+            checked, valid = await trio.to_thread.run_sync(build, abandon_on_cancel=True)
         except trio.Cancelled:
             with trio.CancelScope(shield=True):
                 for conn in (c for c in sessions if not c.closed):  # closed: sent, or done
@@ -140,16 +152,17 @@ class VectorIndexKeeper:
                 type(exc).__name__,
             )
             return False
+        deferred = checked is _Checked.DEFERRED
         if deferred and not self.deferred:
             logger.info("model %s: HNSW index due, built once its load ends", self.model.name)
         self.deferred = deferred
-        if built is None:
+        if checked is _Checked.SENT:
             self.sent += 1
             logger.info(
                 "model %s: HNSW index build handed to PostgreSQL (search is exact until it ends)",
                 self.model.name,
             )
-        elif built:
+        elif checked is _Checked.BUILT:
             self.built += 1
             logger.info("model %s: HNSW index built", self.model.name)
         self.indexed = valid
