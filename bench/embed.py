@@ -737,8 +737,8 @@ def _markdown(
                     f"{b['validated_kib_per_vector']:.1f}",
                 ],
                 [
-                    "`build_drafts` = `as_float32` (validates again) + `drafts_from_matrix` "
-                    "(hashes)",
+                    "`build_drafts` = the answer's float32 matrix copied + "
+                    "`drafts_from_matrix` (hashes)",
                     f"{b['build_drafts_us']:.0f}",
                     f"{b['drafts_kib_per_vector']:.1f} (peak while it runs: "
                     f"{b['build_drafts_peak_kib_per_vector']:.1f})",
