@@ -4,20 +4,26 @@ PgBouncer (Debian's package; ``just setup-pgbouncer``) runs on a free port in fr
 database. A worker with ``database.direct-url`` wakes on an enqueue through its LISTEN connection
 to PostgreSQL itself (its polling interval is a minute, so only the NOTIFY can explain a job
 done in seconds); it is killed with SIGKILL mid-job, and a worker without a direct URL (polling)
-takes the expired job over and completes it, once.
+takes the expired job over and completes it, once. Migrations run through PgBouncer from
+several clients at once while neighbours keep its server connections busy, and leave no lock
+behind.
 """
 
 from __future__ import annotations
 
 import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from testkit.documents import write_corpus
 from testkit.embed_server import FakeEmbedServer
 from testkit.pgbouncer import pgbouncer_binary, running_pgbouncer
 from testkit.processes import FAST_WORKER, base_env, cli, query, spawn, wait_for
+from trioindex.db.migrations import available_migrations, current_version, migrate
 
 pytestmark = [
     pytest.mark.slow,
@@ -108,6 +114,11 @@ def test_workers_behind_pgbouncer_index_wake_on_enqueue_and_recover_a_kill_9(
             assert second.wait(timeout=30) == 0
         finally:
             second.kill()
+        # nothing was left on PgBouncer's server connections for the next client to inherit
+        locks = query(
+            database_url, "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory'"
+        )
+        assert locks == [{"n": 0}]
     attempts = query(
         database_url,
         """SELECT a.status FROM trioindex_job_attempts a
@@ -123,6 +134,45 @@ def test_workers_behind_pgbouncer_index_wake_on_enqueue_and_recover_a_kill_9(
         "SELECT chunk_id FROM embeddings GROUP BY chunk_id, embedding_model_id HAVING count(*) > 1",
     )
     assert duplicates == []
+    # index builds need a session: the worker without a direct URL says it leaves them
+    assert "builds no HNSW index" in logs[1].read_text()
+    assert "builds no HNSW index" not in logs[0].read_text()
     text = "\n".join(log.read_text() for log in logs)
     assert "prepared statement" not in text
     assert "Traceback" not in text
+
+
+def test_migrations_through_pgbouncer_from_several_clients_leave_no_lock_behind(
+    empty_database_url: str,
+) -> None:
+    # Each autocommit statement may run on another server connection, and the neighbours take
+    # the one a statement just released: a lock held by a session would stay behind on one of
+    # them, and the next migration waiting for it would wait for ever.
+    stop = threading.Event()
+
+    def neighbour(url: str) -> None:
+        with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
+            while not stop.is_set():
+                conn.execute("SELECT 1")
+
+    # PgBouncer stops before the pool joins its threads: a migration stuck on a lock fails
+    with (
+        ThreadPoolExecutor(8) as pool,
+        running_pgbouncer(empty_database_url, pool_size=4) as bouncer_url,
+    ):
+        busy = [pool.submit(neighbour, bouncer_url) for _ in range(3)]
+        try:
+            for _ in range(4):
+                rounds = [pool.submit(migrate, bouncer_url) for _ in range(3)]
+                applied = [v for f in rounds for v in f.result(timeout=30)]
+                assert applied in ([], [m.version for m in available_migrations()])
+        finally:
+            stop.set()
+        for f in busy:
+            f.result(timeout=30)
+        left = query(
+            empty_database_url, "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory'"
+        )
+    assert left == [{"n": 0}]
+    with psycopg.connect(empty_database_url) as conn:
+        assert current_version(conn) == available_migrations()[-1].version

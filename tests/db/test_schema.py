@@ -9,7 +9,8 @@ import psycopg
 import pytest
 
 from testkit.postgres import admin, drop_database, with_dbname
-from trioindex.db.migrations import available_migrations, current_version, migrate
+from trioindex.db import migrations
+from trioindex.db.migrations import Migration, available_migrations, current_version, migrate
 from trioindex.db.pool import Database
 from trioindex.errors import ConfigError
 
@@ -205,6 +206,23 @@ def test_concurrent_migrations_from_several_processes(empty_database_url: str) -
 def test_migrate_twice_applies_nothing_the_second_time(empty_database_url: str) -> None:
     assert migrate(empty_database_url) == [m.version for m in available_migrations()]
     assert migrate(empty_database_url) == []
+
+
+def test_a_failing_migration_leaves_the_schema_as_it_was(
+    empty_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shipped = available_migrations()
+    broken = Migration(
+        len(shipped) + 1, "broken", "CREATE TABLE trioindex_half (id int); SELECT 1/0"
+    )
+    monkeypatch.setattr(migrations, "available_migrations", lambda: [*shipped, broken])
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        migrate(empty_database_url)
+    with psycopg.connect(empty_database_url) as conn:
+        assert current_version(conn) == 0
+        assert conn.execute("SELECT to_regclass('embedding_jobs')").fetchone() == (None,)
+    monkeypatch.undo()
+    assert migrate(empty_database_url) == [m.version for m in shipped]
 
 
 def test_migrate_refuses_a_database_that_is_not_utf8(pg_server_url: str) -> None:

@@ -120,7 +120,7 @@ KEYS: Final[tuple[KeySpec, ...]] = (
         Kind.CHOICE,
         "one of none|transaction",
         "transaction: database.url is PgBouncer in pool_mode=transaction (no prepared"
-        " statements; LISTEN, migrations and index builds use database.direct-url)",
+        " statements; LISTEN and index builds use database.direct-url)",
         field="database.pooler",
         choices=("none", "transaction"),
     ),

@@ -325,6 +325,22 @@ def build_worker(
     )
 
 
+def _index_keeper(settings: Settings, services: Services) -> VectorIndexKeeper | None:
+    """The keeper of the model's HNSW index, on a session of its own (PostgreSQL itself); None
+    behind a transaction pooler without ``database.direct-url``, where a build's session lock
+    and ``CREATE INDEX CONCURRENTLY`` have no session to run on (said once, at start)."""
+    if services.direct_url is None:
+        logger.warning(
+            "model %s: this worker builds no HNSW index: behind a transaction pooler a build"
+            " needs a session of its own (set database.direct-url to PostgreSQL itself)",
+            services.model.name,
+        )
+        return None
+    return VectorIndexKeeper(
+        services.direct_url, services.model, settings.embedding.index_min_vectors
+    )
+
+
 async def run_worker(
     settings: Settings, *, drain: bool = False, listen: bool = True, own_process: bool = False
 ) -> Worker:
@@ -337,28 +353,24 @@ async def run_worker(
     async with open_services(settings, embedder=True) as services:
         if own_process:
             collector.settle()  # what is loaded now lives as long as the process
-        keeper = VectorIndexKeeper(
-            services.direct_url or services.database_url,
-            services.model,
-            settings.embedding.index_min_vectors,
-        )
+        keeper = _index_keeper(settings, services)
         worker = build_worker(settings, services, listen=listen, index_keeper=keeper)
         async with trio.open_nursery() as nursery:
             # beside the worker, not in it: a build under way when a drain ends is finished,
             # not cancelled and started again
-            nursery.start_soon(keeper.serve)
+            if keeper is not None:
+                nursery.start_soon(keeper.serve)
             # searches of this home borrow a local model
             assert services.embedder is not None
             await nursery.start(
                 lend_if_local, settings.embedding.api, settings.home, services.embedder
             )
             await serve_until_signalled(worker, drain=drain)
-            if drain:
+            if drain and keeper is not None:
                 # a bulk load ends with its index, if it is due: a first build sent to a
                 # PostgreSQL of the user's own, on a session of its own (not through a
                 # transaction pooler), is left to the server to finish; the embedded one stops
                 # with its last user, so there the drain waits for it
-                direct = bool(settings.database.url) and services.direct_url is not None
-                await keeper.check(hand_off=direct)
+                await keeper.check(hand_off=bool(settings.database.url))
             nursery.cancel_scope.cancel()
         return worker

@@ -1,15 +1,17 @@
 """The schema: versioned migrations for tables, indexes and data, and one repeatable file for
-every function and trigger, applied under a PostgreSQL advisory lock.
+every function and trigger, applied in one transaction under a PostgreSQL advisory lock.
 
 Each ``NNNN_name.sql`` file in this package is one versioned migration; ``functions.sql`` holds
 the current text of every ``trioindex_*`` function, trigger and view (Flyway's "repeatable
-migration"). :func:`migrate` takes a session-level advisory lock so that any number of
-processes may call it at once: the first applies what is missing, the others wait and then find
-nothing left to do. Each migration runs in its own transaction together with the row that
-records it, so a crash leaves either the whole migration or none of it. Then, when the text of
-``functions.sql`` differs from the one last applied (its SHA-256 is recorded), one transaction
-drops every ``trioindex_*`` view and function (and with them their triggers) and runs the file,
-so the database holds exactly the functions the tree defines, whatever it was migrated from.
+migration"). :func:`migrate` runs in one transaction that first takes a transaction-level
+advisory lock, so that any number of processes may call it at once (the first applies what is
+missing, the others wait and then find nothing left to do), through a transaction-pooling proxy
+too: nothing is left on the session, the lock ends with the transaction. Each pending migration
+runs with the row that records it; then, when the text of ``functions.sql`` differs from the one
+last applied (its SHA-256 is recorded), every ``trioindex_*`` view and function (and with them
+their triggers) is dropped and the file run, so the database holds exactly the functions the
+tree defines, whatever it was migrated from. A failure leaves the schema as it was before the
+call.
 """
 
 from __future__ import annotations
@@ -72,9 +74,9 @@ ORDER BY pass
 """
 
 
-def _apply_functions(conn: psycopg.Connection[Any]) -> bool:
-    """Re-create every function, trigger and view when ``functions.sql`` changed; True when
-    it did."""
+def _apply_functions(conn: psycopg.Connection[Any]) -> str | None:
+    """Re-create every function, trigger and view when ``functions.sql`` changed, in the
+    caller's transaction; the new text's SHA-256 when it did, None when nothing changed."""
     text = functions_sql()
     digest = hashlib.sha256(text.encode()).hexdigest()
     conn.execute(
@@ -86,31 +88,30 @@ def _apply_functions(conn: psycopg.Connection[Any]) -> bool:
     )
     row = conn.execute("SELECT sha256 FROM trioindex_schema_functions").fetchone()
     if row is not None and row[0] == digest:
-        return False
-    with conn.transaction():
-        for name, _ in conn.execute(_OUR_OBJECTS).fetchall():
-            conn.execute(f"DROP {name} CASCADE")
-        conn.execute(text.encode())
-        conn.execute(
-            """INSERT INTO trioindex_schema_functions (sha256) VALUES (%s)
-               ON CONFLICT (id) DO UPDATE SET sha256 = EXCLUDED.sha256, applied_at = now()""",
-            (digest,),
-        )
-    logger.info("applied %s (%s)", FUNCTIONS_FILE, digest[:12])
-    return True
+        return None
+    for name, _ in conn.execute(_OUR_OBJECTS).fetchall():
+        conn.execute(f"DROP {name} CASCADE")
+    conn.execute(text.encode())
+    conn.execute(
+        """INSERT INTO trioindex_schema_functions (sha256) VALUES (%s)
+           ON CONFLICT (id) DO UPDATE SET sha256 = EXCLUDED.sha256, applied_at = now()""",
+        (digest,),
+    )
+    return digest
 
 
 def migrate(conninfo: str) -> list[int]:
-    """Apply every pending migration, then ``functions.sql`` if its text changed; return the
-    versions this call applied.
+    """Apply every pending migration, then ``functions.sql`` if its text changed, all in one
+    transaction; return the versions this call applied.
 
-    Blocking; safe to run from several processes at once.
+    Blocking; safe to run from several processes at once, on PostgreSQL itself or through a
+    transaction pooler (the lock is the transaction's, not the session's).
     """
     applied_now: list[int] = []
     with psycopg.connect(conninfo, autocommit=True) as conn:
         _require_utf8(conn)
-        conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
-        try:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
             conn.execute(
                 """
                 CREATE TABLE IF NOT EXISTS trioindex_schema_migrations (
@@ -122,20 +123,19 @@ def migrate(conninfo: str) -> list[int]:
             )
             rows = conn.execute("SELECT version FROM trioindex_schema_migrations").fetchall()
             done = {row[0] for row in rows}
-            for migration in available_migrations():
-                if migration.version in done:
-                    continue
-                with conn.transaction():
-                    conn.execute(migration.sql.encode())
-                    conn.execute(
-                        "INSERT INTO trioindex_schema_migrations (version, name) VALUES (%s, %s)",
-                        (migration.version, migration.name),
-                    )
-                logger.info("applied migration %04d_%s", migration.version, migration.name)
+            pending = [m for m in available_migrations() if m.version not in done]
+            for migration in pending:
+                conn.execute(migration.sql.encode())
+                conn.execute(
+                    "INSERT INTO trioindex_schema_migrations (version, name) VALUES (%s, %s)",
+                    (migration.version, migration.name),
+                )
                 applied_now.append(migration.version)
-            _apply_functions(conn)
-        finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+            functions = _apply_functions(conn)
+    for migration in pending:
+        logger.info("applied migration %04d_%s", migration.version, migration.name)
+    if functions is not None:
+        logger.info("applied %s (%s)", FUNCTIONS_FILE, functions[:12])
     return applied_now
 
 
