@@ -6,7 +6,8 @@ to PostgreSQL itself (its polling interval is a minute, so only the NOTIFY can e
 done in seconds); it is killed with SIGKILL mid-job, and a worker without a direct URL (polling)
 takes the expired job over and completes it, once. Migrations run through PgBouncer from
 several clients at once while neighbours keep its server connections busy, and leave no lock
-behind.
+behind. A drained worker without a direct URL builds no HNSW index and says so; one with a
+direct URL builds it there.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 from testkit.documents import write_corpus
 from testkit.embed_server import FakeEmbedServer
 from testkit.pgbouncer import pgbouncer_binary, running_pgbouncer
-from testkit.processes import FAST_WORKER, base_env, cli, query, spawn, wait_for
+from testkit.processes import FAST_WORKER, base_env, cli, query, spawn, tei_env, wait_for
 from trioindex.db.migrations import available_migrations, current_version, migrate
 
 pytestmark = [
@@ -176,3 +177,37 @@ def test_migrations_through_pgbouncer_from_several_clients_leave_no_lock_behind(
     assert left == [{"n": 0}]
     with psycopg.connect(empty_database_url) as conn:
         assert current_version(conn) == available_migrations()[-1].version
+
+
+def _hnsw_validity(url: str) -> list[bool]:
+    rows = query(
+        url,
+        """SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+           JOIN pg_am a ON a.oid = c.relam WHERE a.amname = 'hnsw'""",
+    )
+    return [bool(row["indisvalid"]) for row in rows]
+
+
+def test_behind_pgbouncer_only_a_worker_with_a_direct_url_builds_the_hnsw_index(
+    database_url: str, tmp_path: Path, embed_server: FakeEmbedServer
+) -> None:
+    docs = tmp_path / "docs"
+    write_corpus(docs, sentences=3)
+    with running_pgbouncer(database_url) as bouncer_url:
+        pooled = tei_env(
+            bouncer_url,
+            tmp_path,
+            embed_server.url,
+            TRIOINDEX_DATABASE_POOLER="transaction",
+            TRIOINDEX_EMBEDDING_INDEX_MIN_VECTORS="1",
+        )
+        assert cli(pooled, "ingest", str(docs)).returncode == 0
+        without = cli(pooled, "worker", "--drain")
+        assert without.returncode == 0, without.stderr[-3000:]
+        assert "builds no HNSW index" in without.stderr
+        assert _hnsw_validity(database_url) == []
+        direct = {**pooled, "TRIOINDEX_DATABASE_DIRECT_URL": database_url}
+        with_direct = cli(direct, "worker", "--drain")
+        assert with_direct.returncode == 0, with_direct.stderr[-3000:]
+        assert "builds no HNSW index" not in with_direct.stderr
+    wait_for(lambda: _hnsw_validity(database_url) == [True], 60, "the model's HNSW index")
