@@ -485,11 +485,13 @@ def test_version_18_indexes_the_open_jobs_of_every_state_in_one_index(pg_server_
     assert owes == (True,)
 
 
-def test_version_19_keys_the_attempts_by_job_and_number(pg_server_url: str) -> None:
+def test_version_19_keys_the_attempts_by_job_and_number_and_drops_the_worker_keys(
+    pg_server_url: str,
+) -> None:
     """A database at version 18 with a job's ended attempts and its running one: version 19
     keys the ended attempts by (job, attempt number) and drops the index on their id, which
     keeps its value and stays required; the attempts read as before, and a second row of one
-    job's number is refused by the new key."""
+    job's number is refused by the new key. No foreign key names the worker rows any more."""
     with fresh_database(pg_server_url, "trioindex_v18") as url:
         with psycopg.connect(url, autocommit=True) as conn:
             _migrate_to(conn, 18)
@@ -531,6 +533,10 @@ def test_version_19_keys_the_attempts_by_job_and_number(pg_server_url: str) -> N
                 """SELECT attnotnull FROM pg_attribute
                    WHERE attrelid = 'embedding_job_attempts'::regclass AND attname = 'id'"""
             ).fetchone()
+            worker_keys = conn.execute(
+                """SELECT count(*) FROM pg_constraint
+                   WHERE confrelid = 'indexing_workers'::regclass"""
+            ).fetchone()
             seen = conn.execute(
                 """SELECT id, attempt_no, status FROM trioindex_job_attempts
                    WHERE embedding_job_id = %s ORDER BY attempt_no""",
@@ -556,4 +562,5 @@ def test_version_19_keys_the_attempts_by_job_and_number(pg_server_url: str) -> N
     assert key == [("embedding_job_id",), ("attempt_no",)]
     assert indexes == [("embedding_job_attempts_pkey",)]
     assert required == (True,)
+    assert worker_keys == (0,)  # the claim's own read of the RUNNING worker row checks the ids
     assert seen == [(ended[0], 1, "FAILED"), (ended[1], 2, "EXPIRED"), (running, 3, "STARTED")]
