@@ -189,6 +189,14 @@ def test_worker_that_is_not_running_cannot_claim(db: Database, worker: Any) -> N
         lifecycle.set_worker_status(conn, worker, WorkerStatus.STOPPED)
         assert lifecycle.claim_jobs(conn, worker, 1, 300) == []
         assert not lifecycle.heartbeat(conn, worker)
+        # an id without a worker row, while another worker runs (no foreign key refuses it:
+        # the claim's own read of the claimer's RUNNING row does)
+        helpers.worker(conn)
+        assert lifecycle.claim_jobs(conn, uuid4(), 1, 300) == []
+        assert (
+            helpers.count(conn, "SELECT count(*) FROM embedding_jobs WHERE worker_id IS NOT NULL")
+            == 0
+        )
 
 
 def test_stopped_is_final(db: Database, worker: Any) -> None:

@@ -483,3 +483,84 @@ def test_version_18_indexes_the_open_jobs_of_every_state_in_one_index(pg_server_
     assert "embedding_jobs_open_by_model" in str(plan)
     assert expired == [("PROCESSING",)]
     assert owes == (True,)
+
+
+def test_version_19_keys_the_attempts_by_job_and_number_and_drops_the_worker_keys(
+    pg_server_url: str,
+) -> None:
+    """A database at version 18 with a job's ended attempts and its running one: version 19
+    keys the ended attempts by (job, attempt number) and drops the index on their id, which
+    keeps its value and stays required; the attempts read as before, and a second row of one
+    job's number is refused by the new key. No foreign key names the worker rows any more."""
+    with fresh_database(pg_server_url, "trioindex_v18") as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            _migrate_to(conn, 18)
+            ids = conn.execute(
+                _MODEL_WORKER_DOCUMENT
+                + _versions(count=1)
+                + """
+                   j AS (INSERT INTO embedding_jobs
+                             (document_version_id, embedding_model_id, max_attempts, status,
+                              attempt_count, worker_id, claim_token, locked_at,
+                              lease_expires_at, attempt_id)
+                         SELECT v.id, m.id, 3, 'PROCESSING', 3, w.id, gen_random_uuid(),
+                                now(), now() + interval '1 hour', gen_random_uuid()
+                         FROM v, m, w RETURNING id, attempt_id),
+                   a AS (INSERT INTO embedding_job_attempts
+                             (id, embedding_job_id, attempt_no, worker_id, status,
+                              failure_type, started_at, finished_at)
+                         SELECT gen_random_uuid(), j.id, n, w.id,
+                                CASE n WHEN 1 THEN 'FAILED' ELSE 'EXPIRED' END,
+                                CASE n WHEN 1 THEN 'STORAGE_UNAVAILABLE' END, now(), now()
+                         FROM j, w, generate_series(1, 2) AS n RETURNING id, attempt_no)
+                   SELECT j.id, j.attempt_id, (SELECT array_agg(id ORDER BY attempt_no) FROM a)
+                   FROM j"""
+            ).fetchone()
+            assert ids is not None
+            job, running, ended = ids
+        assert migrate(url)[:1] == [19]
+        with psycopg.connect(url, autocommit=True) as conn:
+            key = conn.execute(
+                """SELECT a.attname FROM pg_index i
+                   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+                   WHERE i.indrelid = 'embedding_job_attempts'::regclass AND i.indisprimary
+                   ORDER BY array_position(i.indkey::int2[], a.attnum)"""
+            ).fetchall()
+            indexes = conn.execute(
+                """SELECT indexname FROM pg_indexes WHERE tablename = 'embedding_job_attempts'"""
+            ).fetchall()
+            required = conn.execute(
+                """SELECT attnotnull FROM pg_attribute
+                   WHERE attrelid = 'embedding_job_attempts'::regclass AND attname = 'id'"""
+            ).fetchone()
+            worker_keys = conn.execute(
+                """SELECT count(*) FROM pg_constraint
+                   WHERE confrelid = 'indexing_workers'::regclass"""
+            ).fetchone()
+            seen = conn.execute(
+                """SELECT id, attempt_no, status FROM trioindex_job_attempts
+                   WHERE embedding_job_id = %s ORDER BY attempt_no""",
+                (job,),
+            ).fetchall()
+            with pytest.raises(psycopg.errors.UniqueViolation):
+                conn.execute(
+                    """INSERT INTO embedding_job_attempts
+                           (id, embedding_job_id, attempt_no, worker_id, status, started_at,
+                            finished_at)
+                       SELECT gen_random_uuid(), embedding_job_id, 2, worker_id, 'EXPIRED',
+                              now(), now()
+                       FROM embedding_job_attempts WHERE attempt_no = 2"""
+                )
+            with pytest.raises(psycopg.errors.NotNullViolation):
+                conn.execute(
+                    """INSERT INTO embedding_job_attempts
+                           (id, embedding_job_id, attempt_no, worker_id, status, started_at,
+                            finished_at)
+                       SELECT NULL, embedding_job_id, 9, worker_id, 'EXPIRED', now(), now()
+                       FROM embedding_job_attempts WHERE attempt_no = 2"""
+                )
+    assert key == [("embedding_job_id",), ("attempt_no",)]
+    assert indexes == [("embedding_job_attempts_pkey",)]
+    assert required == (True,)
+    assert worker_keys == (0,)  # the claim's own read of the RUNNING worker row checks the ids
+    assert seen == [(ended[0], 1, "FAILED"), (ended[1], 2, "EXPIRED"), (running, 3, "STARTED")]
