@@ -34,7 +34,8 @@ first job, index build, queue drained, stopped: :data:`TIMELINE_MARKS`; and when
 the worker left to PostgreSQL ended after its exit, which the figures wait for, its CPU
 included in PostgreSQL's), when its first, 10th
 and 90th percentile and last rows were written, and when it exited: the wall time outside the
-steady window, by step. Both systems run with their modules compiled to bytecode
+steady window, by step; and its *tenths*, the rows per second within each tenth of the rows by
+write time (kept in the JSON): how much of the steady window is still start or end. Both systems run with their modules compiled to bytecode
 (:func:`compile_bytecode`).
 
 Run ``.venv/bin/python -m bench.peer`` (``just bench-peer``); ``--quick`` runs 500 documents once
@@ -130,6 +131,7 @@ class Run:
     embedder_cpu_s: float | None = None
     recall_at_10: float | None = None
     timeline: dict[str, float] = attrs.field(factory=dict)
+    tenths: tuple[float, ...] = ()  # rows/s in each tenth of the rows (rates_by_tenth)
 
     @property
     def wall_per_s(self) -> float:
@@ -159,17 +161,36 @@ def watch_writes(url: str, table: str) -> None:
         )
 
 
-def steady_rate(url: str, table: str) -> float:
-    """Rows per second over the middle 80 % of the rows, by write time."""
+def written_times(url: str, table: str) -> list[float]:
+    """Each row's write time (epoch seconds), in order."""
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(
             f"SELECT extract(epoch FROM {WRITTEN_AT})::float8 FROM {table} ORDER BY 1"
         ).fetchall()
-    times = [row[0] for row in rows]
-    low, high = int(len(times) * 0.1), int(len(times) * 0.9) - 1
+    return [row[0] for row in rows]
+
+
+def rate_between(times: Sequence[float], low: int, high: int) -> float:
+    """Rows per second from row ``low`` to row ``high`` (indexes into sorted write times)."""
     if high <= low or times[high] <= times[low]:
         return float("nan")
     return float((high - low) / (times[high] - times[low]))
+
+
+def steady_rate(times: Sequence[float]) -> float:
+    """Rows per second over the middle 80 % of the rows, by write time."""
+    return rate_between(times, int(len(times) * 0.1), int(len(times) * 0.9) - 1)
+
+
+def rates_by_tenth(times: Sequence[float]) -> tuple[float, ...]:
+    """Rows per second within each tenth of the rows, by write time: where the steady window
+    (tenths 2-9) is slower than the run's middle, its start or its end is still in it."""
+    n = len(times)
+    if n < 20:
+        return ()
+    return tuple(
+        round(rate_between(times, n * i // 10, min(n * (i + 1) // 10, n - 1)), 1) for i in range(10)
+    )
 
 
 def process_tree_cpu(process: psutil.Process) -> float:
@@ -413,12 +434,14 @@ def _run(  # noqa: PLR0917 - one row of the table
     with psycopg.connect(url, autocommit=True) as conn:
         done = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
     assert done is not None
+    times = written_times(url, table)
     return Run(
         system=system,
         label=label,
         chunks=int(done[0]),
         wall_s=measured.wall_s,
-        steady_per_s=steady_rate(url, table),
+        steady_per_s=steady_rate(times),
+        tenths=rates_by_tenth(times),
         worker_cpu_s=measured.cpu_s,
         db_cpu_s=db_cpu,
         xacts=xacts,
