@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import json
 import logging
 import math
 import os
@@ -467,9 +466,9 @@ class InProcessEmbedder:
 
     @classmethod
     def for_texts(cls, texts: Sequence[str], dimension: int) -> InProcessEmbedder:
-        from testkit.embed_server import fake_vector
+        from testkit.embed_server import fake_vector, floats_json
 
-        return cls(dimension, {t: json.dumps(fake_vector(t, dimension)).encode() for t in texts})
+        return cls(dimension, {t: floats_json(fake_vector(t, dimension)).encode() for t in texts})
 
     @property
     def info(self) -> EmbedderInfo:

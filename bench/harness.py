@@ -23,7 +23,6 @@ Benchmarks are scripts, not tests: they may block and sleep in their own threads
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import subprocess
 import sys
@@ -76,13 +75,13 @@ def vector_costs(dimension: int, batch: int = 32) -> dict[str, float]:
 
     import orjson
 
-    from testkit.embed_server import fake_vector
+    from testkit.embed_server import fake_vector, floats_json
     from trioindex.db.steps import ChunkRef, EmbedSnapshot
     from trioindex.embedding.vectors import Vectors, validate_vectors
     from trioindex.pipeline.embed_step import drafts_from_matrix
 
     vectors = [fake_vector(f"breakdown {i}", dimension) for i in range(batch)]
-    body = ("[" + ",".join(json.dumps(v) for v in vectors) + "]").encode()
+    body = ("[" + ",".join(floats_json(v) for v in vectors) + "]").encode()
     parsed = orjson.loads(body)
     snapshot = EmbedSnapshot(
         version_id=uuid.uuid4(),
