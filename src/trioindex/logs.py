@@ -2,14 +2,31 @@
 
 Records carry ids, steps, outcome classes and durations only; the code that logs never passes
 claim tokens, chunk text, vectors, credentials or external responses.
+
+A long-running worker logs a line per job; with ``buffered`` its lines below WARNING are
+written together, one ``write`` at most :data:`FLUSH_INTERVAL` after the first of them
+(:class:`BufferedStreamHandler`), rather than one system call on the worker's busiest thread
+per line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import sys
+import threading
+import weakref
+from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import TextIO
+
+#: The longest a line below WARNING waits in a :class:`BufferedStreamHandler` before it is
+#: written (a worker at 1,500 jobs/s writes ~15 lines at a time).
+FLUSH_INTERVAL = 0.01
+
+_BUFFERED: weakref.WeakSet[BufferedStreamHandler] = weakref.WeakSet()
 
 
 class JsonFormatter(logging.Formatter):
@@ -25,8 +42,111 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(payload, ensure_ascii=False)
 
 
-def configure_logging(fmt: str = "text", level: int = logging.INFO) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+class BufferedStreamHandler(logging.StreamHandler[TextIO]):
+    """A stream handler that writes lines in batches, in the order they were logged.
+
+    Each record is formatted when it is logged (so later changes to its arguments do not
+    show) and kept; a WARNING or above writes everything kept, itself last, at once. A
+    daemon thread, woken by the first line kept, writes what is kept ``interval`` seconds
+    later in one ``write``; :meth:`flush` and :meth:`close` (which :func:`logging.shutdown`
+    calls at exit, also after an uncaught exception) write what is left. Lines kept when the
+    process is killed (SIGKILL, ``os._exit``) are lost: at most ``interval`` seconds of them.
+    """
+
+    def __init__(self, stream: TextIO, interval: float = FLUSH_INTERVAL) -> None:
+        super().__init__(stream)
+        self.interval = interval
+        self._lines: list[str] = []
+        self._pending = threading.Event()
+        self._stopped = threading.Event()
+        self._start_flusher()
+        _BUFFERED.add(self)
+
+    def _start_flusher(self) -> None:
+        threading.Thread(target=self._flush_later, name="log-flush", daemon=True).start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # handle() holds self.lock around this
+        try:
+            self._lines.append(self.format(record) + self.terminator)
+            if record.levelno >= logging.WARNING or self._stopped.is_set():
+                self._write()
+            elif len(self._lines) == 1:
+                self._pending.set()
+        except Exception:
+            self.handleError(record)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.acquire()
+        try:
+            yield
+        finally:
+            self.release()
+
+    def flush(self) -> None:
+        """Write every kept line now."""
+        with self._locked():
+            self._write()
+
+    def close(self) -> None:
+        with self._locked():
+            self._stopped.set()
+            self._pending.set()  # the flusher thread ends
+            self._write()
+        super().close()
+
+    def _write(self) -> None:
+        """Write the kept lines in one ``write`` (the caller holds the lock)."""
+        if self._lines:
+            text = "".join(self._lines)
+            self._lines.clear()
+            self.stream.write(text)
+            self.stream.flush()
+
+    def _flush_later(self) -> None:
+        while not self._stopped.is_set():
+            self._pending.wait()
+            self._stopped.wait(self.interval)  # close() ends the wait
+            with self._locked():
+                self._pending.clear()
+                # a write the stream refuses (a closed pipe) has no record to report it
+                # against: its lines are dropped, as a StreamHandler's would be, and the
+                # next ones are tried again
+                with contextlib.suppress(Exception):
+                    self._write()
+
+    def _after_fork(self) -> None:
+        # the parent writes the lines it kept; the child has no flusher thread until now
+        self._lines.clear()
+        self._pending.clear()
+        if not self._stopped.is_set():
+            self._start_flusher()
+
+
+def _after_fork_in_child() -> None:
+    for handler in list(_BUFFERED):
+        handler._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def flush_logs() -> None:
+    """Write every line the root logger's handlers keep (before writing to stderr directly)."""
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+
+
+def configure_logging(
+    fmt: str = "text", level: int = logging.INFO, *, buffered: bool = False
+) -> None:
+    """Log records at ``level`` and above from every logger to stderr, as text lines or
+    ``json`` objects; ``buffered`` (a long-running worker) writes the lines below WARNING in
+    batches (:class:`BufferedStreamHandler`). Replaced handlers write what they kept first."""
+    handler: logging.StreamHandler[TextIO] = (
+        BufferedStreamHandler(sys.stderr) if buffered else logging.StreamHandler(sys.stderr)
+    )
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
@@ -34,6 +154,9 @@ def configure_logging(fmt: str = "text", level: int = logging.INFO) -> None:
             logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
         )
     root = logging.getLogger()
+    for replaced in root.handlers:
+        if isinstance(replaced, BufferedStreamHandler):
+            replaced.close()
     root.handlers[:] = [handler]
     root.setLevel(level)
     # third-party chatter that would otherwise log request lines or server logs at INFO
