@@ -736,6 +736,12 @@ def _markdown(
                     f"{b['validated_kib_per_vector']:.1f}",
                 ],
                 [
+                    "`validate_vectors` with the per-value type scan (an answer whose text "
+                    "may hold booleans)",
+                    f"{b['validate_vectors_scanned_us']:.0f}",
+                    "",
+                ],
+                [
                     "`build_drafts` = the answer's float32 matrix copied + "
                     "`drafts_from_matrix` (hashes)",
                     f"{b['build_drafts_us']:.0f}",
