@@ -1,6 +1,6 @@
 """The log setup: a buffered handler keeps lines below WARNING and writes them in order, in one
-write, when a WARNING comes, when its flusher thread runs, or when it is flushed or closed
-(also at exit)."""
+write, when a WARNING comes, when a line comes its interval after the first kept one, when its
+thread finds lines kept after a pause, or when it is flushed or closed (also at exit)."""
 
 from __future__ import annotations
 
@@ -48,10 +48,10 @@ def logger() -> Iterator[logging.Logger]:
 
 
 def buffered(
-    logger: logging.Logger, interval: float = NEVER
+    logger: logging.Logger, interval: float = NEVER, quiet: float = NEVER
 ) -> tuple[Writes, BufferedStreamHandler]:
     stream = Writes()
-    handler = BufferedStreamHandler(stream, interval)
+    handler = BufferedStreamHandler(stream, interval, quiet)
     handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
     logger.addHandler(handler)
     return stream, handler
@@ -92,10 +92,20 @@ def test_flush_and_close_write_what_is_kept_and_close_stops_keeping(
     assert stream.writes[-1] == "INFO three\n"
 
 
+def test_a_line_its_interval_after_the_first_writes_the_kept_lines(
+    logger: logging.Logger,
+) -> None:
+    stream, _ = buffered(logger, interval=0.0)  # every line is "late": written as it comes
+    logger.info("one")
+    assert stream.writes == ["INFO one\n"]
+    logger.info("two")
+    assert stream.writes == ["INFO one\n", "INFO two\n"]
+
+
 def test_the_flusher_thread_writes_kept_lines_without_another_record(
     logger: logging.Logger,
 ) -> None:
-    stream, _ = buffered(logger, interval=0.0)
+    stream, _ = buffered(logger, quiet=0.0)
     logger.info("alone")
     assert stream.written.wait(timeout=30), "the kept line was never written"
     # the thread wrote it (under the handler's lock, so the write is complete)
@@ -109,7 +119,7 @@ def test_configure_logging_buffered_and_flush_logs(capsys: pytest.CaptureFixture
         configure_logging("json", logging.INFO, buffered=True)
         (handler,) = root.handlers
         assert isinstance(handler, BufferedStreamHandler)
-        handler.interval = NEVER  # its thread is asleep already: nothing is written before
+        handler.interval = handler.quiet = NEVER  # its thread is idle: nothing written before
         logging.getLogger("trioindex.x").info("kept")
         configure_logging("text", logging.INFO)  # the replaced handler writes what it kept
         assert json.loads(capsys.readouterr().err)["message"] == "kept"
@@ -126,7 +136,8 @@ EXITS = """
 import logging, sys
 from trioindex.logs import configure_logging
 configure_logging("text", logging.INFO, buffered=True)
-logging.getLogger().handlers[0].interval = 3600.0  # only the exit writes the lines
+handler = logging.getLogger().handlers[0]
+handler.interval = handler.quiet = 3600.0  # only the exit writes the lines
 log = logging.getLogger("exit")
 for n in range(3):
     log.info("line %d", n)

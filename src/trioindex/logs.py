@@ -17,14 +17,17 @@ import logging
 import os
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import TextIO
 
-#: The longest a line below WARNING waits in a :class:`BufferedStreamHandler` before it is
-#: written (a worker at 1,500 jobs/s writes ~15 lines at a time).
+#: A :class:`BufferedStreamHandler` writes its kept lines when one is logged this long after
+#: the first of them (a worker at 1,500 jobs/s writes ~15 lines at a time)...
 FLUSH_INTERVAL = 0.01
+#: ... or, when no line follows, this long after the first (its thread's wake-up period)
+QUIET_FLUSH = 0.1
 
 _BUFFERED: weakref.WeakSet[BufferedStreamHandler] = weakref.WeakSet()
 
@@ -46,16 +49,24 @@ class BufferedStreamHandler(logging.StreamHandler[TextIO]):
     """A stream handler that writes lines in batches, in the order they were logged.
 
     Each record is formatted when it is logged (so later changes to its arguments do not
-    show) and kept; a WARNING or above writes everything kept, itself last, at once. A
-    daemon thread, woken by the first line kept, writes what is kept ``interval`` seconds
-    later in one ``write``; :meth:`flush` and :meth:`close` (which :func:`logging.shutdown`
-    calls at exit, also after an uncaught exception) write what is left. Lines kept when the
-    process is killed (SIGKILL, ``os._exit``) are lost: at most ``interval`` seconds of them.
+    show) and kept. The logging thread writes everything kept, in one ``write``, when it logs
+    a WARNING or above (itself last) or a line ``interval`` seconds or more after the first
+    kept one; a daemon thread, woken by the first line kept, writes what is still kept
+    ``quiet`` seconds later (the lines before a pause). The writes stay on the thread that
+    logs: a write from the daemon thread takes the interpreter lock from it (its job is the
+    pauses, ten times a second at most). :meth:`flush` and :meth:`close` (which
+    :func:`logging.shutdown` calls at exit, also after an uncaught exception) write what is
+    left. Lines kept when the process is killed (SIGKILL, ``os._exit``) are lost: at most
+    ``quiet`` seconds of them.
     """
 
-    def __init__(self, stream: TextIO, interval: float = FLUSH_INTERVAL) -> None:
+    def __init__(
+        self, stream: TextIO, interval: float = FLUSH_INTERVAL, quiet: float = QUIET_FLUSH
+    ) -> None:
         super().__init__(stream)
         self.interval = interval
+        self.quiet = quiet
+        self._first = 0.0  # time.monotonic() of the first kept line
         self._lines: list[str] = []
         self._pending = threading.Event()
         self._stopped = threading.Event()
@@ -68,11 +79,18 @@ class BufferedStreamHandler(logging.StreamHandler[TextIO]):
     def emit(self, record: logging.LogRecord) -> None:
         # handle() holds self.lock around this
         try:
-            self._lines.append(self.format(record) + self.terminator)
-            if record.levelno >= logging.WARNING or self._stopped.is_set():
-                self._write()
-            elif len(self._lines) == 1:
+            line = self.format(record) + self.terminator
+            now = time.monotonic()
+            if not self._lines:
+                self._first = now
                 self._pending.set()
+            self._lines.append(line)
+            if (
+                record.levelno >= logging.WARNING
+                or now - self._first >= self.interval
+                or self._stopped.is_set()
+            ):
+                self._write()
         except Exception:
             self.handleError(record)
 
@@ -107,7 +125,7 @@ class BufferedStreamHandler(logging.StreamHandler[TextIO]):
     def _flush_later(self) -> None:
         while not self._stopped.is_set():
             self._pending.wait()
-            self._stopped.wait(self.interval)  # close() ends the wait
+            self._stopped.wait(self.quiet)  # close() ends the wait
             with self._locked():
                 self._pending.clear()
                 # a write the stream refuses (a closed pipe) has no record to report it
