@@ -4,9 +4,9 @@ Records carry ids, steps, outcome classes and durations only; the code that logs
 claim tokens, chunk text, vectors, credentials or external responses.
 
 A long-running worker logs a line per job; with ``buffered`` its lines below WARNING are
-written together, one ``write`` at most :data:`FLUSH_INTERVAL` after the first of them
-(:class:`BufferedStreamHandler`), rather than one system call on the worker's busiest thread
-per line.
+written together (:class:`BufferedStreamHandler`: one ``write`` every :data:`FLUSH_INTERVAL`
+while lines come, none later than :data:`QUIET_FLUSH`) rather than one system call per line
+on the worker's busiest thread.
 """
 
 from __future__ import annotations

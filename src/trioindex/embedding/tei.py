@@ -86,6 +86,8 @@ class TeiEmbedder:
         )
         try:
             body = parse_json(response)
+            # an answer of numbers has no "t" or "f" byte, so no JSON boolean: the check can
+            # let numpy type its values without scanning each one's type first
             booleans = not json_without_booleans(response.content)
         finally:
             release_body(response)
