@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import json
 import logging
 import math
 import os
@@ -467,9 +466,9 @@ class InProcessEmbedder:
 
     @classmethod
     def for_texts(cls, texts: Sequence[str], dimension: int) -> InProcessEmbedder:
-        from testkit.embed_server import fake_vector
+        from testkit.embed_server import fake_vector, floats_json
 
-        return cls(dimension, {t: json.dumps(fake_vector(t, dimension)).encode() for t in texts})
+        return cls(dimension, {t: floats_json(fake_vector(t, dimension)).encode() for t in texts})
 
     @property
     def info(self) -> EmbedderInfo:
@@ -735,6 +734,12 @@ def _markdown(
                     "`validate_vectors` (what `TeiEmbedder._embed_batch` returns)",
                     f"{b['validate_vectors_us']:.0f}",
                     f"{b['validated_kib_per_vector']:.1f}",
+                ],
+                [
+                    "`validate_vectors` with the per-value type scan (an answer whose text "
+                    "may hold booleans)",
+                    f"{b['validate_vectors_scanned_us']:.0f}",
+                    "",
                 ],
                 [
                     "`build_drafts` = the answer's float32 matrix copied + "

@@ -6,8 +6,9 @@ It speaks the three endpoints the clients use: ``GET /info`` and ``POST /embed``
 ``POST /v1/embeddings`` (OpenAI-compatible, ``data`` shuffled by default so clients must order by
 ``index``; vectors as base64 of little-endian float32 when the request's ``encoding_format`` is
 ``"base64"``, as OpenAI's API does, else as JSON numbers). Vectors are deterministic unit
-vectors seeded by a hash of the text (:func:`fake_vector`), so a test can check every vector
-and its order.
+vectors of float32 values seeded by a hash of the text (:func:`fake_vector`), so a test can
+check every vector and its order; as JSON numbers they are written as TEI writes them
+(:func:`floats_json`).
 
 Modes, set per test with :meth:`FakeEmbedServer.set_mode` (thread-safe; applies to the following
 requests):
@@ -74,6 +75,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+import orjson
 from tokenizers import Tokenizer
 
 VECTOR_FAULTS = ("null_vector", "wrong_count", "wrong_dimension", "nan", "infinity")
@@ -85,11 +87,27 @@ BODY_MARKER = "FAKE-SERVER-ERROR-BODY"
 
 
 def fake_vector(text: str, dimension: int) -> list[float]:
-    """The deterministic unit vector the server answers for ``text``."""
+    """The deterministic unit vector the server answers for ``text``: float32 values (as a
+    model served by TEI computes them), as Python floats."""
     seed = int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
     values = np.random.default_rng(seed).standard_normal(dimension)
-    result: list[float] = (values / np.linalg.norm(values)).tolist()
+    result: list[float] = (values / np.linalg.norm(values)).astype(np.float32).tolist()
     return result
+
+
+def floats_json(vector: list[float]) -> str:
+    """``vector`` as a JSON array the way TEI writes it: each value rounded to float32 and
+    written in the shortest form that reads back as that float32 (serde_json's ``f32``,
+    through ryu: ``0.012345679``, ``0.00001``, ``1.2345679e-7``; 9 significant digits at
+    most), about half the bytes of Python's float64 ``repr``. A NaN or an infinity (the
+    hostile answers below; TEI never sends one) is written as Python's bare token."""
+    if not all(map(math.isfinite, vector)):
+        return json.dumps(vector)
+    # orjson writes a float32 array in ryu's shortest form (its only difference from
+    # serde_json, "e+" before exponents of 16 and more, is out of a unit vector's range)
+    return orjson.dumps(
+        np.asarray(vector, dtype=np.float32), option=orjson.OPT_SERIALIZE_NUMPY
+    ).decode()
 
 
 # Enough for the largest benchmark's texts (bench.peer at 20,000), each format cached apart: a
@@ -100,7 +118,7 @@ VECTOR_CACHE_TEXTS = 32_768
 
 @functools.lru_cache(maxsize=VECTOR_CACHE_TEXTS)
 def _vector_json(text: str, dimension: int) -> str:
-    return json.dumps(fake_vector(text, dimension))
+    return floats_json(fake_vector(text, dimension))
 
 
 def _base64_json(vector: list[float]) -> str:
@@ -524,7 +542,7 @@ class _Handler(BaseHTTPRequestHandler):
         # OpenAI's base64 format when asked for it (the official client asks by default)
         encoded = openai and payload.get("encoding_format") == "base64"
         cached = _vector_base64_json if encoded else _vector_json
-        written = _base64_json if encoded else json.dumps
+        written = _base64_json if encoded else floats_json
         fragments = [cached(text, state.dimension) for text in texts]
         if kind in VECTOR_FAULTS:
             middle = len(fragments) // 2

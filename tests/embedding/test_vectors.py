@@ -9,13 +9,20 @@ import base64
 import math
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import trio
 
 from tests.search.zero_embedder import ZERO_MARK, ZeroEmbedServer
 from trioindex.embedding import open_embedder
-from trioindex.embedding.vectors import MIN_NORM, SMALL_ANSWER, Vectors, validate_vectors
+from trioindex.embedding.vectors import (
+    MIN_NORM,
+    SMALL_ANSWER,
+    Vectors,
+    json_without_booleans,
+    validate_vectors,
+)
 from trioindex.errors import FailureType, ResultInvalid
 
 UNIT = [0.6, 0.8, 0.0]
@@ -148,3 +155,83 @@ def test_vectors_hand_on_their_rows_without_a_copy() -> None:
     assert Vectors.joined([vectors]) is vectors
     with pytest.raises(IndexError):
         vectors.row(2)
+
+
+MANY = SMALL_ANSWER // 3 + 1  # rows of UNIT: past the small size, the numpy pass
+
+
+@pytest.mark.parametrize(
+    ("bad", "fragment"),
+    [
+        ([0.6, "0.8", 0.0], "vector 1 holds a non-number"),
+        ([0.6, None, 0.0], "vector 1 holds a non-number"),
+        ([0.6, {}, 0.0], "vector 1 holds a non-number"),
+        ([0.6, [0.8], 0.0], "vector 1 holds a non-number"),
+        ([[0.6], [0.8], [0.0]], "vector 1 holds a non-number"),  # every value nested alike
+        ([0.6, 10**400, 0.0], "vector 1 holds a value beyond float32"),
+        ([0.6, 1e39, 0.0], "vector 1 holds a value beyond float32"),
+        ([0.6, math.nan, 0.0], "vector 1 holds NaN or Infinity"),
+        ([0.6, -math.inf, 0.0], "vector 1 holds NaN or Infinity"),
+        ([0.6, 0.8], "vector 1 has dimension 2, expected 3"),
+        ([0.0, 0.0, 0.0], "vector 1 has a zero or near-zero norm"),
+    ],
+)
+def test_an_answer_without_booleans_is_checked_as_closely(bad: list[object], fragment: str) -> None:
+    """A caller that saw no ``true``/``false`` in the JSON text skips the per-value type scan:
+    every other bad value is still refused, with the same message."""
+    vectors = [UNIT, bad, *[UNIT] * MANY]
+    for may_hold_booleans in (True, False):
+        with pytest.raises(ResultInvalid, match=fragment):
+            validate_vectors(
+                vectors,
+                expected_count=len(vectors),
+                dimension=3,
+                may_hold_booleans=may_hold_booleans,
+            )
+
+
+def test_an_answer_without_booleans_reads_as_one_with_them() -> None:
+    vectors: list[object] = [[1, 0.5, -2], *[UNIT] * MANY]  # ints too: numbers
+    scanned = validate_vectors(vectors, expected_count=len(vectors), dimension=3)
+    typed = validate_vectors(
+        vectors, expected_count=len(vectors), dimension=3, may_hold_booleans=False
+    )
+    assert typed.tolist() == scanned.tolist()
+    assert typed.row(0) == [1.0, 0.5, -2.0]
+
+
+def test_json_without_booleans() -> None:
+    assert json_without_booleans(b"[[0.5,-1.25e-7,0.0],[1,2,3]]")
+    assert json_without_booleans(b"[[NaN]]")  # not a boolean: the value check refuses it
+    assert not json_without_booleans(b"[[0.5,true]]")
+    assert not json_without_booleans(b"[[false,0.5]]")
+    assert not json_without_booleans(b'{"object":"list"}')
+
+
+async def test_a_tei_answer_holding_a_boolean_is_refused() -> None:
+    """The TEI client looks at the answer's text: a ``true`` among a large answer's numbers
+    is refused, not read as 1.0."""
+    dimension, count = 1024, 8  # past the small size
+    row = ",".join(["0.03125"] * (dimension - 1))
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/info":
+            return httpx.Response(404)
+        body = ",".join([f"[{row},0.5]"] * (count - 1) + [f"[{row},true]"])
+        return httpx.Response(200, content=f"[{body}]".encode())
+
+    embedder = await open_embedder(
+        api="tei",
+        url="http://embedder.invalid",
+        model="m",
+        dimension=dimension,
+        batch_size=count,
+        max_in_flight=1,
+        request_timeout=5.0,
+        transport=httpx.MockTransport(handler),
+    )
+    try:
+        with pytest.raises(ResultInvalid, match=f"vector {count - 1} holds a non-number"):
+            await embedder.embed([f"text {i}" for i in range(count)])
+    finally:
+        await embedder.aclose()

@@ -28,7 +28,7 @@ from trioindex.config.home import CREATED_HOME
 from trioindex.config.settings import MODEL_NAME_MAX
 from trioindex.config.units import text_problem
 from trioindex.errors import ConfigError, TrioindexError
-from trioindex.logs import configure_logging
+from trioindex.logs import configure_logging, flush_logs
 from trioindex.values import as_json
 
 if TYPE_CHECKING:  # psycopg loads libpq: imported only by the commands that use it
@@ -214,6 +214,7 @@ def friendly(fn: Callable[P, T]) -> Callable[P, T]:
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
+            flush_logs()  # the lines logged before the error come before its line or traceback
             explained = _explain(_sole_error(exc))
             if explained is None:
                 raise
@@ -273,15 +274,22 @@ def _explain(exc: BaseException) -> tuple[int, str] | None:
 
 
 def command_settings(
-    json_logs: bool = False, quiet: bool = False, *, database: bool = True, storage: bool = False
+    json_logs: bool = False,
+    quiet: bool = False,
+    *,
+    database: bool = True,
+    storage: bool = False,
+    buffered_logs: bool = False,
 ) -> Settings:
-    """The settings, with logging set up. The home is created (and where it is said on stderr,
-    one line) when the command will use it: with ``database`` for the embedded database, with
-    ``storage`` for the folder store."""
+    """The settings, with logging set up (``buffered_logs``: lines below WARNING written in
+    batches, for a command logging a line per job). The home is created (and where it is said
+    on stderr, one line) when the command will use it: with ``database`` for the embedded
+    database, with ``storage`` for the folder store."""
     settings = load_settings()
     configure_logging(
         "json" if json_logs else settings.log_format,
         logging.WARNING if quiet else logging.INFO,
+        buffered=buffered_logs,
     )
     uses_home = (database and settings.database.url is None) or (
         storage and settings.storage.url is None

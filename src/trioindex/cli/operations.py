@@ -44,7 +44,7 @@ def worker(
     json_logs: Annotated[bool, typer.Option(help="Log one JSON object per line.")] = False,
 ) -> None:
     """Run a worker: migrate, register, then claim and index jobs until SIGTERM/SIGINT."""
-    settings = command_settings(json_logs, storage=True)
+    settings = command_settings(json_logs, storage=True, buffered_logs=True)
     from trioindex.worker.wiring import run_worker
 
     if metrics_port is not None:

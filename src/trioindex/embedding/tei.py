@@ -16,8 +16,8 @@ import trio
 
 from trioindex.embedding.base import EmbedderInfo
 from trioindex.embedding.batching import embed_in_batches
-from trioindex.embedding.transport import HttpTransport, parse_json
-from trioindex.embedding.vectors import Vectors, validate_vectors
+from trioindex.embedding.transport import HttpTransport, parse_json, release_body
+from trioindex.embedding.vectors import Vectors, json_without_booleans, validate_vectors
 from trioindex.errors import StepFailure
 
 logger = logging.getLogger(__name__)
@@ -81,10 +81,22 @@ class TeiEmbedder:
         await self._http.aclose()
 
     async def _embed_batch(self, batch: Sequence[str]) -> Vectors:
-        body = await self._http.post_json(
-            "/embed", {"inputs": list(batch), "truncate": False, "normalize": True}
+        response = await self._http.send(
+            "POST", "/embed", {"inputs": list(batch), "truncate": False, "normalize": True}
         )
-        return validate_vectors(body, expected_count=len(batch), dimension=self._dimension)
+        try:
+            body = parse_json(response)
+            # an answer of numbers has no "t" or "f" byte, so no JSON boolean: the check can
+            # let numpy type its values without scanning each one's type first
+            booleans = not json_without_booleans(response.content)
+        finally:
+            release_body(response)
+        return validate_vectors(
+            body,
+            expected_count=len(batch),
+            dimension=self._dimension,
+            may_hold_booleans=booleans,
+        )
 
     async def _probe_info(self) -> None:
         async with self._probe_lock:
