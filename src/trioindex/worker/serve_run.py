@@ -50,6 +50,9 @@ class ServeRun:
     queue_empty: bool = False
     # woken by a NOTIFY or recovered leases since the current claim began
     notified: bool = False
+    # the LISTEN connection is up (NOTIFYs arrive); it was lost at least once this run
+    listening: bool = False
+    listen_lost: bool = False
     drain_logged_at: float = -math.inf
 
     def wake(self) -> None:
