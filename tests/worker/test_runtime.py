@@ -21,7 +21,6 @@ from trioindex.config import WorkerSettings, default_settings
 from trioindex.errors import (
     ContentInvalid,
     FailureType,
-    ModelRemoved,
     ObjectNotFound,
     OwnershipLost,
     ProviderRejectedInput,
@@ -686,17 +685,10 @@ class SlowClaimQueue(FakeQueue):
     """A claim's statement sees the queue when it starts and returns ``claim_seconds`` later."""
 
     claim_seconds: float = 0.5
-    in_flight: int = 0
-    most_in_flight: int = 0
 
     async def claim(self, worker_id: uuid.UUID, k: int, model_id: uuid.UUID | None = None) -> Any:
-        self.in_flight += 1
-        self.most_in_flight = max(self.most_in_flight, self.in_flight)
-        try:
-            claims = await super().claim(worker_id, k, model_id)
-            await trio.sleep(self.claim_seconds)
-        finally:
-            self.in_flight -= 1
+        claims = await super().claim(worker_id, k, model_id)
+        await trio.sleep(self.claim_seconds)
         return claims
 
 
@@ -738,92 +730,6 @@ async def test_a_notify_during_a_claim_that_finds_nothing_claims_again_at_once(
         await trio.sleep(1)
         assert claims_made(queue)[1:] == [(1.5, 0), (2.0, 1)]
         worker.request_stop()
-
-
-# --- claiming ahead ----------------------------------------------------------------------------
-
-
-def alternating(n: int) -> list[bool]:
-    """``n`` jobs, every other one already chunked: with 1 s steps, half of a claim's jobs end
-    a second before the other half."""
-    return [CHUNKED, NEW] * (n // 2)
-
-
-async def test_slots_freed_while_a_full_claim_is_in_flight_are_claimed_ahead(
-    autojump_clock: trio.abc.Clock,
-) -> None:
-    queue = SlowClaimQueue(pending=alternating(12), claim_seconds=1.5)
-    steps = FakeSteps(queue, duration=1.0)
-    worker = make_worker(queue, steps, max_concurrency=4, polling_interval=60.0)
-    await drain(worker)
-    # (claims are logged as their statement starts) the first claim (0-1.5) fills every slot;
-    # its chunked jobs end at 2.5 and the next claim takes their two slots (2.5-4.0); the
-    # others end at 3.5, while it is in flight, and a second claim takes theirs then, not at 4.0
-    claims = [(t, k) for t, (k, _) in queue.of("claim")]  # type: ignore[misc]
-    assert claims[:3] == [(0.0, 4), (2.5, 2), (3.5, 2)]
-    assert queue.most_in_flight == 2
-    assert len(queue.of("complete")) == 12
-    assert steps.max_active == 4
-    assert_clean(worker)
-
-
-async def test_no_claim_ahead_when_no_slot_frees_while_the_claim_is_in_flight(
-    autojump_clock: trio.abc.Clock,
-) -> None:
-    queue = SlowClaimQueue(pending=[CHUNKED] * 12, claim_seconds=1.5)
-    steps = FakeSteps(queue, duration=10.0)
-    worker = make_worker(queue, steps, max_concurrency=4, polling_interval=60.0)
-    await drain(worker)
-    # every job of a claim ends together, when the next claim takes all their slots
-    assert queue.most_in_flight == 1
-    assert [k for _, (k, _) in queue.of("claim")][:3] == [4, 4, 4]  # type: ignore[misc]
-    assert len(queue.of("complete")) == 12
-    assert_clean(worker)
-
-
-async def test_no_claim_ahead_after_a_claim_that_did_not_fill_every_slot(
-    autojump_clock: trio.abc.Clock,
-) -> None:
-    queue = SlowClaimQueue(pending=alternating(6), claim_seconds=1.5)
-    steps = FakeSteps(queue, duration=1.0)
-    worker = make_worker(queue, steps, max_concurrency=8, polling_interval=60.0)
-    await drain(worker)
-    assert queue.most_in_flight == 1
-    assert len(queue.of("complete")) == 6
-    assert_clean(worker)
-
-
-async def test_a_stop_while_waiting_to_claim_ahead_claims_nothing_more(
-    autojump_clock: trio.abc.Clock,
-) -> None:
-    queue = SlowClaimQueue(pending=alternating(12), claim_seconds=1.5)
-    steps = FakeSteps(queue, duration=1.0)
-    worker = make_worker(queue, steps, max_concurrency=4, polling_interval=60.0)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(drain, worker)
-        await trio.sleep(3.0)  # the second claim is in flight (2.5-4.0), none ahead yet
-        worker.request_stop()
-    assert [t for t, _ in queue.of("claim")] == [0.0, 2.5]
-    assert queue.most_in_flight == 1
-    assert len(queue.of("complete")) == 6  # the claimed jobs still ran
-    assert_clean(worker)
-
-
-async def test_a_claim_ahead_that_finds_the_model_removed_stops_the_worker(
-    autojump_clock: trio.abc.Clock,
-) -> None:
-    queue = SlowClaimQueue(pending=alternating(12), claim_seconds=1.5)
-    steps = FakeSteps(queue, duration=1.0)
-    worker = make_worker(queue, steps, max_concurrency=4, polling_interval=60.0)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(drain, worker)
-        await trio.sleep(3.0)
-        queue.claim_error = ModelRemoved("removed")  # the claim ahead, at 3.5
-    assert worker.model_removed
-    assert queue.of("claim-error") == [(3.5, 2)]
-    assert [t for t, _ in queue.of("claim")] == [0.0, 2.5]
-    assert len(queue.of("complete")) == 6  # the jobs the other claim got still ran
-    assert_clean(worker)
 
 
 @attrs.define(eq=False)

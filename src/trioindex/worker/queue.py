@@ -15,8 +15,7 @@ turns (one :class:`trio.Lock`): they come from separate timers that often fire t
 each is a millisecond's statement, so taking turns costs a claim at most one such statement
 while it keeps an idle worker on the pool's one connection (two at once would make the pool
 open a second, kept for ``database.pool-max-idle`` and opened again at the next coincidence).
-Jobs' own writes (completions, steps, lease renewals) do not wait for it, nor does a claim
-made while another claim is in flight (a busy worker claiming ahead: :meth:`JobQueue.claim`).
+Jobs' own writes (completions, steps, lease renewals) do not wait for it.
 
 The writes a worker makes while it stops — its STOPPING/STOPPED status, handing claims back,
 a final failure report — go through :meth:`Database.run_bounded`: they give up after
@@ -73,7 +72,6 @@ class JobQueue:
             "completion", db, lifecycle.complete_many, linger=0.0
         )
         self._upkeep = trio.Lock()
-        self._claims_in_flight = 0
 
     async def _upkeep_run(
         self, fn: Callable[Concatenate[Connection, P], T], *args: P.args, **kwargs: P.kwargs
@@ -107,22 +105,9 @@ class JobQueue:
         )
 
     async def claim(self, worker_id: UUID, k: int, model_id: UUID | None = None) -> list[Claim]:
-        """Claim up to ``k`` jobs. A claim made while another is in flight (a busy worker
-        claiming ahead) does not take its turn behind it: it would wait out the first's whole
-        round trip, and a busy worker's pool has its connections open already."""
-        if self._claims_in_flight:
-            return await self._claim(worker_id, k, model_id)
-        async with self._upkeep:
-            return await self._claim(worker_id, k, model_id)
-
-    async def _claim(self, worker_id: UUID, k: int, model_id: UUID | None) -> list[Claim]:
-        self._claims_in_flight += 1
-        try:
-            return await self.db.run(
-                lifecycle.claim_jobs, worker_id, k, self.lease_seconds, model_id=model_id
-            )
-        finally:
-            self._claims_in_flight -= 1
+        return await self._upkeep_run(
+            lifecycle.claim_jobs, worker_id, k, self.lease_seconds, model_id=model_id
+        )
 
     async def renew_many(self, claims: Sequence[Claim]) -> list[datetime | Exception]:
         return await self.db.run(lifecycle.renew_leases, claims, self.lease_seconds)

@@ -32,7 +32,8 @@ bounded in time.
 When the poller claims: at once again after a claim that filled every slot it asked for
 (after waiting up to ``CLAIM_LINGER`` for a quarter of the slots to free up); after a claim that
 filled some, as soon as a job frees a slot; after one that found nothing, only on a NOTIFY,
-recovered leases, the polling interval, or the worker's last running job ending. A job freeing
+recovered leases, the polling interval (``LISTENING_POLL_FACTOR`` times as long while the
+LISTEN connection is up), or the worker's last running job ending. A job freeing
 its slot says nothing about the queue that claim found empty, and in a fleet the workers that
 hold the last jobs of a backlog would otherwise each claim again, finding nothing, as every
 job of theirs ends (docs/test-results/fleet.md, run 14).
@@ -94,22 +95,11 @@ CLAIM_LINGER = 0.02
 # (docs/test-results/queue.md: 1.4x the no-op jobs/s). Large documents stay bounded by the
 # document budget, whatever the places.
 FINISHING_PLACES_PER_SLOT = 2
-# While the worker's LISTEN connection is up, its idle poller claims this many times less often:
-# every enqueue, hand-back and retry request sends a NOTIFY, so what only a poll finds is a retry
-# coming due, and each idle worker's empty claim a second cost the fleet's PostgreSQL a statement
-# that reads the claim index's dead and locked entries (docs/test-results/fleet.md, run 16).
+# While the LISTEN connection is up the idle poller claims this many times less often: every
+# enqueue, hand-back and retry request NOTIFYs, so a poll alone finds only retries coming due,
+# and each idle worker's empty claim a second cost PostgreSQL a read of the claim index's dead
+# and locked entries (docs/test-results/fleet.md, run 16).
 LISTENING_POLL_FACTOR = 5
-
-
-@attrs.define
-class _Claimed:
-    """What one claim statement found: how many jobs it asked for and got, or that it failed
-    or found the worker's model removed."""
-
-    asked: int
-    claimed: int = 0
-    failed: bool = False
-    model_removed: bool = False
 
 
 class Queue(JobWrites, Protocol):
@@ -182,17 +172,9 @@ class Worker:
             self._run.wake()
 
     def listening(self, live: bool) -> None:
-        """The LISTEN connection is in place (True) or lost (False). While it is up the idle
-        poller claims only every ``LISTENING_POLL_FACTOR`` polling intervals; once it is lost,
-        or back after a loss (NOTIFYs may have been missed meanwhile), the poller claims at
-        once."""
-        run = self._run
-        if run is None or run.listening == live:
-            return
-        run.listening = live
-        if not live or run.listen_lost:
-            run.wake()
-        run.listen_lost = run.listen_lost or not live
+        """The LISTEN connection is in place (True) or lost (False)."""
+        if self._run is not None:
+            self._run.set_listening(live)
 
     # -- the tree -----------------------------------------------------------------------------
 
@@ -292,34 +274,47 @@ class Worker:
     # -- intake -------------------------------------------------------------------------------
 
     async def _poll(self, run: ServeRun, jobs: trio.Nursery, *, drain: bool) -> None:
+        slots = run.slots
         busy = False
         while True:
             if busy:
                 await self._gather_slots(run)
             first = object()
-            await run.slots.acquire_on_behalf_of(first)  # a free slot before any claim
-            reserved = [first, *self._reserve_free(run)]
+            await slots.acquire_on_behalf_of(first)  # a free slot before any claim
+            reserved = [first]
+            while slots.available_tokens > 0:
+                token = object()
+                slots.acquire_on_behalf_of_nowait(token)
+                reserved.append(token)
             run.wakeup = trio.Event()
             run.notified = False
-            results: list[_Claimed] = []
-            answered = trio.CancelScope()
-            async with trio.open_nursery() as claiming:
-                if busy:
-                    claiming.start_soon(self._claim_ahead, run, jobs, results, answered)
-                await self._claim_into(run, jobs, reserved, results)
-                answered.cancel()
-            self.counters.polls += len(results)
-            if any(r.model_removed for r in results):
-                return  # the slots are freed; serve then stops as after a drain
-            claimed = sum(r.claimed for r in results)
-            claim_failed = any(r.failed for r in results)
-            run.queue_empty = not claimed and not claim_failed and not run.notified
+            claims: list[Claim] = []
+            claim_failed = False
+            try:
+                # Shielded: a claim that committed must be handed to jobs, never dropped by a
+                # stop request arriving mid-call (its rows would sit PROCESSING until expiry).
+                with trio.CancelScope(shield=True):
+                    claims = await self.queue.claim(run.worker_id, len(reserved), self.model_id)
+            except ModelRemoved as exc:
+                logger.error("worker %s: stopping: %s", run.worker_id, exc)
+                self.model_removed = True
+                return  # the finally below frees the slots; serve then stops as after a drain
+            except Exception as exc:
+                claim_failed = True
+                logger.warning("worker %s: claim failed: %s", run.worker_id, type(exc).__name__)
+            finally:
+                for token, claim in zip(reserved, claims, strict=False):
+                    self._start_job(run, jobs, claim, token)
+                for token in reserved[len(claims) :]:
+                    slots.release_on_behalf_of(token)
+            self.counters.polls += 1
+            run.queue_empty = not claims and not claim_failed and not run.notified
             if run.queue_empty:
                 run.wakeup = trio.Event()  # slots freed during the claim say nothing of the queue
-            busy = not claim_failed and all(r.claimed == r.asked for r in results)
+            busy = bool(claims) and len(claims) == len(reserved)
             if busy:
                 continue  # busy drain: every slot asked for was filled, claim again at once
-            if not claimed and not claim_failed:
+            if not claims and not claim_failed:
                 self.counters.empty_polls += 1
                 logger.debug("worker %s: nothing to claim", run.worker_id)
                 if drain and not run.running:
@@ -330,63 +325,6 @@ class Worker:
                     await self._idle(run, pause)
                     continue
             await self._idle(run)
-
-    @staticmethod
-    def _reserve_free(run: ServeRun) -> list[object]:
-        """Reserve every free slot now (none may be free): one token each."""
-        reserved = []
-        while run.slots.available_tokens > 0:
-            token = object()
-            run.slots.acquire_on_behalf_of_nowait(token)
-            reserved.append(token)
-        return reserved
-
-    async def _claim_into(
-        self, run: ServeRun, jobs: trio.Nursery, reserved: list[object], results: list[_Claimed]
-    ) -> None:
-        """Claim a job for each reserved slot and start it there; free the slots left over.
-        What the claim found is appended to ``results``."""
-        result = _Claimed(asked=len(reserved))
-        results.append(result)
-        claims: list[Claim] = []
-        try:
-            # Shielded: a claim that committed must be handed to jobs, never dropped by a
-            # stop request arriving mid-call (its rows would sit PROCESSING until expiry).
-            with trio.CancelScope(shield=True):
-                claims = await self.queue.claim(run.worker_id, len(reserved), self.model_id)
-        except ModelRemoved as exc:
-            if not self.model_removed:
-                logger.error("worker %s: stopping: %s", run.worker_id, exc)
-            self.model_removed = result.model_removed = True
-        except Exception as exc:
-            result.failed = True
-            logger.warning("worker %s: claim failed: %s", run.worker_id, type(exc).__name__)
-        finally:
-            result.claimed = len(claims)
-            for token, claim in zip(reserved, claims, strict=False):
-                self._start_job(run, jobs, claim, token)
-            for token in reserved[len(claims) :]:
-                run.slots.release_on_behalf_of(token)
-
-    async def _claim_ahead(
-        self,
-        run: ServeRun,
-        jobs: trio.Nursery,
-        results: list[_Claimed],
-        answered: trio.CancelScope,
-    ) -> None:
-        """While the poller's claim is in flight, after claims that filled every slot: once a
-        quarter of the slots are free again, claim for them too, so the worker's jobs need not
-        wait out a whole claim's round trip for the next ones. Given up when the first claim
-        answers before that (``answered`` is cancelled): the poller decides from its answer."""
-        wanted = max(1, self.settings.max_concurrency // 4)
-        with answered:
-            while run.slots.available_tokens < wanted:
-                run.wakeup = trio.Event()
-                await run.wakeup.wait()
-        if answered.cancel_called:
-            return
-        await self._claim_into(run, jobs, self._reserve_free(run), results)
 
     async def _gather_slots(self, run: ServeRun) -> None:
         """While busy, let a few slots free up (at most ``CLAIM_LINGER``) so one claim fills

@@ -60,6 +60,16 @@ class ServeRun:
         self.notified = True
         self.wakeup.set()
 
+    def set_listening(self, live: bool) -> None:
+        """The LISTEN connection is in place (True) or lost (False). The poller claims at once
+        when it is lost, or back after a loss (NOTIFYs may have been missed meanwhile)."""
+        if self.listening == live:
+            return
+        self.listening = live
+        if not live or self.listen_lost:
+            self.wake()
+        self.listen_lost = self.listen_lost or not live
+
     def slot_freed(self) -> None:
         """A job left its slot or its finishing place: the poller claims at once, unless its
         last claim found the queue empty and jobs are still running (the last job to end
