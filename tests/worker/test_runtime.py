@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -585,6 +586,47 @@ async def test_a_notify_wakes_the_poller_before_the_interval(
         await trio.sleep(1)
         assert len(queue.of("complete")) == 1  # did not wait for the 60s poll
         worker.request_stop()
+
+
+@attrs.define(eq=False)
+class FakeListener:
+    """Stands for the LISTEN connection: the test says when its LISTEN is up or lost."""
+
+    on_listening: Callable[[bool], None] | None = None
+
+    async def __call__(
+        self, on_notify: Callable[[], None], on_listening: Callable[[bool], None]
+    ) -> None:
+        self.on_listening = on_listening
+        await trio.sleep_forever()
+
+    def say(self, live: bool) -> None:
+        assert self.on_listening is not None
+        self.on_listening(live)
+
+
+async def test_an_idle_worker_polls_less_often_while_its_listen_is_up(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    queue = FakeQueue()
+    listener = FakeListener()
+    worker = make_worker(queue, FakeSteps(queue), polling_interval=1.0)
+    worker.listener = listener
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.serve)
+        await trio.sleep(0.5)
+        listener.say(True)  # the poller waits out the interval it began: it claims at 1.0
+        await trio.sleep(26)
+        listener.say(False)  # at 26.5: NOTIFYs may be missed from here on
+        await trio.sleep(3.5)
+        listener.say(True)  # at 30: back, after NOTIFYs may have been missed
+        await trio.sleep(6)
+        worker.request_stop()
+    assert [t for t, _ in queue.of("claim")] == [
+        *(0.0, 1.0, 6.0, 11.0, 16.0, 21.0, 26.0),  # every 5 s while listening
+        *(26.5, 27.5, 28.5, 29.5),  # at once when it is lost, then every second
+        *(30.0, 35.0),  # at once when it is back, then every 5 s
+    ]
 
 
 def staggered(queue: FakeQueue) -> FakeSteps:

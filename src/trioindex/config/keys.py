@@ -233,7 +233,7 @@ KEYS: Final[tuple[KeySpec, ...]] = (
         "1s",
         Kind.DURATION,
         "> 0",
-        "how often the poller looks for PENDING jobs when not woken by NOTIFY",
+        "how often an idle worker looks for PENDING jobs (five times that while LISTEN is up)",
         field="worker.polling_interval",
         bound=_POSITIVE,
     ),

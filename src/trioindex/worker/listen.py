@@ -32,11 +32,13 @@ LISTEN_APPLICATION_NAME = "trioindex listen"
 async def listen_for_jobs(
     conninfo: str,
     on_notify: Callable[[], None],
+    on_listening: Callable[[bool], None] = lambda _listening: None,
     *,
     reconnect_pause: float = 2.0,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Call ``on_notify`` for every NOTIFY on the jobs channel, reconnecting forever.
+    """Call ``on_notify`` for every NOTIFY on the jobs channel, reconnecting forever;
+    ``on_listening`` as :func:`listen` calls it.
 
     ``task_status.started()`` fires once the first LISTEN is in place.
     """
@@ -44,6 +46,7 @@ async def listen_for_jobs(
         conninfo,
         NOTIFY_CHANNEL,
         lambda _payload: on_notify(),
+        on_listening=on_listening,
         meanwhile="polling continues",
         reconnect_pause=reconnect_pause,
         task_status=task_status,

@@ -32,7 +32,8 @@ bounded in time.
 When the poller claims: at once again after a claim that filled every slot it asked for
 (after waiting up to ``CLAIM_LINGER`` for a quarter of the slots to free up); after a claim that
 filled some, as soon as a job frees a slot; after one that found nothing, only on a NOTIFY,
-recovered leases, the polling interval, or the worker's last running job ending. A job freeing
+recovered leases, the polling interval (``LISTENING_POLL_FACTOR`` times as long while the
+LISTEN connection is up), or the worker's last running job ending. A job freeing
 its slot says nothing about the queue that claim found empty, and in a fleet the workers that
 hold the last jobs of a backlog would otherwise each claim again, finding nothing, as every
 job of theirs ends (docs/test-results/fleet.md, run 14).
@@ -94,6 +95,11 @@ CLAIM_LINGER = 0.02
 # (docs/test-results/queue.md: 1.4x the no-op jobs/s). Large documents stay bounded by the
 # document budget, whatever the places.
 FINISHING_PLACES_PER_SLOT = 2
+# While the LISTEN connection is up the idle poller claims this many times less often: every
+# enqueue, hand-back and retry request NOTIFYs, so a poll alone finds only retries coming due,
+# and each idle worker's empty claim a second cost PostgreSQL a read of the claim index's dead
+# and locked entries (docs/test-results/fleet.md, run 17).
+LISTENING_POLL_FACTOR = 5
 
 
 class Queue(JobWrites, Protocol):
@@ -128,7 +134,9 @@ class Worker:
     on_job_done: Callable[[Claim, JobOutcome], None] | None = None
     # set when a claim found the worker's model removed: the run stopped for that
     model_removed: bool = attrs.field(default=False, init=False)
-    listener: Callable[[Callable[[], None]], Awaitable[None]] | None = None
+    # runs the LISTEN connection: called with the wake-up (each NOTIFY) and with what to call
+    # when a LISTEN is in place (True) or its connection is lost (False)
+    listener: Callable[[Callable[[], None], Callable[[bool], None]], Awaitable[None]] | None = None
     # the current run, or the last one once serve() has returned; None before the first
     _run: ServeRun | None = attrs.field(default=None, init=False)
     # a stop asked for the current run, or (asked before it registered) for the next one
@@ -162,6 +170,11 @@ class Worker:
         """Wake the poller early: jobs may be claimable (a NOTIFY arrived)."""
         if self._run is not None:
             self._run.wake()
+
+    def listening(self, live: bool) -> None:
+        """The LISTEN connection is in place (True) or lost (False)."""
+        if self._run is not None:
+            self._run.set_listening(live)
 
     # -- the tree -----------------------------------------------------------------------------
 
@@ -207,7 +220,7 @@ class Worker:
                 background.start_soon(self.queue.serve)
                 background.start_soon(self.steps.serve)
                 if self.listener is not None:
-                    background.start_soon(self.listener, self.wake)
+                    background.start_soon(self.listener, self.wake, self.listening)
                 async with trio.open_nursery() as jobs:
                     task_status.started(worker_id)
                     self._log_ready(run, drain=drain)
@@ -237,13 +250,16 @@ class Worker:
         """Once per run, when the background tasks are started and the first poll is next."""
         if run.intake.cancel_called:
             return  # stopped before it started: it claims nothing
-        settings = self.settings
+        interval = self.settings.polling_interval
+        polls = f"every {interval:.1f}s"
+        if self.listener is not None:
+            listening = interval * LISTENING_POLL_FACTOR
+            polls = f"NOTIFY or every {listening:.1f}s while listening, {polls} otherwise"
         logger.info(
-            "worker %s ready: waiting for jobs (max-concurrency %d; claims on %severy %.1fs%s)",
+            "worker %s ready: waiting for jobs (max-concurrency %d; claims on %s%s)",
             run.worker_id,
-            settings.max_concurrency,
-            "NOTIFY or " if self.listener is not None else "",
-            settings.polling_interval,
+            self.settings.max_concurrency,
+            polls,
             "; exits once the queue is drained" if drain else "",
         )
 
@@ -350,9 +366,12 @@ class Worker:
                 self.on_job_done(context.claim, context.outcome)
 
     async def _idle(self, run: ServeRun, pause: float | None = None) -> None:
-        """Wait for the polling interval (or ``pause``, if shorter), a NOTIFY, or a finished
-        job — whichever is first."""
+        """Wait for the polling interval (``LISTENING_POLL_FACTOR`` times as long while the
+        LISTEN connection is up; ``pause``, if shorter), a NOTIFY, or a finished job —
+        whichever is first."""
         interval = self.settings.polling_interval
+        if run.listening:
+            interval *= LISTENING_POLL_FACTOR
         with trio.move_on_after(interval if pause is None else min(pause, interval)):
             await run.wakeup.wait()
 

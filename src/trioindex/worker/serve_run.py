@@ -50,12 +50,25 @@ class ServeRun:
     queue_empty: bool = False
     # woken by a NOTIFY or recovered leases since the current claim began
     notified: bool = False
+    # the LISTEN connection is up (NOTIFYs arrive); it was lost at least once this run
+    listening: bool = False
+    listen_lost: bool = False
     drain_logged_at: float = -math.inf
 
     def wake(self) -> None:
         """Jobs may be claimable (a NOTIFY, recovered leases): the poller claims at once."""
         self.notified = True
         self.wakeup.set()
+
+    def set_listening(self, live: bool) -> None:
+        """The LISTEN connection is in place (True) or lost (False). The poller claims at once
+        when it is lost, or back after a loss (NOTIFYs may have been missed meanwhile)."""
+        if self.listening == live:
+            return
+        self.listening = live
+        if not live or self.listen_lost:
+            self.wake()
+        self.listen_lost = self.listen_lost or not live
 
     def slot_freed(self) -> None:
         """A job left its slot or its finishing place: the poller claims at once, unless its
