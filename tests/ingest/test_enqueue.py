@@ -254,6 +254,10 @@ async def test_an_enqueue_chosen_as_a_deadlock_victim_runs_again(
         return int(row[0]) if row else 0
 
     try:
+        # only the enqueue's backend looks for the deadlock in time, so it is the victim: which
+        # of two waiting backends PostgreSQL aborts is whichever checks first (deadlock_timeout
+        # after it began waiting), and on a loaded machine that was sometimes the holder's
+        holder.execute("SET deadlock_timeout = '10min'")
         holder.execute("SELECT 1 FROM documents WHERE external_key = 'b' FOR UPDATE")
         with trio.fail_after(60):
             async with trio.open_nursery() as nursery:
