@@ -370,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(page)
     else:
         args.output.write_text(page)
-        print(f"wrote {args.output.relative_to(REPO_ROOT)}")
+        print(f"wrote {args.output}")
     bad = [o for o in outcomes if _verdict(o).startswith("**")]
     return 1 if bad else 0
 
