@@ -17,10 +17,10 @@ import logging
 import os
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from time import monotonic
 from typing import TextIO
 
 #: A :class:`BufferedStreamHandler` writes its kept lines when one is logged this long after
@@ -66,7 +66,7 @@ class BufferedStreamHandler(logging.StreamHandler[TextIO]):
         super().__init__(stream)
         self.interval = interval
         self.quiet = quiet
-        self._first = 0.0  # time.monotonic() of the first kept line
+        self._first = 0.0  # monotonic() of the first kept line
         self._lines: list[str] = []
         self._pending = threading.Event()
         self._stopped = threading.Event()
@@ -80,7 +80,7 @@ class BufferedStreamHandler(logging.StreamHandler[TextIO]):
         # handle() holds self.lock around this
         try:
             line = self.format(record) + self.terminator
-            now = time.monotonic()
+            now = monotonic()
             if not self._lines:
                 self._first = now
                 self._pending.set()

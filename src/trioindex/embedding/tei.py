@@ -16,7 +16,7 @@ import trio
 
 from trioindex.embedding.base import EmbedderInfo
 from trioindex.embedding.batching import embed_in_batches
-from trioindex.embedding.transport import HttpTransport, parse_json, release_body
+from trioindex.embedding.transport import HttpTransport, parse_json
 from trioindex.embedding.vectors import Vectors, json_without_booleans, validate_vectors
 from trioindex.errors import StepFailure
 
@@ -81,21 +81,16 @@ class TeiEmbedder:
         await self._http.aclose()
 
     async def _embed_batch(self, batch: Sequence[str]) -> Vectors:
-        response = await self._http.send(
-            "POST", "/embed", {"inputs": list(batch), "truncate": False, "normalize": True}
+        body, text = await self._http.post_json_with_text(
+            "/embed", {"inputs": list(batch), "truncate": False, "normalize": True}
         )
-        try:
-            body = parse_json(response)
-            # an answer of numbers has no "t" or "f" byte, so no JSON boolean: the check can
-            # let numpy type its values without scanning each one's type first
-            booleans = not json_without_booleans(response.content)
-        finally:
-            release_body(response)
+        # an answer of numbers has no "t" or "f" byte, so no JSON boolean: the check can let
+        # numpy type its values without scanning each one's type first
         return validate_vectors(
             body,
             expected_count=len(batch),
             dimension=self._dimension,
-            may_hold_booleans=booleans,
+            may_hold_booleans=not json_without_booleans(text),
         )
 
     async def _probe_info(self) -> None:

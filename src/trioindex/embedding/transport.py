@@ -115,9 +115,14 @@ class HttpTransport:
 
     async def post_json(self, path: str, payload: object) -> object:
         """``POST path`` with a JSON body; the parsed JSON answer, or a classified failure."""
+        body, _text = await self.post_json_with_text(path, payload)
+        return body
+
+    async def post_json_with_text(self, path: str, payload: object) -> tuple[object, bytes]:
+        """:meth:`post_json`'s answer, and the bytes it was parsed from."""
         response = await self.send("POST", path, payload)
         try:
-            return parse_json(response)
+            return parse_json(response), response.content
         finally:
             release_body(response)
 
