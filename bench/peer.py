@@ -630,6 +630,7 @@ def run_ingest(
 
 
 INGEST_HEADING = "## Ingest"
+RESULTS_HEADING = "## Results"
 
 
 def ingest_section(rows: Sequence[dict[str, Any]], date: str, command: str, load: float) -> str:
@@ -646,10 +647,15 @@ def ingest_section(rows: Sequence[dict[str, Any]], date: str, command: str, load
     )
 
 
-def kept_ingest_section(page: Path) -> str:
-    """The page's current "Ingest" section (a full run writes the rest of the page)."""
+def kept_sections(page: Path) -> str:
+    """Every section of the page after its "Results" (a full run writes the head and "Results";
+    the dated sections, "Ingest" and the readings after them stay as they are)."""
     text = page.read_text() if page.exists() else ""
-    return text[text.index(INGEST_HEADING) :] if INGEST_HEADING in text else ""
+    start = text.find(RESULTS_HEADING)
+    if start < 0:
+        return text[text.index(INGEST_HEADING) :] if INGEST_HEADING in text else ""
+    after = text.find("\n## ", start + len(RESULTS_HEADING))
+    return "" if after < 0 else text[after + 1 :]
 
 
 def _f(value: float, digits: int = 1) -> str:
@@ -693,7 +699,7 @@ def markdown(runs: Sequence[Run], head: list[str]) -> str:
         ],
         runs,
     )
-    return "\n".join([*head, "## Results", "", *table, ""])
+    return "\n".join([*head, RESULTS_HEADING, "", *table, ""])
 
 
 def plot(path: Path, runs: Sequence[Run]) -> Path:
@@ -774,7 +780,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ],
             )
             + "\n"
-            + kept_ingest_section(session.out / "peer.md")
+            + kept_sections(session.out / "peer.md")
         ),
     )
 
