@@ -42,6 +42,10 @@ Run ``.venv/bin/python -m bench.peer`` (``just bench-peer``); ``--quick`` runs 5
 each and writes to a temporary folder. ``--baseline-tree DIR`` also runs trioindex from another
 source tree in every round, just before this tree's run (its ``src`` on ``PYTHONPATH``; main's:
 ``git archive main | tar -x -C DIR``): a change against its base in one invocation.
+``--variant KEY=VALUE[,KEY=VALUE...]`` (repeatable) also runs trioindex with those settings
+(names of ``TRIOINDEX_*`` variables without the prefix, e.g.
+``EMBEDDING_MAX_IN_FLIGHT=16,WORKER_MAX_CONCURRENCY=512``) in every round, each just after the
+defaults' run: other settings against the defaults in one invocation.
 
 ``--profile`` runs trioindex once (``--docs``, default 2000) with ``pg_stat_statements`` counting
 nested statements and ``track_functions = all``, and prints where PostgreSQL's time goes (each
@@ -65,7 +69,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -375,11 +379,13 @@ def run_trioindex(
     *,
     profile: bool = False,
     tree: Path | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> Run:
     """``ingest`` + ``worker --drain`` with defaults; ``index_min_vectors`` 0 builds the model's
     HNSW index before the first vector (the behaviour before the threshold existed); ``profile``
     prints where the time went (see the module docstring); ``tree``: the worker (and
-    ``ingest``) run the ``trioindex`` package of that source tree instead of this one."""
+    ``ingest``) run the ``trioindex`` package of that source tree instead of this one;
+    ``settings``: ``TRIOINDEX_*`` variables (without the prefix) set for both."""
     root = work / f"trioindex-{time.monotonic_ns()}"
     corpus = root / "corpus"
     corpus.mkdir(parents=True)
@@ -394,6 +400,7 @@ def run_trioindex(
             EMBEDDING_URL=server.url,
             EMBEDDING_MODEL=MODEL,
             EMBEDDING_DIMENSION=str(DIMENSION),
+            **(settings or {}),
         )
         if index_min_vectors is not None:
             env["TRIOINDEX_EMBEDDING_INDEX_MIN_VECTORS"] = str(index_min_vectors)
@@ -418,6 +425,8 @@ def run_trioindex(
             label = f"worker --drain, index-min-vectors {index_min_vectors}"
         if tree is not None:
             label = f"{label}, code of {tree}"
+        if settings:
+            label = "worker --drain, " + ", ".join(f"{k}={v}" for k, v in settings.items())
         run = _run("trioindex", label, url, "embeddings", figures, ingest_rate)
         return attrs.evolve(run, recall_at_10=recall_at_10(url))
 
@@ -714,6 +723,14 @@ def plot(path: Path, runs: Sequence[Run]) -> Path:
         return save_figure(fig, path)
 
 
+def parse_variant(text: str) -> dict[str, str]:
+    """``KEY=VALUE,KEY=VALUE`` as a mapping (``--variant``)."""
+    pairs = [item.partition("=") for item in text.split(",") if item]
+    if not pairs or any(not key or not sep for key, sep, _ in pairs):
+        raise ValueError(f"not KEY=VALUE[,KEY=VALUE...]: {text!r}")
+    return {key.strip().upper(): value.strip() for key, _, value in pairs}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = bench_parser("peer", "trioindex next to pgai's vectorizer worker", "500 docs, once")
     parser.add_argument("--docs", type=int, default=None, help="documents (default 2000)")
@@ -732,6 +749,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="DIR",
         help="also run trioindex from the source tree DIR (say main's: git archive main | tar -x"
         " -C DIR), before this tree's run in every round",
+    )
+    parser.add_argument(
+        "--variant",
+        type=parse_variant,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE[,...]",
+        help="also run trioindex with these settings (TRIOINDEX_ names without the prefix),"
+        " after the defaults' run in every round; repeatable",
     )
     add_out(parser, "peer")
     args = parser.parse_args(argv)
@@ -756,6 +782,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         run_trioindex(pg, server, texts, work, index_min_vectors, tree=tree)
                     )
                     print(runs[-1].as_json(), flush=True)
+            for variant in args.variant:
+                runs.append(run_trioindex(pg, server, texts, work, settings=variant))
+                print(runs[-1].as_json(), flush=True)
             for concurrency in (8, 4):
                 runs.append(run_pgai(pg, server, texts, work, concurrency))
                 print(runs[-1].as_json(), flush=True)
