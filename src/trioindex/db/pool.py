@@ -394,7 +394,7 @@ class Database:
 
 
 def session_conninfo(conninfo: str, *, pooler: bool, direct: str | None) -> str | None:
-    """Where work that needs a session of its own goes (LISTEN, migrations, index builds):
+    """Where work that needs a session of its own goes (LISTEN, index builds):
     ``direct`` when given; otherwise ``conninfo``, unless it is a transaction-pooling proxy
     (``pooler``), where there is none (workers poll)."""
     if direct:
@@ -455,10 +455,11 @@ async def open_database(
 ) -> AsyncIterator[Database]:
     """Migrate (unless told not to), open the pool, and close it on exit.
 
-    Migrations take a session-level lock, so they run on ``direct_conninfo`` (PostgreSQL itself)
-    when given. While the server refuses connections for having too many clients, this waits
-    and tries again (pauses doubling up to :data:`REFUSED_RETRY_MAX`), one warning per try,
-    unless ``retry_refused`` is false. A pool that gets no connection within ``open_timeout``
+    Migrations run on ``direct_conninfo`` (PostgreSQL itself) when given, else on ``conninfo``
+    (their lock is the transaction's, so a transaction pooler is safe too). While the server
+    refuses connections for having too many clients, this waits and tries again (pauses
+    doubling up to :data:`REFUSED_RETRY_MAX`), one warning per try, unless ``retry_refused`` is
+    false. A pool that gets no connection within ``open_timeout``
     seconds (a server or machine so loaded that connecting is slow) is tried again the same
     way, ``open_tries`` times in all; then the last try's error is raised, saying how many.
     """
