@@ -742,6 +742,13 @@ def _markdown(
                     "",
                 ],
                 [
+                    "`orjson.loads` + `validate_vectors` of the same answer as base64 on "
+                    f"TEI's OpenAI-compatible route ({b['base64_response_bytes_per_vector']:,.0f} "
+                    "bytes per vector; what `TeiEmbedder` asks a TEI 1.3+ for)",
+                    f"{b['base64_loads_and_validate_us']:.0f}",
+                    "",
+                ],
+                [
                     "`build_drafts` = the answer's float32 matrix copied + "
                     "`drafts_from_matrix` (hashes)",
                     f"{b['build_drafts_us']:.0f}",

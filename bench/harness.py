@@ -3,9 +3,10 @@
 Owns:
 
 * :func:`raw_capacity` — the server's capacity as a minimal Trio + ``httpx`` client sees it:
-  ``concurrency`` tasks doing nothing but ``POST /embed`` with prepared batches;
+  ``concurrency`` tasks doing nothing but asking for prepared batches as ``TeiEmbedder`` asks
+  the fake server (``POST /v1/embeddings``, base64);
 * :func:`vector_costs` — per vector, the time and the memory of the client's work on one TEI
-  answer (``orjson``, ``validate_vectors``, ``build_drafts``);
+  answer (``orjson``, ``validate_vectors``, ``build_drafts``), as JSON numbers and as base64;
 * :func:`machine_busy_seconds` — CPU time of the whole machine, so a run can say how much other
   work took meanwhile;
 * :class:`RssSampler` — a thread sampling another process's RSS (and the kernel's exact peak,
@@ -69,20 +70,36 @@ def vector_costs(dimension: int, batch: int = 32) -> dict[str, float]:
     """What the client does with one TEI answer of ``batch`` vectors, per vector: microseconds
     of ``orjson.loads``, ``validate_vectors`` and ``build_drafts`` (the best of ten short rounds:
     other work only ever adds time), and the KiB their results keep alive (``tracemalloc``),
-    plus ``build_drafts``' peak while it runs."""
+    plus ``build_drafts``' peak while it runs; ``base64_*`` the same answer on TEI's
+    OpenAI-compatible route (what ``TeiEmbedder`` asks a TEI 1.3+ for)."""
     import tracemalloc
     import uuid
 
     import orjson
 
-    from testkit.embed_server import fake_vector, floats_json
+    from testkit.embed_server import base64_json, fake_vector, floats_json
     from trioindex.db.steps import ChunkRef, EmbedSnapshot
+    from trioindex.embedding.openai import vectors_by_index
     from trioindex.embedding.vectors import Vectors, json_without_booleans, validate_vectors
     from trioindex.pipeline.embed_step import drafts_from_matrix
 
     vectors = [fake_vector(f"breakdown {i}", dimension) for i in range(batch)]
     body = ("[" + ",".join(floats_json(v) for v in vectors) + "]").encode()
     parsed = orjson.loads(body)
+    items = ",".join(
+        f'{{"object":"embedding","index":{i},"embedding":{base64_json(v)}}}'
+        for i, v in enumerate(vectors)
+    )
+    base64_body = f'{{"object":"list","data":[{items}]}}'.encode()
+
+    def base64_vectors() -> Vectors:
+        return validate_vectors(
+            vectors_by_index(orjson.loads(base64_body), batch),
+            expected_count=batch,
+            dimension=dimension,
+            base64_allowed=True,
+        )
+
     # what TeiEmbedder passes: its answer's text holds no true/false
     booleans = not json_without_booleans(body)
     snapshot = EmbedSnapshot(
@@ -132,6 +149,8 @@ def vector_costs(dimension: int, batch: int = 32) -> dict[str, float]:
         "validate_vectors_scanned_us": per_vector_us(
             lambda: validate_vectors(parsed, expected_count=batch, dimension=dimension)
         ),
+        "base64_response_bytes_per_vector": len(base64_body) / batch,
+        "base64_loads_and_validate_us": per_vector_us(base64_vectors),
         "build_drafts_us": per_vector_us(lambda: build_drafts(snapshot, validated)),
         "parsed_kib_per_vector": retained_kib(lambda: orjson.loads(body))[0],
         "validated_kib_per_vector": retained_kib(
@@ -202,7 +221,7 @@ async def _raw_requests(
                     return
                 sent += 1
                 response = await client.post(
-                    "/embed", json={"inputs": list(batch), "truncate": False, "normalize": True}
+                    "/v1/embeddings", json={"input": list(batch), "encoding_format": "base64"}
                 )
                 if response.status_code != 200:
                     raise RuntimeError(f"raw client: HTTP {response.status_code}")

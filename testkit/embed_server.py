@@ -5,7 +5,10 @@
 It speaks the three endpoints the clients use: ``GET /info`` and ``POST /embed`` (TEI) and
 ``POST /v1/embeddings`` (OpenAI-compatible, ``data`` shuffled by default so clients must order by
 ``index``; vectors as base64 of little-endian float32 when the request's ``encoding_format`` is
-``"base64"``, as OpenAI's API does, else as JSON numbers). Vectors are deterministic unit
+``"base64"``, as OpenAI's API does, else as JSON numbers). ``/info`` reports what TEI 1.8's does,
+``auto_truncate: false`` and a ``version`` (``tei_version``) included, so the TEI client asks
+the OpenAI-compatible route; ``auto_truncate``, ``tei_version`` and ``openai_route=False`` (that
+route answers 404) make it a server the client must ask on ``/embed``. Vectors are deterministic unit
 vectors of float32 values seeded by a hash of the text (:func:`fake_vector`), so a test can
 check every vector and its order; as JSON numbers they are written as TEI writes them
 (:func:`floats_json`).
@@ -84,6 +87,8 @@ KINDS = ("normal", *TRANSPORT_FAULTS, *VECTOR_FAULTS)
 _STATUS_KIND = re.compile(r"status_([1-5][0-9][0-9])")
 #: Every error body carries this, so tests can check that no body reaches an error message.
 BODY_MARKER = "FAKE-SERVER-ERROR-BODY"
+# The TEI release whose ``/info`` the fake's imitates (its OpenAI-compatible route answers base64).
+TEI_VERSION = "1.8.3"
 
 
 def fake_vector(text: str, dimension: int) -> list[float]:
@@ -121,7 +126,7 @@ def _vector_json(text: str, dimension: int) -> str:
     return floats_json(fake_vector(text, dimension))
 
 
-def _base64_json(vector: list[float]) -> str:
+def base64_json(vector: list[float]) -> str:
     """A vector as the OpenAI API's ``encoding_format: "base64"`` sends it: a JSON string of
     base64 over little-endian float32."""
     return json.dumps(base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode())
@@ -129,7 +134,7 @@ def _base64_json(vector: list[float]) -> str:
 
 @functools.lru_cache(maxsize=VECTOR_CACHE_TEXTS)
 def _vector_base64_json(text: str, dimension: int) -> str:
-    return _base64_json(fake_vector(text, dimension))
+    return base64_json(fake_vector(text, dimension))
 
 
 def check_kind(kind: str) -> str:
@@ -167,6 +172,9 @@ class _State:
     info_enabled: bool
     shuffle: bool
     hang_seconds: float
+    tei_version: str
+    auto_truncate: bool
+    openai_route: bool
     mode: str = "normal"
     mode_latency: float = 0.0
     fault_rates: dict[str, float] = attrs.Factory(dict)
@@ -202,6 +210,9 @@ class FakeEmbedServer:
         info_enabled: bool = True,
         shuffle: bool = True,
         hang_seconds: float = 3600.0,
+        tei_version: str = TEI_VERSION,
+        auto_truncate: bool = False,
+        openai_route: bool = True,
         fault_rates: Mapping[str, float] | None = None,
         seed: int = 0,
         port: int = 0,
@@ -220,6 +231,9 @@ class FakeEmbedServer:
             info_enabled=info_enabled,
             shuffle=shuffle,
             hang_seconds=hang_seconds,
+            tei_version=tei_version,
+            auto_truncate=auto_truncate,
+            openai_route=openai_route,
             shuffle_rng=random.Random(seed),
         )
         if fault_rates:
@@ -303,8 +317,8 @@ class FakeEmbedServer:
 
     def configure(self, **settings: Any) -> None:
         """Change ``dimension``, ``latency``, ``max_batch_size``, ``max_batch_tokens``,
-        ``max_input_length``, ``tokenizer``, ``model_id``, ``info_enabled``, ``shuffle`` or
-        ``hang_seconds``."""
+        ``max_input_length``, ``tokenizer``, ``model_id``, ``info_enabled``, ``shuffle``,
+        ``hang_seconds``, ``tei_version``, ``auto_truncate`` or ``openai_route``."""
         allowed = {
             "dimension",
             "latency",
@@ -316,6 +330,9 @@ class FakeEmbedServer:
             "info_enabled",
             "shuffle",
             "hang_seconds",
+            "tei_version",
+            "auto_truncate",
+            "openai_route",
         }
         unknown = set(settings) - allowed
         if unknown:
@@ -492,11 +509,14 @@ class _Handler(BaseHTTPRequestHandler):
                     "max_input_length": state.max_input_length or 8192,
                     "max_batch_tokens": state.max_batch_tokens or 16384,
                     "max_client_batch_size": state.max_batch_size or 1024,
-                    "version": "fake",
+                    "auto_truncate": state.auto_truncate,
+                    "version": state.tei_version,
                 },
             )
             return
-        if method == "POST" and path in ("/embed", "/v1/embeddings"):
+        if method == "POST" and (
+            path == "/embed" or (path == "/v1/embeddings" and fake._snapshot().openai_route)
+        ):
             self._embed(fake, path, raw)
             return
         self._error(404, "no such route", "NotFound")
@@ -542,7 +562,7 @@ class _Handler(BaseHTTPRequestHandler):
         # OpenAI's base64 format when asked for it (the official client asks by default)
         encoded = openai and payload.get("encoding_format") == "base64"
         cached = _vector_base64_json if encoded else _vector_json
-        written = _base64_json if encoded else floats_json
+        written = base64_json if encoded else floats_json
         fragments = [cached(text, state.dimension) for text in texts]
         if kind in VECTOR_FAULTS:
             middle = len(fragments) // 2

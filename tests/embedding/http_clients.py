@@ -10,6 +10,9 @@ from testkit.embed_server import FakeEmbedServer, fake_vector
 from trioindex.embedding import Embedder, open_embedder
 
 DIM = 16
+# The ways an HTTP client asks for vectors: "tei" (TEI's OpenAI-compatible route, base64),
+# "tei /embed" (TEI's own route: the fake reports ``auto_truncate: true``), "openai".
+HTTP_APIS = ["tei", "tei /embed", "openai"]
 
 
 async def open_http(
@@ -24,6 +27,10 @@ async def open_http(
     url: str | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> Embedder:
+    """An ``api`` client (one of :data:`HTTP_APIS`) on ``server``."""
+    if api == "tei /embed":
+        server.configure(auto_truncate=True)
+        api = "tei"
     return await open_embedder(
         api=api,
         url=url or server.url,

@@ -22,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from testkit.embed_server import BODY_MARKER, FakeEmbedServer, fake_vector
-from tests.embedding.http_clients import DIM, open_http, openai_through, served
+from tests.embedding.http_clients import DIM, HTTP_APIS, open_http, openai_through, served
 from trioindex.embedding import (
     Embedder,
     estimate_tokens,
@@ -41,7 +41,6 @@ from trioindex.errors import (
     StepFailure,
 )
 
-HTTP_APIS = ["tei", "openai"]
 SECRET_TEXT = "chunk-text-7c1e-do-not-leak"
 API_KEY = "sk-test-4b9f0d2e-do-not-leak"
 
@@ -198,14 +197,82 @@ async def test_openai_shuffled_answer_is_really_shuffled(server: FakeEmbedServer
     assert [item["index"] for item in response.json()["data"]] != list(range(8))
 
 
-async def test_tei_sends_truncate_false_and_normalize_true(server: FakeEmbedServer) -> None:
+async def test_tei_asks_base64_on_the_openai_route_when_the_server_refuses_long_inputs(
+    server: FakeEmbedServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    items = texts(6)
+    with trio.fail_after(10):
+        embedder = await open_http(server, "tei", batch_size=8)
+        try:
+            vectors = (await embedder.embed(items)).tolist()
+        finally:
+            await embedder.aclose()
+    assert vectors == [served(text, "tei") for text in items]
+    # no model name: TEI serves one model and warns on every request naming another
+    assert server.stats().last_payload == {"input": items, "encoding_format": "base64"}
+    assert "vectors=base64" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
+        {"auto_truncate": True},  # the OpenAI route would cut a long input silently
+        {"tei_version": "1.2.3"},  # before the base64 format
+        {"tei_version": "0.9.0"},
+        {"tei_version": "fake"},
+        {"tei_version": ""},
+        {"tei_version": 13},
+        {"info_enabled": False},
+    ],
+    ids=repr,
+)
+async def test_tei_asks_embed_with_truncate_false_otherwise(
+    server: FakeEmbedServer, info: dict[str, object], caplog: pytest.LogCaptureFixture
+) -> None:
+    server.configure(**info)
+    caplog.set_level(logging.INFO)
+    with trio.fail_after(10):
+        embedder = await open_http(server, "tei")
+        try:
+            assert (await embedder.embed(["one"])).tolist() == [served("one", "tei")]
+        finally:
+            await embedder.aclose()
+    assert server.stats().last_payload == {"inputs": ["one"], "truncate": False, "normalize": True}
+    assert "vectors=json" in caplog.text
+
+
+@pytest.mark.parametrize("version", ["1.3.0", "1.10.1", "2.0.0-rc1", "1.9.0-dev"])
+async def test_tei_versions_with_the_base64_format(server: FakeEmbedServer, version: str) -> None:
+    server.configure(tei_version=version)
     with trio.fail_after(10):
         embedder = await open_http(server, "tei")
         try:
             await embedder.embed(["one"])
         finally:
             await embedder.aclose()
-    assert server.stats().last_payload == {"inputs": ["one"], "truncate": False, "normalize": True}
+    payload = server.stats().last_payload
+    assert payload is not None and payload.get("encoding_format") == "base64"
+
+
+async def test_tei_without_the_openai_route_asks_embed_from_then_on(
+    server: FakeEmbedServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    server.configure(openai_route=False)  # a proxy passing /embed only: 404 on that route
+    caplog.set_level(logging.WARNING)
+    items = texts(8)
+    with trio.fail_after(10):
+        embedder = await open_http(server, "tei", batch_size=2, max_in_flight=4)
+        try:
+            assert (await embedder.embed(items)).tolist() == [served(t, "tei") for t in items]
+            assert (await embedder.embed(["last"])).tolist() == [served("last", "tei")]
+        finally:
+            await embedder.aclose()
+    stats = server.stats()
+    assert stats.batch_sizes == (2, 2, 2, 2, 1)  # every text embedded once, on /embed
+    # /info, at most one refused request per batch in flight, then /embed only
+    assert stats.requests - stats.info_requests - stats.embed_requests in range(1, 5)
+    assert caplog.text.count("asking /embed from now on") == 1
 
 
 @pytest.mark.parametrize("api", HTTP_APIS)

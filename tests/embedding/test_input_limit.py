@@ -15,7 +15,7 @@ import trio
 
 from testkit.embed_server import BODY_MARKER, FakeEmbedServer, fake_vector
 from tests.cjk_texts import KOREAN_PARAGRAPHS, document, minilm_tokenizer, real_count
-from tests.embedding.http_clients import DIM, open_http, openai_through, served
+from tests.embedding.http_clients import DIM, HTTP_APIS, open_http, openai_through, served
 from trioindex.embedding.fitting import MAX_PIECES, mean_vector
 from trioindex.embedding.transport import InputTooLong, parse_json
 from trioindex.embedding.vectors import validate_vectors
@@ -52,12 +52,12 @@ class Recording(httpx.AsyncBaseTransport):
         await self._inner.aclose()
 
 
-@pytest.mark.parametrize("api", ["tei", "openai"])
+@pytest.mark.parametrize("api", HTTP_APIS)
 async def test_a_chunk_over_the_limit_is_embedded_in_pieces(
     server: FakeEmbedServer, api: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A Korean chunk of 1,500 characters (~2,000 MiniLM tokens) among short ones, against a
-    server enforcing 512 tokens with 413 (TEI's /embed, and its OpenAI-compatible route): it
+    server enforcing 512 tokens with 413 (on TEI's /embed and OpenAI-compatible routes): it
     failed the whole call with EMBEDDING_RESULT_INVALID, for good."""
     counter = minilm_tokenizer()
     long = document(KOREAN_PARAGRAPHS, 1_500)[:1_500]

@@ -151,7 +151,8 @@ KEYS: Final[tuple[KeySpec, ...]] = (
         Derived("local if embedding.url is unset, else tei"),
         Kind.CHOICE,
         "one of tei|openai|local",
-        "embedding protocol: TEI /embed, OpenAI-compatible /v1/embeddings, or in-process",
+        "embedding protocol: TEI (base64 vectors on its /v1/embeddings when it refuses over-long "
+        "inputs, else /embed), OpenAI-compatible /v1/embeddings, or in-process",
         field="embedding.api",
         choices=EMBEDDING_APIS,
     ),
