@@ -218,6 +218,7 @@ async def test_tei_asks_base64_on_the_openai_route_when_the_server_refuses_long_
     "info",
     [
         {"auto_truncate": True},  # the OpenAI route would cut a long input silently
+        {"auto_truncate": None},  # not said: it might
         {"tei_version": "1.2.3"},  # before the base64 format
         {"tei_version": "0.9.0"},
         {"tei_version": "fake"},
