@@ -1,12 +1,14 @@
 """The log setup: a buffered handler keeps lines below WARNING and writes them in order, in one
 write, when a WARNING comes, when a line comes its interval after the first kept one, when its
-thread finds lines kept after a pause, or when it is flushed or closed (also at exit)."""
+thread finds lines kept after a pause, or when it is flushed or closed (also at exit). Records
+look up nothing the formats do not show."""
 
 from __future__ import annotations
 
 import io
 import json
 import logging
+import re
 import subprocess
 import sys
 import threading
@@ -172,3 +174,41 @@ def test_json_formatter_names_the_error_type_only() -> None:
     payload = json.loads(JsonFormatter().format(record))
     assert payload["error"] == "ValueError"
     assert "secret detail" not in json.dumps(payload)
+
+
+RECORD_FIELDS = """
+import logging, threading
+from trioindex.logs import configure_logging
+configure_logging(__import__("sys").argv[1], logging.INFO)
+seen = []
+class Keep(logging.Filter):
+    def filter(self, record):
+        seen.append(record)
+        return True
+log = logging.getLogger("trioindex.worker.job")
+log.addFilter(Keep())
+threading.current_thread().name = "slot"
+log.info("worker %s job %s: %s after %.2fs", "w1", "j1", "succeeded", 0.0123)
+(record,) = seen
+print(record.lineno, record.threadName, record.processName, record.process, flush=True)
+"""
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_lines_say_what_they_said_without_caller_thread_or_process_lookups(fmt: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", RECORD_FIELDS, fmt], capture_output=True, text=True, check=True
+    )
+    # what neither format shows is not looked up for any record
+    assert done.stdout.split() == ["0", "None", "None", "None"]
+    line = done.stderr.strip()
+    if fmt == "json":
+        payload = json.loads(line)
+        assert (payload["level"], payload["logger"]) == ("info", "trioindex.worker.job")
+        assert payload["message"] == "worker w1 job j1: succeeded after 0.01s"
+    else:
+        assert re.fullmatch(
+            r"\d\d:\d\d:\d\d INFO    trioindex\.worker\.job: worker w1 job j1: succeeded after"
+            r" 0\.01s",
+            line,
+        ), line

@@ -102,6 +102,12 @@ CHARS_PER_TOKEN = 8
 # A heading: at most HEADING_LINES lines (text_cuts) of at most this many characters (and a
 # quarter of the chunk's character size), none ending a sentence.
 HEADING_CHARS = 150
+# What the splitter trims from a chunk's ends (Unicode White_Space): Python's whitespace but
+# the separators \x1c-\x1f, which the splitter keeps.
+_SPLITTER_SPACE = (
+    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
+    "\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
 
 
 class Chunker:
@@ -187,6 +193,37 @@ class Chunker:
         """Chunks of ``text`` in order, indexes 0..n-1; ``[]`` only when ``text`` is blank."""
         if not text.strip():
             return []
+        whole = self._chunk_whole(text)
+        return whole if whole is not None else self._chunk_in_full(text)
+
+    def _chunk_whole(self, text: str) -> list[ChunkDraft] | None:
+        """The one chunk of a character chunker's non-blank ``text`` that fits whole in the
+        splitter's room (its size, token bound included), exactly as :meth:`_chunk_in_full`
+        makes it; None when the text may need cutting, or for a token-aware chunker.
+
+        The full path gives such a text one segment and one piece, the text trimmed as the
+        splitter trims (:data:`_SPLITTER_SPACE`), which fits the room, so no pass changes it;
+        a small document skips the splitter, the heading and the fragment passes.
+        """
+        if self._tokenizer is not None or len(text) > self._segment:
+            return None
+        piece = text.strip(_SPLITTER_SPACE)
+        if character_size(piece, self._chars_per_token) > self._max_chars - self._overlap:
+            return None
+        start = len(text) - len(text.lstrip(_SPLITTER_SPACE))
+        return [
+            ChunkDraft(
+                index=0,
+                text=piece,
+                start=start,
+                end=start + len(piece),
+                token_count=estimate_tokens(piece),
+                content_sha256=content_sha256(piece),
+            )
+        ]
+
+    def _chunk_in_full(self, text: str) -> list[ChunkDraft]:
+        """Chunks of non-blank ``text``: segments, splitter, fitting and the passes."""
         shadow = glue_headings(text, self._heading_chars)
         spans = [
             span

@@ -147,6 +147,21 @@ _BOMS: tuple[tuple[bytes, str], ...] = (
     (codecs.BOM_UTF16_BE, "utf-16-be"),
 )
 
+# The first byte of every byte-order mark, and of every signature detect_format looks for at
+# the start (PDF aside): bytes that start with none of these (most text) skip those checks.
+_BOM_LEADS = frozenset(mark[:1] for mark, _ in _BOMS)
+_SIGNATURE_LEADS = frozenset(
+    signature[:1]
+    for signature in (
+        *_ZIP_SIGNATURES,
+        _GZIP_SIGNATURE,
+        _OLE_SIGNATURE,
+        _RTF_SIGNATURE,
+        *(signature for signature, _ in _IMAGE_SIGNATURES),
+        *(signature for signature, _ in _BINARY_SIGNATURES),
+    )
+)
+
 _HTML_START = re.compile(
     r"\A(?:\s|<!--.*?-->|<\?xml[^>]*>)*<(?:!doctype\s+html|html|head|body)[\s>/]",
     re.IGNORECASE | re.DOTALL,
@@ -175,6 +190,8 @@ def _media_type(content_type: str | None) -> str:
 
 def bom(data: bytes) -> tuple[str, int] | None:
     """The codec named by a byte order mark at the start of ``data``, and the mark's length."""
+    if data[:1] not in _BOM_LEADS:
+        return None
     for mark, encoding in _BOMS:
         if data.startswith(mark):
             return encoding, len(mark)
@@ -198,9 +215,10 @@ def _looks_binary(data: bytes) -> bool:
 
 
 def _binary_kind(data: bytes) -> str | None:
-    for signature, kind in _BINARY_SIGNATURES:
-        if data.startswith(signature):
-            return kind
+    if data[:1] in _SIGNATURE_LEADS:
+        for signature, kind in _BINARY_SIGNATURES:
+            if data.startswith(signature):
+                return kind
     if not _looks_binary(data):
         return None
     for signature, kind in _WEAK_SIGNATURES:
@@ -336,16 +354,17 @@ def detect_format(data: bytes, name: str, content_type: str | None = None) -> Do
     # name or type, only a header at the start counts (a text may mention "%PDF-").
     if data[:1024].lstrip()[:5] == b"%PDF-" or (says_pdf and b"%PDF-" in data[:1024]):
         return DocumentFormat.PDF
-    if data.startswith(_ZIP_SIGNATURES):
-        return _package_format(data, says_package)
-    if data.startswith(_GZIP_SIGNATURE):
-        return DocumentFormat.GZIP
-    if data.startswith(_OLE_SIGNATURE):
-        return _ole_format(data)
-    if data.startswith(_RTF_SIGNATURE):
-        return DocumentFormat.RTF
-    if image_kind(data) is not None:
-        return DocumentFormat.IMAGE
+    if data[:1] in _SIGNATURE_LEADS:
+        if data.startswith(_ZIP_SIGNATURES):
+            return _package_format(data, says_package)
+        if data.startswith(_GZIP_SIGNATURE):
+            return DocumentFormat.GZIP
+        if data.startswith(_OLE_SIGNATURE):
+            return _ole_format(data)
+        if data.startswith(_RTF_SIGNATURE):
+            return DocumentFormat.RTF
+        if image_kind(data) is not None:
+            return DocumentFormat.IMAGE
     if says_pdf:
         raise ContentInvalid("corrupt PDF: no PDF header")
     if says_package is not None:
