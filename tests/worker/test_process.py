@@ -273,7 +273,8 @@ def test_a_drained_bulk_load_ends_with_its_hnsw_index_once_it_has_vectors_enough
     """Below `embedding.index-min-vectors` the model has no HNSW index (exact search); a worker
     that stores vectors past it builds the index, at the latest when its drain ends: on a
     PostgreSQL of the user's own the drain sends the first build and exits, and the server
-    finishes it alone (the process is gone; the index is there and becomes valid)."""
+    finishes it alone (the process is gone; the index is there and becomes valid), unless the
+    keeper built it before the drain ended."""
     docs = tmp_path / "docs"
     docs.mkdir()
     for i in range(6):
@@ -296,7 +297,12 @@ def test_a_drained_bulk_load_ends_with_its_hnsw_index_once_it_has_vectors_enough
     env = {**fake_tei_env, "TRIOINDEX_EMBEDDING_INDEX_MIN_VECTORS": "7"}
     second = cli(env, "worker", "--drain", timeout=120)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "HNSW index build handed to PostgreSQL" in second.stderr
+    # The keeper may also build it during the drain, when its check after the last store comes
+    # before the drain's end: which one wins is timing (tests/worker/test_index_keeper.py tests
+    # the hand-off alone). Either way the drain ends with the index sent or built, once.
+    handed = "HNSW index build handed to PostgreSQL" in second.stderr
+    built = "HNSW index built" in second.stderr
+    assert handed != built, second.stderr[-3000:]
     assert len(hnsw_indexes()) == 1
     valid = lambda: [row["indisvalid"] for row in hnsw_indexes()] == [True]  # noqa: E731
     wait_for(valid, 60, "the build left to PostgreSQL to end")
