@@ -405,12 +405,13 @@ class FakeEmbedServer:
                 s.faults[kind] = s.faults.get(kind, 0) + 1
             return kind, latency, s.hang_seconds, self._wake
 
-    def _record_embedding(self, count: int, payload: dict[str, Any]) -> None:
+    def _record_embedding(self, texts: list[str], payload: dict[str, Any]) -> None:
+        """Count an embedding request of ``texts`` (whichever route's key held them)."""
         with self._lock:
             s = self._state
             s.embed_requests += 1
-            s.inputs += count
-            s.batch_sizes.append(count)
+            s.inputs += len(texts)
+            s.batch_sizes.append(len(texts))
             s.last_payload = payload
 
     def _too_long(self, texts: list[str], state: _State) -> int | None:
@@ -534,7 +535,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts) or not texts:
             self._error(422, "inputs must be a non-empty list of strings", "Validation")
             return
-        fake._record_embedding(len(texts), payload)
+        fake._record_embedding(texts, payload)
         kind = self._before_answer(fake, texts)
         state = fake._snapshot()
         if state.max_batch_size is not None and len(texts) > state.max_batch_size:

@@ -331,3 +331,27 @@ def test_a_short_chaos_run_keeps_every_invariant() -> None:
     assert set(counts["outages"]) == {"storage", "postgresql"}
     assert counts["outcomes"]["FAILED DOCUMENT_CONTENT_INVALID"] == counts["invalid_documents"]
     assert counts["outcomes"]["SUCCEEDED"] >= 1
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("/embed", {"inputs": ["first", "second"], "truncate": False, "normalize": True}),
+        ("/v1/embeddings", {"input": ["first", "second"], "encoding_format": "base64"}),
+    ],
+    ids=["tei /embed", "tei and openai /v1/embeddings"],
+)
+def test_the_recording_server_names_the_texts_of_an_invalid_answer_on_every_route(
+    route: str, body: dict[str, Any]
+) -> None:
+    """The chaos run's invariants about invalid vectors hold only if every such answer is
+    attributed to its texts, whichever route the client asked."""
+    import httpx
+
+    from testkit.chaos.faults import RecordingEmbedServer
+
+    with RecordingEmbedServer(dimension=4, fault_rates={"nan": 1.0}) as server:
+        answer = httpx.post(f"{server.url}{route}", json=body, timeout=10)
+        faults = server.vector_faults()
+    assert answer.status_code == 200
+    assert [(fault.kind, fault.texts) for fault in faults] == [("nan", ("first", "second"))]

@@ -52,10 +52,9 @@ class RecordingEmbedServer(FakeEmbedServer):
 
         self._httpd.handle_error = handle_error  # type: ignore[method-assign]
 
-    def _record_embedding(self, count: int, payload: dict[str, Any]) -> None:
-        super()._record_embedding(count, payload)
-        texts = payload.get("inputs")
-        self._request.texts = tuple(texts) if isinstance(texts, list) else None
+    def _record_embedding(self, texts: list[str], payload: dict[str, Any]) -> None:
+        super()._record_embedding(texts, payload)
+        self._request.texts = tuple(texts)
 
     def _pick_fault(self, *, embedding: bool) -> tuple[str, float, float, threading.Event]:
         picked = super()._pick_fault(embedding=embedding)
