@@ -79,7 +79,7 @@ def vector_costs(dimension: int, batch: int = 32) -> dict[str, float]:
 
     from testkit.embed_server import base64_json, fake_vector, floats_json
     from trioindex.db.steps import ChunkRef, EmbedSnapshot
-    from trioindex.embedding.openai import vectors_by_index
+    from trioindex.embedding.openai import read_answer
     from trioindex.embedding.vectors import Vectors, json_without_booleans, validate_vectors
     from trioindex.pipeline.embed_step import drafts_from_matrix
 
@@ -93,12 +93,7 @@ def vector_costs(dimension: int, batch: int = 32) -> dict[str, float]:
     base64_body = f'{{"object":"list","data":[{items}]}}'.encode()
 
     def base64_vectors() -> Vectors:
-        return validate_vectors(
-            vectors_by_index(orjson.loads(base64_body), batch),
-            expected_count=batch,
-            dimension=dimension,
-            base64_allowed=True,
-        )
+        return read_answer(orjson.loads(base64_body), batch, dimension)
 
     # what TeiEmbedder passes: its answer's text holds no true/false
     booleans = not json_without_booleans(body)

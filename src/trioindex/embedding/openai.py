@@ -74,12 +74,18 @@ class OpenAIEmbedder:
         body = await self._http.post_json(
             self._path, {"model": self._model, "input": list(batch), "encoding_format": "base64"}
         )
-        return validate_vectors(
-            vectors_by_index(body, len(batch)),
-            expected_count=len(batch),
-            dimension=self._dimension,
-            base64_allowed=True,
-        )
+        return read_answer(body, len(batch), self._dimension)
+
+
+def read_answer(body: object, expected_count: int, dimension: int) -> Vectors:
+    """The checked vectors of an OpenAI-shaped answer to ``expected_count`` inputs (base64 or
+    lists of numbers), in input order."""
+    return validate_vectors(
+        vectors_by_index(body, expected_count),
+        expected_count=expected_count,
+        dimension=dimension,
+        base64_allowed=True,
+    )
 
 
 def vectors_by_index(body: object, expected_count: int) -> list[object]:

@@ -27,7 +27,7 @@ import trio
 
 from trioindex.embedding.base import EmbedderInfo
 from trioindex.embedding.batching import embed_in_batches
-from trioindex.embedding.openai import vectors_by_index
+from trioindex.embedding.openai import read_answer
 from trioindex.embedding.transport import HttpTransport, parse_json, release_body
 from trioindex.embedding.vectors import Vectors, json_without_booleans, validate_vectors
 from trioindex.errors import StepFailure
@@ -136,12 +136,7 @@ class TeiEmbedder:
             body = parse_json(response)
         finally:
             release_body(response)
-        return validate_vectors(
-            vectors_by_index(body, len(batch)),
-            expected_count=len(batch),
-            dimension=self._dimension,
-            base64_allowed=True,
-        )
+        return read_answer(body, len(batch), self._dimension)
 
     async def _probe_info(self) -> None:
         async with self._probe_lock:
