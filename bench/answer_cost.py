@@ -21,15 +21,13 @@ import argparse
 import base64
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.common import REPO_ROOT, machine_info
+from bench.common import machine_info, run_child_in_tree
 
 
 def answer_body(batch: int, dimension: int) -> dict[str, Any]:
@@ -86,24 +84,14 @@ def child(batch: int, dimension: int, requests: int) -> float:
 
 def measure(tree: Path | None, args: argparse.Namespace) -> float:
     """CPU ms per request of one round in a fresh interpreter (``tree``'s code, or this one's)."""
-    env = dict(os.environ)
-    if tree is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(tree / "src"), str(REPO_ROOT)])
-    command = [
-        sys.executable,
-        "-m",
+    out = run_child_in_tree(
         "bench.answer_cost",
-        "--child",
+        tree,
         f"--batch={args.batch}",
         f"--dimension={args.dimension}",
         f"--requests={args.requests}",
-    ]
-    done = subprocess.run(
-        command, check=False, env=env, cwd=REPO_ROOT, capture_output=True, text=True
     )
-    if done.returncode != 0:
-        raise SystemExit(done.stderr)
-    return float(done.stdout.strip()) / args.requests * 1000
+    return float(out.strip()) / args.requests * 1000
 
 
 def main() -> None:

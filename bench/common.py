@@ -329,6 +329,26 @@ class BenchPostgres:
 # result files
 
 
+def run_child_in_tree(module: str, tree: Path | None, *options: str) -> str:
+    """The standard output of ``python -m module --child OPTIONS`` in a fresh interpreter that
+    runs ``tree``'s code (its ``src`` first on ``PYTHONPATH``; this checkout's when None), for
+    benchmarks that compare two trees round by round; a failing child stops the benchmark with
+    what it said."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str((tree or REPO_ROOT) / "src"), str(REPO_ROOT)])
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--child", *options],
+        check=False,
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise SystemExit(done.stderr or done.stdout)
+    return done.stdout
+
+
 def utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 

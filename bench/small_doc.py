@@ -25,7 +25,6 @@ import hashlib
 import json
 import logging
 import os
-import subprocess
 import sys
 import time
 import types
@@ -35,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO_ROOT, machine_info
+from bench.common import machine_info, run_child_in_tree
 
 DIMENSION = 1024  # the fleet's fake TEI embedder (BAAI/bge-m3 shape)
 STEPS = ("detect", "parse", "ids", "drafts", "record")
@@ -133,18 +132,10 @@ def _runner_stand_in(counters: object) -> Any:
 
 def measure(tree: Path | None, args: argparse.Namespace) -> dict[str, Any]:
     """One round in a fresh interpreter (``tree``'s code, or this one's)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str((tree or REPO_ROOT) / "src"), str(REPO_ROOT)])
-    command = [
-        sys.executable, "-m", "bench.small_doc", "--child",
-        f"--calls={args.calls}", f"--inner={args.inner}",
-    ]  # fmt: skip
-    done = subprocess.run(
-        command, check=False, env=env, cwd=REPO_ROOT, capture_output=True, text=True
+    out = run_child_in_tree(
+        "bench.small_doc", tree, f"--calls={args.calls}", f"--inner={args.inner}"
     )
-    if done.returncode != 0:
-        raise SystemExit(done.stderr or done.stdout)
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
 
 
