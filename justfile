@@ -166,6 +166,11 @@ bench-pdf *ARGS: setup
 bench-fleet *ARGS: setup
     {{bin}}/python -m bench.fleet "$@"
 
+# What one new pooled connection costs, direct and through PgBouncer, with pgvector's types
+# read on every connection or once a pool (docs/test-results/fleet.md).
+bench-pool-connect *ARGS: setup
+    {{bin}}/python -m bench.pool_connect "$@"
+
 # Enqueue from SQL (trioindex_enqueue_documents) against the raw rows, one connection, in
 # batches (docs/test-results/enqueue.md).
 bench-enqueue *ARGS: setup

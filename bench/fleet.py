@@ -116,10 +116,22 @@ class SizeResult:
     # thread on a CPU, and runnable waiting for one
     main_thread_running: float = 0.0
     main_thread_runnable: float = 0.0
+    # jobs each worker ran (its attempts that succeeded), most first; workers that ran none
+    # are not in it
+    jobs_per_worker: list[int] = attrs.field(factory=list)
+    # seconds from the release until 10 %, 50 % and 90 % of the jobs had finished
+    finished_by: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     @property
     def jobs_per_s(self) -> float:
         return self.jobs / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def steady_jobs_per_s(self) -> float:
+        """The rate between 10 % and 90 % of the jobs finished: the release's ramp and the
+        last jobs' tail left out."""
+        span = self.finished_by[2] - self.finished_by[0]
+        return 0.8 * self.jobs / span if span > 0 else 0.0
 
 
 def write_documents(folder: Path, count: int) -> None:
@@ -239,6 +251,28 @@ class ActivitySampler:
                 ).fetchall()
                 self.backends.append(len(rows))
                 self.waits.update(wait for state, wait in rows if state == "active")
+
+
+def spread_of(
+    watch: psycopg.Connection[Any], released: Any
+) -> tuple[list[int], tuple[float, float, float]]:
+    """How the jobs spread: the jobs each worker ran (most first), and the seconds from
+    ``released`` until 10 %, 50 % and 90 % of them had finished."""
+    per_worker = [
+        int(row[0])
+        for row in watch.execute(
+            "SELECT count(*) FROM embedding_job_attempts WHERE status = 'SUCCEEDED'"
+            " GROUP BY worker_id ORDER BY 1 DESC"
+        ).fetchall()
+    ]
+    row = watch.execute(
+        "SELECT percentile_cont(ARRAY[0.1, 0.5, 0.9]) WITHIN GROUP"
+        " (ORDER BY extract(epoch FROM finished_at - %s))"
+        " FROM embedding_jobs WHERE status = 'SUCCEEDED'",
+        (released,),
+    ).fetchone()
+    quantiles = [float(q) for q in (row[0] if row and row[0] else [0.0, 0.0, 0.0])]
+    return per_worker, (quantiles[0], quantiles[1], quantiles[2])
 
 
 def backends_of(watch: psycopg.Connection[Any]) -> int:
@@ -364,6 +398,7 @@ def run_size(
                 )
                 - released[0].timestamp()
             )
+            spread = spread_of(watch, released[0])
         samples = sampler.backends or [0]
     finally:
         watch.close()
@@ -403,6 +438,8 @@ def run_size(
         embedder_cpu_ms_per_job=(embedder_after - embedder_before) * 1000 / max(1, done),
         main_thread_running=(sched_after[0] - sched_before[0]) / n / window,
         main_thread_runnable=(sched_after[1] - sched_before[1]) / n / window,
+        jobs_per_worker=spread[0],
+        finished_by=spread[1],
     )
 
 
@@ -448,6 +485,30 @@ def claim_table(results: Sequence[SizeResult]) -> list[str]:
             f" | {c.calls / max(1, r.jobs):.3f}"
             f" | {c.rows / max(1, c.calls):.1f} | {c.buffers / max(1, c.calls):.0f}"
             f" | {c.total_ms / max(1, r.jobs):.3f} | {top} |"
+        )
+    return lines
+
+
+def spread_table(results: Sequence[SizeResult]) -> list[str]:
+    """How each size's jobs spread over its workers and over time: the steady rate leaves out
+    the release's ramp and the tail of the last jobs, which a size's wall rate counts."""
+    best = {
+        code: max(r.steady_jobs_per_s for r in results if r.code == code) or 1.0
+        for code in {r.code for r in results}
+    }
+    lines = [
+        "| code | workers | workers that ran jobs | jobs a worker (most / fewest) | 10 % / 50 % / 90 %"
+        " / all finished (s) | jobs/s wall | jobs/s steady (10–90 %) | × best steady |",
+        "|---|---:|---:|---|---|---:|---:|---:|",
+    ]
+    for r in results:
+        most = r.jobs_per_worker[0] if r.jobs_per_worker else 0
+        fewest = r.jobs_per_worker[-1] if r.jobs_per_worker else 0
+        q10, q50, q90 = r.finished_by
+        lines.append(
+            f"| {r.code} | {r.workers} | {len(r.jobs_per_worker)} | {most} / {fewest}"
+            f" | {q10:.2f} / {q50:.2f} / {q90:.2f} / {r.seconds:.2f} | {r.jobs_per_s:.0f}"
+            f" | {r.steady_jobs_per_s:.0f} | {r.steady_jobs_per_s / best[r.code]:.2f} |"
         )
     return lines
 
@@ -616,6 +677,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     table([result])[-1],
                     claim_table([result])[-1],
                     cpu_table([result], cores)[-1],
+                    spread_table([result])[-1],
                     sep="\n",
                     flush=True,
                 )
@@ -624,7 +686,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raws.append(run_raw(pg, Scenario("raw", 1, n), created))
                 print(raw_table(raws[-1:])[-1], flush=True)
     lines = [*format_machine(info), "", *table(results), "", *claim_table(results)]
-    lines += ["", *cpu_table(results, cores)]
+    lines += ["", *cpu_table(results, cores), "", *spread_table(results)]
     if raws:
         lines += ["", *raw_table(raws)]
     print("\n".join(lines))

@@ -10,9 +10,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+import psycopg
 import pytest
 import trio
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import dict_row
 
 from testkit.chaos.faults import _Pipe as Pipe  # the chaos proxies' two pump threads
 from testkit.postgres import admin
@@ -20,6 +23,7 @@ from trioindex.db.pool import (
     DEFAULT_MAX_IDLE,
     Connection,
     Database,
+    PgvectorTypes,
     connect,
     open_database,
     session_conninfo,
@@ -100,6 +104,38 @@ def test_one_caller_at_a_time_gets_the_connection_returned_last(database_url: st
     finally:
         db.close()
     assert len(set(backends)) == 1, backends
+
+
+def _aborted(url: str) -> Connection:
+    """A connection whose transaction failed: it refuses every statement until rolled back."""
+    conn = psycopg.connect(url, row_factory=dict_row)
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        conn.execute("SELECT 1 / 0")
+    return conn
+
+
+def test_a_pools_later_connections_get_pgvector_without_reading_the_catalog(
+    database_url: str,
+) -> None:
+    configure = PgvectorTypes()
+    first = psycopg.connect(database_url, autocommit=True, row_factory=dict_row)
+    later, unconfigured = _aborted(database_url), _aborted(database_url)
+    try:
+        configure(first)
+        configure(later)  # would raise if it looked the types up: the transaction refuses
+        with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+            PgvectorTypes()(unconfigured)  # a first connection does look them up
+        later.rollback()
+        vector = np.array([1.5, -2.0, 3.25], dtype=np.float32)
+        for conn in (first, later):
+            row = conn.execute("SELECT %s::vector AS t, %b::vector AS b", (vector, vector))
+            got = row.fetchone()
+            assert got is not None
+            # pgvector's loader: a Vector, where an unadapted connection reads text
+            assert [got[k].to_numpy().tolist() for k in ("t", "b")] == [vector.tolist()] * 2
+    finally:
+        for conn in (first, later, unconfigured):
+            conn.close()
 
 
 def test_the_default_idle_time_closes_a_spare_connection_within_seconds(database_url: str) -> None:
