@@ -229,7 +229,7 @@ class PgvectorTypes:
     """pgvector's adapters for the connections of one pool, whose types are looked up once.
 
     ``register_vector`` reads the four types from the catalog on every connection: four
-    queries, about 2.9 ms of CPU (client and server) and four round trips, paid by every
+    queries, 2–3 ms of CPU (client and server) and four round trips, paid by every
     connection a pool opens when work grows it. This looks them up on the first connection
     that finds the extension and gives every later one the same. A pool serves one database,
     and its tables' columns depend on the extension, so its types cannot change under it.
@@ -241,10 +241,12 @@ class PgvectorTypes:
     def __call__(self, conn: Connection) -> None:
         infos = self._infos
         if infos is None:
-            vector, bit = TypeInfo.fetch(conn, "vector"), TypeInfo.fetch(conn, "bit")
-            if vector is None or bit is None:  # no extension yet: as register_vector does
+            vector = TypeInfo.fetch(conn, "vector")
+            if vector is None:  # no extension yet: register_vector says so
                 register_vector(conn)
                 return
+            bit = TypeInfo.fetch(conn, "bit")  # built in: found wherever vector is
+            assert bit is not None
             infos = vector, bit, TypeInfo.fetch(conn, "halfvec"), TypeInfo.fetch(conn, "sparsevec")
             # several pool threads may get here at once: each stores the same types
             self._infos = infos
