@@ -22,8 +22,12 @@ and every fleet size gets a copy of it (``CREATE DATABASE ... TEMPLATE``). Per s
    and the fake embedder's CPU per job, on the same cores;
 6. the claims in that window (``pg_stat_statements``, reset at the release): claim statements
    per job, jobs per claim, buffer pages a claim touched (a claim that skips many locked rows
-   touches many), the claim's execution time per job, and the statements costing the most
-   execution time per job.
+   touches many), the claim's execution time per job, every statement's calls per job, the
+   jobs a group store carried (``trioindex_store_documents_many``: parse, chunks, vectors and
+   completion of a group of small documents), and the statements costing the most execution
+   time per job;
+7. how the jobs spread: the jobs each worker ran (its succeeded attempts), the seconds from the
+   release until 10 %, 50 % and 90 % of them had finished, and the rate between those marks.
 
 ``--raw`` also runs ``bench.queue``'s raw ``SKIP LOCKED`` loop (one claim and one update per
 job, no worker) with as many connections as each size has workers, on the same server: how
@@ -32,6 +36,11 @@ PostgreSQL alone scales with that many claimers on this machine.
 ``--baseline SRC`` runs every size a second time with ``PYTHONPATH=SRC`` (another checkout's
 ``src``, e.g. ``/work/main/src``), interleaved with this checkout's (same database copy, same
 load), so the ratios compare the two codes in one run; "× best" is within each code.
+
+``--series K`` runs all the sizes K times in turn (each series after the first once the
+1-minute load has fallen to ``--quiet-load``, at most 180 s later); "× best" is then within
+each code and series, and the last table gives each size's share of its series' best, series
+by series, and in how many series every size reached 0.9 (the fleet goal).
 
 Before the first size, one worker runs the same jobs unreported (``--no-warm-up`` skips it):
 the fake embedder caches each text's vector, so without it the first size run alone pays for
@@ -62,7 +71,7 @@ import psutil
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from bench.common import BenchPostgres, format_machine, machine_info
+from bench.common import BenchPostgres, format_machine, machine_info, verdict
 from bench.harness import ingest_folder, tei_settings, worker_env
 from bench.queue import Scenario, ThroughputResult, run_raw
 from testkit.embed_process import EmbedServerProcess
@@ -87,12 +96,15 @@ class ClaimStats:
     buffers: int = 0  # shared blocks hit + read
     total_ms: float = 0.0
     top: dict[str, float] = attrs.field(factory=dict)  # statement head -> exec ms per job
+    statements: int = 0  # every statement's calls, the claims' included
+    stores: int = 0  # calls of the group store function: one a group of jobs
 
 
 @attrs.define
 class SizeResult:
     code: str
     workers: int
+    series: int
     started: int
     start_seconds: float
     refused_logs: int
@@ -121,6 +133,11 @@ class SizeResult:
     jobs_per_worker: list[int] = attrs.field(factory=list)
     # seconds from the release until 10 %, 50 % and 90 % of the jobs had finished
     finished_by: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    @property
+    def label(self) -> str:
+        """The code, and the series after the first: a table's first column."""
+        return self.code if self.series == 1 else f"{self.code} #{self.series}"
 
     @property
     def jobs_per_s(self) -> float:
@@ -185,6 +202,8 @@ def main_threads_sched(processes: Sequence[subprocess.Popen[bytes]]) -> tuple[fl
 
 #: how the claim statement starts in ``pg_stat_statements`` (see trioindex.db.jobs)
 CLAIM_HEAD = "WITH worker AS ("
+#: how the group store's call starts (see trioindex.db.steps)
+STORE_HEAD = "SELECT * FROM trioindex_store_documents_many("
 
 
 def claim_stats(admin_url: str, dbname: str, jobs: int) -> ClaimStats:
@@ -201,6 +220,9 @@ def claim_stats(admin_url: str, dbname: str, jobs: int) -> ClaimStats:
     stats = ClaimStats()
     for query, calls, nrows, buffers, total_ms in rows:
         head = " ".join(str(query).split())
+        stats.statements += int(calls)
+        if head.startswith(STORE_HEAD):
+            stats.stores += int(calls)
         if head.startswith(CLAIM_HEAD):
             stats.calls += int(calls)
             stats.rows += int(nrows)
@@ -295,6 +317,7 @@ def run_size(
     n: int,
     jobs: int,
     start_timeout: float,
+    series: int = 1,
     bouncer: str | None,
     code: str = "branch",
     pythonpath: str | None = None,
@@ -417,6 +440,7 @@ def run_size(
     return SizeResult(
         code=code,
         workers=n,
+        series=series,
         started=started,
         start_seconds=start_seconds,
         refused_logs=refused,
@@ -443,11 +467,19 @@ def run_size(
     )
 
 
+def best_of(
+    results: Sequence[SizeResult], rate: str = "jobs_per_s"
+) -> dict[tuple[str, int], float]:
+    """The best ``rate`` of each code in each series: what a size's "× best" divides by."""
+    best: dict[tuple[str, int], float] = {}
+    for r in results:
+        key = (r.code, r.series)
+        best[key] = max(best.get(key, 0.0), getattr(r, rate))
+    return {key: value or 1.0 for key, value in best.items()}
+
+
 def table(results: Sequence[SizeResult]) -> list[str]:
-    best = {
-        code: max(r.jobs_per_s for r in results if r.code == code) or 1.0
-        for code in {r.code for r in results}
-    }
+    best = best_of(results)
     lines = [
         "| code | workers | started (s) | jobs | jobs/s | × best | conns/worker 3 s after start"
         " | idle (settled after s) | busy mean | busy peak (all) | PG CPU ms/job"
@@ -459,8 +491,8 @@ def table(results: Sequence[SizeResult]) -> list[str]:
         waits = ", ".join(f"{k} {v}" for k, v in r.waits.items())
         refused = f" (refused in {r.refused_logs})" if r.refused_logs else ""
         lines.append(
-            f"| {r.code} | {r.workers} | {r.started} ({r.start_seconds:.0f}){refused}"
-            f" | {r.jobs} | {r.jobs_per_s:.0f} | {r.jobs_per_s / best[r.code]:.2f}"
+            f"| {r.label} | {r.workers} | {r.started} ({r.start_seconds:.0f}){refused}"
+            f" | {r.jobs} | {r.jobs_per_s:.0f} | {r.jobs_per_s / best[r.code, r.series]:.2f}"
             f" | {r.idle_at_start_per_worker:.2f}"
             f" | {r.idle_per_worker:.2f} ({r.settled_after:.0f})"
             f" | {r.busy_mean_per_worker:.2f} | {r.busy_peak}"
@@ -474,17 +506,18 @@ def claim_table(results: Sequence[SizeResult]) -> list[str]:
     """The claims of each size (``pg_stat_statements``, release → last job)."""
     lines = [
         "| code | workers | idle CPU ms/s a worker | claims/job | jobs/claim | buffers/claim"
-        " | claim exec ms/job | most execution time (ms/job) |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        " | claim exec ms/job | statements/job | jobs/store | most execution time (ms/job) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in results:
         c = r.claims
         top = ", ".join(f"`{head}` {ms:.2f}" for head, ms in c.top.items())
         lines.append(
-            f"| {r.code} | {r.workers} | {r.idle_cpu_ms_per_s_per_worker:.1f}"
+            f"| {r.label} | {r.workers} | {r.idle_cpu_ms_per_s_per_worker:.1f}"
             f" | {c.calls / max(1, r.jobs):.3f}"
             f" | {c.rows / max(1, c.calls):.1f} | {c.buffers / max(1, c.calls):.0f}"
-            f" | {c.total_ms / max(1, r.jobs):.3f} | {top} |"
+            f" | {c.total_ms / max(1, r.jobs):.3f} | {c.statements / max(1, r.jobs):.3f}"
+            f" | {r.jobs / max(1, c.stores):.1f} | {top} |"
         )
     return lines
 
@@ -492,10 +525,7 @@ def claim_table(results: Sequence[SizeResult]) -> list[str]:
 def spread_table(results: Sequence[SizeResult]) -> list[str]:
     """How each size's jobs spread over its workers and over time: the steady rate leaves out
     the release's ramp and the tail of the last jobs, which a size's wall rate counts."""
-    best = {
-        code: max(r.steady_jobs_per_s for r in results if r.code == code) or 1.0
-        for code in {r.code for r in results}
-    }
+    best = best_of(results, "steady_jobs_per_s")
     lines = [
         "| code | workers | workers that ran jobs | jobs a worker (most / fewest) | 10 % / 50 % / 90 %"
         " / all finished (s) | jobs/s wall | jobs/s steady (10–90 %) | × best steady |",
@@ -506,9 +536,9 @@ def spread_table(results: Sequence[SizeResult]) -> list[str]:
         fewest = r.jobs_per_worker[-1] if r.jobs_per_worker else 0
         q10, q50, q90 = r.finished_by
         lines.append(
-            f"| {r.code} | {r.workers} | {len(r.jobs_per_worker)} | {most} / {fewest}"
+            f"| {r.label} | {r.workers} | {len(r.jobs_per_worker)} | {most} / {fewest}"
             f" | {q10:.2f} / {q50:.2f} / {q90:.2f} / {r.seconds:.2f} | {r.jobs_per_s:.0f}"
-            f" | {r.steady_jobs_per_s:.0f} | {r.steady_jobs_per_s / best[r.code]:.2f} |"
+            f" | {r.steady_jobs_per_s:.0f} | {r.steady_jobs_per_s / best[r.code, r.series]:.2f} |"
         )
     return lines
 
@@ -529,7 +559,7 @@ def cpu_table(results: Sequence[SizeResult], cores: int) -> list[str]:
         per_job = r.worker_cpu_ms_per_job + r.server_cpu_ms_per_job + r.embedder_cpu_ms_per_job
         main = r.main_thread_cpu_ms_per_job
         lines.append(
-            f"| {r.code} | {r.workers} | {r.jobs_per_s:.0f} | {main:.2f}"
+            f"| {r.label} | {r.workers} | {r.jobs_per_s:.0f} | {main:.2f}"
             f" | {r.worker_cpu_ms_per_job:.2f} | {r.server_cpu_ms_per_job:.2f}"
             f" | {r.embedder_cpu_ms_per_job:.2f} | {r.jobs_per_s * per_job / 1000:.2f}"
             f" | {r.main_thread_running:.2f} / {r.main_thread_runnable:.2f}"
@@ -540,20 +570,69 @@ def cpu_table(results: Sequence[SizeResult], cores: int) -> list[str]:
     return lines
 
 
-def raw_table(raws: Sequence[ThroughputResult]) -> list[str]:
-    """The raw loop at each size's number of connections."""
-    best = max(r.jobs_per_s for r in raws) or 1.0
+#: The fleet goal: every size's throughput at least this share of the best size's
+GOAL_SHARE = 0.9
+
+
+def goal_table(results: Sequence[SizeResult]) -> list[str]:
+    """Each size's share of its series' best, series by series, and in how many series every
+    size reached :data:`GOAL_SHARE` (the fleet goal), per code."""
+    best = best_of(results)
+    series = sorted({r.series for r in results})
     lines = [
-        "| raw loop connections | jobs/s | × best | PG CPU ms/job | client CPU ms/job | load before |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| code | workers | × best, series " + " / ".join(str(k) for k in series) + " | lowest |",
+        "|---|---:|---|---:|",
     ]
-    for r in raws:
+    verdicts = []
+    for code in dict.fromkeys(r.code for r in results):
+        mine = [r for r in results if r.code == code]
+        for n in dict.fromkeys(r.workers for r in mine):
+            shares = [r.jobs_per_s / best[code, r.series] for r in mine if r.workers == n]
+            lines.append(
+                f"| {code} | {n} | {' / '.join(f'{x:.2f}' for x in shares)} | {min(shares):.2f} |"
+            )
+        met = [
+            k
+            for k in series
+            if all(r.jobs_per_s >= GOAL_SHARE * best[code, k] for r in mine if r.series == k)
+        ]
+        verdicts.append(
+            f"- {code}: every size at ≥ {GOAL_SHARE} × its series' best in {len(met)} of"
+            f" {len(series)} series: {verdict(len(met) == len(series))}"
+        )
+    return [*lines, "", *verdicts]
+
+
+def raw_table(raws: Sequence[tuple[int, ThroughputResult]]) -> list[str]:
+    """The raw loop at each size's number of connections, by series."""
+    best: dict[int, float] = {}
+    for series, r in raws:
+        best[series] = max(best.get(series, 0.0), r.jobs_per_s) or 1.0
+    lines = [
+        "| series | raw loop connections | jobs/s | × best | PG CPU ms/job | client CPU ms/job"
+        " | load before |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for series, r in raws:
         lines.append(
-            f"| {r.scenario.concurrency} | {r.jobs_per_s:.0f} | {r.jobs_per_s / best:.2f}"
+            f"| {series} | {r.scenario.concurrency} | {r.jobs_per_s:.0f}"
+            f" | {r.jobs_per_s / best[series]:.2f}"
             f" | {r.server_cpu_ms_per_job:.2f} | {r.client_cpu_ms_per_job:.2f}"
             f" | {r.load_average_1m:.1f} |"
         )
     return lines
+
+
+def wait_for_load(quiet: float, limit: float = 180.0) -> None:
+    """Wait (at most ``limit`` seconds) for the 1-minute load average to fall to ``quiet``: a
+    64-worker size leaves it at 20-30, which the next series' first sizes would inherit."""
+    waited_from = time.monotonic()
+    while os.getloadavg()[0] > quiet and time.monotonic() - waited_from < limit:
+        time.sleep(5)
+    print(
+        f"next series after {time.monotonic() - waited_from:.0f} s, load {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -597,6 +676,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="skip the unreported one-worker pass that fills the fake embedder's cache",
     )
+    parser.add_argument(
+        "--series", type=int, default=1, help="run every size this many times, in turn (1)"
+    )
+    parser.add_argument(
+        "--quiet-load",
+        type=float,
+        default=3.0,
+        help="before each series after the first, wait (at most 180 s) for the 1-minute load"
+        " to fall to this (3.0)",
+    )
     parser.add_argument("--quick", action="store_true", help="sizes 1,4 and 100 documents")
     parser.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
     return parser.parse_args(argv)
@@ -609,7 +698,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="trioindex-bench-fleet-"))
     root.chmod(0o755)
     results: list[SizeResult] = []
-    raws: list[ThroughputResult] = []
+    raws: list[tuple[int, ThroughputResult]] = []
     with (
         contextlib.ExitStack() as stack,
         BenchPostgres() as pg,
@@ -657,36 +746,40 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             admin(pg.admin_url, 'DROP DATABASE IF EXISTS "fleet_warm_1" WITH (FORCE)')
             print(f"warm-up (not reported): embedder {warm.embedder_cpu_ms_per_job:.2f} ms/job")
-        for n in sizes:
-            for code, pythonpath in codes:
-                result = run_size(
-                    pg,
-                    source,
-                    root,
-                    embedder,
-                    n=n,
-                    jobs=created,
-                    start_timeout=args.start_timeout,
-                    bouncer=bouncer,
-                    code=code,
-                    pythonpath=pythonpath,
-                    overrides=overrides,
-                )
-                results.append(result)
-                print(
-                    table([result])[-1],
-                    claim_table([result])[-1],
-                    cpu_table([result], cores)[-1],
-                    spread_table([result])[-1],
-                    sep="\n",
-                    flush=True,
-                )
-                admin(pg.admin_url, f'DROP DATABASE IF EXISTS "fleet_{code}_{n}" WITH (FORCE)')
-            if args.raw:
-                raws.append(run_raw(pg, Scenario("raw", 1, n), created))
-                print(raw_table(raws[-1:])[-1], flush=True)
+        for series in range(1, args.series + 1):
+            if series > 1:
+                wait_for_load(args.quiet_load)
+            for n in sizes:
+                for code, pythonpath in codes:
+                    result = run_size(
+                        pg,
+                        source,
+                        root,
+                        embedder,
+                        n=n,
+                        series=series,
+                        jobs=created,
+                        start_timeout=args.start_timeout,
+                        bouncer=bouncer,
+                        code=code,
+                        pythonpath=pythonpath,
+                        overrides=overrides,
+                    )
+                    results.append(result)
+                    print(
+                        table([result])[-1],
+                        claim_table([result])[-1],
+                        cpu_table([result], cores)[-1],
+                        spread_table([result])[-1],
+                        sep="\n",
+                        flush=True,
+                    )
+                    admin(pg.admin_url, f'DROP DATABASE IF EXISTS "fleet_{code}_{n}" WITH (FORCE)')
+                if args.raw:
+                    raws.append((series, run_raw(pg, Scenario("raw", 1, n), created)))
+                    print(raw_table(raws[-1:])[-1], flush=True)
     lines = [*format_machine(info), "", *table(results), "", *claim_table(results)]
-    lines += ["", *cpu_table(results, cores), "", *spread_table(results)]
+    lines += ["", *cpu_table(results, cores), "", *spread_table(results), "", *goal_table(results)]
     if raws:
         lines += ["", *raw_table(raws)]
     print("\n".join(lines))
@@ -698,7 +791,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "results": [attrs.asdict(r) for r in results],
                     "baseline": args.baseline,
                     "overrides": args.overrides,
-                    "raw": [r.as_json() for r in raws],
+                    "raw": [{"series": k, **r.as_json()} for k, r in raws],
                 },
                 indent=2,
                 default=str,
