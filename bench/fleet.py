@@ -589,7 +589,7 @@ def goal_table(results: Sequence[SizeResult]) -> list[str]:
         for n in dict.fromkeys(r.workers for r in mine):
             shares = [r.jobs_per_s / best[code, r.series] for r in mine if r.workers == n]
             lines.append(
-                f"| {code} | {n} | {' / '.join(f'{x:.2f}' for x in shares)} | {min(shares):.2f} |"
+                f"| {code} | {n} | {' / '.join(f'{x:.3f}' for x in shares)} | {min(shares):.3f} |"
             )
         met = [
             k
