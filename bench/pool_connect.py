@@ -31,7 +31,7 @@ from psycopg.rows import dict_row
 from bench.common import BenchPostgres, format_machine, machine_info
 from bench.fleet import server_cpu_now
 from testkit.pgbouncer import running_pgbouncer
-from trioindex.db.pool import PgvectorTypes
+from trioindex.db.pgvector_types import PgvectorTypes
 
 Configure = Callable[[psycopg.Connection[Any]], None] | None
 

@@ -19,11 +19,11 @@ from psycopg.rows import dict_row
 
 from testkit.chaos.faults import _Pipe as Pipe  # the chaos proxies' two pump threads
 from testkit.postgres import admin
+from trioindex.db.pgvector_types import PgvectorTypes
 from trioindex.db.pool import (
     DEFAULT_MAX_IDLE,
     Connection,
     Database,
-    PgvectorTypes,
     connect,
     open_database,
     session_conninfo,

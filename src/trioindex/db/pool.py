@@ -7,7 +7,7 @@ Owns three things:
   process started with the same home shares that one server;
 * the blocking pool (``psycopg_pool.ConnectionPool``, handing out the connection returned
   last: :mod:`trioindex.db.recent_first_pool`) with pgvector's adapters on every connection
-  (its types read from the catalog once a pool: :class:`PgvectorTypes`) and ``dict_row``
+  (its types read from the catalog once a pool: :mod:`trioindex.db.pgvector_types`) and ``dict_row``
   rows. It holds one connection while idle and opens more only while concurrent work needs
   them (up to ``database.pool-size``); one left unused for
   ``database.pool-max-idle`` is closed (one per such period). Behind a transaction-pooling
@@ -37,18 +37,12 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import psycopg
 import trio
 from pgvector.psycopg import register_vector
-
-# what register_vector calls with each type it looked up (pgvector exports only the former)
-from pgvector.psycopg.bit import register_bit_info
-from pgvector.psycopg.halfvec import register_halfvec_info
-from pgvector.psycopg.sparsevec import register_sparsevec_info
-from pgvector.psycopg.vector import register_vector_info
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
-from psycopg.types import TypeInfo
 from psycopg_pool import PoolTimeout
 
 from trioindex.db.migrations import migrate
+from trioindex.db.pgvector_types import PgvectorTypes
 from trioindex.db.recent_first_pool import RecentFirstPool
 from trioindex.errors import ConfigError, DatabaseUnavailable
 from trioindex.storage.urls import redact_url
@@ -194,7 +188,7 @@ def connect(conninfo: str, *, autocommit: bool = True) -> Connection:
         raise DatabaseUnavailable(
             f"cannot connect to PostgreSQL at {describe_conninfo(conninfo)}: {_first_line(exc)}"
         ) from None
-    _configure(conn)
+    register_vector(conn)
     return conn
 
 
@@ -219,44 +213,6 @@ def check_conninfo(conninfo: str) -> None:
     problem = conninfo_problem(conninfo)
     if problem is not None:
         raise ConfigError(f"the database URL is not {DATABASE_URL_FORMS} ({problem})")
-
-
-def _configure(conn: Connection) -> None:
-    register_vector(conn)
-
-
-class PgvectorTypes:
-    """pgvector's adapters for the connections of one pool, whose types are looked up once.
-
-    ``register_vector`` reads the four types from the catalog on every connection: four
-    queries, 2–3 ms of CPU (client and server) and four round trips, paid by every
-    connection a pool opens when work grows it. This looks them up on the first connection
-    that finds the extension and gives every later one the same. A pool serves one database,
-    and its tables' columns depend on the extension, so its types cannot change under it.
-    """
-
-    def __init__(self) -> None:
-        self._infos: tuple[TypeInfo, TypeInfo, TypeInfo | None, TypeInfo | None] | None = None
-
-    def __call__(self, conn: Connection) -> None:
-        infos = self._infos
-        if infos is None:
-            vector = TypeInfo.fetch(conn, "vector")
-            if vector is None:  # no extension yet: register_vector says so
-                register_vector(conn)
-                return
-            bit = TypeInfo.fetch(conn, "bit")  # built in: found wherever vector is
-            assert bit is not None
-            infos = vector, bit, TypeInfo.fetch(conn, "halfvec"), TypeInfo.fetch(conn, "sparsevec")
-            # several pool threads may get here at once: each stores the same types
-            self._infos = infos
-        vector, bit, halfvec, sparsevec = infos
-        register_vector_info(conn, vector)
-        register_bit_info(conn, bit)
-        if halfvec is not None:
-            register_halfvec_info(conn, halfvec)
-        if sparsevec is not None:
-            register_sparsevec_info(conn, sparsevec)
 
 
 def _first_line(exc: BaseException) -> str:
