@@ -7,9 +7,9 @@ Owns three things:
   process started with the same home shares that one server;
 * the blocking pool (``psycopg_pool.ConnectionPool``, handing out the connection returned
   last: :mod:`trioindex.db.recent_first_pool`) with pgvector's adapters on every connection
-  (its types read from the catalog once a pool: :mod:`trioindex.db.pgvector_types`) and ``dict_row``
-  rows. It holds one connection while idle and opens more only while concurrent work needs
-  them (up to ``database.pool-size``); one left unused for
+  (its types read from the catalog once a pool: :mod:`trioindex.db.pgvector_types`) and
+  ``dict_row`` rows. It holds one connection while idle and opens more only while concurrent
+  work needs them (up to ``database.pool-size``); one left unused for
   ``database.pool-max-idle`` is closed (one per such period). Behind a transaction-pooling
   proxy (``database.pooler = transaction``, PgBouncer's ``pool_mode = transaction``) it
   prepares no statements and keeps no session state;
