@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import machine_info, run_child_in_tree
+from bench.common import add_tree_options, compared_trees, machine_info, run_child_in_tree
 
 
 def answer_body(batch: int, dimension: int) -> dict[str, Any]:
@@ -99,9 +99,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=25)
     parser.add_argument("--dimension", type=int, default=768)
     parser.add_argument("--requests", type=int, default=400)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--baseline-tree", type=Path, default=None, metavar="DIR")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    add_tree_options(parser, rounds=5)
     args = parser.parse_args()
     if args.child:
         print(child(args.batch, args.dimension, args.requests))
@@ -111,9 +109,9 @@ def main() -> None:
         f"{machine['cpu']}, load {os.getloadavg()[0]:.1f} at the start; {args.batch} vectors of"
         f" {args.dimension} dimensions per answer, {args.requests} answers x {args.rounds} rounds"
     )
-    trees: list[tuple[str, Path | None]] = [("this tree", None)]
+    trees = compared_trees(args)
     if args.baseline_tree is not None:
-        trees.insert(0, (f"baseline {args.baseline_tree}", args.baseline_tree))
+        print(f"baseline: the code of {args.baseline_tree}")
     best: dict[str, float] = {}
     for _ in range(args.rounds):
         for name, tree in trees:

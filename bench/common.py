@@ -349,6 +349,24 @@ def run_child_in_tree(module: str, tree: Path | None, *options: str) -> str:
     return done.stdout
 
 
+def add_tree_options(parser: argparse.ArgumentParser, rounds: int) -> None:
+    """The options of a benchmark that compares this tree's code with another's, round by
+    round, each round in fresh interpreters (:func:`run_child_in_tree`): ``--rounds``,
+    ``--baseline-tree DIR`` and the hidden ``--child`` those interpreters are run with."""
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--baseline-tree", type=Path, default=None, metavar="DIR")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+
+
+def compared_trees(args: argparse.Namespace) -> list[tuple[str, Path | None]]:
+    """The trees each round runs, by name: ``baseline`` first when ``--baseline-tree`` is
+    given, then ``this tree`` (None: this checkout's code)."""
+    trees: list[tuple[str, Path | None]] = [("this tree", None)]
+    if args.baseline_tree is not None:
+        trees.insert(0, ("baseline", args.baseline_tree))
+    return trees
+
+
 def utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 

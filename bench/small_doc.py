@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine_info, run_child_in_tree
+from bench.common import add_tree_options, compared_trees, machine_info, run_child_in_tree
 
 DIMENSION = 1024  # the fleet's fake TEI embedder (BAAI/bge-m3 shape)
 STEPS = ("detect", "parse", "ids", "drafts", "record")
@@ -143,9 +143,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=5000)
     parser.add_argument("--inner", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--baseline-tree", type=Path, default=None, metavar="DIR")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    add_tree_options(parser, rounds=5)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.calls, args.inner)))
@@ -156,9 +154,7 @@ def main() -> None:
         f" commit {machine['git_commit']}; load {os.getloadavg()[0]:.2f} at the start;"
         f" {args.rounds} rounds x best of {args.inner} x {args.calls} calls"
     )
-    trees: list[tuple[str, Path | None]] = [("this tree", None)]
-    if args.baseline_tree is not None:
-        trees.insert(0, ("baseline", args.baseline_tree))
+    trees = compared_trees(args)
     best: dict[str, dict[str, dict[str, float]]] = {}
     loads: list[float] = []
     imported: dict[str, str] = {}
