@@ -37,10 +37,18 @@ PostgreSQL alone scales with that many claimers on this machine.
 ``src``, e.g. ``/work/main/src``), interleaved with this checkout's (same database copy, same
 load), so the ratios compare the two codes in one run; "× best" is within each code.
 
-``--series K`` runs all the sizes K times in turn (each series after the first once the
-1-minute load has fallen to ``--quiet-load``, at most 180 s later); "× best" is then within
-each code and series, and the last table gives each size's share of its series' best, series
-by series, and in how many series every size reached 0.9 (the fleet goal).
+``--series K`` runs all the sizes K times, series k in the order of ``--sizes`` rotated by
+k − 1 (1, 4, 16, 64, then 4, 16, 64, 1, ...), so no size always runs first or always after
+64 workers; "× best" is then within each code and series. The last table gives each size's
+share of its series' best, series by series, and in how many series every size reached 0.9
+(the fleet goal); and each size's median rate over the series against the best of those
+medians: one series' ratios carry the noise of two runs, its best the largest of several
+noisy rates.
+
+Every size starts alike: its database copy is checkpointed (the copy's pages are not written
+out during the run), and the release waits until the machine was at least ``--quiet-idle``
+idle over :data:`IDLE_PROBE` seconds (at most :data:`QUIET_LIMIT` s; the share it found is
+reported), so a size does not run on the last size's tail.
 
 Before the first size, one worker runs the same jobs unreported (``--no-warm-up`` skips it):
 the fake embedder caches each text's vector, so without it the first size run alone pays for
@@ -56,6 +64,7 @@ import contextlib
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -85,6 +94,10 @@ SAMPLE_EVERY = 0.25
 SETTLE_LIMIT = 40.0
 #: Seconds over which an idle fleet's CPU is measured, before the release
 IDLE_WINDOW = 5.0
+#: Seconds over which the machine's idle share is measured before a size starts
+IDLE_PROBE = 5.0
+#: Longest wait for the machine to be quiet before a size starts
+QUIET_LIMIT = 180.0
 
 
 @attrs.define
@@ -133,6 +146,8 @@ class SizeResult:
     jobs_per_worker: list[int] = attrs.field(factory=list)
     # seconds from the release until 10 %, 50 % and 90 % of the jobs had finished
     finished_by: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    # the machine's idle CPU share over IDLE_PROBE s before the workers started
+    idle_before: float = 0.0
 
     @property
     def label(self) -> str:
@@ -322,10 +337,14 @@ def run_size(
     code: str = "branch",
     pythonpath: str | None = None,
     overrides: dict[str, str] | None = None,
+    quiet_idle: float = 0.0,
 ) -> SizeResult:
     dbname = f"fleet_{code}_{n}"
     admin(pg.admin_url, f'DROP DATABASE IF EXISTS "{dbname}"')
     admin(pg.admin_url, f'CREATE DATABASE "{dbname}" TEMPLATE "{source}"')
+    # the copy dirtied every page it wrote: out now, not by a checkpoint during the run
+    admin(pg.admin_url, "CHECKPOINT")
+    idle_before = wait_for_idle(quiet_idle)
     url = with_dbname(pg.admin_url, dbname)
     settings: dict[str, str] = {"DATABASE_URL": url}
     if bouncer is not None:
@@ -464,6 +483,7 @@ def run_size(
         main_thread_runnable=(sched_after[1] - sched_before[1]) / n / window,
         jobs_per_worker=spread[0],
         finished_by=spread[1],
+        idle_before=idle_before,
     )
 
 
@@ -483,9 +503,9 @@ def table(results: Sequence[SizeResult]) -> list[str]:
     lines = [
         "| code | workers | started (s) | jobs | jobs/s | × best | conns/worker 3 s after start"
         " | idle (settled after s) | busy mean | busy peak (all) | PG CPU ms/job"
-        " | workers' CPU ms/job | load before / after | top wait events of active backends"
-        " (samples) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        " | workers' CPU ms/job | idle before | load before / after"
+        " | top wait events of active backends (samples) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in results:
         waits = ", ".join(f"{k} {v}" for k, v in r.waits.items())
@@ -497,7 +517,7 @@ def table(results: Sequence[SizeResult]) -> list[str]:
             f" | {r.idle_per_worker:.2f} ({r.settled_after:.0f})"
             f" | {r.busy_mean_per_worker:.2f} | {r.busy_peak}"
             f" | {r.server_cpu_ms_per_job:.2f} | {r.worker_cpu_ms_per_job:.1f}"
-            f" | {r.load_before:.1f} / {r.load_after:.1f} | {waits} |"
+            f" | {r.idle_before:.0%} | {r.load_before:.1f} / {r.load_after:.1f} | {waits} |"
         )
     return lines
 
@@ -576,20 +596,29 @@ GOAL_SHARE = 0.9
 
 def goal_table(results: Sequence[SizeResult]) -> list[str]:
     """Each size's share of its series' best, series by series, and in how many series every
-    size reached :data:`GOAL_SHARE` (the fleet goal), per code."""
+    size reached :data:`GOAL_SHARE` (the fleet goal), per code; then each size's median rate
+    over the series and its share of the best median."""
     best = best_of(results)
     series = sorted({r.series for r in results})
     lines = [
-        "| code | workers | × best, series " + " / ".join(str(k) for k in series) + " | lowest |",
-        "|---|---:|---|---:|",
+        "| code | workers | × best, series "
+        + " / ".join(str(k) for k in series)
+        + " | lowest | median jobs/s | × best median |",
+        "|---|---:|---|---:|---:|---:|",
     ]
     verdicts = []
     for code in dict.fromkeys(r.code for r in results):
         mine = [r for r in results if r.code == code]
-        for n in dict.fromkeys(r.workers for r in mine):
+        sizes = list(dict.fromkeys(r.workers for r in mine))
+        medians = {
+            n: statistics.median(r.jobs_per_s for r in mine if r.workers == n) for n in sizes
+        }
+        best_median = max(medians.values()) or 1.0
+        for n in sizes:
             shares = [r.jobs_per_s / best[code, r.series] for r in mine if r.workers == n]
             lines.append(
-                f"| {code} | {n} | {' / '.join(f'{x:.3f}' for x in shares)} | {min(shares):.3f} |"
+                f"| {code} | {n} | {' / '.join(f'{x:.3f}' for x in shares)} | {min(shares):.3f}"
+                f" | {medians[n]:.0f} | {medians[n] / best_median:.3f} |"
             )
         met = [
             k
@@ -599,6 +628,11 @@ def goal_table(results: Sequence[SizeResult]) -> list[str]:
         verdicts.append(
             f"- {code}: every size at ≥ {GOAL_SHARE} × its series' best in {len(met)} of"
             f" {len(series)} series: {verdict(len(met) == len(series))}"
+        )
+        lowest = min(medians.values()) / best_median
+        verdicts.append(
+            f"- {code}: every size's median over {len(series)} series at ≥ {GOAL_SHARE} × the"
+            f" best median (lowest {lowest:.3f}): {verdict(lowest >= GOAL_SHARE)}"
         )
     return [*lines, "", *verdicts]
 
@@ -623,16 +657,26 @@ def raw_table(raws: Sequence[tuple[int, ThroughputResult]]) -> list[str]:
     return lines
 
 
-def wait_for_load(quiet: float, limit: float = 180.0) -> None:
-    """Wait (at most ``limit`` seconds) for the 1-minute load average to fall to ``quiet``: a
-    64-worker size leaves it at 20-30, which the next series' first sizes would inherit."""
+def idle_share(seconds: float) -> float:
+    """The share of the machine's CPU time (all cores) that was idle over the next
+    ``seconds``."""
+    before = psutil.cpu_times()._asdict()
+    time.sleep(seconds)
+    spent: dict[str, float] = {k: v - before[k] for k, v in psutil.cpu_times()._asdict().items()}
+    # Linux counts guest time in user time too
+    total = sum(spent.values()) - spent.get("guest", 0.0) - spent.get("guest_nice", 0.0)
+    return (spent["idle"] + spent.get("iowait", 0.0)) / max(1e-9, total)
+
+
+def wait_for_idle(share: float, limit: float = QUIET_LIMIT) -> float:
+    """Wait until the machine was at least ``share`` idle over :data:`IDLE_PROBE` seconds (at
+    most ``limit`` seconds); the last share measured. Not the load average: that falls for
+    minutes after 64 workers exit, on a machine already idle."""
     waited_from = time.monotonic()
-    while os.getloadavg()[0] > quiet and time.monotonic() - waited_from < limit:
-        time.sleep(5)
-    print(
-        f"next series after {time.monotonic() - waited_from:.0f} s, load {os.getloadavg()[0]:.1f}",
-        flush=True,
-    )
+    while True:
+        idle = idle_share(IDLE_PROBE)
+        if idle >= share or time.monotonic() - waited_from >= limit:
+            return idle
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -677,14 +721,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="skip the unreported one-worker pass that fills the fake embedder's cache",
     )
     parser.add_argument(
-        "--series", type=int, default=1, help="run every size this many times, in turn (1)"
+        "--series",
+        type=int,
+        default=1,
+        help="run every size this many times, each series' order rotated by one (1)",
     )
     parser.add_argument(
-        "--quiet-load",
+        "--quiet-idle",
         type=float,
-        default=3.0,
-        help="before each series after the first, wait (at most 180 s) for the 1-minute load"
-        " to fall to this (3.0)",
+        default=0.9,
+        help=f"before each size, wait (at most {QUIET_LIMIT:.0f} s) until the machine's CPU was"
+        f" this idle over {IDLE_PROBE:.0f} s (0.9)",
     )
     parser.add_argument("--quick", action="store_true", help="sizes 1,4 and 100 documents")
     parser.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
@@ -747,9 +794,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             admin(pg.admin_url, 'DROP DATABASE IF EXISTS "fleet_warm_1" WITH (FORCE)')
             print(f"warm-up (not reported): embedder {warm.embedder_cpu_ms_per_job:.2f} ms/job")
         for series in range(1, args.series + 1):
-            if series > 1:
-                wait_for_load(args.quiet_load)
-            for n in sizes:
+            shift = (series - 1) % len(sizes)
+            for n in sizes[shift:] + sizes[:shift]:
                 for code, pythonpath in codes:
                     result = run_size(
                         pg,
@@ -764,6 +810,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         code=code,
                         pythonpath=pythonpath,
                         overrides=overrides,
+                        quiet_idle=args.quiet_idle,
                     )
                     results.append(result)
                     print(
