@@ -37,6 +37,12 @@ PostgreSQL alone scales with that many claimers on this machine.
 ``src``, e.g. ``/work/main/src``), interleaved with this checkout's (same database copy, same
 load), so the ratios compare the two codes in one run; "× best" is within each code.
 
+``--pgbouncer`` puts PgBouncer (transaction mode) between the workers and PostgreSQL, LISTEN
+on PostgreSQL itself; its ``default_pool_size`` (server connections a database) is
+``--pgbouncer-pool``, 2 × cores + 1 unless given (the PostgreSQL wiki's starting point for a
+pool, "Number Of Database Connections"); ``--pgbouncer-pool 5,20`` runs every size once through
+each, interleaved like ``--baseline``.
+
 ``--series K`` runs all the sizes K times, series k in the order of ``--sizes`` rotated by
 k − 1 (1, 4, 16, 64, then 4, 16, 64, 1, ...), so no size always runs first or always after
 64 workers; "× best" is then within each code and series. The last table gives each size's
@@ -692,6 +698,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="workers through PgBouncer (transaction mode), LISTEN on PostgreSQL itself",
     )
     parser.add_argument(
+        "--pgbouncer-pool",
+        default=None,
+        metavar="N[,N...]",
+        help="PgBouncer's server connections a database (default_pool_size): 2 × cores + 1"
+        " unless given; several sizes run every size once through each, interleaved",
+    )
+    parser.add_argument(
         "--src",
         default=None,
         help="run this checkout's code from a copy of its src (PYTHONPATH), to edit meanwhile",
@@ -767,12 +780,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             conn.execute("UPDATE embedding_jobs SET available_at = now() + interval '1 hour'")
         print(f"{created} documents staged; max_connections {info['max_connections']}", flush=True)
         source = str(conninfo_to_dict(source_url)["dbname"])
-        bouncer = None
-        if args.pgbouncer:
-            bouncer = stack.enter_context(running_pgbouncer(pg.admin_url))
-        codes: list[tuple[str, str | None]] = [("branch", args.src)]
+        trees: list[tuple[str, str | None]] = [("branch", args.src)]
         if args.baseline is not None:
-            codes.append(("baseline", args.baseline))
+            trees.append(("baseline", args.baseline))
+        codes: list[tuple[str, str | None, str | None]] = [(t, path, None) for t, path in trees]
+        if args.pgbouncer:
+            pools = [int(n) for n in (args.pgbouncer_pool or str(2 * cores + 1)).split(",")]
+            bouncers = {
+                n: stack.enter_context(running_pgbouncer(pg.admin_url, pool_size=n)) for n in pools
+            }
+            info["pgbouncer_pool"] = pools
+            codes = [
+                (tree if len(pools) == 1 else f"{tree}-pool{n}", path, bouncers[n])
+                for tree, path in trees
+                for n in pools
+            ]
+        bouncer = codes[0][2]
         overrides = dict(o.split("=", 1) for o in args.overrides)
         if not args.no_warm_up:
             # The fake embedder builds each text's vector once and serves it from its cache
@@ -796,7 +819,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for series in range(1, args.series + 1):
             shift = (series - 1) % len(sizes)
             for n in sizes[shift:] + sizes[:shift]:
-                for code, pythonpath in codes:
+                turn = (series - 1) % len(codes)  # no code always runs first at a size
+                for code, pythonpath, bouncer in codes[turn:] + codes[:turn]:
                     result = run_size(
                         pg,
                         source,
