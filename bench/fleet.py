@@ -39,9 +39,8 @@ load), so the ratios compare the two codes in one run; "× best" is within each 
 
 ``--pgbouncer`` puts PgBouncer (transaction mode) between the workers and PostgreSQL, LISTEN
 on PostgreSQL itself; its ``default_pool_size`` (server connections a database) is
-``--pgbouncer-pool``, 2 × cores + 1 unless given (the PostgreSQL wiki's starting point for a
-pool, "Number Of Database Connections"); ``--pgbouncer-pool 5,20`` runs every size once through
-each, interleaved like ``--baseline``.
+``--pgbouncer-pool``, 20 (PgBouncer's own default) unless given; ``--pgbouncer-pool 5,20`` runs
+every size once through each, interleaved like ``--baseline``.
 
 ``--series K`` runs all the sizes K times, series k in the order of ``--sizes`` rotated by
 k − 1 (1, 4, 16, 64, then 4, 16, 64, 1, ...), so no size always runs first or always after
@@ -701,8 +700,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--pgbouncer-pool",
         default=None,
         metavar="N[,N...]",
-        help="PgBouncer's server connections a database (default_pool_size): 2 × cores + 1"
-        " unless given; several sizes run every size once through each, interleaved",
+        help="PgBouncer's server connections a database (default_pool_size; 20, its own"
+        " default); several sizes run every size once through each, interleaved",
     )
     parser.add_argument(
         "--src",
@@ -785,7 +784,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             trees.append(("baseline", args.baseline))
         codes: list[tuple[str, str | None, str | None]] = [(t, path, None) for t, path in trees]
         if args.pgbouncer:
-            pools = [int(n) for n in (args.pgbouncer_pool or str(2 * cores + 1)).split(",")]
+            pools = [int(n) for n in (args.pgbouncer_pool or "20").split(",")]
             bouncers = {
                 n: stack.enter_context(running_pgbouncer(pg.admin_url, pool_size=n)) for n in pools
             }
