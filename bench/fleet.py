@@ -51,9 +51,9 @@ medians: one series' ratios carry the noise of two runs, its best the largest of
 noisy rates.
 
 Every size starts alike: its database copy is checkpointed (the copy's pages are not written
-out during the run), and the release waits until the machine was at least ``--quiet-idle``
-idle over :data:`IDLE_PROBE` seconds (at most :data:`QUIET_LIMIT` s; the share it found is
-reported), so a size does not run on the last size's tail.
+out during the run), and its workers start once the machine was at least ``--quiet-idle``
+idle over :data:`IDLE_PROBE` seconds (waited for at most :data:`QUIET_LIMIT` s; the share
+found is reported), so a size does not start on the last size's tail.
 
 Before the first size, one worker runs the same jobs unreported (``--no-warm-up`` skips it):
 the fake embedder caches each text's vector, so without it the first size run alone pays for
