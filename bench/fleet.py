@@ -788,19 +788,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         trees: list[tuple[str, str | None]] = [("branch", args.src)]
         if args.baseline is not None:
             trees.append(("baseline", args.baseline))
-        codes: list[tuple[str, str | None, str | None]] = [(t, path, None) for t, path in trees]
+        # PgBouncer's pool sizes to compare (None: workers connect to PostgreSQL directly)
+        pools: list[int | None] = [None]
         if args.pgbouncer:
             pools = [int(n) for n in (args.pgbouncer_pool or "20").split(",")]
-            bouncers = {
-                n: stack.enter_context(running_pgbouncer(pg.admin_url, pool_size=n)) for n in pools
-            }
             info["pgbouncer_pool"] = pools
-            codes = [
-                (tree if len(pools) == 1 else f"{tree}-pool{n}", path, bouncers[n])
-                for tree, path in trees
-                for n in pools
-            ]
-        bouncer = codes[0][2]
+        bouncers = {
+            n: stack.enter_context(running_pgbouncer(pg.admin_url, pool_size=n))
+            for n in pools
+            if n is not None
+        }
+        codes = [
+            (tree if len(pools) == 1 else f"{tree}-pool{n}", path, bouncers.get(n))
+            for tree, path in trees
+            for n in pools
+        ]
         overrides = dict(o.split("=", 1) for o in args.overrides)
         if not args.no_warm_up:
             # The fake embedder builds each text's vector once and serves it from its cache
@@ -814,7 +816,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 n=1,
                 jobs=created,
                 start_timeout=args.start_timeout,
-                bouncer=bouncer,
+                bouncer=codes[0][2],
                 code="warm",
                 pythonpath=args.src,
                 overrides=overrides,
