@@ -97,22 +97,7 @@ def _local_search(root: Path, runs: int) -> dict[str, dict[str, Any]]:
 
 
 def _time(args: list[str], env: dict[str, str], runs: int) -> dict[str, Any]:
-    walls, cpus, code = [], [], 0
-    for _ in range(runs):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        began = time.perf_counter()
-        done = subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, check=False)
-        walls.append(time.perf_counter() - began)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-        code = code or done.returncode
-    return {
-        "median_s": round(statistics.median(walls), 3),
-        "min_s": round(min(walls), 3),
-        "max_s": round(max(walls), 3),
-        "cpu_median_s": round(statistics.median(cpus), 3),
-        "exit": code,
-    }
+    return _time_in(args, REPO_ROOT, env, runs)
 
 
 def measure(runs: int) -> dict[str, dict[str, Any]]:
