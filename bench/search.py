@@ -282,13 +282,12 @@ async def speed(
             conn.execute,
             create_index_sql(conn, registered, concurrently=False),
         )
-        # what migration 0007 costs on a table this size: the column computed for every row
-        conn.execute("ALTER TABLE document_chunks DROP COLUMN search_vector")
-        sql = resources.files("trioindex.db.migrations").joinpath("0007_chunk_full_text.sql")
+        # what migration 0020 costs on a table this size: the column computed for every row
+        sql = resources.files("trioindex.db.migrations").joinpath("0020_english_search_vector.sql")
         rewrite_ms, _ = timed(conn.execute, sql.read_text())
         conn.execute("VACUUM ANALYZE")
         figures |= {"load_s": load_ms / 1000, "hnsw_build_s": index_ms / 1000}
-        figures["migration_0007_s"] = rewrite_ms / 1000
+        figures["migration_0020_s"] = rewrite_ms / 1000
         print(
             f"speed {model}: loaded {chunks} chunks in {load_ms / 1000:.0f}s, HNSW built in {index_ms / 1000:.0f}s"
         )
@@ -453,8 +452,9 @@ def speed_lines(runs: list[dict[str, Any]]) -> list[str]:
             f"## Latency: {f['model']} ({f['dimension']} dimensions), {f['chunks']:,} chunks",
             "",
             f"Load {f['load_s']:.0f} s, HNSW build {f['hnsw_build_s']:.0f} s (m = 16,"
-            f" ef_construction = 64: pgvector's defaults); migration 0007 on this table (the"
-            f" generated column for every chunk + the GIN index): {f['migration_0007_s']:.0f} s.",
+            f" ef_construction = 64: pgvector's defaults); migration 0020 on this table (the"
+            f" generated column for every chunk, the GIN index, ANALYZE):"
+            f" {f['migration_0020_s']:.0f} s.",
             "",
             "Ranking only (query embedding excluded), top 10 chunks, ms:",
             "",

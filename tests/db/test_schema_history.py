@@ -564,3 +564,54 @@ def test_version_19_keys_the_attempts_by_job_and_number_and_drops_the_worker_key
     assert required == (True,)
     assert worker_keys == (0,)  # the claim's own read of the RUNNING worker row checks the ids
     assert seen == [(ended[0], 1, "FAILED"), (ended[1], 2, "EXPIRED"), (running, 3, "STARTED")]
+
+
+def test_version_20_keeps_only_the_english_lexemes_of_every_chunk(pg_server_url: str) -> None:
+    """A database at version 19 whose chunks hold ``simple`` ⊕ ``english`` lexemes: version 20
+    recomputes every chunk's column as ``english`` alone (stems, no stop words, Hangul words as
+    written, each once), rebuilds its GIN index and leaves the column analysed; a chunk written
+    after it gets the same column."""
+    text = "The workers 서울입니다"
+    with fresh_database(pg_server_url, "trioindex_v19") as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            _migrate_to(conn, 19)
+            conn.execute(
+                _MODEL_WORKER_DOCUMENT
+                + _versions(count=1)
+                + """
+                   c AS (INSERT INTO document_chunks (document_id, document_version_id,
+                             chunk_index, content, char_start, char_end, token_count,
+                             content_sha256)
+                         SELECT d.id, v.id, 0, %s, 0, 1, 1, repeat('c', 64) FROM d, v
+                         RETURNING id)
+                   SELECT count(*) FROM c""",
+                (text,),
+            )
+            before = conn.execute("SELECT search_vector::text FROM document_chunks").fetchone()
+        assert migrate(url) == [20]
+        with psycopg.connect(url, autocommit=True) as conn:
+            after = conn.execute("SELECT search_vector::text FROM document_chunks").fetchone()
+            matches = conn.execute(
+                """SELECT count(*) FROM document_chunks
+                   WHERE search_vector @@ to_tsquery('english', 'worker & 서울:*')"""
+            ).fetchone()
+            index = conn.execute(
+                """SELECT indexdef FROM pg_indexes
+                   WHERE indexname = 'document_chunks_search_vector'"""
+            ).fetchone()
+            analysed = conn.execute(
+                """SELECT count(*) FROM pg_stats
+                   WHERE tablename = 'document_chunks' AND attname = 'search_vector'"""
+            ).fetchone()
+            fresh = conn.execute(
+                """INSERT INTO document_chunks (document_id, document_version_id, chunk_index,
+                       content, char_start, char_end, token_count, content_sha256)
+                   SELECT document_id, document_version_id, 1, %s, 1, 2, 1, repeat('d', 64)
+                   FROM document_chunks RETURNING search_vector::text""",
+                (text,),
+            ).fetchone()
+    assert before == ("'the':1 'worker':5 'workers':2 '서울입니다':3,6",)
+    assert after == fresh == ("'worker':2 '서울입니다':3",)
+    assert matches == (1,)
+    assert index is not None and "USING gin (search_vector)" in index[0]
+    assert analysed == (1,)

@@ -6,9 +6,9 @@ and how their rankings are fused.
 * **vector**: cosine similarity ``1 - (vector <=> query)`` over the model's own partial HNSW
   index (``vector::vector(dim)``), with pgvector's iterative scan (``strict_order``) so that
   the filters (served version, key prefix, content type) still fill the list.
-* **text**: BM25 over ``document_chunks.search_vector`` (``simple`` ⊕ ``english`` lexemes, GIN
-  index) for the query's terms: its English lexemes (stemmed, stop words dropped) and its
-  Hangul words as prefixes (``서울:*`` matches ``서울은``, ``서울입니다``: Korean attaches
+* **text**: BM25 over ``document_chunks.search_vector`` (``english`` lexemes, GIN index) for
+  the query's terms: its English lexemes (stemmed, stop words dropped) and its Hangul words
+  as prefixes (``서울:*`` matches ``서울은``, ``서울입니다``: Korean attaches
   particles to the word) — see :func:`hangul_terms`. A chunk scores
   ``Σ idf · tf·(k1 + 1) / (tf + k1·(1 - b + b·len / avglen))`` over the terms it holds
   (Lucene's form; :class:`Bm25`: k1 = 1.2, b = 0.75 by default): tf is
