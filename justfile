@@ -183,7 +183,8 @@ bench-peer *ARGS: setup
     {{bin}}/python -m bench.peer "$@"
 
 # PostgreSQL CPU per small document: trioindex's group functions next to the same rows written
-# set-based, the document's data alone and pgai's one row (docs/test-results/sql_floor.md).
+# set-based, the document's data alone and pgai's one row (docs/test-results/sql_floor.md);
+# `--parts`: also the data without its full-text column, or one of the vector's foreign keys.
 bench-sql-floor *ARGS: setup
     {{bin}}/python -m bench.sql_floor "$@"
 

@@ -30,6 +30,11 @@ database, interleaved over rounds:
 4. **pgai's shape** — a queue row deleted and one row with the text and the vector (what
    pgai's vectorizer writes per chunk; no full-text column).
 
+With ``--parts``, the document's data is also written with one piece of the schema taken away
+at a time (its full-text column, or one of the vector's two foreign keys), and with the
+vector's key to its chunk replaced by a key to its version: what each piece costs is the gap
+to (3), in the same run.
+
 PostgreSQL CPU is the server's (the backend's CPU once it exited), per document; transactions
 are committed transactions of the database. Run ``.venv/bin/python -m bench.sql_floor``;
 ``--quick`` is a smoke run that writes its files to a temporary folder unless ``--out`` says
@@ -520,6 +525,35 @@ def baseline_way(revision: str) -> str:
     return f"the group functions at {revision}"
 
 
+# The document's data with one piece of the schema taken away or changed (``--parts``).
+_CHUNK_KEY = "embeddings_chunk_id_document_version_id_document_id_fkey"
+PARTS: dict[str, tuple[str, ...]] = {
+    "the data, no full-text column": ("ALTER TABLE document_chunks DROP COLUMN search_vector",),
+    "the data, no vector → chunk key": (f"ALTER TABLE embeddings DROP CONSTRAINT {_CHUNK_KEY}",),
+    "the data, no vector → model key": (
+        "ALTER TABLE embeddings DROP CONSTRAINT embeddings_embedding_model_id_dimension_fkey",
+    ),
+    "the data, vector → version key for the chunk's": (
+        f"ALTER TABLE embeddings DROP CONSTRAINT {_CHUNK_KEY}",
+        """ALTER TABLE embeddings ADD FOREIGN KEY (document_version_id, document_id)
+           REFERENCES document_versions (id, document_id) ON DELETE CASCADE""",
+    ),
+}
+
+
+def _data_without(statements: Sequence[str], conn: Connection) -> None:
+    _fill_queue(conn)
+    for statement in statements:
+        conn.execute(statement)
+
+
+def add_parts() -> None:
+    """Measure the document's data with each of :data:`PARTS` too."""
+    for way, statements in PARTS.items():
+        WAYS[way] = data_rows_only
+        PREPARE[way] = functools.partial(_data_without, statements)
+
+
 def add_baseline(revision: str) -> None:
     """Measure the group functions over ``functions.sql`` at git ``revision`` too."""
     way = baseline_way(revision)
@@ -711,11 +745,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="also measure functions.sql as git revision REV has it (say main)",
     )
+    parser.add_argument(
+        "--parts",
+        action="store_true",
+        help="also write the data without its full-text column or a vector's foreign key",
+    )
     add_out(parser, "sql_floor")
     args: argparse.Namespace = parser.parse_args(argv)
     session = Session.start("sql_floor", args)
     if args.baseline:
         add_baseline(args.baseline)
+    if args.parts:
+        add_parts()
     count = QUICK_DOCUMENTS if args.quick else DOCUMENTS
     rounds = args.rounds or (QUICK_ROUNDS if args.quick else ROUNDS)
     rng = np.random.default_rng(13)
