@@ -83,21 +83,17 @@ def _local_search(root: Path, runs: int) -> dict[str, dict[str, Any]]:
     try:
         ingest = [CLI, "ingest", str(REPO_ROOT / "docs" / "design"), "--wait"]
         subprocess.run(ingest, cwd=REPO_ROOT, env=env, capture_output=True, check=True)
-        warm = _time(search, env, runs)
+        warm = _time_in(search, REPO_ROOT, env, runs)
     finally:
         worker.send_signal(signal.SIGINT)
         worker.wait(90)
-    cold = _time(search, env, min(runs, 3))
+    cold = _time_in(search, REPO_ROOT, env, min(runs, 3))
     if warm["exit"] or cold["exit"]:
         raise RuntimeError(f"search with the local model failed (see {log})")
     return {
         "trioindex search, local model (worker running)": warm,
         "trioindex search, local model (no worker)": cold,
     }
-
-
-def _time(args: list[str], env: dict[str, str], runs: int) -> dict[str, Any]:
-    return _time_in(args, REPO_ROOT, env, runs)
 
 
 def measure(runs: int) -> dict[str, dict[str, Any]]:
@@ -112,9 +108,9 @@ def measure(runs: int) -> dict[str, dict[str, Any]]:
             "trioindex --version": [CLI, "--version"],
             "trioindex status (cold: starts the embedded PostgreSQL)": [CLI, "status"],
         }
-        _time([CLI, "migrate"], env, 1)  # the first start creates the database
+        _time_in([CLI, "migrate"], REPO_ROOT, env, 1)  # the first start creates the database
         for name, args in commands.items():
-            results[name] = _time(args, env, runs)
+            results[name] = _time_in(args, REPO_ROOT, env, runs)
         # another process holds the embedded server, as a running worker does
         hold = "import sys; from pathlib import Path; from trioindex.db.pool import start_embedded"
         hold += "; start_embedded(Path(sys.argv[1])); print('up', flush=True); sys.stdin.read()"
@@ -133,12 +129,14 @@ def measure(runs: int) -> dict[str, dict[str, Any]]:
                 "trioindex jobs list (warm)": [CLI, "jobs", "list"],
             }
             for name, args in warm.items():
-                results[name] = _time(args, env, runs)
+                results[name] = _time_in(args, REPO_ROOT, env, runs)
             with EmbedServerProcess(latency_ms=1, dimension=1024) as server:
                 tei = worker_env(HOME=env["TRIOINDEX_HOME"], **tei_settings(server, 1024))
                 tei = _user_env(tei)
                 search = [CLI, "search", "how do workers share a queue"]
-                results["trioindex search, TEI model (warm)"] = _time(search, tei, runs)
+                results["trioindex search, TEI model (warm)"] = _time_in(
+                    search, REPO_ROOT, tei, runs
+                )
             results.update(_local_search(Path(tmp), runs))
         finally:
             assert holder.stdin is not None

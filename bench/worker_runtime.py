@@ -1,6 +1,6 @@
 """The worker runtime's own cost, without a database: CPU per no-op job, and renewal calls.
 
-``python -m bench.worker_runtime [--baseline-src PATH]``. Two figures of
+``python -m bench.worker_runtime [--baseline-tree DIR]``. Two figures of
 :class:`trioindex.worker.runtime.Worker` over an in-memory queue (no PostgreSQL, no threads):
 
 * **no-op jobs**: ``--jobs`` claims of jobs whose steps return at once, drained at
@@ -10,9 +10,9 @@
   clock: how many renewal calls the worker makes per interval (one database statement and one
   thread hand-off each, in the real queue) and how many leases they renew.
 
-With ``--baseline-src`` (e.g. ``/work/main/src``) every round also runs that copy of
-``trioindex`` in a subprocess, alternating with this one, and the ratios are printed. Prints the
-machine and the load; writes nothing.
+With ``--baseline-tree DIR`` (another checkout, e.g. ``git worktree add --detach /tmp/base
+main``) every round also runs that tree's ``trioindex`` in a fresh interpreter, alternating
+with this one, and the ratios are printed. Prints the machine and the load; writes nothing.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ import json
 import logging
 import os
 import statistics
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -35,7 +33,13 @@ import attrs
 import trio
 import trio.testing
 
-from bench.common import format_machine, machine_info
+from bench.common import (
+    add_tree_options,
+    compared_trees,
+    format_machine,
+    machine_info,
+    run_child_in_tree,
+)
 from trioindex.config import default_settings
 from trioindex.values import Claim, CompleteResult, DrainState, FailResult, RecoveredJob
 
@@ -182,58 +186,37 @@ def measure(jobs: int, held: int) -> dict[str, float]:
     return {**noop_jobs(jobs), **held_leases(held)}
 
 
-def _in_subprocess(src: str, jobs: int, held: int) -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.getcwd()])}
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.worker_runtime",
-            "--json",
-            f"--jobs={jobs}",
-            f"--held={held}",
-        ],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
-    return result
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.worker_runtime", description=__doc__)
     parser.add_argument("--jobs", type=int, default=20_000, help="no-op jobs per round")
     parser.add_argument("--held", type=int, default=64, help="jobs holding a lease")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--baseline-src", help="another copy of src/ to run alternately")
-    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    add_tree_options(parser, rounds=3)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    if args.json:
+    if args.child:
         print(json.dumps(measure(args.jobs, args.held)))
         return 0
     for line in format_machine(machine_info()):
         print(line)
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    runs: dict[str, list[dict[str, float]]] = {"this": [], "baseline": []}
+    trees = compared_trees(args)
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
     for n in range(args.rounds):
         load = os.getloadavg()[0]
-        codes = ["this", "baseline"] if args.baseline_src else ["this"]
-        for code in codes if n % 2 == 0 else reversed(codes):
-            src = os.path.join(here, "src") if code == "this" else args.baseline_src
-            result = _in_subprocess(src, args.jobs, args.held)
-            runs[code].append(result)
+        for name, tree in trees if n % 2 == 0 else reversed(trees):
+            out = run_child_in_tree(
+                "bench.worker_runtime", tree, f"--jobs={args.jobs}", f"--held={args.held}"
+            )
+            result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+            runs[name].append(result)
             print(
-                f"round {n + 1} {code:8} load {load:5.1f}: {result['jobs_per_s']:8,.0f} jobs/s,"
+                f"round {n + 1} {name:9} load {load:5.1f}: {result['jobs_per_s']:8,.0f} jobs/s,"
                 f" {result['cpu_us_per_job']:6.1f} us CPU/job; {args.held} held leases:"
                 f" {result['renew_calls_per_interval']:5.1f} renewal calls and"
                 f" {result['leases_renewed_per_interval']:5.1f} leases renewed per interval"
             )
-    if args.baseline_src:
+    if len(trees) > 1:
         for key in ("cpu_us_per_job", "renew_calls_per_interval"):
-            this = statistics.median(r[key] for r in runs["this"])
+            this = statistics.median(r[key] for r in runs["this tree"])
             base = statistics.median(r[key] for r in runs["baseline"])
             print(f"{key}: median {this:.1f} against {base:.1f} (x{this / base:.2f})")
     return 0
