@@ -5,12 +5,13 @@ a real S3 server)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import random
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import pytest
 import trio
 import trio.testing
 
+from testkit.processes import wait_for
 from tests import helpers
 from tests.fixtures.s3 import S3Server
 from tests.http.conftest import Running
@@ -37,6 +39,10 @@ from trioindex.http.enqueuer import (
 from trioindex.ingest.files import storage_key_for
 from trioindex.ingest.results import IngestResult
 from trioindex.storage.folder import FolderStore
+from trioindex.worker.committer import GroupCommitter
+
+#: The enqueuer's group loops: this many groups are committed at once.
+ENQUEUER_LOOPS = attrs.fields(GroupCommitter).parallel.default
 
 
 def body(key: str, data: bytes) -> Body:
@@ -69,6 +75,50 @@ def transactions_of(conn: Connection, prefix: str) -> list[int]:
         (prefix + "%",),
     ).fetchall()
     return [row["n"] for row in rows]
+
+
+def requests_in_flight(service: Running, token: str) -> int:
+    """What the service's ``/metrics`` says it is handling now, this request included."""
+    with service.client(token) as client:
+        text = client.get("/metrics").text
+    (line,) = [x for x in text.splitlines() if x.startswith("trioindex_http_requests_in_flight ")]
+    return int(float(line.split()[1]))
+
+
+@contextlib.contextmanager
+def enqueues_held(service: Running) -> Iterator[Callable[[int], None]]:
+    """Hold the service's enqueue transactions at their first version row (a lock on
+    ``document_versions``) until ``release(n)`` has seen the service handling ``n`` requests
+    besides its own and every enqueuer loop waiting on the lock: the requests then gather
+    behind the held groups, however slowly the machine runs them, rather than racing the
+    commits. Leaving the block releases the lock in any case."""
+    token = service.key("gather-watch", "read")
+    with (
+        connect(service.database_url, autocommit=False) as holder,
+        connect(service.database_url) as watch,
+    ):
+        holder.execute("LOCK TABLE document_versions IN EXCLUSIVE MODE")
+
+        def waiting_loops() -> int:
+            row = watch.execute(
+                """SELECT count(*) AS n FROM pg_stat_activity
+                   WHERE datname = current_database() AND wait_event_type = 'Lock'"""
+            ).fetchone()
+            assert row is not None
+            return int(row["n"])
+
+        def release(requests: int) -> None:
+            wait_for(
+                lambda: (
+                    waiting_loops() == ENQUEUER_LOOPS
+                    and requests_in_flight(service, token) == requests + 1
+                ),
+                60,
+                f"{requests} requests in flight behind {ENQUEUER_LOOPS} held groups",
+            )
+            holder.rollback()
+
+        yield release
 
 
 @pytest.fixture
@@ -194,8 +244,10 @@ def upload_together(service: Running, token: str, keys: Sequence[str]) -> list[h
                 not_committed.append(key)
 
     threads = [threading.Thread(target=one, args=(i, k)) for i, k in enumerate(keys)]
-    for thread in threads:
-        thread.start()
+    with enqueues_held(service) as release:
+        for thread in threads:
+            thread.start()
+        release(len(threads))
     for thread in threads:
         thread.join()
     assert not_committed == []

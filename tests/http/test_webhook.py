@@ -20,7 +20,7 @@ from testkit.processes import query, spawn, stop_process, wait_for
 from tests.fixtures.s3 import S3Server
 from tests.http.conftest import WEBHOOK_TOKEN, Running, service_env, start
 from tests.http.minio_events import minio_event
-from tests.http.test_upload_groups import transactions_of, versions_and_jobs
+from tests.http.test_upload_groups import enqueues_held, transactions_of, versions_and_jobs
 from trioindex.db.pool import connect
 
 pytestmark = pytest.mark.slow
@@ -183,8 +183,10 @@ def test_concurrent_notifications_share_transactions_and_one_event_twice_is_one_
             answers[i] = _notify(client, deliveries[i])
 
     threads = [threading.Thread(target=deliver, args=(i,)) for i in range(len(deliveries))]
-    for thread in threads:
-        thread.start()
+    with enqueues_held(service) as release:
+        for thread in threads:
+            thread.start()
+        release(len(threads))
     for thread in threads:
         thread.join()
     statuses: dict[str, list[str]] = {}
