@@ -19,7 +19,8 @@ and every fleet size gets a copy of it (``CREATE DATABASE ... TEMPLATE``). Per s
    (their processes' CPU, release → last job), and an idle worker's CPU (ms a second, over
    :data:`IDLE_WINDOW` seconds before the release); of that, the workers' main threads (the
    Trio thread, where a worker's Python work runs: one core at most, whatever its threads do);
-   and the fake embedder's CPU per job, on the same cores;
+   and the fake embedder's CPU per job, on the same cores, with the embedding requests it took a
+   job and the texts each held;
 6. the claims in that window (``pg_stat_statements``, reset at the release): claim statements
    per job, jobs per claim, buffer pages a claim touched (a claim that skips many locked rows
    touches many), the claim's execution time per job, every statement's calls per job, the
@@ -142,6 +143,9 @@ class SizeResult:
     claims: ClaimStats
     main_thread_cpu_ms_per_job: float = 0.0
     embedder_cpu_ms_per_job: float = 0.0
+    # the embedding requests the workers sent, release to last job, and the texts they held
+    embed_requests: int = 0
+    embed_texts: int = 0
     # of the wall time from the release to the last job seen done, per worker: its main
     # thread on a CPU, and runnable waiting for one
     main_thread_running: float = 0.0
@@ -414,6 +418,7 @@ def run_size(
         sched_before = main_threads_sched(processes)
         window_from = time.monotonic()
         embedder_before = embedder.cpu_seconds()
+        embedder.reset_stats()
         pg.reset_statements()
         with sampler:
             with watch.transaction():
@@ -436,6 +441,7 @@ def run_size(
             sched_after = main_threads_sched(processes)
             window = time.monotonic() - window_from
             embedder_after = embedder.cpu_seconds()
+            embedded = embedder.stats()
             load_after = os.getloadavg()[0]
             claims = claim_stats(pg.admin_url, dbname, max(1, done))
             seconds = float(
@@ -484,6 +490,8 @@ def run_size(
         claims=claims,
         main_thread_cpu_ms_per_job=(sched_after[0] - sched_before[0]) * 1000 / max(1, done),
         embedder_cpu_ms_per_job=(embedder_after - embedder_before) * 1000 / max(1, done),
+        embed_requests=int(embedded["embed_requests"]),
+        embed_texts=int(embedded["inputs"]),
         main_thread_running=(sched_after[0] - sched_before[0]) / n / window,
         main_thread_runnable=(sched_after[1] - sched_before[1]) / n / window,
         jobs_per_worker=spread[0],
@@ -575,10 +583,10 @@ def cpu_table(results: Sequence[SizeResult], cores: int) -> list[str]:
     (workers + PostgreSQL + embedder)`` (every process here shares the same cores)."""
     lines = [
         "| code | workers | jobs/s | main threads' CPU ms/job | workers' CPU ms/job"
-        " | PG CPU ms/job | embedder CPU ms/job | cores busy"
-        " | a worker's main thread running / runnable / asleep"
+        " | PG CPU ms/job | embedder CPU ms/job | embedding requests/job (texts each)"
+        " | cores busy | a worker's main thread running / runnable / asleep"
         " | one-process ceiling (jobs/s) | machine ceiling (jobs/s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---|---:|---:|",
     ]
     for r in results:
         per_job = r.worker_cpu_ms_per_job + r.server_cpu_ms_per_job + r.embedder_cpu_ms_per_job
@@ -586,7 +594,9 @@ def cpu_table(results: Sequence[SizeResult], cores: int) -> list[str]:
         lines.append(
             f"| {r.label} | {r.workers} | {r.jobs_per_s:.0f} | {main:.2f}"
             f" | {r.worker_cpu_ms_per_job:.2f} | {r.server_cpu_ms_per_job:.2f}"
-            f" | {r.embedder_cpu_ms_per_job:.2f} | {r.jobs_per_s * per_job / 1000:.2f}"
+            f" | {r.embedder_cpu_ms_per_job:.2f}"
+            f" | {r.embed_requests / max(1, r.jobs):.3f} ({r.embed_texts / max(1, r.embed_requests):.1f})"
+            f" | {r.jobs_per_s * per_job / 1000:.2f}"
             f" | {r.main_thread_running:.2f} / {r.main_thread_runnable:.2f}"
             f" / {max(0.0, 1 - r.main_thread_running - r.main_thread_runnable):.2f}"
             f" | {1000 / main if main > 0 else 0:.0f}"
