@@ -16,9 +16,10 @@ torch_cpu_index := "https://download.pytorch.org/whl/cpu"
 worker *ARGS: setup setup-ocr
     {{bin}}/trioindex worker "$@"
 
-# Run the whole test suite.
+# Run the whole test suite on one pytest-xdist worker per core, at most four (each worker starts
+# its own embedded PostgreSQL and S3 server); `just test -n 0 ...` runs it in this process.
 test *ARGS: setup setup-jdbc setup-ocr setup-browser
-    {{bin}}/pytest "$@"
+    {{bin}}/pytest -n "$(( $(nproc) < 4 ? $(nproc) : 4 ))" "$@"
 
 # The PostgreSQL JDBC driver for the Java example's test (Debian's libpostgresql-jdbc-java),
 # installed when running as root and missing; otherwise that one test skips and says why.
