@@ -72,7 +72,7 @@ import signal
 import sys
 import threading
 from collections.abc import Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -80,6 +80,8 @@ import attrs
 import numpy as np
 import orjson
 from tokenizers import Tokenizer
+
+from testkit.loopback_http import LoopbackHTTPServer
 
 VECTOR_FAULTS = ("null_vector", "wrong_count", "wrong_dimension", "nan", "infinity")
 TRANSPORT_FAULTS = ("slow", "hang", "malformed", "disconnect")
@@ -435,8 +437,7 @@ class FakeEmbedServer:
                 self._state.shuffle_rng.shuffle(items)
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
+class _HTTPServer(LoopbackHTTPServer):
     # socketserver's default listen backlog is 5: dozens of workers opening their pooled
     # connections at once would overflow it and see resets no real embedding server gives
     # (TEI's listener takes 1,024).

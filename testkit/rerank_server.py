@@ -17,8 +17,10 @@ import argparse
 import json
 import re
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from testkit.loopback_http import LoopbackHTTPServer
 
 _WORD = re.compile(r"\w{2,}")
 
@@ -38,8 +40,7 @@ class FakeRerankServer:
     """Start with ``with FakeRerankServer() as server: ... server.url``."""
 
     def __init__(self, port: int = 0) -> None:
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
-        self._server.daemon_threads = True
+        self._server = LoopbackHTTPServer(("127.0.0.1", port), _Handler)
         self._server.fake = self  # type: ignore[attr-defined]
         self._lock = threading.Lock()
         self._mode = "normal"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import struct
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -42,15 +41,6 @@ class RecordingEmbedServer(FakeEmbedServer):
         self._request = threading.local()
         self._fault_lock = threading.Lock()
         self._vector_faults: list[VectorFault] = []
-        # kill -9 resets the workers' keep-alive connections; socketserver would print a
-        # traceback for each one into this run's output
-        report = self._httpd.handle_error
-
-        def handle_error(request: Any, client_address: Any) -> None:
-            if not isinstance(sys.exc_info()[1], ConnectionError):
-                report(request, client_address)
-
-        self._httpd.handle_error = handle_error  # type: ignore[method-assign]
 
     def _record_embedding(self, texts: list[str], payload: dict[str, Any]) -> None:
         super()._record_embedding(texts, payload)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from types import TracebackType
 from typing import Any
 
 from testkit.embed_server import fake_vector
+from testkit.loopback_http import LoopbackHTTPServer
 
 ZERO_MARK = "ZERO-VECTOR"
 
@@ -49,12 +50,8 @@ class ZeroEmbedServer:
         self._httpd.server_close()
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+class _Server(LoopbackHTTPServer):
     owner: ZeroEmbedServer
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a client that closed its connection first (at aclose) is not news
 
 
 class _Handler(BaseHTTPRequestHandler):
