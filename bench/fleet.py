@@ -87,7 +87,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from bench.common import BenchPostgres, format_machine, machine_info, verdict
-from bench.harness import ingest_folder, tei_settings, worker_env
+from bench.harness import ingest_folder, machine_context_switches, tei_settings, worker_env
 from bench.queue import Scenario, ThroughputResult, run_raw
 from testkit.embed_process import EmbedServerProcess
 from testkit.pgbouncer import running_pgbouncer
@@ -157,6 +157,8 @@ class SizeResult:
     finished_by: tuple[float, float, float] = (0.0, 0.0, 0.0)
     # the machine's idle CPU share over IDLE_PROBE s before the workers started
     idle_before: float = 0.0
+    # context switches on the whole machine, release to last job, per job
+    switches_per_job: float = 0.0
 
     @property
     def label(self) -> str:
@@ -416,6 +418,7 @@ def run_size(
         cpu_before = server_cpu_now(pg)
         workers_before = processes_cpu(processes)
         sched_before = main_threads_sched(processes)
+        switches_before = machine_context_switches()
         window_from = time.monotonic()
         embedder_before = embedder.cpu_seconds()
         embedder.reset_stats()
@@ -439,6 +442,7 @@ def run_size(
             cpu_after = server_cpu_now(pg)
             workers_after = processes_cpu(processes)
             sched_after = main_threads_sched(processes)
+            switches_after = machine_context_switches()
             window = time.monotonic() - window_from
             embedder_after = embedder.cpu_seconds()
             embedded = embedder.stats()
@@ -497,6 +501,7 @@ def run_size(
         jobs_per_worker=spread[0],
         finished_by=spread[1],
         idle_before=idle_before,
+        switches_per_job=(switches_after - switches_before) / max(1, done),
     )
 
 
@@ -584,9 +589,9 @@ def cpu_table(results: Sequence[SizeResult], cores: int) -> list[str]:
     lines = [
         "| code | workers | jobs/s | main threads' CPU ms/job | workers' CPU ms/job"
         " | PG CPU ms/job | embedder CPU ms/job | embedding requests/job (texts each)"
-        " | cores busy | a worker's main thread running / runnable / asleep"
+        " | context switches/job | cores busy | a worker's main thread running / runnable / asleep"
         " | one-process ceiling (jobs/s) | machine ceiling (jobs/s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|---|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|",
     ]
     for r in results:
         per_job = r.worker_cpu_ms_per_job + r.server_cpu_ms_per_job + r.embedder_cpu_ms_per_job
@@ -596,7 +601,7 @@ def cpu_table(results: Sequence[SizeResult], cores: int) -> list[str]:
             f" | {r.worker_cpu_ms_per_job:.2f} | {r.server_cpu_ms_per_job:.2f}"
             f" | {r.embedder_cpu_ms_per_job:.2f}"
             f" | {r.embed_requests / max(1, r.jobs):.3f} ({r.embed_texts / max(1, r.embed_requests):.1f})"
-            f" | {r.jobs_per_s * per_job / 1000:.2f}"
+            f" | {r.switches_per_job:.1f} | {r.jobs_per_s * per_job / 1000:.2f}"
             f" | {r.main_thread_running:.2f} / {r.main_thread_runnable:.2f}"
             f" / {max(0.0, 1 - r.main_thread_running - r.main_thread_runnable):.2f}"
             f" | {1000 / main if main > 0 else 0:.0f}"

@@ -358,6 +358,16 @@ def machine_busy_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_context_switches() -> int:
+    """Context switches on the machine since boot, every CPU (``/proc/stat``'s ``ctxt``; 0 where
+    there is none): what the processes taking turns on the cores cost the kernel."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return 0
+    return next((int(line.split()[1]) for line in lines if line.startswith("ctxt ")), 0)
+
+
 # ---------------------------------------------------------------------------------------------
 # RSS of another process
 

@@ -81,6 +81,7 @@ from trioindex.errors import (
     ModelRemoved,
     NotFound,
     OwnershipLost,
+    StorageUnavailable,
     TrioindexError,
 )
 from trioindex.ingest import ingest_paths
@@ -678,8 +679,21 @@ class Interleavings(RuleBasedStateMachine):
             begun = claim.parse
             assert begun is not None
             held.parse = begun
-            held.text = self.store.get(begun.storage_key, max_bytes=1 << 20).decode()
+            try:
+                held.text = self.store.get(begun.storage_key, max_bytes=1 << 20).decode()
+            except StorageUnavailable as exc:
+                if held.live:
+                    raise
+                # a stale claim's document may be deleted with its stored copy: the worker
+                # reports the read's failure, and that report is what the fence refuses
+                lifecycle.fail_job(
+                    conn, claim, exc.failure_type, "injected", ZERO_BACKOFF, unit_random=0.5
+                )
+                raise AssertionError(f"the failure report of stale {held!r} was taken") from exc
             held.stage = "commit"
+            if not held.live:
+                # nothing refuses a read; the stale claim's worker goes on to its chunk commit
+                self._step(conn, held, split)
         elif held.stage == "commit":
             assert held.parse is not None and held.text is not None
             chunks = _drafts(_chunk_texts(held.text, claim.chunking))
