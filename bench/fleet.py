@@ -20,7 +20,7 @@ and every fleet size gets a copy of it (``CREATE DATABASE ... TEMPLATE``). Per s
    :data:`IDLE_WINDOW` seconds before the release); of that, the workers' main threads (the
    Trio thread, where a worker's Python work runs: one core at most, whatever its threads do);
    and the fake embedder's CPU per job, on the same cores, with the embedding requests it took a
-   job and the texts each held;
+   job and the texts each held; and the machine's context switches per job (``/proc/stat``);
 6. the claims in that window (``pg_stat_statements``, reset at the release): claim statements
    per job, jobs per claim, buffer pages a claim touched (a claim that skips many locked rows
    touches many), the claim's execution time per job, every statement's calls per job, the
