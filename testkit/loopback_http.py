@@ -1,4 +1,5 @@
-"""The HTTP server class the test servers (fake embedder, fake reranker) share."""
+"""The HTTP server class the test servers share: the fake embedder and reranker, and the
+tests' own."""
 
 from __future__ import annotations
 
