@@ -34,6 +34,13 @@ and every fleet size gets a copy of it (``CREATE DATABASE ... TEMPLATE``). Per s
 job, no worker) with as many connections as each size has workers, on the same server: how
 PostgreSQL alone scales with that many claimers on this machine.
 
+``--trickle RATE`` releases the jobs one at a time instead, ``RATE`` a second, each with its
+own NOTIFY, as documents uploaded one by one are enqueued: the CPU, claims and statements a job
+are then those of documents arriving alone (a NOTIFY wakes every idle worker, and groups hold
+one job), and the last table's job latency (due → finished) is what a user waits. The rates are
+the trickle's own. PostgreSQL's CPU and the statements a job include the release's own statement
+(an ``UPDATE`` with its ``pg_notify``).
+
 ``--baseline SRC`` runs every size a second time with ``PYTHONPATH=SRC`` (another checkout's
 ``src``, e.g. ``/work/main/src``), interleaved with this checkout's (same database copy, same
 load), so the ratios compare the two codes in one run; "× best" is within each code.
@@ -159,6 +166,8 @@ class SizeResult:
     idle_before: float = 0.0
     # context switches on the whole machine, release to last job, per job
     switches_per_job: float = 0.0
+    # a job's seconds from due (available_at) to finished: median and 95th percentile
+    latency: tuple[float, float] = (0.0, 0.0)
 
     @property
     def label(self) -> str:
@@ -303,9 +312,10 @@ class ActivitySampler:
 
 def spread_of(
     watch: psycopg.Connection[Any], released: Any
-) -> tuple[list[int], tuple[float, float, float]]:
-    """How the jobs spread: the jobs each worker ran (most first), and the seconds from
-    ``released`` until 10 %, 50 % and 90 % of them had finished."""
+) -> tuple[list[int], tuple[float, float, float], tuple[float, float]]:
+    """How the jobs spread: the jobs each worker ran (most first), the seconds from
+    ``released`` until 10 %, 50 % and 90 % of them had finished, and a job's seconds from due
+    to finished (median, 95th percentile)."""
     per_worker = [
         int(row[0])
         for row in watch.execute(
@@ -320,7 +330,42 @@ def spread_of(
         (released,),
     ).fetchone()
     quantiles = [float(q) for q in (row[0] if row and row[0] else [0.0, 0.0, 0.0])]
-    return per_worker, (quantiles[0], quantiles[1], quantiles[2])
+    row = watch.execute(
+        "SELECT percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP"
+        " (ORDER BY extract(epoch FROM finished_at - available_at))"
+        " FROM embedding_jobs WHERE status = 'SUCCEEDED'"
+    ).fetchone()
+    latency = [float(q) for q in (row[0] if row and row[0] else [0.0, 0.0])]
+    return per_worker, (quantiles[0], quantiles[1], quantiles[2]), (latency[0], latency[1])
+
+
+def release_jobs(watch: psycopg.Connection[Any], trickle: float | None) -> Any:
+    """Make the held-back jobs due, with a NOTIFY: all in one transaction, or with
+    ``trickle`` one at a time, that many a second, each in its own; the first one's time."""
+    if trickle is None:
+        with watch.transaction():
+            row = watch.execute(
+                "UPDATE embedding_jobs SET available_at = now() WHERE status = 'PENDING'"
+                " RETURNING now()"
+            ).fetchone()
+            watch.execute("NOTIFY trioindex_jobs")
+        assert row is not None
+        return row[0]
+    held = watch.execute(
+        "SELECT id FROM embedding_jobs WHERE status = 'PENDING' ORDER BY id"
+    ).fetchall()
+    began, first = time.monotonic(), None
+    for i, (job,) in enumerate(held):
+        time.sleep(max(0.0, began + i / trickle - time.monotonic()))
+        row = watch.execute(  # one statement a job, its own transaction (``watch`` autocommits)
+            """WITH due AS (UPDATE embedding_jobs SET available_at = now() WHERE id = %s
+                            RETURNING now() AS at)
+               SELECT at, pg_notify('trioindex_jobs', '') FROM due""",
+            (job,),
+        ).fetchone()
+        assert row is not None
+        first = row[0] if first is None else first
+    return first
 
 
 def backends_of(watch: psycopg.Connection[Any]) -> int:
@@ -349,6 +394,7 @@ def run_size(
     pythonpath: str | None = None,
     overrides: dict[str, str] | None = None,
     quiet_idle: float = 0.0,
+    trickle: float | None = None,
 ) -> SizeResult:
     dbname = f"fleet_{code}_{n}"
     admin(pg.admin_url, f'DROP DATABASE IF EXISTS "{dbname}"')
@@ -424,13 +470,7 @@ def run_size(
         embedder.reset_stats()
         pg.reset_statements()
         with sampler:
-            with watch.transaction():
-                released = watch.execute(
-                    "UPDATE embedding_jobs SET available_at = now() WHERE status = 'PENDING'"
-                    " RETURNING now()"
-                ).fetchone()
-                watch.execute("NOTIFY trioindex_jobs")
-            assert released is not None
+            released = release_jobs(watch, trickle)
             finish_deadline = time.monotonic() + 120 + jobs / 5
             while time.monotonic() < finish_deadline:
                 done = int(
@@ -453,9 +493,9 @@ def run_size(
                     watch,
                     "SELECT extract(epoch FROM max(finished_at))::float8 FROM embedding_jobs",
                 )
-                - released[0].timestamp()
+                - released.timestamp()
             )
-            spread = spread_of(watch, released[0])
+            spread = spread_of(watch, released)
         samples = sampler.backends or [0]
     finally:
         watch.close()
@@ -500,6 +540,7 @@ def run_size(
         main_thread_runnable=(sched_after[1] - sched_before[1]) / n / window,
         jobs_per_worker=spread[0],
         finished_by=spread[1],
+        latency=spread[2],
         idle_before=idle_before,
         switches_per_job=(switches_after - switches_before) / max(1, done),
     )
@@ -566,8 +607,9 @@ def spread_table(results: Sequence[SizeResult]) -> list[str]:
     best = best_of(results, "steady_jobs_per_s")
     lines = [
         "| code | workers | workers that ran jobs | jobs a worker (most / fewest) | 10 % / 50 % / 90 %"
-        " / all finished (s) | jobs/s wall | jobs/s steady (10–90 %) | × best steady |",
-        "|---|---:|---:|---|---|---:|---:|---:|",
+        " / all finished (s) | jobs/s wall | jobs/s steady (10–90 %) | × best steady"
+        " | a job's latency, median / p95 (ms) |",
+        "|---|---:|---:|---|---|---:|---:|---:|---|",
     ]
     for r in results:
         most = r.jobs_per_worker[0] if r.jobs_per_worker else 0
@@ -576,7 +618,8 @@ def spread_table(results: Sequence[SizeResult]) -> list[str]:
         lines.append(
             f"| {r.label} | {r.workers} | {len(r.jobs_per_worker)} | {most} / {fewest}"
             f" | {q10:.2f} / {q50:.2f} / {q90:.2f} / {r.seconds:.2f} | {r.jobs_per_s:.0f}"
-            f" | {r.steady_jobs_per_s:.0f} | {r.steady_jobs_per_s / best[r.code, r.series]:.2f} |"
+            f" | {r.steady_jobs_per_s:.0f} | {r.steady_jobs_per_s / best[r.code, r.series]:.2f}"
+            f" | {r.latency[0] * 1000:.0f} / {r.latency[1] * 1000:.0f} |"
         )
     return lines
 
@@ -766,9 +809,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"before each size, wait (at most {QUIET_LIMIT:.0f} s) until the machine's CPU was"
         f" this idle over {IDLE_PROBE:.0f} s (0.9)",
     )
+    parser.add_argument(
+        "--trickle",
+        type=float,
+        default=None,
+        metavar="RATE",
+        help="release the jobs one at a time, RATE a second (default: all at once)",
+    )
     parser.add_argument("--quick", action="store_true", help="sizes 1,4 and 100 documents")
     parser.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.trickle is not None and not args.trickle > 0:
+        parser.error(f"--trickle must be a positive rate, not {args.trickle}")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -857,6 +910,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         pythonpath=pythonpath,
                         overrides=overrides,
                         quiet_idle=args.quiet_idle,
+                        trickle=args.trickle,
                     )
                     results.append(result)
                     print(

@@ -120,7 +120,7 @@ def enqueue_documents(
         with conn.transaction():
             for i, text in enumerate(corpus.texts):
                 enqueue_text(conn, model.id, f"d{i}", text.encode())
-        return corpus, Setup(model.id, register_bench_worker(conn))
+        return corpus, Setup(model.id, register_bench_worker(conn), GROUP)
 
 
 def store_documents(url: str, corpus: Corpus, setup: Setup) -> int:

@@ -94,7 +94,9 @@ from trioindex.values import Claim
 
 DOCUMENTS, QUICK_DOCUMENTS = 2000, 200
 ROUNDS, QUICK_ROUNDS = 3, 1
-GROUP = 20  # jobs per group statement: the worker's usual group commit on this workload
+# jobs per group statement: the worker's usual group commit on this workload (``--group`` for
+# another: 1 is documents arriving one at a time)
+GROUP = 20
 CHARACTERS = 600
 DIMENSION = 768
 MODEL_NAME = "floor-model"
@@ -121,18 +123,19 @@ class Corpus:
 class Setup:
     model_id: UUID
     worker_id: UUID
+    group: int  # jobs per group statement
 
 
-def enqueue_all(conn: Connection, corpus: Corpus) -> Setup:
+def enqueue_all(conn: Connection, corpus: Corpus, group: int = GROUP) -> Setup:
     model = ensure_model(conn, MODEL_NAME, DIMENSION)
     with conn.transaction():
         for i, text in enumerate(corpus.texts):
             enqueue_text(conn, model.id, f"d{i}", text.encode())
     worker = register_worker(
-        conn, hostname="bench", pid=1, version="bench", max_concurrency=GROUP,
+        conn, hostname="bench", pid=1, version="bench", max_concurrency=group,
         chunking="characters",
     )  # fmt: skip
-    return Setup(model.id, worker)
+    return Setup(model.id, worker, group)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,7 +159,7 @@ def group_functions(
     and then its vectors with the completion; ``parse_prepare``: functions from before the
     claim began the parse, whose worker ran their prepare in a transaction of its own first."""
     done = 0
-    while claims := claim_jobs(conn, setup.worker_id, GROUP, 600):
+    while claims := claim_jobs(conn, setup.worker_id, setup.group, 600):
         if parse_prepare:
             ordered = sorted(claims, key=lambda c: c.document_version_id)
             with conn.transaction():
@@ -333,7 +336,7 @@ def _insert_vectors(
 
 def same_rows_set_based(conn: Connection, corpus: Corpus, setup: Setup) -> int:
     done = 0
-    while claims := claim_jobs(conn, setup.worker_id, GROUP, 600):
+    while claims := claim_jobs(conn, setup.worker_id, setup.group, 600):
         jobs, versions, _ = _claim_arrays(claims)
         parses = [c.parse for c in claims if c.parse is not None]
         documents = [p.document_id for p in parses]
@@ -393,13 +396,15 @@ def _fill_queue(conn: Connection) -> None:
     conn.execute("ANALYZE floor_queue")
 
 
-def _drain_queue(conn: Connection, write: Callable[[Any, list[dict[str, Any]]], None]) -> int:
-    """Take the queue (:func:`_fill_queue`, before the measurement) a group at a time, each
-    group's rows written by ``write`` in the transaction that deletes its queue rows."""
+def _drain_queue(
+    conn: Connection, group: int, write: Callable[[Any, list[dict[str, Any]]], None]
+) -> int:
+    """Take the queue (:func:`_fill_queue`, before the measurement) ``group`` rows at a time,
+    each group's rows written by ``write`` in the transaction that deletes its queue rows."""
     done = 0
     while True:
         with conn.transaction(), conn.cursor(binary=True) as cursor:
-            rows = cursor.execute(_QUEUE_TAKE, (GROUP,)).fetchall()
+            rows = cursor.execute(_QUEUE_TAKE, (group,)).fetchall()
             if not rows:
                 return done
             write(cursor, rows)
@@ -414,7 +419,7 @@ def data_rows_only(conn: Connection, corpus: Corpus, setup: Setup) -> int:
         chunk_ids = _insert_chunks(cursor, corpus, index, documents, versions)
         _insert_vectors(cursor, corpus, setup, index, (chunk_ids, documents, versions))
 
-    return _drain_queue(conn, write)
+    return _drain_queue(conn, setup.group, write)
 
 
 def _pgai_tables(conn: Connection) -> None:
@@ -435,7 +440,7 @@ def pgai_shape(conn: Connection, corpus: Corpus, setup: Setup) -> int:
             (index, [corpus.texts[i] for i in index], [corpus.vectors[i] for i in index]),
         )
 
-    return _drain_queue(conn, write)
+    return _drain_queue(conn, setup.group, write)
 
 
 WAYS: dict[str, Callable[[Connection, Corpus, Setup], int]] = {
@@ -572,10 +577,10 @@ def add_baseline(revision: str) -> None:
     PREPARE[way] = functools.partial(use_functions, text)
 
 
-def measure(pg: BenchPostgres, corpus: Corpus, way: str) -> dict[str, Any]:
+def measure(pg: BenchPostgres, corpus: Corpus, way: str, group: int = GROUP) -> dict[str, Any]:
     with pg.fresh_database("sql_floor") as url:
         with connect(url) as conn:
-            setup = enqueue_all(conn, corpus)
+            setup = enqueue_all(conn, corpus, group)
             if way in PREPARE:
                 PREPARE[way](conn)
         pg.quiesce(url)
@@ -746,12 +751,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also measure functions.sql as git revision REV has it (say main)",
     )
     parser.add_argument(
+        "--group", type=int, default=GROUP, help=f"jobs per group statement ({GROUP})"
+    )
+    parser.add_argument(
         "--parts",
         action="store_true",
         help="also write the data without its full-text column or a vector's foreign key",
     )
     add_out(parser, "sql_floor")
     args: argparse.Namespace = parser.parse_args(argv)
+    if args.group < 1:
+        parser.error(f"--group must be at least 1, not {args.group}")
     session = Session.start("sql_floor", args)
     if args.baseline:
         add_baseline(args.baseline)
@@ -769,7 +779,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         machine = machine_info(pg.admin_url)
         for _ in range(rounds):
             for way in WAYS:
-                run = measure(pg, corpus, way)
+                run = measure(pg, corpus, way, args.group)
                 runs.append(run)
                 print(f"{way:<28} {run['postgres_cpu_ms_per_doc']:.3f} ms/doc PostgreSQL CPU, "
                       f"{run['xacts_per_doc']:.2f} xacts/doc", flush=True)  # fmt: skip
@@ -785,7 +795,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       bars=bars)  # fmt: skip
         return plot_panels(path, [panel], (8, 4))
 
-    figures = {"documents": count, "group": GROUP, "dimension": DIMENSION, "runs": runs,
+    figures = {"documents": count, "group": args.group, "dimension": DIMENSION, "runs": runs,
                "summary": rows}  # fmt: skip
     return session.publish(machine, figures, plot, markdown(session, machine, rows, runs))
 

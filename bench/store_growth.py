@@ -53,7 +53,7 @@ from bench.index_store import (
     register_bench_worker,
 )
 from bench.peer import print_profile
-from bench.sql_floor import Corpus, Setup, functions_at, group_functions, use_functions
+from bench.sql_floor import GROUP, Corpus, Setup, functions_at, group_functions, use_functions
 from testkit.jobs import enqueue_text
 from trioindex.db.jobs import claim as jobs
 from trioindex.db.pool import connect
@@ -160,7 +160,7 @@ def store_path(
     corpus = Corpus(chunk_texts(len(extra), characters=600, salt="index"), extra)
     enqueuer = stack.enter_context(connect(url))
     worker = stack.enter_context(connect(url))
-    setup = Setup(model.id, register_bench_worker(worker))
+    setup = Setup(model.id, register_bench_worker(worker), GROUP)
     cpu = backend_cpu_ms(worker)
 
     def store(rows: slice) -> float:

@@ -11,6 +11,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+import psycopg
 import pytest
 
 from tests import helpers
@@ -149,6 +150,41 @@ def test_the_store_writes_each_attempt_row_once_and_each_job_row_once(db: Databa
             attempt = helpers.attempt_row(conn, claim.job_id)
             assert helpers.steps(conn, claim.job_id) == list(helpers.ATTEMPT_STEPS)
             assert attempt["replaced_sequences"] == (commit.chunks.replaced or None)
+
+
+def plans_made(conn: Connection, commits: Sequence[DocumentCommit]) -> int:
+    """The plans PostgreSQL made while ``commits`` were stored in one call on ``conn``
+    (``debug_print_plan`` logs every plan it makes, nested statements' included)."""
+    logged: list[str | None] = []
+
+    def on_notice(diagnostic: psycopg.errors.Diagnostic) -> None:
+        logged.append(diagnostic.message_primary)  # read now: it is freed after the call
+
+    conn.add_notice_handler(on_notice)
+    conn.execute("SET debug_print_plan = on")
+    conn.execute("SET client_min_messages = log")
+    try:
+        assert store_documents_many(conn, commits) == [DONE] * len(commits)
+    finally:
+        conn.execute("RESET client_min_messages")
+        conn.execute("RESET debug_print_plan")
+        conn.remove_notice_handler(on_notice)
+    return logged.count("plan:")
+
+
+def test_documents_stored_one_at_a_time_are_not_planned_again_on_every_call(
+    db: Database,
+) -> None:
+    """Documents arriving one at a time are stored in groups of one. Past the first calls on a
+    connection, such a call plans none of the store's own statements again (the store's main
+    statement was planned anew on every call, about 1 ms a document): what is left is the
+    call's own statement (until psycopg prepares it) and the two statements of
+    ``trioindex_complete_owned``, which keep PostgreSQL's automatic choice."""
+    with db.connection() as conn:
+        group = claims(conn, 10)
+        made = [plans_made(conn, [whole(claim, [f"{claim.job_id}"], i)])
+                for i, claim in enumerate(group)]  # fmt: skip
+    assert max(made[6:]) <= 3, made
 
 
 def test_each_job_of_a_group_is_refused_alone_and_leaves_nothing(db: Database) -> None:

@@ -12,22 +12,23 @@
     │   └── NOTIFY listener           (optional) wakes the poller
     └── jobs nursery                  outlives intake; its deadline is set at shutdown
         ├── intake scope
-        │   └── poller                reserve free slots → one batch claim → hand slots to jobs
+        │   └── poller                a free slot → one claim for the free slots → a slot a job
         └── one task per claimed job  JobRunner.run, in worker/job.py: its own cancel scope
             └── pipeline              parse/chunk → embed → complete, or a classified failure
                                       (a refused renewal cancels this job's scope only)
 
 Invariants: at most ``max-concurrency`` jobs run their steps, and at most twice as many more
 wait for their completion to commit (a job moves from its slot to a finishing place just before
-its completion, so the next claim need not wait for that commit); a slot is reserved before any
-claim, and the place a job holds is released exactly once, in a ``finally``, whatever ends it; a
-job whose lease is lost is cancelled and never writes again; one job's failure never touches
-another. Shutdown: stop intake → STOPPING → wait up to the grace period → cancel what is left →
-STOPPED. Jobs are never marked FAILED at shutdown: each cancelled job hands its claim back
-(fenced; the job is PENDING at once and the cancelled attempt does not count), and if that write
-cannot be made, lease recovery returns it to the queue later. Every write made while stopping —
-STOPPING, STOPPED, a hand-back, a final failure report — is shielded from cancellation and
-bounded in time.
+its completion, so the next claim need not wait for that commit); a claim asks for no more jobs
+than there are free slots, one of them taken before it is sent (only the poller takes slots, so
+the others are still free when its jobs arrive), and the place a job holds is released exactly
+once, in a ``finally``, whatever ends it; a job whose lease is lost is cancelled and never writes
+again; one job's failure never touches another. Shutdown: stop intake → STOPPING → wait up to
+the grace period → cancel what is left → STOPPED. Jobs are never marked FAILED at shutdown: each
+cancelled job hands its claim back (fenced; the job is PENDING at once and the cancelled attempt
+does not count), and if that write cannot be made, lease recovery returns it to the queue later.
+Every write made while stopping — STOPPING, STOPPED, a hand-back, a final failure report — is
+shielded from cancellation and bounded in time.
 
 When the poller claims: at once again after a claim that filled every slot it asked for
 (after waiting up to ``CLAIM_LINGER`` for a quarter of the slots to free up); after a claim that
@@ -208,7 +209,7 @@ class Worker:
         if self._stop_requested:
             run.intake.cancel()  # asked before registration returned
         # read when scraped, from the start (not after a first job): the jobs in slots, not
-        # those in finishing places nor the slots reserved for a claim in flight
+        # those in finishing places nor the slot taken for a claim in flight
         metrics.watch_slots(
             lambda: len(run.running) - run.finishing.borrowed_tokens, settings.max_concurrency
         )
@@ -281,11 +282,10 @@ class Worker:
                 await self._gather_slots(run)
             first = object()
             await slots.acquire_on_behalf_of(first)  # a free slot before any claim
-            reserved = [first]
-            while slots.available_tokens > 0:
-                token = object()
-                slots.acquire_on_behalf_of_nowait(token)
-                reserved.append(token)
+            # Only this task takes slots: the ones free now stay free while the claim is in
+            # flight, so each claimed job after the first takes one then (taking them all first
+            # would cost every claim two limiter calls a slot, however few jobs it returns).
+            wanted = 1 + int(slots.available_tokens)
             run.wakeup = trio.Event()
             run.notified = False
             claims: list[Claim] = []
@@ -294,7 +294,7 @@ class Worker:
                 # Shielded: a claim that committed must be handed to jobs, never dropped by a
                 # stop request arriving mid-call (its rows would sit PROCESSING until expiry).
                 with trio.CancelScope(shield=True):
-                    claims = await self.queue.claim(run.worker_id, len(reserved), self.model_id)
+                    claims = await self.queue.claim(run.worker_id, wanted, self.model_id)
             except ModelRemoved as exc:
                 logger.error("worker %s: stopping: %s", run.worker_id, exc)
                 self.model_removed = True
@@ -303,15 +303,18 @@ class Worker:
                 claim_failed = True
                 logger.warning("worker %s: claim failed: %s", run.worker_id, type(exc).__name__)
             finally:
-                for token, claim in zip(reserved, claims, strict=False):
+                for index, claim in enumerate(claims):
+                    token = first if index == 0 else object()
+                    if index:
+                        slots.acquire_on_behalf_of_nowait(token)
                     self._start_job(run, jobs, claim, token)
-                for token in reserved[len(claims) :]:
-                    slots.release_on_behalf_of(token)
+                if not claims:
+                    slots.release_on_behalf_of(first)
             self.counters.polls += 1
             run.queue_empty = not claims and not claim_failed and not run.notified
             if run.queue_empty:
                 run.wakeup = trio.Event()  # slots freed during the claim say nothing of the queue
-            busy = bool(claims) and len(claims) == len(reserved)
+            busy = bool(claims) and len(claims) == wanted
             if busy:
                 continue  # busy drain: every slot asked for was filled, claim again at once
             if not claims and not claim_failed:
