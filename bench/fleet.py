@@ -235,8 +235,9 @@ def main_threads_sched(processes: Sequence[subprocess.Popen[bytes]]) -> tuple[fl
     return ran, waited
 
 
-#: how the claim statement starts in ``pg_stat_statements`` (see trioindex.db.jobs)
-CLAIM_HEAD = "WITH worker AS ("
+#: how the claim starts in ``pg_stat_statements``: the call of ``trioindex_claim``, or (code
+#: run with ``--baseline`` from before it) the statement sent as text (see trioindex.db.jobs)
+CLAIM_HEADS = ("SELECT * FROM trioindex_claim(", "WITH worker AS (")
 #: how the group store's call starts (see trioindex.db.steps)
 STORE_HEAD = "SELECT * FROM trioindex_store_documents_many("
 
@@ -258,7 +259,7 @@ def claim_stats(admin_url: str, dbname: str, jobs: int) -> ClaimStats:
         stats.statements += int(calls)
         if head.startswith(STORE_HEAD):
             stats.stores += int(calls)
-        if head.startswith(CLAIM_HEAD):
+        if head.startswith(CLAIM_HEADS):
             stats.calls += int(calls)
             stats.rows += int(nrows)
             stats.buffers += int(buffers)

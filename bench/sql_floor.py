@@ -74,7 +74,7 @@ from bench.harness import chunk_texts
 from testkit.jobs import enqueue_text
 from trioindex.db.fence import claim_arrays
 from trioindex.db.jobs import claim_jobs, register_worker
-from trioindex.db.migrations import _OUR_OBJECTS
+from trioindex.db.migrations import _OUR_OBJECTS, functions_sql
 from trioindex.db.models import ensure_model
 from trioindex.db.pool import Connection, connect
 from trioindex.db.steps import (
@@ -232,6 +232,18 @@ def use_functions(text: str, conn: Connection) -> None:
         conn.execute(text.encode())
         if "p_parse_started" not in text:
             _adapt_parse_start(conn)
+        if "FUNCTION trioindex_claim(" not in text:
+            _add_claim(conn)
+
+
+def _add_claim(conn: Connection) -> None:
+    """For functions from before the claim was one of them: this checkout's claim function
+    (and its plan settings), so every revision is measured with the same claim."""
+    today = functions_sql()
+    start = today.index("CREATE FUNCTION trioindex_claim(")
+    conn.execute(today[start : today.index("\n$$;\n", start) + 4].encode())
+    start = today.index("ALTER FUNCTION trioindex_claim(")
+    conn.execute(today[start : today.index(";", start) + 1].encode())
 
 
 def _keep_statistics_apart(conn: Connection) -> None:

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+from uuid import UUID
 
 import attrs
 import numpy as np
@@ -42,6 +43,7 @@ import numpy.typing as npt
 import psutil
 import psycopg
 
+from bench import sql_floor
 from bench.common import BenchPostgres, machine_info
 from bench.harness import chunk_texts
 from bench.index_store import (
@@ -55,24 +57,32 @@ from bench.index_store import (
 from bench.peer import print_profile
 from bench.sql_floor import GROUP, Corpus, Setup, functions_at, group_functions, use_functions
 from testkit.jobs import enqueue_text
-from trioindex.db.jobs import claim as jobs
-from trioindex.db.pool import connect
+from trioindex.db.jobs.attempt_steps import ATTEMPT_STEPS_CLEARED
+from trioindex.db.pool import Connection, connect
 from trioindex.db.vector_index import hnsw_parameters
+from trioindex.values import Claim
 
 Matrix = npt.NDArray[np.float32]
 
 
-def claim_sql_at(revision: str) -> str:
-    """The claim statement at git revision ``revision`` (in ``db/jobs/claim.py``, or in
-    ``db/jobs.py`` before the module was split)."""
+def claim_sql_at(revision: str) -> str | None:
+    """The claim statement at git revision ``revision`` when its claim was sent as text (in
+    ``db/jobs/claim.py``, or in ``db/jobs.py`` before the module was split); None when it calls
+    ``trioindex_claim``, which that revision's ``functions.sql`` holds."""
     for path in ("src/trioindex/db/jobs/claim.py", "src/trioindex/db/jobs.py"):
         shown = subprocess.run(
             ["git", "show", f"{revision}:{path}"], check=False, capture_output=True, text=True
         )
+        if shown.returncode != 0:
+            continue
+        if "FROM trioindex_claim(" in shown.stdout:
+            return None
         found = re.search(r'^_CLAIM_SQL = """(.*?)"""', shown.stdout, re.S | re.M)
-        if shown.returncode == 0 and found is not None:
-            return with_model_row(found.group(1))
-    raise RuntimeError(f"no _CLAIM_SQL in {revision}'s db/jobs")
+        if found is not None:  # its steps' SET list spliced in, as its module did
+            return with_model_row(found.group(1)).replace(
+                "{attempt_steps_cleared}", ATTEMPT_STEPS_CLEARED
+            )
+    raise RuntimeError(f"no claim in {revision}'s db/jobs")
 
 
 _OLD_CLAIM_TAIL = """FROM claimed c
@@ -83,7 +93,7 @@ JOIN documents d ON d.id = v.document_id
 
 def with_model_row(text: str) -> str:
     """An older claim statement (a ``LIMIT`` parameter, no row when nothing is claimed) in
-    today's form (``claim_statement``'s ``{limit}``, one ``model_found`` row at least); the
+    the last text form (``{limit}`` in its text, one ``model_found`` row at least); the
     statement's work per claimed job is unchanged. Today's text is returned as it is."""
     if "LIMIT {limit}" in text:
         return text
@@ -102,13 +112,29 @@ def with_model_row(text: str) -> str:
 
 @contextmanager
 def claim_sql(text: str | None) -> Iterator[None]:
-    """Claims run ``text`` (None: this checkout's statement) inside the block."""
-    mine = jobs._CLAIM_SQL
-    jobs._CLAIM_SQL = text if text is not None else mine
+    """Claims run an older revision's statement ``text`` (``{limit}`` in its text) inside the
+    block; None: ``trioindex_claim``, as this checkout calls it."""
+    if text is None:
+        yield
+        return
+
+    def claim(
+        conn: Connection, worker_id: UUID, k: int, lease_seconds: float,
+        *, model_id: UUID | None = None,
+    ) -> list[Claim]:  # fmt: skip
+        rows = conn.execute(
+            text.replace("{limit}", str(int(k))),
+            {"worker": worker_id, "lease": lease_seconds, "model": model_id},
+            prepare=True,
+        ).fetchall()
+        return [] if rows[0]["job_id"] is None else [Claim.from_row(row) for row in rows]
+
+    mine = sql_floor.claim_jobs
+    sql_floor.claim_jobs = claim
     try:
         yield
     finally:
-        jobs._CLAIM_SQL = mine
+        sql_floor.claim_jobs = mine
 
 
 def backend_cpu_ms(conn: psycopg.Connection[Any]) -> Callable[[], float]:

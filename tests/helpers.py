@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 import attrs
+import psycopg
 import trio
 
 from testkit import jobs as testkit_jobs
@@ -330,3 +331,24 @@ def delete_document_of(conn: Connection, claim: Claim) -> None:
            JOIN document_versions v ON v.document_id = d.id WHERE v.id = %s""",
         (claim.document_version_id,),
     )
+
+
+def plans_made(conn: Connection, action: Callable[[], object]) -> list[str]:
+    """The plans PostgreSQL made on ``conn`` while ``action`` ran, each as its plan tree's text
+    (``debug_print_plan`` logs every plan it makes, nested statements' included)."""
+    logged: list[tuple[str | None, str | None]] = []
+
+    def on_notice(diagnostic: psycopg.errors.Diagnostic) -> None:
+        # read now: it is freed after the call
+        logged.append((diagnostic.message_primary, diagnostic.message_detail))
+
+    conn.add_notice_handler(on_notice)
+    conn.execute("SET debug_print_plan = on")
+    conn.execute("SET client_min_messages = log")
+    try:
+        action()
+    finally:
+        conn.execute("RESET client_min_messages")
+        conn.execute("RESET debug_print_plan")
+        conn.remove_notice_handler(on_notice)
+    return [detail or "" for primary, detail in logged if primary == "plan:"]

@@ -24,8 +24,9 @@ import pytest
 
 from tests import helpers
 from trioindex.db import jobs as lifecycle
+from trioindex.db.models import EmbeddingModel
 from trioindex.db.operations.job_timeline import job_events
-from trioindex.db.pool import Database
+from trioindex.db.pool import Connection, Database
 from trioindex.db.steps import begin_embedding
 from trioindex.errors import FailureType, ModelRemoved, OwnershipLost, StateInconsistent
 from trioindex.values import BackoffPolicy, Claim, FailOutcome, WorkerStatus
@@ -102,25 +103,59 @@ def test_an_empty_claim_is_one_statement_and_says_when_its_model_is_gone(
         assert len(sent) == 2
 
 
-def test_the_claim_statement_runs_on_its_cached_generic_plan(db: Database, worker: Any) -> None:
-    """Repeated claims on one connection stop being planned again: past psycopg's five
-    executions (then prepared) and PostgreSQL's five custom plans, the generic plan serves,
-    also with hundreds of jobs waiting (where a batch size the generic plan cannot see is
-    guessed at a tenth of them, and a new custom plan always looks cheaper)."""
+def _backlog(conn: Connection, jobs: int) -> EmbeddingModel:
+    """A model with ``jobs`` jobs waiting, the tables analysed (the planner sees them)."""
+    model = helpers.model(conn)
+    with conn.transaction():
+        for _ in range(jobs):
+            helpers.enqueue(conn, model.id)
+    conn.execute("ANALYZE")
+    return model
+
+
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "behind a pooler"])
+def test_a_claim_is_not_planned_again_on_every_call(
+    db: Database, worker: Any, prepared: bool
+) -> None:
+    """Past a connection's first claims, a claim plans nothing of its own again, also with
+    hundreds of jobs waiting (where a batch size the generic plan cannot see is guessed at a
+    tenth of them, and a new custom plan always looks cheaper) and when the client prepares
+    nothing (a transaction pooler in front): only the call's own one-line statement is then
+    planned. The statement sent as text was planned whole on every call behind a pooler."""
     with db.connection() as conn:
-        model = helpers.model(conn)
-        with conn.transaction():
-            for _ in range(400):
-                helpers.enqueue(conn, model.id)
-        conn.execute("ANALYZE embedding_jobs")
-        for _ in range(14):
+        model = _backlog(conn, 400)
+        if not prepared:
+            conn.prepare_threshold = None
+
+        def claim() -> None:
             assert len(lifecycle.claim_jobs(conn, worker, 2, 300, model_id=model.id)) == 2
-        row = conn.execute(
-            """SELECT generic_plans FROM pg_prepared_statements
-               WHERE statement LIKE '%AS chunks_ready%'"""
+
+        made = [helpers.plans_made(conn, claim) for _ in range(12)]
+    assert [len(plans) for plans in made[7:]] == [0 if prepared else 1] * 5
+    # what is planned is the call alone: no plan locks rows (the claim's SKIP LOCKED)
+    assert not [plan for plans in made[7:] for plan in plans if "{LOCKROWS" in plan]
+    assert [plan for plans in made[:1] for plan in plans if "{LOCKROWS" in plan]  # it would show
+
+
+def test_a_claim_of_one_job_reads_a_few_pages_whatever_the_backlog(
+    db: Database, worker: Any
+) -> None:
+    """The claim's generic plan guesses its batch size at a tenth of the claimable rows: it
+    must still look each job picked up by key, not join them to a read of the whole job table
+    (a hash join read every key of a 20,000-job backlog for each claim)."""
+    with db.connection() as conn:
+        model = _backlog(conn, 2000)
+        for _ in range(6):  # past the first calls of the connection
+            assert len(lifecycle.claim_jobs(conn, worker, 1, 300, model_id=model.id)) == 1
+        plan = conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM trioindex_claim(%s, 1, 300, %s)",
+            (worker, model.id),
         ).fetchone()
-    assert row is not None
-    assert row["generic_plans"] >= 3
+    assert plan is not None
+    top = plan["QUERY PLAN"][0]["Plan"]
+    assert top["Actual Rows"] == 1
+    # a function's statements count their pages in its scan's
+    assert top["Shared Hit Blocks"] + top["Shared Read Blocks"] < 200, top
 
 
 def test_claim_sets_every_claim_column_and_starts_attempt_one(db: Database, worker: Any) -> None:

@@ -11,7 +11,6 @@ from typing import Any
 
 import attrs
 import numpy as np
-import psycopg
 import pytest
 
 from tests import helpers
@@ -153,23 +152,12 @@ def test_the_store_writes_each_attempt_row_once_and_each_job_row_once(db: Databa
 
 
 def plans_made(conn: Connection, commits: Sequence[DocumentCommit]) -> int:
-    """The plans PostgreSQL made while ``commits`` were stored in one call on ``conn``
-    (``debug_print_plan`` logs every plan it makes, nested statements' included)."""
-    logged: list[str | None] = []
+    """The plans PostgreSQL made while ``commits`` were stored in one call on ``conn``."""
 
-    def on_notice(diagnostic: psycopg.errors.Diagnostic) -> None:
-        logged.append(diagnostic.message_primary)  # read now: it is freed after the call
-
-    conn.add_notice_handler(on_notice)
-    conn.execute("SET debug_print_plan = on")
-    conn.execute("SET client_min_messages = log")
-    try:
+    def store() -> None:
         assert store_documents_many(conn, commits) == [DONE] * len(commits)
-    finally:
-        conn.execute("RESET client_min_messages")
-        conn.execute("RESET debug_print_plan")
-        conn.remove_notice_handler(on_notice)
-    return logged.count("plan:")
+
+    return len(helpers.plans_made(conn, store))
 
 
 def test_documents_stored_one_at_a_time_are_not_planned_again_on_every_call(

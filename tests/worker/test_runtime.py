@@ -648,11 +648,12 @@ def claims_made(queue: FakeQueue) -> list[tuple[float, int]]:
     return made
 
 
-async def test_after_an_empty_claim_jobs_ending_claim_again_only_when_the_last_one_ends(
+async def test_after_a_claim_short_of_its_slots_jobs_ending_do_not_claim_again(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    """A freed slot says nothing of a queue the last claim found empty: in a fleet, each worker
-    holding the last jobs of a backlog would otherwise claim (and find nothing) per job."""
+    """A claim that returned fewer jobs than it asked for found no other row to take: a freed
+    slot says nothing of that queue. In a fleet, each worker holding the last jobs of a
+    backlog would otherwise claim (and find nothing) per job."""
     queue = FakeQueue(pending=[CHUNKED] * 5)
     worker = make_worker(queue, staggered(queue), max_concurrency=8, polling_interval=60.0)
     async with trio.open_nursery() as nursery:
@@ -660,9 +661,37 @@ async def test_after_an_empty_claim_jobs_ending_claim_again_only_when_the_last_o
         await trio.sleep(10)
         worker.request_stop()
     assert len(queue.of("complete")) == 5  # at 1, 2, 3, 4 and 5 s
-    # the first job's end freed a slot after a partial claim: one claim, empty; the next three
-    # ends claim nothing; the last one's (nothing running) claims once more
-    assert claims_made(queue) == [(0.0, 5), (1.0, 0), (5.0, 0)]
+    assert claims_made(queue) == [(0.0, 5)]  # nothing more until the 60 s poll
+
+
+async def test_in_a_drain_the_last_job_ending_claims_once_more(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """So the drain is checked as soon as nothing runs, not at the next poll."""
+    queue = FakeQueue(pending=[CHUNKED] * 5)
+    worker = make_worker(queue, staggered(queue), max_concurrency=8, polling_interval=60.0)
+    await drain(worker)
+    assert claims_made(queue) == [(0.0, 5), (5.0, 0)]
+    assert [t for t, _ in queue.of("drain-state")] == [5.0]
+
+
+async def test_documents_arriving_one_at_a_time_cost_one_claim_each(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Each NOTIFY claims the job it announced; the job's end claims nothing."""
+    queue = FakeQueue()
+    worker = make_worker(queue, FakeSteps(queue, duration=0.5), polling_interval=60.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.serve)
+        for _ in range(10):
+            await trio.sleep(1)
+            queue.pending.append(CHUNKED)
+            worker.wake()
+        await trio.sleep(5)
+        worker.request_stop()
+    assert len(queue.of("complete")) == 10
+    # the claim at start, then one a job
+    assert claims_made(queue) == [(0.0, 0)] + [(float(n), 1) for n in range(1, 11)]
 
 
 async def test_after_an_empty_claim_a_notify_claims_at_once_while_jobs_run(
@@ -707,13 +736,14 @@ async def test_slots_freed_while_a_claim_finds_nothing_do_not_claim_again(
 ) -> None:
     queue = SlowClaimQueue(pending=[CHUNKED] * 5)
     steps = ending_at(queue, [0, 0.25, 2, 3, 4])  # the jobs end at 1.5, 1.75, 3.5, 4.5, 5.5
-    worker = make_worker(queue, steps, max_concurrency=8, polling_interval=60.0)
+    worker = make_worker(queue, steps, max_concurrency=5, polling_interval=60.0)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(worker.serve)
         await trio.sleep(10)
         worker.request_stop()
-    # the second job ends while the claim its predecessor started is in flight (1.5-2.0)
-    assert claims_made(queue) == [(0.0, 5), (1.5, 0), (5.5, 0)]
+    # the first claim filled every slot, so the first job's end claims (1.5-2.0, finding
+    # nothing); the second job ends while that claim is in flight
+    assert claims_made(queue) == [(0.0, 5), (1.5, 0)]
 
 
 async def test_a_notify_during_a_claim_that_finds_nothing_claims_again_at_once(
@@ -721,7 +751,7 @@ async def test_a_notify_during_a_claim_that_finds_nothing_claims_again_at_once(
 ) -> None:
     queue = SlowClaimQueue(pending=[CHUNKED] * 5)
     steps = ending_at(queue, [0, 2, 3, 4, 5])
-    worker = make_worker(queue, steps, max_concurrency=8, polling_interval=60.0)
+    worker = make_worker(queue, steps, max_concurrency=5, polling_interval=60.0)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(worker.serve)
         await trio.sleep(1.6)  # a claim started at 1.5 saw an empty queue

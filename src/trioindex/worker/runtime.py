@@ -31,13 +31,14 @@ Every write made while stopping — STOPPING, STOPPED, a hand-back, a final fail
 shielded from cancellation and bounded in time.
 
 When the poller claims: at once again after a claim that filled every slot it asked for
-(after waiting up to ``CLAIM_LINGER`` for a quarter of the slots to free up); after a claim that
-filled some, as soon as a job frees a slot; after one that found nothing, only on a NOTIFY,
-recovered leases, the polling interval (``LISTENING_POLL_FACTOR`` times as long while the
-LISTEN connection is up), or the worker's last running job ending. A job freeing
-its slot says nothing about the queue that claim found empty, and in a fleet the workers that
-hold the last jobs of a backlog would otherwise each claim again, finding nothing, as every
-job of theirs ends (docs/test-results/fleet.md, run 14).
+(after waiting up to ``CLAIM_LINGER`` for a quarter of the slots to free up); after one that
+returned fewer jobs than it asked for (none included), only on a NOTIFY, recovered leases or
+the polling interval (``LISTENING_POLL_FACTOR`` times as long while the LISTEN connection is
+up) — and, in a drain, the worker's last running job ending. Such a claim found no other row
+it could take: a job freeing its slot says nothing about that queue. In a fleet the workers
+that hold the last jobs of a backlog would otherwise each claim again, finding nothing, as
+every job of theirs ends (docs/test-results/fleet.md, run 14), and a worker fed documents one
+at a time would make an empty claim after each (run 33).
 
 Drain (``serve(drain=True)``) returns only when no job of the worker's model is PENDING (due
 now or later) and none is PROCESSING except under a live worker (RUNNING, heartbeat within
@@ -196,6 +197,7 @@ class Worker:
         )
         run = self._run = ServeRun(
             worker_id=worker_id,
+            drain=drain,
             slots=trio.CapacityLimiter(settings.max_concurrency),
             finishing=trio.CapacityLimiter(FINISHING_PLACES_PER_SLOT * settings.max_concurrency),
             jobs=JobRunner(
@@ -311,7 +313,8 @@ class Worker:
                 if not claims:
                     slots.release_on_behalf_of(first)
             self.counters.polls += 1
-            run.queue_empty = not claims and not claim_failed and not run.notified
+            # fewer jobs than asked for: the statement found no other row it could take
+            run.queue_empty = len(claims) < wanted and not claim_failed and not run.notified
             if run.queue_empty:
                 run.wakeup = trio.Event()  # slots freed during the claim say nothing of the queue
             busy = bool(claims) and len(claims) == wanted

@@ -39,6 +39,8 @@ class ServeRun:
     """What one :meth:`Worker.serve` call owns, from registration to STOPPED."""
 
     worker_id: UUID
+    # serve(drain=True): the run ends once the queue is drained
+    drain: bool
     slots: trio.CapacityLimiter
     # jobs whose completion is being written hold one of these instead of a slot
     finishing: trio.CapacityLimiter
@@ -46,7 +48,8 @@ class ServeRun:
     intake: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     running: set[JobContext] = attrs.field(factory=set)
     wakeup: trio.Event = attrs.field(factory=trio.Event)
-    # the last claim found nothing: a freed slot is no reason to claim again (module docstring)
+    # the last claim returned fewer jobs than it asked for (none included): a freed slot is no
+    # reason to claim again (the runtime's module docstring)
     queue_empty: bool = False
     # woken by a NOTIFY or recovered leases since the current claim began
     notified: bool = False
@@ -72,7 +75,7 @@ class ServeRun:
 
     def slot_freed(self) -> None:
         """A job left its slot or its finishing place: the poller claims at once, unless its
-        last claim found the queue empty and jobs are still running (the last job to end
-        wakes it, so a drain is checked at once)."""
-        if not self.queue_empty or not self.running:
+        last claim found no other row to take — then only the last job to end in a drain wakes
+        it, so the drain is checked at once."""
+        if not self.queue_empty or (self.drain and not self.running):
             self.wakeup.set()

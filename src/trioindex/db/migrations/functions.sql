@@ -214,6 +214,82 @@ SELECT j.attempt_id, j.id, j.attempt_count, j.worker_id, 'STARTED', NULL, NULL, 
        j.attempt_embeddings_stored_at, j.attempt_embeddings, j.attempt_embedding_slices, NULL
 FROM embedding_jobs j WHERE j.status = 'PROCESSING';
 
+-- the claim ------------------------------------------------------------------------------------
+
+-- Claim up to p_limit claimable PENDING jobs (p_model's only, when not NULL) for worker p_worker,
+-- which must be RUNNING, and start an attempt on each: highest priority first, then oldest
+-- available_at, rows locked by another claimer skipped. The attempt runs on the job row (its
+-- start is locked_at, its id attempt_id); its row is written when it ends, and no event is
+-- written for the claim. One row with job_id NULL when nothing was claimed; model_found false
+-- when p_model no longer exists. The transaction's commit does not wait for the WAL to reach the
+-- disk (synchronous_commit off, local to it): a claim lost in a crash leaves the job PENDING with
+-- no attempt, as if never claimed, the worker's later writes are refused by the fence, and any
+-- later synchronous commit flushes the claim's WAL before its own. Each row also carries what the
+-- parse reads, and whether the job's chunk set is stored (chunks_ready).
+-- A function so that its plan is cached by the server connection, also behind a transaction
+-- pooler, where a client prepares nothing: the statement sent as text was planned on every
+-- call, about 1 ms of PostgreSQL's CPU a claim against 0.2-0.3 here (a claim finding nothing
+-- is what every idle worker makes for each NOTIFY; docs/test-results/fleet.md, run 33).
+CREATE FUNCTION trioindex_claim(
+    p_worker uuid, p_limit integer, p_lease double precision, p_model uuid)
+RETURNS TABLE (model_found boolean, job_id uuid, worker_id uuid, claim_token uuid,
+               document_version_id uuid, embedding_model_id uuid, lease_expires_at timestamptz,
+               attempt_id uuid, attempt_no integer, document_key text, chunking text,
+               document_id uuid, storage_key text, original_name text, content_type text,
+               byte_size bigint, sha256 text, parse_started_at timestamptz, chunks_ready boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH worker AS (
+        SELECT w.id, w.chunking FROM indexing_workers w
+        WHERE w.id = p_worker AND w.status = 'RUNNING'
+          AND set_config('synchronous_commit', 'off', true) IS NOT NULL
+    ), picked AS (
+        SELECT j.id
+        FROM embedding_jobs j, worker
+        WHERE j.status = 'PENDING' AND j.available_at <= now()
+          AND (p_model IS NULL OR j.embedding_model_id = p_model)
+        ORDER BY j.priority DESC, j.available_at, j.id
+        LIMIT p_limit
+        FOR UPDATE OF j SKIP LOCKED
+    ), claimed AS (
+        UPDATE embedding_jobs j
+        SET status = 'PROCESSING', worker_id = p_worker, claim_token = gen_random_uuid(),
+            locked_at = now(), updated_at = now(),
+            lease_expires_at = now() + make_interval(secs => p_lease),
+            attempt_count = j.attempt_count + 1, chunking = worker.chunking,
+            attempt_id = gen_random_uuid(),
+            -- a new attempt starts with no steps (db/jobs/attempt_steps.py)
+            attempt_parse_started_at = NULL, attempt_chunks_stored_at = NULL,
+            attempt_chunks = NULL, attempt_characters = NULL, attempt_replaced_sequences = NULL,
+            attempt_embedding_started_at = NULL, attempt_embeddings_stored_at = NULL,
+            attempt_embeddings = NULL, attempt_embedding_slices = NULL
+        FROM picked, worker
+        WHERE j.id = picked.id
+        RETURNING j.id, j.worker_id, j.claim_token, j.document_version_id, j.embedding_model_id,
+                  j.attempt_count, j.lease_expires_at, j.chunking, j.attempt_id
+    )
+    SELECT model.found, c.id, c.worker_id, c.claim_token, c.document_version_id,
+           c.embedding_model_id, c.lease_expires_at, c.attempt_id, c.attempt_count,
+           d.external_key, c.chunking, v.document_id, v.storage_key, v.original_name,
+           v.content_type, v.byte_size, v.sha256, now(),
+           -- the set's first chunk by its key: an EXISTS is planned as a sequential scan
+           -- when the statistics say a version holds many chunks (one large document), read
+           -- to the end for a version without chunks; the first of an ordered set is an index
+           -- probe whatever they say
+           (SELECT ch.id FROM document_chunks ch
+            WHERE ch.document_version_id = c.document_version_id AND ch.chunking = c.chunking
+            ORDER BY ch.chunk_index LIMIT 1) IS NOT NULL
+    FROM (SELECT p_model IS NULL
+                 OR EXISTS (SELECT FROM embedding_models m WHERE m.id = p_model) AS found
+         ) AS model
+    LEFT JOIN (claimed c
+               JOIN document_versions v ON v.id = c.document_version_id
+               JOIN documents d ON d.id = v.document_id) ON true;
+END;
+$$;
+
 -- lease and retry delay -----------------------------------------------------------------------
 
 -- The retry backoff in seconds: initial * 2^(attempt_no - 1), capped at maximum, spread by
@@ -1484,6 +1560,14 @@ $$;
 -- arrays, so a statement looks up each job's rows by key instead of reading a whole index
 -- (measured: every version's index entry read once per group, 2,000 per group at 2,000).
 ALTER FUNCTION trioindex_lock_owned_job(uuid, uuid, uuid, uuid) SET enable_seqscan = off;
+-- The claim's LIMIT is a parameter: a generic plan guesses it at a tenth of the claimable rows,
+-- so under the automatic choice a custom plan always looked cheaper and was made on every call.
+-- Forced generic, with only index scans and nested loops allowed: the claim index read in its
+-- order, and each job picked looked up by key. With that guess, a hash join read the job
+-- table's whole primary key for each claim (20,000 entries, 30-40 ms for one job, measured).
+ALTER FUNCTION trioindex_claim(uuid, integer, double precision, uuid)
+    SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off
+    SET enable_mergejoin = off SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION trioindex_fence_many(uuid[], uuid[], uuid[], uuid[])
     SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
     SET plan_cache_mode = force_generic_plan;
