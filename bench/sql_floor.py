@@ -19,6 +19,8 @@ database, interleaved over rounds:
    did; functions without `trioindex_store_documents_many` store the chunks first). Functions
    that fence on a `STARTED` attempt row (before the running attempt moved onto the job row)
    are refused: this schema's claim writes no such row, so measure that revision's own tree.
+   Functions from before the claim was one of them get this tree's `trioindex_claim`: every
+   revision is measured with the same claim.
 2. **The same rows, set-based** — the same claim, then exactly the rows (1) writes (the job's
    completion with its chunk count, the attempt's steps and end, the chunk with its full-text
    column, the vector, the model's served version with its text statistics), in one
