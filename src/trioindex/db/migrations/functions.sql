@@ -256,6 +256,7 @@ BEGIN
     ), claimed AS (
         UPDATE embedding_jobs j
         SET status = 'PROCESSING', worker_id = p_worker, claim_token = gen_random_uuid(),
+            -- updated_at set here, so the touch trigger is not called (its WHEN)
             locked_at = now(), updated_at = now(),
             lease_expires_at = now() + make_interval(secs => p_lease),
             attempt_count = j.attempt_count + 1, chunking = worker.chunking,
