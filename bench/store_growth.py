@@ -11,8 +11,8 @@ drifts over minutes; variants run one after another would each see a different o
   checkout's claim and ``functions.sql`` (claim, parse, chunks, vectors and completion, groups
   of 20) into a model whose ``embeddings`` hold the base (one document:
   :func:`bench.index_store.load_base`);
-* **baseline**: the same with the claim statement and ``functions.sql`` of git revision
-  ``--baseline``;
+* **baseline**: the same with the ``functions.sql`` of git revision ``--baseline`` (and this
+  checkout's claim when that revision's functions hold none: ``bench.sql_floor.use_functions``);
 * **table COPY**: the vectors COPYed straight into ``embeddings`` for chunks written
   beforehand: the table's own cost, without the store path's bookkeeping;
 * **raw COPY**: a bare table with the same bit HNSW index, the vectors COPYed into it.
@@ -29,13 +29,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
-import subprocess
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
-from uuid import UUID
 
 import attrs
 import numpy as np
@@ -43,7 +39,6 @@ import numpy.typing as npt
 import psutil
 import psycopg
 
-from bench import sql_floor
 from bench.common import BenchPostgres, machine_info
 from bench.harness import chunk_texts
 from bench.index_store import (
@@ -57,84 +52,10 @@ from bench.index_store import (
 from bench.peer import print_profile
 from bench.sql_floor import GROUP, Corpus, Setup, functions_at, group_functions, use_functions
 from testkit.jobs import enqueue_text
-from trioindex.db.jobs.attempt_steps import ATTEMPT_STEPS_CLEARED
-from trioindex.db.pool import Connection, connect
+from trioindex.db.pool import connect
 from trioindex.db.vector_index import hnsw_parameters
-from trioindex.values import Claim
 
 Matrix = npt.NDArray[np.float32]
-
-
-def claim_sql_at(revision: str) -> str | None:
-    """The claim statement at git revision ``revision`` when its claim was sent as text (in
-    ``db/jobs/claim.py``, or in ``db/jobs.py`` before the module was split); None when it calls
-    ``trioindex_claim``, which that revision's ``functions.sql`` holds."""
-    for path in ("src/trioindex/db/jobs/claim.py", "src/trioindex/db/jobs.py"):
-        shown = subprocess.run(
-            ["git", "show", f"{revision}:{path}"], check=False, capture_output=True, text=True
-        )
-        if shown.returncode != 0:
-            continue
-        if "FROM trioindex_claim(" in shown.stdout:
-            return None
-        found = re.search(r'^_CLAIM_SQL = """(.*?)"""', shown.stdout, re.S | re.M)
-        if found is not None:  # its steps' SET list spliced in, as its module did
-            return with_model_row(found.group(1)).replace(
-                "{attempt_steps_cleared}", ATTEMPT_STEPS_CLEARED
-            )
-    raise RuntimeError(f"no claim in {revision}'s db/jobs")
-
-
-_OLD_CLAIM_TAIL = """FROM claimed c
-JOIN document_versions v ON v.id = c.document_version_id
-JOIN documents d ON d.id = v.document_id
-"""
-
-
-def with_model_row(text: str) -> str:
-    """An older claim statement (a ``LIMIT`` parameter, no row when nothing is claimed) in
-    the last text form (``{limit}`` in its text, one ``model_found`` row at least); the
-    statement's work per claimed job is unchanged. Today's text is returned as it is."""
-    if "LIMIT {limit}" in text:
-        return text
-    if "LIMIT %(k)s" not in text or text.count(_OLD_CLAIM_TAIL) != 1:
-        raise RuntimeError("the baseline's claim statement has a form this bench cannot adapt")
-    text = text.replace("LIMIT %(k)s", "LIMIT {limit}").replace(
-        "SELECT c.id AS job_id", "SELECT true AS model_found, c.id AS job_id"
-    )
-    return text.replace(
-        _OLD_CLAIM_TAIL,
-        "FROM (SELECT) AS model LEFT JOIN (claimed c\n"
-        "JOIN document_versions v ON v.id = c.document_version_id\n"
-        "JOIN documents d ON d.id = v.document_id) ON true\n",
-    )
-
-
-@contextmanager
-def claim_sql(text: str | None) -> Iterator[None]:
-    """Claims run an older revision's statement ``text`` (``{limit}`` in its text) inside the
-    block; None: ``trioindex_claim``, as this checkout calls it."""
-    if text is None:
-        yield
-        return
-
-    def claim(
-        conn: Connection, worker_id: UUID, k: int, lease_seconds: float,
-        *, model_id: UUID | None = None,
-    ) -> list[Claim]:  # fmt: skip
-        rows = conn.execute(
-            text.replace("{limit}", str(int(k))),
-            {"worker": worker_id, "lease": lease_seconds, "model": model_id},
-            prepare=True,
-        ).fetchall()
-        return [] if rows[0]["job_id"] is None else [Claim.from_row(row) for row in rows]
-
-    mine = sql_floor.claim_jobs
-    sql_floor.claim_jobs = claim
-    try:
-        yield
-    finally:
-        sql_floor.claim_jobs = mine
 
 
 def backend_cpu_ms(conn: psycopg.Connection[Any]) -> Callable[[], float]:
@@ -182,7 +103,6 @@ def store_path(
     if revision is not None:
         with connect(url) as conn:
             use_functions(functions_at(revision), conn)
-    claim = None if revision is None else claim_sql_at(revision)
     corpus = Corpus(chunk_texts(len(extra), characters=600, salt="index"), extra)
     enqueuer = stack.enter_context(connect(url))
     worker = stack.enter_context(connect(url))
@@ -194,8 +114,7 @@ def store_path(
             for i in range(rows.start, rows.stop):
                 enqueue_text(enqueuer, model.id, f"d{i}", corpus.texts[i].encode())
         before = cpu()
-        with claim_sql(claim):
-            done = group_functions(worker, corpus, setup)
+        done = group_functions(worker, corpus, setup)
         if done != rows.stop - rows.start:
             raise RuntimeError(f"{done} documents stored, {rows.stop - rows.start} enqueued")
         return cpu() - before
